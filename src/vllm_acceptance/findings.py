@@ -1,0 +1,104 @@
+"""The finding: one judged check, tied to evidence on disk.
+
+Every stage (preflight, serve, probes) produces findings in this one shape; the verdict
+and every report format read nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+
+class Status(str, Enum):
+    PASS = "pass"
+    FAIL = "fail"
+    WARN = "warn"
+    INCONCLUSIVE = "inconclusive"
+    NOT_APPLICABLE = "not_applicable"
+    MISSING = "missing"
+
+
+class Consequence(str, Enum):
+    """What a failed finding of this check means for the decision."""
+
+    REBUILD = "rebuild_environment"
+    EXPAND = "expand_capacity"
+    LIMIT = "limited_observation"
+    BLOCK_AGENT = "block_agent_traffic"
+
+
+VERDICTS = ("release", "limited_observation", "rebuild_environment", "expand_capacity", "incomplete")
+LAYERS = ("model", "parser", "gateway", "client", "executor", "retry")
+CHECK_PREFIXES = ("compat.", "capacity.", "cache.", "agent.", "interconnect.")
+
+
+@dataclass
+class Finding:
+    check: str
+    status: Status
+    observed: Any = None
+    expected: Any = None
+    host: str | None = None
+    evidence: list[str] = field(default_factory=list)
+    rule: str = ""
+    action: str = ""
+    consequence: Consequence = Consequence.REBUILD
+    layer: str | None = None
+    reason: str = ""
+    title: str = ""
+    configuration: dict[str, Any] = field(default_factory=dict)
+    owner: str | None = None
+    recheck_date: str | None = None
+
+    def __post_init__(self) -> None:
+        self.status = Status(self.status)
+        self.consequence = Consequence(self.consequence)
+        if not self.check.startswith(CHECK_PREFIXES):
+            raise ValueError(f"check id {self.check!r} must start with one of {CHECK_PREFIXES}")
+        if self.layer is not None and self.layer not in LAYERS:
+            raise ValueError(f"layer {self.layer!r} must be one of {LAYERS}")
+
+    @property
+    def blocks(self) -> bool:
+        """True when this finding's status stops a plain pass (fail, warn, missing, inconclusive)."""
+        return self.status not in (Status.PASS, Status.NOT_APPLICABLE)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["status"] = self.status.value
+        data["consequence"] = self.consequence.value
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Finding:
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def missing(check: str, host: str | None, why: str, consequence: Consequence = Consequence.REBUILD,
+            evidence: list[str] | None = None) -> Finding:
+    """A required check whose evidence could not be had: never a pass."""
+    return Finding(check=check, status=Status.MISSING, host=host, observed=None, expected="evidence",
+                   reason=why, consequence=consequence, evidence=evidence or [],
+                   action="collect the missing evidence and re-run acceptance")
+
+
+def not_applicable(check: str, host: str | None, why: str) -> Finding:
+    return Finding(check=check, status=Status.NOT_APPLICABLE, host=host, reason=why,
+                   action="none")
+
+
+def write_findings(path: Path, findings: list[Finding]) -> None:
+    """Write a stage's findings atomically (a reader never sees half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps([f.to_dict() for f in findings], indent=2, default=str) + "\n")
+    tmp.replace(path)
+
+
+def read_findings(path: Path) -> list[Finding]:
+    return [Finding.from_dict(d) for d in json.loads(path.read_text())]
