@@ -1,0 +1,129 @@
+"""Assemble report.json from a run directory: stage findings + stage details -> decision.
+
+Layout of a run directory (reports/<inventory>/<run-id>/):
+  run.json                  run metadata written at start (inventory, profile, run_id, started, hosts)
+  findings/<stage>.json     findings of each stage, written when the stage ends
+  stages/<stage>.json       details of each stage for tables and plots (probe result.json copies)
+  evidence/...              raw evidence; findings point here
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ..findings import Consequence, Finding, Status, missing, read_findings
+from ..profile import Profile
+from ..verdict import IMMEDIATE_ACTION, REOPEN_TRIGGERS, ROLLBACK_TRIGGERS, annotate, decide
+
+SCHEMA_VERSION = "1.0"
+
+# Each stage that must leave findings, with the check that stands for it when it left none.
+REQUIRED_STAGES: dict[str, tuple[str, Consequence]] = {
+    "preflight": ("compat.preflight", Consequence.REBUILD),
+    "serve": ("compat.serve", Consequence.REBUILD),
+    "cache": ("cache.reuse", Consequence.REBUILD),
+    "agent": ("agent.tool_call", Consequence.BLOCK_AGENT),
+    "load": ("capacity.load", Consequence.EXPAND),
+}
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def collect_findings(run_dir: Path) -> tuple[list[Finding], list[str]]:
+    """All stage findings; a required stage that left no findings becomes a `missing` finding."""
+    findings: list[Finding] = []
+    errors: list[str] = []
+    for stage, (check, consequence) in REQUIRED_STAGES.items():
+        path = run_dir / "findings" / f"{stage}.json"
+        if not path.is_file():
+            findings.append(missing(check, None, f"stage '{stage}' left no findings (skipped or failed)",
+                                    consequence))
+            continue
+        try:
+            findings.extend(read_findings(path))
+        except (ValueError, TypeError, KeyError) as exc:
+            errors.append(f"{path.name}: {exc}")
+            findings.append(missing(check, None, f"stage '{stage}' findings unreadable: {exc}", consequence))
+    for path in sorted((run_dir / "findings").glob("*.json")) if (run_dir / "findings").is_dir() else []:
+        if path.stem not in REQUIRED_STAGES:
+            findings.extend(read_findings(path))
+    return findings, errors
+
+
+def drop_dangling_evidence(run_dir: Path, findings: list[Finding]) -> None:
+    """Contract: every evidence path exists. A vanished file is named, and its finding cannot pass."""
+    for finding in findings:
+        kept = [p for p in finding.evidence if (run_dir / p).exists()]
+        lost = [p for p in finding.evidence if p not in kept]
+        if lost:
+            finding.evidence = kept
+            finding.reason = (finding.reason + "; " if finding.reason else "") + "evidence lost: " + ", ".join(lost)
+            if finding.status == Status.PASS:
+                finding.status = Status.INCONCLUSIVE
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
+                 signoff: dict[str, Any] | None = None) -> dict[str, Any]:
+    run = read_json(run_dir / "run.json") or {}
+    findings, errors = collect_findings(run_dir)
+    drop_dangling_evidence(run_dir, findings)
+    review = profile.get("review", {}) or {}
+    annotate(findings, owner or run.get("owner") or review.get("owner"), int(review.get("period_days", 30)))
+    unreachable = sorted(run.get("unreachable_hosts", []))
+    decision = decide(findings, experimental=profile.experimental, unreachable_hosts=unreachable)
+    stages = {p.stem: read_json(p) for p in sorted((run_dir / "stages").glob("*.json"))} \
+        if (run_dir / "stages").is_dir() else {}
+    counts: dict[str, int] = {s.value: 0 for s in Status}
+    for finding in findings:
+        counts[finding.status.value] += 1
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "inventory": run.get("inventory", run_dir.parent.name),
+        "profile": profile.name,
+        "profile_source": profile.source,
+        "run_id": run.get("run_id", run_dir.name),
+        "started": run.get("started"),
+        "finished": now_iso(),
+        "verdict": decision.verdict,
+        "verdict_reasons": decision.reasons,
+        "immediate_action": IMMEDIATE_ACTION[decision.verdict],
+        "experimental": decision.experimental,
+        "lineage": profile.get("lineage"),
+        "recipe": profile.get("recipe"),
+        "gates": decision.gates,
+        "limits": (stages.get("load") or {}).get("limits", {}),
+        "hosts": run.get("hosts", []),
+        "unreachable_hosts": unreachable,
+        "missing": decision.missing,
+        "summary": counts,
+        "findings": [f.to_dict() for f in findings],
+        "stages": stages,
+        "environment": run.get("environment", {}),
+        "signoff": signoff or run.get("signoff") or {},
+        "reopen_triggers": REOPEN_TRIGGERS,
+        "rollback_triggers": ROLLBACK_TRIGGERS,
+        "errors": errors,
+    }
+
+
+def point_latest(run_dir: Path) -> None:
+    """reports/<inventory>/latest -> <run-id>, replaced atomically."""
+    link = run_dir.parent / "latest"
+    tmp = run_dir.parent / f".latest.{os.getpid()}"
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    tmp.symlink_to(run_dir.name)
+    tmp.replace(link)

@@ -1,0 +1,139 @@
+"""The decision table: findings -> one verdict per inventory.
+
+Precedence (SPEC.md): rebuild_environment > expand_capacity > limited_observation > release.
+`incomplete` states that no decision can be signed yet: a required finding is missing or
+inconclusive, or a host was unreachable. A failed compatibility chain is the one thing that is
+certain even then (more evidence cannot make a wrong driver right), so it still decides.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any
+
+from .findings import Consequence, Finding, Status
+
+IMMEDIATE_ACTION = {
+    "release": "Allow the planned traffic at the contracted profile; enable the generated monitoring.",
+    "limited_observation": "Allow traffic only under the stated caps; name an owner and a re-check date; "
+                           "the limits go into the serving config and the alerts.",
+    "rebuild_environment": "Rebuild the environment (image, CUDA build, driver, vLLM version or launch "
+                           "config), then redo the whole acceptance. Adding GPUs fixes nothing here.",
+    "expand_capacity": "Change topology, context/concurrency limits, split prefill/decode, or add GPUs; "
+                       "adjust limits first and expand only when the adjusted profile still fails.",
+    "incomplete": "No decision can be signed: collect the missing evidence and re-run.",
+}
+
+REOPEN_TRIGGERS = [
+    "a change of the official recipe (re-check profiles/*.yml)",
+    "a new container image or digest",
+    "a host driver change (version or branch)",
+    "a topology change (node count, GPU model or count, interconnect, parallel layout)",
+    "a change of the contracted context limit or concurrency",
+]
+
+ROLLBACK_TRIGGERS = [
+    "repeated OOM on the accepted profile",
+    "lost schema validation or invalid tool-call JSON",
+    "queue time above the SLO for a sustained period",
+    "a collapse of the prefix-cache hit ratio after a system-prompt change",
+    "inter-node transfer (NCCL) errors",
+]
+
+
+@dataclass
+class Decision:
+    verdict: str
+    reasons: list[str]
+    gates: dict[str, dict[str, Any]]
+    experimental: bool = False
+    missing: list[str] = field(default_factory=list)
+
+
+def _ids(findings: list[Finding]) -> list[str]:
+    return sorted({f"{f.check}@{f.host}" if f.host else f.check for f in findings})
+
+
+def decide(findings: list[Finding], *, experimental: bool = False,
+           unreachable_hosts: list[str] | None = None) -> Decision:
+    """Apply the decision table to all findings of one inventory's run."""
+    unreachable_hosts = unreachable_hosts or []
+    failing = [f for f in findings if f.status == Status.FAIL]
+    rebuild = [f for f in failing if f.consequence == Consequence.REBUILD]
+    expand = [f for f in failing if f.consequence == Consequence.EXPAND]
+    limit = [f for f in failing if f.consequence == Consequence.LIMIT]
+    agent_blocked = [f for f in failing if f.consequence == Consequence.BLOCK_AGENT]
+    warned = [f for f in findings if f.status == Status.WARN]
+    unknown = [f for f in findings if f.status in (Status.MISSING, Status.INCONCLUSIVE)]
+
+    reasons: list[str] = []
+    if rebuild:
+        verdict = "rebuild_environment"
+        reasons.append("compatibility or configuration out of profile: " + ", ".join(_ids(rebuild)))
+        if unknown or unreachable_hosts:
+            reasons.append("also unverified: " + ", ".join(_ids(unknown) + unreachable_hosts))
+    elif unknown or unreachable_hosts:
+        verdict = "incomplete"
+        if unreachable_hosts:
+            reasons.append("unreachable hosts: " + ", ".join(sorted(unreachable_hosts)))
+        if unknown:
+            reasons.append("missing or inconclusive evidence: " + ", ".join(_ids(unknown)))
+    elif expand:
+        verdict = "expand_capacity"
+        reasons.append("capacity limits at nominal load: " + ", ".join(_ids(expand)))
+    elif limit or warned or agent_blocked:
+        verdict = "limited_observation"
+        if limit:
+            reasons.append("stable only under limits: " + ", ".join(_ids(limit)))
+        if warned:
+            reasons.append("non-critical defects with a controlled mitigation: " + ", ".join(_ids(warned)))
+        if agent_blocked:
+            reasons.append("agent traffic blocked: " + ", ".join(_ids(agent_blocked)))
+    elif not findings:
+        verdict = "incomplete"
+        reasons.append("no findings at all: no stage produced evidence")
+    else:
+        verdict = "release"
+        reasons.append("every required check passed with evidence")
+
+    if experimental and verdict == "release":
+        verdict = "limited_observation"
+        reasons.append("experimental (self-built) image: never a release of the official profile; "
+                       "release only on its own experimental profile, with owner and exit date")
+
+    return Decision(verdict=verdict, reasons=reasons,
+                    gates=traffic_gates(verdict, findings),
+                    experimental=experimental,
+                    missing=_ids(unknown) + sorted(unreachable_hosts))
+
+
+def traffic_gates(verdict: str, findings: list[Finding]) -> dict[str, dict[str, Any]]:
+    """Plain-text and agent traffic are gated separately ("agents blocked, plain text fine")."""
+    text_open = verdict in ("release", "limited_observation")
+    agent_findings = [f for f in findings if f.check.startswith("agent.")]
+    agent_bad = [f for f in agent_findings if f.status in (Status.FAIL, Status.MISSING, Status.INCONCLUSIVE)]
+    agent_warn = [f for f in agent_findings if f.status == Status.WARN]
+    if not text_open:
+        agent = {"open": False, "reason": f"verdict {verdict}"}
+    elif not agent_findings:
+        agent = {"open": False, "reason": "no agent-interface evidence"}
+    elif agent_bad:
+        agent = {"open": False, "reason": "agent checks failed: " + ", ".join(_ids(agent_bad))}
+    elif agent_warn:
+        agent = {"open": True, "limited": True,
+                 "reason": "open with the validated retry policy: " + ", ".join(_ids(agent_warn))}
+    else:
+        agent = {"open": True, "reason": "every agent check passed"}
+    text = {"open": text_open, "reason": f"verdict {verdict}"}
+    return {"text": text, "agent": agent}
+
+
+def annotate(findings: list[Finding], owner: str | None, period_days: int,
+             today: dt.date | None = None) -> None:
+    """Every finding carries an owner and a re-check date (SPEC: finding fields)."""
+    today = today or dt.datetime.now(dt.UTC).date()
+    recheck = (today + dt.timedelta(days=period_days)).isoformat()
+    for finding in findings:
+        finding.owner = finding.owner or owner
+        finding.recheck_date = finding.recheck_date or recheck
