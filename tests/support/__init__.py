@@ -1,0 +1,1 @@
+"""Shared pytest helpers (fixtures are imported by tests/conftest.py)."""
