@@ -1,0 +1,133 @@
+"""One node's preflight evidence as the role saved it on the controller.
+
+Layout (written by roles/preflight): `<run_dir>/evidence/preflight/<host>/<name>.txt` holds the raw
+stdout of one stock command, `<name>.json` its meta: {"cmd", "rc", "stderr", "missing"} where
+`missing` is true when the binary was absent. `inputs` is the role's own record of what it was
+asked to check (image reference, pinned digest, planned launch args/env).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+EVIDENCE_SUBDIR = Path("evidence") / "preflight"
+
+# name -> what it is; the role writes exactly these names (roles/preflight/defaults/main.yml).
+COMMANDS = {
+    "date_u": "date -u",
+    "hostname": "hostname",
+    "uname_a": "uname -a",
+    "env": "env | sort (secrets redacted)",
+    "lsmod": "lsmod",
+    "nvidia_smi": "nvidia-smi",
+    "nvidia_smi_query": "nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total,pci.bus_id "
+                        "--format=csv,noheader",
+    "nvidia_smi_xml": "nvidia-smi -q -x",
+    "driver_version": "cat /proc/driver/nvidia/version",
+    "fabricmanager_active": "systemctl is-active nvidia-fabricmanager",
+    "fabricmanager_version": "nv-fabricmanager --version",
+    "runtime_version": "docker|podman version --format '{{json .}}'",
+    "runtime_info": "docker|podman info --format '{{json .}}'",
+    "image_inspect": "docker|podman image inspect IMAGE",
+    "image_probe": "docker|podman run --rm --gpus all --entrypoint python3 IMAGE -c PROBE (lab: python -c PROBE)",
+    "ibv_devinfo": "ibv_devinfo",
+    "rdma_link": "rdma link",
+    "nccl_allreduce": "all_reduce_perf -b 8M -e 8G -f 2 -g N",
+    "inputs": "the role's inputs (JSON)",
+}
+
+
+@dataclass
+class CommandRecord:
+    name: str
+    present: bool = False            # the evidence file exists
+    stdout: str = ""
+    rc: int | None = None
+    stderr: str = ""
+    missing_tool: bool = False
+    cmd: Any = None
+    paths: list[str] = field(default_factory=list)   # relative to the run dir, existing files only
+    meta_error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Ran, exited 0, produced the evidence file."""
+        return self.present and self.rc == 0 and not self.missing_tool
+
+    def why_not(self) -> str:
+        """One line for a `missing` finding: what is wrong with this piece of evidence."""
+        if not self.present:
+            return f"no evidence file for `{COMMANDS.get(self.name, self.name)}`"
+        if self.missing_tool:
+            return f"`{COMMANDS.get(self.name, self.name)}`: command not found on the node"
+        if self.meta_error:
+            return f"`{self.name}`: {self.meta_error}"
+        detail = (self.stderr or self.stdout).strip().splitlines()
+        return f"`{COMMANDS.get(self.name, self.name)}` exited {self.rc}" + (f": {detail[-1][:200]}" if detail else "")
+
+
+@dataclass
+class NodeEvidence:
+    host: str
+    run_dir: Path
+    dir_exists: bool
+    records: dict[str, CommandRecord] = field(default_factory=dict)
+
+    def get(self, name: str) -> CommandRecord:
+        return self.records.get(name) or CommandRecord(name=name)
+
+    @property
+    def inputs(self) -> dict[str, Any]:
+        record = self.get("inputs")
+        if not record.present:
+            return {}
+        try:
+            data = json.loads(record.stdout)
+        except ValueError:
+            return {}
+        return data if isinstance(data, dict) else {}
+
+
+def host_dir(run_dir: Path, host: str) -> Path:
+    return Path(run_dir) / EVIDENCE_SUBDIR / host
+
+
+def _read_record(run_dir: Path, base: Path, name: str) -> CommandRecord:
+    record = CommandRecord(name=name)
+    text_path, meta_path = base / f"{name}.txt", base / f"{name}.json"
+    if text_path.is_file():
+        record.present = True
+        record.stdout = text_path.read_text(errors="replace")
+        record.paths.append(str(text_path.relative_to(run_dir)))
+    if meta_path.is_file():
+        record.paths.append(str(meta_path.relative_to(run_dir)))
+        try:
+            meta = json.loads(meta_path.read_text(errors="replace"))
+        except ValueError as exc:
+            meta = {}
+            record.meta_error = f"unreadable meta file: {exc}"
+        if isinstance(meta, dict):
+            rc = meta.get("rc")
+            record.rc = rc if isinstance(rc, int) and not isinstance(rc, bool) else None
+            record.stderr = str(meta.get("stderr") or "")
+            record.missing_tool = bool(meta.get("missing"))
+            record.cmd = meta.get("cmd")
+        if not record.present and record.missing_tool:
+            record.present = True     # the absence of the tool is itself the recorded evidence
+    elif record.present:
+        record.meta_error = "no meta file (exit status unknown)"
+    return record
+
+
+def load_node_evidence(run_dir: Path, host: str) -> NodeEvidence:
+    """Read every known command's evidence for one host; absent files give absent records."""
+    run_dir = Path(run_dir)
+    base = host_dir(run_dir, host)
+    evidence = NodeEvidence(host=host, run_dir=run_dir, dir_exists=base.is_dir())
+    if evidence.dir_exists:
+        for name in COMMANDS:
+            evidence.records[name] = _read_record(run_dir, base, name)
+    return evidence
