@@ -1,0 +1,249 @@
+"""Report plots: matplotlib figures as inline SVG text (no file, no URL, no web font).
+
+Every function takes a stage-details dict (report["stages"][...]) that may be partial, and
+returns the SVG markup or None when there is nothing to draw: a run that died early still
+renders. The markup is cleaned for inlining into HTML: no XML prolog or DOCTYPE (the DTD line
+is an http URL), no RDF metadata, no namespace URLs (the HTML parser puts <svg> in the SVG
+namespace itself), and element ids prefixed per figure so two figures never share an id.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import re
+from typing import Any
+
+import matplotlib
+from matplotlib.figure import Figure
+
+matplotlib.use("Agg")  # never a display; the Figure API below does not touch pyplot state
+
+RC = {
+    "svg.fonttype": "none",          # text stays text: searchable, small, rendered by local fonts
+    "svg.hashsalt": "vllm-acceptance",  # stable ids: the same data gives the same file
+    "font.family": "sans-serif",
+    "font.size": 9,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.color": "#e3e6ea",
+    "grid.linewidth": 0.6,
+    "axes.edgecolor": "#8a929b",
+    "axes.titlesize": 10,
+    "axes.titleweight": "bold",
+    "legend.frameon": False,
+    "legend.fontsize": 8,
+}
+
+COLORS = {"p50": "#4c78a8", "p95": "#f58518", "p99": "#e45756",
+          "cold": "#9aa5b1", "hot_a": "#2f9e44", "hot_b": "#74c476", "control": "#e8590c",
+          "running": "#4c78a8", "waiting": "#f58518", "kv": "#7048e8", "preempt": "#e03131"}
+SERIES_COLORS = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#ff9da6", "#9d755d",
+                 "#bab0ac", "#eeca3b"]
+_counter = itertools.count(1)
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    return None
+
+
+def clean_svg(svg: str, prefix: str) -> str:
+    """Make matplotlib's standalone SVG safe to inline: see the module docstring."""
+    svg = re.sub(r"<\?xml[^>]*\?>\s*", "", svg)
+    svg = re.sub(r"<!DOCTYPE[^>]*>\s*", "", svg)
+    svg = re.sub(r"<metadata>.*?</metadata>\s*", "", svg, flags=re.S)
+    svg = re.sub(r'\s+xmlns(:\w+)?="[^"]*"', "", svg)
+    ids = set(re.findall(r'\bid="([^"]+)"', svg))
+    for ident in sorted(ids, key=len, reverse=True):
+        svg = svg.replace(f'id="{ident}"', f'id="{prefix}-{ident}"')
+        svg = svg.replace(f'href="#{ident}"', f'href="#{prefix}-{ident}"')
+        svg = svg.replace(f"url(#{ident})", f"url(#{prefix}-{ident})")
+    # Scale with the page instead of a fixed pixel size.
+    svg = re.sub(r'<svg([^>]*?)\swidth="[^"]*"\s+height="[^"]*"', r'<svg\1', svg, count=1)
+    return svg.replace("<svg", '<svg role="img" class="plot"', 1).strip()
+
+
+def to_svg(fig: Figure, name: str) -> str:
+    buf = io.StringIO()
+    with matplotlib.rc_context(RC):
+        fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
+    return clean_svg(buf.getvalue(), f"{name}{next(_counter)}")
+
+
+def _figure(width: float, height: float, ncols: int = 1) -> tuple[Figure, list[Any]]:
+    with matplotlib.rc_context(RC):
+        fig = Figure(figsize=(width, height), layout="constrained")
+        axes = fig.subplots(1, ncols, squeeze=False)[0]
+    return fig, list(axes)
+
+
+def _mark_contract(ax: Any, load: dict[str, Any]) -> None:
+    contract = _num(load.get("contract_concurrency"))
+    knee = _num(load.get("knee"))
+    if contract is not None:
+        ax.axvline(contract, color="#495057", linestyle="--", linewidth=1, label=f"contract {contract:g}")
+    if knee is not None:
+        ax.axvline(knee, color="#2f9e44", linestyle=":", linewidth=1.5, label=f"knee {knee:g}")
+
+
+def _steps(load: dict[str, Any] | None) -> list[dict[str, Any]]:
+    steps = [s for s in (load or {}).get("steps") or [] if isinstance(s, dict)]
+    return sorted((s for s in steps if _num(s.get("concurrency")) is not None),
+                  key=lambda s: float(s["concurrency"]))
+
+
+def latency_svg(load: dict[str, Any] | None, slo: dict[str, Any] | None = None) -> str | None:
+    """TTFT, inter-token and end-to-end p50/p95/p99 per concurrency step, SLO and knee marked."""
+    steps = _steps(load)
+    if not steps:
+        return None
+    slo = slo or {}
+    panels = [("ttft", "Time to first token (s)", "ttft_p95_s"), ("itl", "Inter-token latency (s)", "itl_p95_s"),
+              ("e2e", "End-to-end latency (s)", "e2e_p95_s")]
+    with matplotlib.rc_context(RC):
+        fig, axes = _figure(11, 3.2, 3)
+        xs_all = [float(s["concurrency"]) for s in steps]
+        for ax, (key, title, slo_key) in zip(axes, panels, strict=True):
+            for pct in ("p50", "p95", "p99"):
+                pts = [(float(s["concurrency"]), _num(s.get(f"{key}_{pct}"))) for s in steps]
+                pts = [(x, y) for x, y in pts if y is not None]
+                if pts:
+                    ax.plot(*zip(*pts, strict=True), marker="o", markersize=3.5, color=COLORS[pct], label=pct)
+            bad = [(float(s["concurrency"]), _num(s.get(f"{key}_p95"))) for s in steps if s.get("meets_slo") is False]
+            bad = [(x, y) for x, y in bad if y is not None]
+            if bad:
+                ax.plot(*zip(*bad, strict=True), linestyle="none", marker="x", markersize=8, color="#c92a2a",
+                        label="misses SLO")
+            limit = _num(slo.get(slo_key))
+            if limit is not None:
+                ax.axhline(limit, color="#c92a2a", linewidth=0.8, alpha=0.6, label=f"SLO p95 {limit:g}s")
+            _mark_contract(ax, load or {})
+            ax.set_title(title)
+            ax.set_xlabel("concurrent sessions")
+            ax.set_xticks(xs_all)
+            ax.set_ylim(bottom=0)
+        axes[0].legend(loc="upper left")
+        return to_svg(fig, "latency")
+
+
+def queue_svg(load: dict[str, Any] | None) -> str | None:
+    """Running and waiting requests (bars) and peak KV-cache usage (line) per step; preemptions noted."""
+    steps = _steps(load)
+    if not steps:
+        return None
+    with matplotlib.rc_context(RC):
+        fig, (ax,) = _figure(11, 3.0)
+        xs = list(range(len(steps)))
+        width = 0.38
+        running = [_num(s.get("max_running")) or 0 for s in steps]
+        waiting = [_num(s.get("max_waiting")) or 0 for s in steps]
+        ax.bar([x - width / 2 for x in xs], running, width, color=COLORS["running"], label="max running")
+        ax.bar([x + width / 2 for x in xs], waiting, width, color=COLORS["waiting"], label="max waiting")
+        ax.set_xticks(xs, [f"{float(s['concurrency']):g}" for s in steps])
+        ax.set_xlabel("concurrent sessions (step)")
+        ax.set_ylabel("requests")
+        ax.set_title("Queue and KV-cache pressure per step")
+        kv = ax.twinx()
+        kv.grid(False)
+        kv_pts = [(x, _num(s.get("max_kv_usage"))) for x, s in zip(xs, steps, strict=True)]
+        kv_pts = [(x, y * 100 if y <= 1.0 else y) for x, y in kv_pts if y is not None]
+        if kv_pts:
+            kv.plot(*zip(*kv_pts, strict=True), color=COLORS["kv"], marker="s", markersize=4, label="max KV usage %")
+        kv.set_ylim(0, 105)
+        kv.set_ylabel("KV cache usage %")
+        kv.spines["right"].set_visible(True)
+        for x, s in zip(xs, steps, strict=True):
+            pre = _num(s.get("preemptions"))
+            if pre:
+                ax.annotate(f"{pre:g} preempt.", (x, max(running[x], waiting[x])), textcoords="offset points",
+                            xytext=(0, 4), ha="center", color=COLORS["preempt"], fontsize=8)
+        handles = ax.get_legend_handles_labels()
+        handles2 = kv.get_legend_handles_labels()
+        ax.legend(handles[0] + handles2[0], handles[1] + handles2[1], loc="upper left")
+        return to_svg(fig, "queue")
+
+
+def memory_svg(load: dict[str, Any] | None) -> str | None:
+    """Memory per GPU (or process RSS in the lab) over the run, with stage boundaries shaded."""
+    samples = [m for m in (load or {}).get("memory_timeline") or []
+               if isinstance(m, dict) and _num(m.get("t")) is not None and _num(m.get("bytes")) is not None]
+    if not samples:
+        return None
+    bounds = [b for b in (load or {}).get("stage_bounds") or []
+              if isinstance(b, dict) and _num(b.get("start")) is not None and _num(b.get("end")) is not None]
+    t0 = min([float(m["t"]) for m in samples] + [float(b["start"]) for b in bounds])
+    series: dict[str, list[tuple[float, float]]] = {}
+    labels: dict[str, str] = {}
+    for m in sorted(samples, key=lambda m: float(m["t"])):
+        name = str(m.get("series") or "memory")
+        series.setdefault(name, []).append((float(m["t"]) - t0, float(m["bytes"]) / 2**30))
+        if m.get("label"):
+            labels[name] = str(m["label"])
+    with matplotlib.rc_context(RC):
+        fig, (ax,) = _figure(11, 3.4)
+        shades = ["#f1f3f5", "#e7f5ff"]
+        for i, b in enumerate(sorted(bounds, key=lambda b: float(b["start"]))):
+            start, end = float(b["start"]) - t0, float(b["end"]) - t0
+            ax.axvspan(start, end, color=shades[i % 2], zorder=0)
+            ax.axvline(start, color="#adb5bd", linewidth=0.7, zorder=1)
+            # Alternate label heights: short stages side by side would overlap.
+            ax.text(start, 0.98 if i % 2 == 0 else 0.90, " " + str(b.get("stage", "")),
+                    transform=ax.get_xaxis_transform(), va="top", ha="left", fontsize=8, color="#495057")
+        for (name, pts), color in zip(sorted(series.items()), itertools.cycle(SERIES_COLORS)):
+            label = f"{name} ({labels[name]})" if name in labels else name
+            ax.plot(*zip(*pts, strict=True), color=color, linewidth=1.3, label=label, zorder=2)
+        ax.set_xlabel("seconds since first sample")
+        ax.set_ylabel("GiB")
+        ax.set_ylim(0, max(y for pts in series.values() for _, y in pts) * 1.18 or 1)
+        ax.set_title("Memory timeline with stage boundaries")
+        ax.legend(loc="lower right", ncols=min(4, len(series)))
+        return to_svg(fig, "memory")
+
+
+KIND_ORDER = ("cold", "hot_a", "hot_b", "control")
+
+
+def cache_svg(cache: dict[str, Any] | None) -> str | None:
+    """Prefix-cache hits and prefill work per request, grouped by session: cold / hot A / hot B / control."""
+    requests = [r for r in (cache or {}).get("requests") or [] if isinstance(r, dict)]
+    if not requests:
+        return None
+    sessions = sorted({int(r.get("session") or 0) for r in requests})
+    with matplotlib.rc_context(RC):
+        fig, axes = _figure(11, 3.2, 2)
+        width = 0.2
+        for ax, key, title in ((axes[0], "hits", "Prefix-cache hits (tokens)"),
+                               (axes[1], "prefill_computed_tokens", "Prefill tokens computed")):
+            for k, kind in enumerate(KIND_ORDER):
+                xs, ys = [], []
+                for i, session in enumerate(sessions):
+                    match = [r for r in requests if int(r.get("session") or 0) == session and r.get("kind") == kind]
+                    value = _num(match[0].get(key)) if match else None
+                    if value is not None:
+                        xs.append(i + (k - 1.5) * width)
+                        ys.append(value)
+                if xs:
+                    ax.bar(xs, ys, width, color=COLORS[kind], label=kind.replace("_", " "))
+            ax.set_xticks(range(len(sessions)), [f"session {s}" for s in sessions])
+            ax.set_title(title)
+        expected = _num((cache or {}).get("expected_hot_hits"))
+        if expected is not None:
+            axes[0].axhline(expected, color="#2b8a3e", linestyle="--", linewidth=1, label=f"expected hot {expected:g}")
+        for ax in axes:
+            top = ax.get_ylim()[1]
+            ax.set_ylim(0, top * 1.3 if top > 0 else 1)  # headroom for the legend above the bars
+        axes[0].legend(loc="upper left", ncols=3)
+        return to_svg(fig, "cache")
+
+
+def all_svgs(stages: dict[str, Any], slo: dict[str, Any] | None = None) -> dict[str, str | None]:
+    load = stages.get("load") if isinstance(stages.get("load"), dict) else None
+    cache = stages.get("cache") if isinstance(stages.get("cache"), dict) else None
+    return {"latency": latency_svg(load, slo), "queue": queue_svg(load), "memory": memory_svg(load),
+            "cache": cache_svg(cache)}
+
