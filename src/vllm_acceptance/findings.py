@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 
-class Status(str, Enum):
+class Status(StrEnum):
     PASS = "pass"
     FAIL = "fail"
     WARN = "warn"
@@ -22,7 +22,7 @@ class Status(str, Enum):
     MISSING = "missing"
 
 
-class Consequence(str, Enum):
+class Consequence(StrEnum):
     """What a failed finding of this check means for the decision."""
 
     REBUILD = "rebuild_environment"

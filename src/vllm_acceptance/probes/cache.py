@@ -20,8 +20,16 @@ from typing import Any
 from ..client import OpenAIClient
 from ..evidence import EvidenceStore
 from ..findings import Consequence, Finding, Status
-from ..metrics import MetricsError, MetricsSource, PrometheusMetrics, Snapshot, cache_config, delta
-from ..metrics import histogram_delta, missing_families
+from ..metrics import (
+    MetricsError,
+    MetricsSource,
+    PrometheusMetrics,
+    Snapshot,
+    cache_config,
+    delta,
+    histogram_delta,
+    missing_families,
+)
 
 KINDS = ("cold", "hot_a", "hot_b", "control")
 REQUIRED_FAMILIES = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:request_success",

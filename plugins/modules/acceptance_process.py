@@ -1,0 +1,149 @@
+#!/usr/bin/python
+"""Ansible module: run vLLM as a detached process (the lab's `process` runtime) and wait for it."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: acceptance_process
+short_description: Start or stop a detached vLLM OpenAI server process and wait until it is ready
+description:
+  - The C(process) runtime of the vllm_serve role (the lab; a bare-metal node without containers).
+    Starts C(python -m vllm.entrypoints.openai.api_server) in its own session, writes a pid file and the
+    full startup log from its first line, and waits for C(/health) with a bounded timeout.
+  - Fails, with the startup log's last lines, when the process exits before it is ready. It never retries.
+  - Runs on the host that serves; in the lab that is localhost.
+options:
+  state:
+    description: C(started) or C(stopped).
+    type: str
+    choices: [started, stopped]
+    default: started
+  python:
+    description: The interpreter of the vLLM environment.
+    type: path
+  model:
+    description: Model path or name.
+    type: str
+  served_model_name:
+    description: The name clients use.
+    type: str
+  host:
+    description: Listen address.
+    type: str
+    default: 127.0.0.1
+  port:
+    description: Listen port.
+    type: int
+    default: 8000
+  args:
+    description: vLLM flags (the profile's launch args plus site extras).
+    type: list
+    elements: str
+    default: []
+  env:
+    description: Environment for the server (the profile's launch env). Values are never logged.
+    type: dict
+    default: {}
+  log_path:
+    description: Where the startup log goes.
+    type: path
+    required: true
+  pid_path:
+    description: The pid file.
+    type: path
+    required: true
+  ready_timeout_s:
+    description: Seconds to wait for C(/health).
+    type: float
+    default: 300
+author: vllm-acceptance
+"""
+
+EXAMPLES = r"""
+- name: Start the lab server
+  acceptance_process:
+    python: .venv-lab/bin/python
+    model: .lab/models/tiny-agent
+    served_model_name: tiny-agent
+    port: 8011
+    args: [--enable-prefix-caching, --max-model-len=2048]
+    log_path: .lab/vllm.log
+    pid_path: .lab/vllm.pid
+"""
+
+RETURN = r"""
+pid:
+  description: The server's process id.
+  returned: when started
+  type: int
+base_url:
+  description: The OpenAI base URL.
+  returned: when started
+  type: str
+ready_s:
+  description: Seconds from start to ready.
+  returned: when started
+  type: float
+command:
+  description: The launch command, secrets redacted.
+  returned: when started
+  type: str
+"""
+
+from pathlib import Path
+
+from ansible.module_utils.basic import AnsibleModule
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "state": {"type": "str", "choices": ["started", "stopped"], "default": "started"},
+            "python": {"type": "path"},
+            "model": {"type": "str"},
+            "served_model_name": {"type": "str"},
+            "host": {"type": "str", "default": "127.0.0.1"},
+            "port": {"type": "int", "default": 8000},
+            "args": {"type": "list", "elements": "str", "default": []},
+            "env": {"type": "dict", "default": {}, "no_log": True},
+            "log_path": {"type": "path", "required": True},
+            "pid_path": {"type": "path", "required": True},
+            "ready_timeout_s": {"type": "float", "default": 300},
+        },
+        required_if=[("state", "started", ("python", "model", "served_model_name"))],
+        supports_check_mode=True,
+    )
+    try:
+        from vllm_acceptance.lab import server
+        from vllm_acceptance.redact import redact_text
+    except ImportError as exc:
+        module.fail_json(msg=f"vllm_acceptance is not importable ({exc}); run ansible-playbook from the project venv")
+    p = module.params
+    pid_path = Path(p["pid_path"])
+    if p["state"] == "stopped":
+        running = server.read_pid(pid_path)
+        if module.check_mode or not running:
+            module.exit_json(changed=bool(running))
+        module.exit_json(changed=server.stop(pid_path))
+    if not Path(p["python"]).is_file():
+        module.fail_json(msg=f"vLLM interpreter {p['python']} not found: "
+                             "set vllm_serve_python, or run `make lab-venv`")
+    spec = server.LaunchSpec(python=p["python"], model_path=p["model"], served_name=p["served_model_name"],
+                             host=p["host"], port=p["port"], args=p["args"],
+                             env={k: str(v) for k, v in p["env"].items()},
+                             log_path=Path(p["log_path"]), pid_path=pid_path)
+    command = redact_text(" ".join(spec.command()))
+    if module.check_mode:
+        module.exit_json(changed=True, command=command, base_url=spec.base_url)
+    try:
+        pid = server.start(spec)
+        ready = server.wait_ready(spec.base_url, pid, p["ready_timeout_s"], spec.log_path)
+    except server.LaunchError as exc:
+        server.stop(pid_path)
+        module.fail_json(msg=f"vLLM did not start: {exc}", command=command, log_path=str(spec.log_path))
+    module.exit_json(changed=True, pid=pid, base_url=spec.base_url, ready_s=round(ready, 2), command=command)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+#!/usr/bin/python
+"""Ansible module: judge the serve stage on the controller."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: acceptance_serve
+short_description: Judge the serve stage (startup log, actual configuration, model load)
+description:
+  - Saves the startup log and the launch command as evidence (secrets redacted), scans the log against the
+    profile, reads the running server's actual configuration (C(vllm:cache_config_info), the process
+    arguments, C(/v1/models)) and writes C(findings/serve.json) and C(stages/serve.json) in the run directory.
+options:
+  run_dir:
+    description: The run directory.
+    type: path
+    required: true
+  profile_path:
+    description: The validated profile.
+    type: path
+    required: true
+  base_url:
+    description: The server's OpenAI base URL.
+    type: str
+    required: true
+  host:
+    description: The inventory host that serves.
+    type: str
+  mode:
+    description: C(launch) or C(attach).
+    type: str
+    choices: [launch, attach]
+    default: launch
+  launch_command:
+    description: The exact launch command.
+    type: str
+  startup_log_path:
+    description: A file on the controller holding the full startup log.
+    type: path
+  ready_s:
+    description: Seconds from launch to ready.
+    type: float
+  launch_error:
+    description: Why the launch failed, when it did.
+    type: str
+  process_args:
+    description: The running process's argv.
+    type: list
+    elements: str
+  metrics_url:
+    description: The server's C(/metrics) URL (default from base_url).
+    type: str
+  api_key:
+    description: The server's API key, if any. Never written anywhere.
+    type: str
+author: vllm-acceptance
+"""
+
+EXAMPLES = r"""
+- name: Judge the serve stage
+  acceptance_serve:
+    run_dir: "{{ acceptance_run_dir }}"
+    profile_path: "{{ acceptance_profile_path }}"
+    base_url: http://127.0.0.1:8011/v1
+    startup_log_path: .lab/vllm.log
+    ready_s: 44.2
+"""
+
+RETURN = r"""
+statuses:
+  description: Status of each serve finding by check id.
+  returned: always
+  type: dict
+"""
+
+from pathlib import Path
+
+from ansible.module_utils.basic import AnsibleModule
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "run_dir": {"type": "path", "required": True},
+            "profile_path": {"type": "path", "required": True},
+            "base_url": {"type": "str", "required": True},
+            "host": {"type": "str"},
+            "mode": {"type": "str", "choices": ["launch", "attach"], "default": "launch"},
+            "launch_command": {"type": "str"},
+            "startup_log_path": {"type": "path"},
+            "ready_s": {"type": "float"},
+            "launch_error": {"type": "str"},
+            "process_args": {"type": "list", "elements": "str"},
+            "metrics_url": {"type": "str"},
+            "api_key": {"type": "str", "no_log": True},
+        },
+        supports_check_mode=True,
+    )
+    if module.check_mode:
+        module.exit_json(changed=False, statuses={})
+    try:
+        from vllm_acceptance.profile import ConfigError, load_profile
+        from vllm_acceptance.serve import ServeFacts, judge_serve
+    except ImportError as exc:
+        module.fail_json(msg=f"vllm_acceptance is not importable ({exc}); run ansible-playbook from the project venv")
+    p = module.params
+    log_path = Path(p["startup_log_path"]) if p["startup_log_path"] else None
+    log_text = log_path.read_text(errors="replace") if log_path and log_path.is_file() else None
+    try:
+        profile = load_profile(p["profile_path"])
+    except ConfigError as exc:
+        module.fail_json(msg=str(exc))
+    facts = ServeFacts(base_url=p["base_url"], host=p["host"], mode=p["mode"], launch_command=p["launch_command"],
+                       startup_log=log_text, ready_s=p["ready_s"], launch_error=p["launch_error"],
+                       process_args=p["process_args"], metrics_url=p["metrics_url"], api_key=p["api_key"])
+    findings = judge_serve(Path(p["run_dir"]), profile, facts)
+    module.exit_json(changed=True, statuses={f.check: f.status.value for f in findings})
+
+
+if __name__ == "__main__":
+    main()

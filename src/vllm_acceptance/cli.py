@@ -1,0 +1,182 @@
+"""vllm-acceptance: the command line (ARCHITECTURE contract 3), sharing the modules' code.
+
+Exit codes: 0 pass, 1 fail, 3 inconclusive, 2 usage or set-up error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from .client import ServerUnreachable
+from .probes.result import EXIT_USAGE, exit_code
+from .profile import ConfigError, load_profile
+
+
+def _add_probe(sub: argparse._SubParsersAction, kind: str, help_text: str) -> None:
+    p = sub.add_parser(kind, help=help_text)
+    p.add_argument("--base-url", required=True, help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8011/v1")
+    p.add_argument("--model", required=True, help="served model name")
+    p.add_argument("--out", required=True, type=Path, help="directory for result.json and evidence")
+    p.add_argument("--profile", help="profile YAML (default: profiles/cpu-lab.yml)")
+    p.add_argument("--metrics-url", help="vLLM /metrics URL (default: <base-url root>/metrics)")
+    p.add_argument("--prometheus-url", help="read metrics through this Prometheus instead")
+    p.add_argument("--prometheus-instance", help="the scrape target's instance label in Prometheus")
+    p.add_argument("--api-key-env", default="VLLM_API_KEY",
+                   help="environment variable holding the API key (never passed on the command line)")
+    if kind == "agent":
+        p.add_argument("--direct-url", help="the server's direct base URL when --base-url is a gateway")
+    if kind == "load":
+        p.add_argument("--server-pid", type=int, help="lab: sample this process's RSS as the memory series")
+        p.add_argument("--server-log", help="server log, read for OOM lines when the server dies")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a profile field for this probe, e.g. --set load.ramp=[1,2]")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vllm-acceptance", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    probe = sub.add_parser("probe", help="run one probe against a running server")
+    probe_sub = probe.add_subparsers(dest="kind", required=True)
+    _add_probe(probe_sub, "cache", "prefix-cache reuse: cold / hot / control over several sessions")
+    _add_probe(probe_sub, "agent", "agent interface: tool calls, structured output, layers")
+    _add_probe(probe_sub, "load", "capacity: long prompt, context contract, ramp, soak")
+
+    val = sub.add_parser("validate", help="validate a profile (and inventory vars) before touching any node")
+    val.add_argument("--profile", required=True)
+
+    rep = sub.add_parser("report", help="judge a run directory and write report.json/html/md, junit.xml")
+    rep.add_argument("--run-dir", required=True, type=Path)
+    rep.add_argument("--profile", required=True)
+
+    diff = sub.add_parser("diff", help="what changed between two runs (re-acceptance view)")
+    diff.add_argument("run_a", type=Path)
+    diff.add_argument("run_b", type=Path)
+
+    lab = sub.add_parser("lab", help="the embedded lab: real vLLM on CPU")
+    lab_sub = lab.add_subparsers(dest="lab_command", required=True)
+    up = lab_sub.add_parser("up", help="start the lab server; prints its base URL last")
+    up.add_argument("--profile", default="profiles/cpu-lab.yml")
+    up.add_argument("--python", default=".venv-lab/bin/python")
+    up.add_argument("--state-dir", default=".lab", type=Path)
+    up.add_argument("--extra-args", default="", help="extra vLLM flags (LAB_ARGS)")
+    up.add_argument("--port", type=int)
+    down = lab_sub.add_parser("down", help="stop the lab server")
+    down.add_argument("--state-dir", default=".lab", type=Path)
+    return parser
+
+
+def parse_overrides(items: list[str]) -> dict[str, object]:
+    import yaml
+
+    out: dict[str, object] = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected FIELD=VALUE, e.g. load.ramp=[1,2]")
+        key, value = item.split("=", 1)
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    from .probes.run import ProbeOptions, resolve_profile, run_probe
+
+    opts = ProbeOptions(
+        kind=args.kind, base_url=args.base_url, model=args.model, out_dir=args.out,
+        profile=resolve_profile(args.profile), metrics_url=args.metrics_url, prometheus_url=args.prometheus_url,
+        prometheus_instance=args.prometheus_instance, direct_url=getattr(args, "direct_url", None),
+        api_key=os.environ.get(args.api_key_env) or None, server_pid=getattr(args, "server_pid", None),
+        server_log=getattr(args, "server_log", None), overrides=parse_overrides(args.set))
+    status, findings, _ = run_probe(opts)
+    for f in findings:
+        print(f"{f.status.value:>14}  {f.check}" + (f"  [{f.layer}]" if f.layer else "") +
+              (f"  {f.reason}" if f.reason else ""))
+    print(f"{args.kind}: {status} -> {args.out / 'result.json'}")
+    return exit_code(status)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .report.build import build_report, point_latest
+    from .report.write import write_reports
+
+    profile = load_profile(args.profile)
+    report = build_report(args.run_dir, profile)
+    write_reports(args.run_dir, report)
+    point_latest(args.run_dir)
+    print(f"verdict: {report['verdict']}")
+    print(f"report: {args.run_dir / 'report.html'}")
+    return 0
+
+
+def cmd_lab(args: argparse.Namespace) -> int:
+    from .lab import server
+
+    state: Path = args.state_dir
+    if args.lab_command == "down":
+        stopped = server.stop(state / "vllm.pid")
+        print("lab server stopped" if stopped else "no lab server was running")
+        return 0
+    profile = load_profile(args.profile)
+    launch = profile.data["launch"]
+    model_path = profile.get("model.path")
+    if not Path(args.python).is_file():
+        raise ConfigError(f"lab python {args.python} not found: run `make lab-venv` first")
+    if not model_path or not (Path(model_path) / "config.json").is_file():
+        raise ConfigError(f"lab model {model_path} not built: run `make lab-model` first")
+    spec = server.LaunchSpec(
+        python=args.python, model_path=model_path, served_name=profile.get("model.served_name"),
+        host=launch.get("host", "127.0.0.1"), port=args.port or int(launch.get("port", 8011)),
+        args=list(launch["args"]) + args.extra_args.split(), env=dict(launch.get("env", {})),
+        log_path=state / "vllm.log", pid_path=state / "vllm.pid")
+    pid = server.start(spec)
+    print(f"lab vLLM starting (pid {pid}, log {spec.log_path}) ...", file=sys.stderr)
+    try:
+        seconds = server.wait_ready(spec.base_url, pid, float(launch.get("ready_timeout_s", 300)), spec.log_path)
+    except server.LaunchError:
+        server.stop(spec.pid_path)
+        raise
+    print(f"lab vLLM ready in {seconds:.1f} s", file=sys.stderr)
+    print(spec.base_url)
+    return 0
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from .diff import diff_runs, render_diff_text
+
+    print(render_diff_text(diff_runs(args.run_a, args.run_b)))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "probe":
+            return cmd_probe(args)
+        if args.command == "validate":
+            profile = load_profile(args.profile)
+            print(json.dumps({"profile": profile.name, "valid": True}))
+            return 0
+        if args.command == "report":
+            return cmd_report(args)
+        if args.command == "diff":
+            return cmd_diff(args)
+        if args.command == "lab":
+            return cmd_lab(args)
+    except (ConfigError, ServerUnreachable) as exc:
+        print(f"vllm-acceptance: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception as exc:  # noqa: BLE001 - a lab launch failure and similar: message, not traceback
+        from .lab.server import LaunchError
+
+        if isinstance(exc, LaunchError):
+            print(f"vllm-acceptance: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        raise
+    return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,269 @@
+"""Agent interface conformance (SPEC "Agent interface"): tool calls, separation, streaming,
+multi-turn, structured output, safe execution; every defect attributed to a layer.
+
+Every exchange is kept as evidence (request body, raw response, parsed result, decision).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema
+
+from ..agentcheck import (
+    ToolExecutor,
+    call_signature,
+    check_separation,
+    check_tool_call,
+    message_of,
+    structure_diff,
+)
+from ..client import Exchange, OpenAIClient
+from ..evidence import EvidenceStore
+from ..findings import Consequence, Finding, Status
+from ..scenarios import tool_schema_problems
+
+WRITE_TOOLS = {"create_ticket"}
+
+
+@dataclass
+class AgentProbeConfig:
+    model: str
+    scenario: dict[str, Any]
+    repeats: int = 3
+    temperature: float = 0.0
+    max_tokens: int = 256
+    format_error_threshold: float = 0.01
+
+
+def _finding(check: str, status: Status, layer: str | None, ev: list[str], **kw: Any) -> Finding:
+    return Finding(check=check, status=status, layer=layer, evidence=ev,
+                   consequence=kw.pop("consequence", Consequence.BLOCK_AGENT), **kw)
+
+
+class AgentProbe:
+    def __init__(self, client: OpenAIClient, cfg: AgentProbeConfig, store: EvidenceStore,
+                 direct: OpenAIClient | None = None) -> None:
+        self.client, self.cfg, self.store, self.direct = client, cfg, store, direct
+        self.tools = cfg.scenario["tools"]
+        self.tasks = cfg.scenario["tasks"]
+        self.system = cfg.scenario["system_prompt"].format(
+            session_id="agent-probe", environment=cfg.scenario["default_environment"])
+        self.n = 0
+
+    def keep(self, name: str, ex: Exchange, decision: dict[str, Any]) -> str:
+        self.n += 1
+        return self.store.write_json(f"cases/{self.n:02d}-{name}.json", {
+            **ex.evidence(), "max_tokens": ex.request.get("max_tokens"), "temperature": ex.request.get("temperature"),
+            "parsed": message_of(ex.body), "decision": decision})
+
+    def base(self, messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        return {"model": self.cfg.model, "messages": messages, "max_tokens": self.cfg.max_tokens,
+                "temperature": self.cfg.temperature, **extra}
+
+    def required_call_messages(self) -> list[dict[str, Any]]:
+        return [{"role": "system", "content": self.system},
+                {"role": "user", "content": self.tasks["required_tool"]["user"]}]
+
+    def run(self) -> tuple[list[Finding], dict[str, Any]]:
+        findings: list[Finding] = []
+        ev_schemas = self.store.write_json("tool_schemas.json", self.tools)
+        problems = tool_schema_problems(self.tools)
+        findings.append(_finding("agent.tool_schemas", Status.FAIL if problems else Status.PASS,
+                                 "client" if problems else None, [ev_schemas], observed=problems or "valid",
+                                 expected="every tool's parameters are a valid JSON Schema",
+                                 rule="tool JSON Schemas validated before any request is sent",
+                                 action="fix the tool definitions"))
+        if problems:
+            return findings, {}
+        findings += self.required_tool_calls()
+        findings.append(self.stream_consistency())
+        findings.append(self.multi_turn())
+        findings.append(self.failed_tool_fallback())
+        findings.append(self.structured_output())
+        findings.append(self.executor_safety())
+        if self.direct is not None:
+            findings.append(self.gateway_compare())
+        return findings, {"cases": [{"id": f.check, "check": f.check, "status": f.status.value, "layer": f.layer,
+                                     "evidence": f.evidence} for f in findings], "rates": self.rates}
+
+    def required_tool_calls(self) -> list[Finding]:
+        """Repeated runs of a task that must call a tool: validity, separation and rates."""
+        body = self.base(self.required_call_messages(), tools=self.tools, tool_choice="auto")
+        checks, evs, signatures = [], [], []
+        separation: list[tuple[str, str]] = []
+        for i in range(self.cfg.repeats):
+            ex = self.client.chat(body)
+            check = check_tool_call(ex.body if ex.ok else None, self.tools)
+            if not ex.ok:
+                check.problems.append(("gateway" if ex.status >= 500 else "client", f"HTTP error: {ex.error}"))
+            sep = check_separation(ex.body)
+            separation += sep
+            evs.append(self.keep(f"required-tool-{i + 1}", ex, {"valid": check.valid, "problems": check.problems,
+                                                                 "separation": sep}))
+            checks.append(check)
+            signatures.append(json.dumps(call_signature(ex.body), sort_keys=True))
+        triggered = [c for c in checks if c.tool_calls > 0]
+        by_finish = [c for c in checks if c.finish_reason == "tool_calls"]
+        valid = [c for c in by_finish if c.valid]
+        format_errors = [c for c in checks if c.problems]
+        self.rates = {
+            "schema_accuracy": len(valid) / len(by_finish) if by_finish else None,
+            "trigger_consistency": Counter(signatures).most_common(1)[0][1] / len(signatures) if signatures else None,
+            "format_error_rate": len(format_errors) / len(checks) if checks else None,
+            "runs": len(checks), "triggered": len(triggered), "finish_tool_calls": len(by_finish),
+        }
+        expect = self.tasks["required_tool"]["expect_tool"]
+        out = []
+        layers = Counter(layer for c in checks for layer, _ in c.problems)
+        layer = layers.most_common(1)[0][0] if layers else None
+        rate = self.rates["format_error_rate"] or 0.0
+        if not format_errors:
+            status = Status.PASS
+        elif rate <= self.cfg.format_error_threshold:
+            status = Status.WARN  # rare, below the profile's threshold: limited observation with retry
+        else:
+            status = Status.FAIL
+        out.append(_finding(
+            "agent.tool_call", status, layer, evs,
+            observed={"rates": self.rates, "names": [c.names for c in checks],
+                      "problems": [p for c in checks for p in c.problems][:10]},
+            expected=f"tool_calls with {expect} (or another schema tool), valid JSON arguments per schema",
+            rule=f"every run valid; format error rate <= {self.cfg.format_error_threshold} for limited use",
+            action="attribute by layer: model (same input, illegal format repeatedly), parser (markup in "
+                   "content, no tool_calls); retry with validation only below the threshold"))
+        # Model-layer consistency: the same input should trigger the same call.
+        consistency = self.rates["trigger_consistency"] or 0.0
+        out.append(_finding(
+            "agent.trigger_consistency", Status.PASS if consistency == 1.0 and triggered else Status.WARN
+            if triggered else Status.FAIL, "model", evs, observed=self.rates, expected="1.0",
+            rule="repeated runs of the same input trigger the same call",
+            action="pin temperature / review the prompt; inconsistent triggering needs a retry policy"))
+        out.append(_finding(
+            "agent.separation", Status.FAIL if separation else Status.PASS,
+            separation[0][0] if separation else None, evs, observed=separation or "separated",
+            expected="no tool-call or reasoning markup in content", rule="content, reasoning, tool_calls apart",
+            action="check the --tool-call-parser / --reasoning-parser names and the gateway"))
+        return out
+
+    def stream_consistency(self) -> Finding:
+        body = self.base(self.required_call_messages(), tools=self.tools, tool_choice="auto")
+        plain = self.client.chat(body)
+        streamed = self.client.chat_stream(body)
+        a, b = call_signature(plain.body), call_signature(streamed.body)
+        same = plain.ok and streamed.ok and a == b and bool(a)
+        leak = check_separation(streamed.body)
+        ev = [self.keep("stream-plain", plain, {"signature": a}),
+              self.keep("stream-streamed", streamed, {"signature": b, "separation": leak})]
+        status = Status.PASS if same and not leak else Status.FAIL
+        layer = None if status == Status.PASS else ("parser" if leak or (a and not b) else "model")
+        return _finding("agent.stream_consistency", status, layer, ev, observed={"plain": a, "streamed": b},
+                        expected="the same tool calls, assembled from deltas",
+                        rule="streaming and non-streaming give the same structure",
+                        action="streamed tool calls lost or different: check the parser's streaming path")
+
+    def multi_turn(self) -> Finding:
+        """user -> assistant tool call -> tool result -> assistant: roles and order kept."""
+        first = self.client.chat(self.base(self.required_call_messages(), tools=self.tools, tool_choice="auto"))
+        calls = message_of(first.body).get("tool_calls") or []
+        evs = [self.keep("multi-turn-1", first, {"tool_calls": len(calls)})]
+        if not calls:
+            return _finding("agent.multi_turn", Status.FAIL, "model", evs, observed="no tool call in turn 1",
+                            expected="a tool call to continue from", rule="multi-turn order kept",
+                            action="fix tool calling first (agent.tool_call)")
+        messages = self.required_call_messages() + [
+            {"role": "assistant", "content": None, "tool_calls": calls[:1]},
+            {"role": "tool", "tool_call_id": calls[0]["id"], "content": self.tasks["tool_result_ok"]},
+            {"role": "user", "content": self.tasks["second_turn_user"]}]
+        second = self.client.chat(self.base(messages, tools=self.tools, tool_choice="auto"))
+        msg = message_of(second.body)
+        ok = second.ok and msg.get("role") == "assistant" and (msg.get("content") or msg.get("tool_calls"))
+        evs.append(self.keep("multi-turn-2", second, {"role": msg.get("role")}))
+        return _finding("agent.multi_turn", Status.PASS if ok else Status.FAIL, None if ok else "parser", evs,
+                        observed={"status": second.status, "role": msg.get("role")},
+                        expected="HTTP 200, an assistant message after the tool result",
+                        rule="user -> assistant tool call -> tool result -> assistant",
+                        action="check the chat template's tool-message rendering")
+
+    def failed_tool_fallback(self) -> Finding:
+        """A failed tool result: the server still answers, and the client takes the planned fallback."""
+        call_id = "call_failed_1"
+        messages = self.required_call_messages() + [
+            {"role": "assistant", "content": None, "tool_calls": [{"id": call_id, "type": "function", "function": {
+                "name": self.tasks["required_tool"]["expect_tool"],
+                "arguments": json.dumps({"node": "node-07", "include": "gpus"})}}]},
+            {"role": "tool", "tool_call_id": call_id, "content": self.tasks["tool_result_failed"]}]
+        ex = self.client.chat(self.base(messages, tools=self.tools, tool_choice="auto"))
+        tool_result = json.loads(self.tasks["tool_result_failed"])
+        fallback = "retry_once_then_ticket" if "error" in tool_result else "none"
+        ok = ex.ok and message_of(ex.body).get("role") == "assistant" and fallback != "none"
+        ev = [self.keep("failed-tool-result", ex, {"fallback": fallback})]
+        return _finding("agent.tool_failure_fallback", Status.PASS if ok else Status.FAIL,
+                        None if ok else "executor", ev, observed={"status": ex.status, "fallback": fallback},
+                        expected="assistant answer; planned fallback retry_once_then_ticket",
+                        rule="a failed or incomplete tool result leads to the planned fallback",
+                        action="define the client fallback for failed tools")
+
+    def structured_output(self) -> Finding:
+        task = self.tasks["structured"]
+        schema = task["schema"]
+        body = self.base([{"role": "system", "content": self.system}, {"role": "user", "content": task["user"]}],
+                         response_format={"type": "json_schema",
+                                          "json_schema": {"name": "node_health", "schema": schema, "strict": True}})
+        ex = self.client.chat(body)
+        content = message_of(ex.body).get("content")
+        problems = []
+        try:
+            jsonschema.validate(json.loads(content or ""), schema)
+        except (ValueError, jsonschema.ValidationError) as exc:
+            problems.append(f"valid-path answer rejected: {str(exc)[:200]}")
+        # The client must reject a broken answer: feed the validator a truncated copy of a real answer.
+        broken = (content or "{")[: max(1, len(content or "{") // 2)]
+        try:
+            jsonschema.validate(json.loads(broken), schema)
+            problems.append("a broken answer was accepted by the client validator")
+        except (ValueError, jsonschema.ValidationError):
+            pass
+        ev = [self.keep("structured-output", ex, {"problems": problems, "broken_probe": broken})]
+        finish = (ex.body or {}).get("choices", [{}])[0].get("finish_reason") if ex.ok else None
+        layer = "model" if problems and finish == "length" else ("parser" if problems else None)
+        return _finding("agent.structured_output", Status.FAIL if problems or not ex.ok else Status.PASS, layer,
+                        ev, observed={"content": content, "finish_reason": finish, "problems": problems},
+                        expected="content valid per the JSON Schema; broken answers rejected",
+                        rule="response_format json_schema: valid accepted, broken rejected, raw body kept",
+                        action="check guided decoding backend and max_tokens")
+
+    def executor_safety(self) -> Finding:
+        """The harness: an invalid call never executes; a write retried with one id runs once."""
+        executor = ToolExecutor(self.tools, WRITE_TOOLS)
+        invalid = executor.execute("get_node_status", json.dumps({"node": "node-7", "include": "everything"}))
+        request_id = uuid.uuid4().hex
+        ticket = json.dumps({"request_id": request_id, "title": "GPU count low", "severity": "major",
+                             "details": {"node": "node-07"}})
+        first, retry = executor.execute("create_ticket", ticket), executor.execute("create_ticket", ticket)
+        writes = [a for n, a in executor.executed if n == "create_ticket"]
+        ok = not invalid.get("executed") and first.get("executed") and retry.get("deduplicated") and len(writes) == 1
+        ev = [self.store.write_json("executor.json", {"invalid": invalid, "first": first, "retry": retry,
+                                                      "executed": executor.executed})]
+        return _finding("agent.executor_safety", Status.PASS if ok else Status.FAIL,
+                        None if ok else ("executor" if invalid.get("executed") else "retry"), ev,
+                        observed={"invalid_executed": invalid.get("executed"), "writes": len(writes)},
+                        expected="invalid call not executed; one write per request id",
+                        rule="safe failure and idempotent retry", action="validate before executing; dedupe by id")
+
+    def gateway_compare(self) -> Finding:
+        """Direct vs through the gateway: a difference in structure is the gateway's."""
+        assert self.direct is not None
+        body = self.base(self.required_call_messages(), tools=self.tools, tool_choice="auto")
+        via, direct = self.client.chat(body), self.direct.chat(body)
+        diffs = structure_diff(direct.body, via.body) if direct.ok and via.ok else [
+            f"direct {direct.status}/{direct.error}, gateway {via.status}/{via.error}"]
+        ev = [self.keep("gateway-via", via, {}), self.keep("gateway-direct", direct, {"diffs": diffs})]
+        return _finding("agent.gateway", Status.FAIL if diffs else Status.PASS, "gateway" if diffs else None, ev,
+                        observed=diffs or "identical structure", expected="identical structure",
+                        rule="direct and gateway responses have the same fields and types",
+                        action="fix the gateway: it drops or reshapes fields")

@@ -1,0 +1,103 @@
+"""One entry for every probe, shared by the CLI and the `acceptance_probe` Ansible module."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..client import OpenAIClient
+from ..evidence import EvidenceStore
+from ..findings import Finding
+from ..metrics import metrics_source
+from ..profile import ConfigError, Profile, load_profile
+from ..scenarios import load_scenario
+from .result import write_result
+
+PROBES = ("cache", "agent", "load")
+DEFAULT_PROFILE = Path(__file__).resolve().parents[3] / "profiles" / "cpu-lab.yml"
+
+
+@dataclass
+class ProbeOptions:
+    kind: str
+    base_url: str
+    model: str
+    out_dir: Path
+    profile: Profile | None = None
+    metrics_url: str | None = None
+    prometheus_url: str | None = None
+    prometheus_instance: str | None = None
+    direct_url: str | None = None
+    api_key: str | None = None
+    server_pid: int | None = None
+    server_log: str | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+def resolve_profile(path: str | None) -> Profile | None:
+    if path:
+        return load_profile(path)
+    return load_profile(DEFAULT_PROFILE) if DEFAULT_PROFILE.is_file() else None
+
+
+def _get(opts: ProbeOptions, dotted: str, default: Any) -> Any:
+    if dotted in opts.overrides:
+        return opts.overrides[dotted]
+    return opts.profile.get(dotted, default) if opts.profile else default
+
+
+def run_probe(opts: ProbeOptions) -> tuple[str, list[Finding], dict[str, Any]]:
+    """Run one probe; write OUT/result.json; return (status, findings, details).
+
+    Raises ConfigError on bad input and client.ServerUnreachable when the base URL does not answer.
+    """
+    if opts.kind not in PROBES:
+        raise ConfigError(f"probe {opts.kind!r}: unknown (choose one of {', '.join(PROBES)})")
+    secrets = [opts.api_key] if opts.api_key else []
+    store = EvidenceStore(opts.out_dir, secrets=secrets)
+    client = OpenAIClient(opts.base_url, api_key=opts.api_key,
+                          timeout_s=float(_get(opts, "load.request_timeout_s", 120)))
+    try:
+        client.models()  # fail early (exit 2) when the URL is wrong, before any evidence is judged
+        findings, details = _dispatch(opts, client, store)
+    finally:
+        client.close()
+    status = write_result(opts.out_dir, opts.kind, findings, details, secrets)
+    return status, findings, details
+
+
+def _dispatch(opts: ProbeOptions, client: OpenAIClient, store: EvidenceStore
+              ) -> tuple[list[Finding], dict[str, Any]]:
+    scenario = load_scenario(str(_get(opts, "agent.scenario", "ops-agent")))
+    if opts.kind == "cache":
+        from .cache import CacheProbeConfig, run_cache_probe
+
+        source = metrics_source(opts.metrics_url, opts.prometheus_url, opts.prometheus_instance, opts.base_url)
+        cfg = CacheProbeConfig(
+            model=opts.model, scenario=scenario, sessions=int(_get(opts, "cache.sessions", 3)),
+            hybrid=bool(_get(opts, "model.hybrid_cache", False)),
+            relies_on_reuse=bool(_get(opts, "cache.capacity_relies_on_reuse", True)),
+            tolerance_blocks=int(_get(opts, "thresholds.cache_hit_tolerance_blocks", 1)),
+            min_prefill_drop=float(_get(opts, "cache.min_prefill_drop", 0.0)))
+        return run_cache_probe(client, source, cfg, store)
+    if opts.kind == "agent":
+        from .agent import AgentProbe, AgentProbeConfig
+
+        cfg_a = AgentProbeConfig(
+            model=opts.model, scenario=scenario, repeats=int(_get(opts, "agent.repeats", 3)),
+            temperature=float(_get(opts, "agent.temperature", 0.0)),
+            max_tokens=int(_get(opts, "agent.max_tokens", 256)),
+            format_error_threshold=float(_get(opts, "thresholds.tool_format_error_rate", 0.01)))
+        direct = OpenAIClient(opts.direct_url, api_key=opts.api_key) if opts.direct_url else None
+        try:
+            return AgentProbe(client, cfg_a, store, direct).run()
+        finally:
+            if direct:
+                direct.close()
+    from .load import LoadProbeConfig, run_load_probe
+
+    source = metrics_source(opts.metrics_url, opts.prometheus_url, opts.prometheus_instance, opts.base_url)
+    cfg_l = LoadProbeConfig.from_profile(opts.profile, opts.overrides, model=opts.model, api_key=opts.api_key,
+                                         server_pid=opts.server_pid, server_log=opts.server_log)
+    return run_load_probe(opts.base_url, source, cfg_l, store)

