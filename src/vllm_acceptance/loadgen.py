@@ -15,8 +15,9 @@ Timing: all times are epoch seconds taken from the monotonic clock plus one fixe
 intervals never jump with NTP. Latencies count from ``scheduled``: in the open loop that is the
 planned send time, so a client that falls behind cannot hide the lag (no coordinated omission);
 ``sent - scheduled`` is recorded so the pacing itself is evidence. Open-loop sends are timed by a
-dedicated ticker thread (sleep, then spin the last few hundred microseconds) that hands each
-request to the event loop, because asyncio's own timers round to whole milliseconds.
+dedicated ticker thread that wakes the event loop a few hundred microseconds early, after which
+the request spins to its exact time on the loop and sends; asyncio's own timers round to whole
+milliseconds.
 
 Token counts come from the final ``usage`` chunk (``stream_options.include_usage``), never from
 chunk counts. The API key goes only into the Authorization header; error text is redacted.
@@ -319,20 +320,21 @@ async def _closed(base_url: str, model: str, items: Sequence[Item], concurrency:
 
 
 class _Ticker(threading.Thread):
-    """Hands each request to the event loop at its scheduled time.
+    """Wakes the event loop just before each scheduled send.
 
-    asyncio timers wake up to a millisecond late (epoll timeouts are rounded up to whole ms), and
-    a busy loop runs due timers only after the I/O callbacks of its iteration. This thread sleeps
-    until `spin_s` before the send time, spins the rest, then calls `launch` thread-safely, which
-    wakes the loop through its self-pipe.
+    asyncio timers wake up to a millisecond late (epoll timeouts are rounded up to whole ms), and a
+    woken thread needs tens of microseconds to run. So this thread sleeps until `lead_s` before the
+    send time and hands the request to the loop (``call_soon_threadsafe`` wakes it through its
+    self-pipe); the request's first step then spins the remaining microseconds on the loop itself
+    and sends at once. Spinning there, not here, avoids a GIL hand-over between spin and send.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, times: Sequence[float],
                  launch: Callable[[int], None], finished: Callable[[], None],
-                 deadline: float | None, spin_s: float) -> None:
+                 deadline: float | None, lead_s: float) -> None:
         super().__init__(name="loadgen-ticker", daemon=True)
         self.loop, self.times, self.launch, self.finished = loop, times, launch, finished
-        self.deadline, self.spin_s = deadline, spin_s
+        self.deadline, self.lead_s = deadline, lead_s
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -340,19 +342,24 @@ class _Ticker(threading.Thread):
             for k, target in enumerate(self.times):
                 if self.stop.is_set() or (self.deadline is not None and target >= self.deadline):
                     break
-                rem = target - now()
-                if rem > self.spin_s:
-                    time.sleep(rem - self.spin_s)
-                while now() < target:
-                    pass
+                rem = target - self.lead_s - now()
+                if rem > 0:
+                    time.sleep(rem)
                 self.loop.call_soon_threadsafe(self.launch, k)
         finally:
             self.loop.call_soon_threadsafe(self.finished)
 
 
+def _spin_until(t: float) -> None:
+    """Busy-wait (blocking the loop) until `t`; only ever the last few hundred microseconds."""
+    perf, target = time.perf_counter, t - _EPOCH_OFFSET
+    while perf() < target:
+        pass
+
+
 async def _open(base_url: str, model: str, items: Sequence[Item], offsets: Sequence[float], *,
                 start: float | None, timeout_s: float, deadline: float | None, api_key: str | None,
-                on_record: OnRecord, run_id: str, proc: int = 0, spin_s: float = 0.0003) -> list[Record]:
+                on_record: OnRecord, run_id: str, proc: int = 0, lead_s: float = 0.0003) -> list[Record]:
     if len(offsets) != len(items):
         raise ValueError("one offset per request is needed")
     url, headers = chat_url(base_url), _headers(api_key)
@@ -370,6 +377,7 @@ async def _open(base_url: str, model: str, items: Sequence[Item], offsets: Seque
             i, spec = items[k]
             rec = Record(request_id=f"{run_id}-{i:06d}", tag=spec.tag, worker=f"p{proc}",
                          scheduled=times[k])
+            _spin_until(times[k])
             await _send_one(session, url, headers, bodies[k], rec, timeout_s, deadline, api_key)
             records.append(rec)
             if on_record is not None:
@@ -385,7 +393,7 @@ async def _open(base_url: str, model: str, items: Sequence[Item], offsets: Seque
             tasks.add(task)
             task.add_done_callback(done)
 
-        ticker = _Ticker(loop, times, launch, all_launched.set, deadline, spin_s)
+        ticker = _Ticker(loop, times, launch, all_launched.set, deadline, lead_s)
         # The ticker must get the GIL within microseconds of waking, not after the default 5 ms.
         old_switch = sys.getswitchinterval()
         sys.setswitchinterval(min(old_switch, 5e-5))
