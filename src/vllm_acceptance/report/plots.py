@@ -127,7 +127,8 @@ def latency_svg(load: dict[str, Any] | None, slo: dict[str, Any] | None = None) 
             ax.set_xlabel("concurrent sessions")
             ax.set_xticks(xs_all)
             ax.set_ylim(bottom=0)
-        axes[0].legend(loc="upper left")
+        if axes[0].get_legend_handles_labels()[0]:
+            axes[0].legend(loc="upper left")
         return to_svg(fig, "latency")
 
 
@@ -201,7 +202,7 @@ def memory_svg(load: dict[str, Any] | None) -> str | None:
         ax.set_ylabel("GiB")
         ax.set_ylim(0, max(y for pts in series.values() for _, y in pts) * 1.18 or 1)
         ax.set_title("Memory timeline with stage boundaries")
-        ax.legend(loc="lower right", ncols=min(4, len(series)))
+        ax.legend(loc="lower right", ncols=min(4, len(series)))  # series is never empty here
         return to_svg(fig, "memory")
 
 
@@ -237,7 +238,8 @@ def cache_svg(cache: dict[str, Any] | None) -> str | None:
         for ax in axes:
             top = ax.get_ylim()[1]
             ax.set_ylim(0, top * 1.3 if top > 0 else 1)  # headroom for the legend above the bars
-        axes[0].legend(loc="upper left", ncols=3)
+        if axes[0].get_legend_handles_labels()[0]:
+            axes[0].legend(loc="upper left", ncols=3)
         return to_svg(fig, "cache")
 
 
