@@ -74,9 +74,7 @@ def _run_playbook(inventory: Path, playbook: Path, out_dir: Path) -> tuple[dict[
 
 def test_each_host_answers_with_its_own_binary(ns_hosts, tmp_path: Path) -> None:
     names = ["node0", "node1", "node2"]
-    cluster = ns_hosts(
-        [HostSpec(name, _fake_bin(tmp_path, name), env={"NODE_CASE": f"case-{name}"}) for name in names]
-    )
+    cluster = ns_hosts([HostSpec(name, _fake_bin(tmp_path, name), env={"NODE_CASE": f"case-{name}"}) for name in names])
     inventory = cluster.write_inventory(tmp_path / "inventory.yml")
     playbook = tmp_path / "smi.yml"
     playbook.write_text(PLAYBOOK)
@@ -127,6 +125,11 @@ def test_namespaces_have_no_default_route_and_own_addresses(ns_hosts) -> None:
         cluster.ssh_command("b", "ip -o -4 addr show dev eth0"), capture_output=True, text=True, check=True
     ).stdout
     assert cluster.host("b").address in out
+    # Own hostname and own empty /root per host (the controller's ~/.bashrc stays out).
+    out = subprocess.run(
+        cluster.ssh_command("a", "hostname; ls -A /root | wc -l"), capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert out == ["a", "0"]
 
 
 def _leftovers(cluster: nshosts.Cluster) -> list[str]:

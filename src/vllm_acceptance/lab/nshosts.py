@@ -3,10 +3,11 @@
 Each host is a network namespace joined by a veth pair to one bridge on the controller side,
 with its own address in a private /24 of 10.213.0.0/16 (on the bridge only; the namespaces get
 no default route, so nothing inside can reach beyond the controller) and its own ``sshd``.
-Each ``sshd`` runs under ``unshare --mount`` with a per-host bin dir bind-mounted over
+Each ``sshd`` runs under ``unshare --mount --uts`` with a per-host bin dir bind-mounted over
 ``/usr/local/bin``: ``/usr/local/bin`` comes first in the session PATH, so every host answers
-``nvidia-smi``/``docker``/... with its own (recorded, fake) binaries while the rest of the file
-system, including the controller's ``/usr/bin/python3``, stays shared.
+``nvidia-smi``/``docker``/... with its own (recorded, fake) binaries. Each host also gets its own
+hostname and an empty ``/root`` (WORKDIR/hosts/NAME/home); the rest of the file system,
+including the controller's ``/usr/bin/python3``, stays shared.
 
 Why namespaces and not containers: there is no Docker engine here, and a namespace host with
 a real sshd is exercised by Ansible exactly like a remote node (ssh, pipelining, become-less
@@ -444,31 +445,24 @@ def _start_sshds(cluster: Cluster, specs: Sequence[HostSpec]) -> None:
         hdir = _host_dir(cluster, host)
         pub = (hdir / "ssh_host_ed25519_key.pub").read_text().split()
         known_hosts.append(f"{host.address} {pub[0]} {pub[1]}")
+        home = hdir / "home"
+        home.mkdir(exist_ok=True)
+        # Each sshd gets private mount and UTS namespaces: its own /usr/local/bin (the node's
+        # tools), its own /root (so the controller's ~/.bashrc, here a slow `pyenv init`, does
+        # not run in every session, and ~/.ansible is per node) and its own hostname.
         # `exec` chain: ip netns exec -> unshare -> sh -> sshd keep one pid, so Popen.pid is sshd.
-        # The bind mount lives only in this sshd's private mount namespace (and its sessions').
-        script = 'if [ -n "$1" ]; then mount --bind "$1" /usr/local/bin || exit 97; fi; '
-        script += 'exec "$2" -D -f "$3" -E "$4"'
+        script = (
+            'hostname "$1" && mount --bind "$2" /root || exit 97; '
+            'if [ -n "$3" ]; then mount --bind "$3" /usr/local/bin || exit 97; fi; '
+            'exec "$4" -D -f "$5" -E "$6"'
+        )
+        argv = ["ip", "netns", "exec", host.netns, "unshare", "--mount", "--uts", "--propagation", "private"]
+        argv += ["sh", "-c", script, "sh", host.name, str(home), host.bin_dir or "", SSHD]
+        argv += [str(hdir / "sshd_config"), str(hdir / "sshd.log")]
         # stderr goes to a file, not a pipe: sshd outlives the CLI process that starts it.
         with (hdir / "sshd.stderr").open("wb") as stderr:
             proc = subprocess.Popen(
-                [
-                    "ip",
-                    "netns",
-                    "exec",
-                    host.netns,
-                    "unshare",
-                    "--mount",
-                    "--propagation",
-                    "private",
-                    "sh",
-                    "-c",
-                    script,
-                    "sh",
-                    host.bin_dir or "",
-                    SSHD,
-                    str(hdir / "sshd_config"),
-                    str(hdir / "sshd.log"),
-                ],
+                argv,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
@@ -590,16 +584,12 @@ def _to_yaml(data: Any, indent: int = 0) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m vllm_acceptance.lab.nshosts", description=__doc__.split("\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m vllm_acceptance.lab.nshosts", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p_up = sub.add_parser("up", help="create COUNT hosts and write WORKDIR/inventory.yml")
     p_up.add_argument("--workdir", type=Path, required=True)
     p_up.add_argument("--count", type=int, required=True)
-    p_up.add_argument(
-        "--bin-dir", type=Path, default=None, help="bind-mounted over /usr/local/bin on every host"
-    )
+    p_up.add_argument("--bin-dir", type=Path, default=None, help="bind-mounted over /usr/local/bin on every host")
     p_up.add_argument("--name-prefix", default="node")
     p_up.add_argument("--group", default="gpu_nodes")
     p_up.add_argument("--inventory", type=Path, default=None, help="default: WORKDIR/inventory.yml")
@@ -614,9 +604,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         specs = [HostSpec(f"{args.name_prefix}{i}", args.bin_dir) for i in range(args.count)]
         started = time.monotonic()
         cluster = up(specs, args.workdir)
-        inventory = cluster.write_inventory(
-            args.inventory or cluster.workdir / "inventory.yml", group=args.group
-        )
+        inventory = cluster.write_inventory(args.inventory or cluster.workdir / "inventory.yml", group=args.group)
         print(
             json.dumps(
                 {
