@@ -7,19 +7,19 @@ from typing import Any
 
 REDACTED = "***REDACTED***"
 
-# Environment-style names whose values are secrets.
-SECRET_NAME = re.compile(r"(TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH)", re.IGNORECASE)
+# Names whose values are secrets: they END in the secret word (HF_TOKEN, OPENAI_API_KEY, db_password),
+# so counters such as `prompt_tokens` or `max_num_batched_tokens` are left alone.
+_SECRET_WORD = r"(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIALS?|AUTHORIZATION|APIKEY)"
+SECRET_NAME = re.compile(rf"(?:^|[_\-.]){_SECRET_WORD}$|^{_SECRET_WORD}$|SECRET|PASSWORD", re.IGNORECASE)
 _PATTERNS = [
     # NAME=value (env dumps, docker -e, shell lines)
-    re.compile(r"(?P<k>\b[A-Za-z_][A-Za-z0-9_]*(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL)[A-Za-z0-9_]*)"
-               r"(?P<sep>=)(?P<v>[^\s'\"]+)", re.IGNORECASE),
+    re.compile(rf"(?P<k>\b[A-Za-z0-9_]*{_SECRET_WORD})(?P<sep>=)(?P<v>[^\s'\",]+)", re.IGNORECASE),
     # --api-key value / --api-key=value / --hf-token value
     re.compile(r"(?P<k>--(?:api-key|hf-token|token|password))(?P<sep>[ =])(?P<v>[^\s'\"]+)", re.IGNORECASE),
     # Authorization: Bearer xyz
     re.compile(r"(?P<k>[Aa]uthorization)(?P<sep>[\"']?\s*[:=]\s*[\"']?)(?P<v>(?:Bearer|Basic)\s+[^\s'\"]+)"),
     # JSON "api_key": "value"
-    re.compile(r"(?P<k>\"[A-Za-z_]*(?:token|key|secret|password)[A-Za-z_]*\")(?P<sep>\s*:\s*)"
-               r"(?P<v>\"[^\"]*\")", re.IGNORECASE),
+    re.compile(rf"(?P<k>\"[A-Za-z0-9_]*{_SECRET_WORD}\")(?P<sep>\s*:\s*)(?P<v>\"[^\"]*\")", re.IGNORECASE),
 ]
 
 
@@ -48,8 +48,7 @@ def redact_obj(obj: Any, extra_secrets: list[str] | None = None) -> Any:
     if isinstance(obj, dict):
         out = {}
         for key, value in obj.items():
-            if isinstance(key, str) and SECRET_NAME.search(key) and isinstance(value, (str, int)) \
-                    and key.lower() not in ("max_tokens", "cached_tokens", "prompt_tokens", "tokens"):
+            if isinstance(key, str) and SECRET_NAME.search(key) and isinstance(value, str):
                 out[key] = REDACTED
             else:
                 out[key] = redact_obj(value, extra_secrets)

@@ -135,7 +135,13 @@ class Sampler(threading.Thread):
                 self.store.append_jsonl("memory.jsonl", mem)
 
     def window(self, start: float, end: float) -> list[dict[str, Any]]:
-        return [s for s in self.samples if start <= s["t"] <= end]
+        """Samples of a stage, including the one taken right after it ends."""
+        slack = self.cfg.sample_interval_s * 2
+        return [s for s in self.samples if start <= s["t"] <= end + slack]
+
+    def memory_window(self, start: float, end: float) -> list[int]:
+        slack = self.cfg.sample_interval_s * 2
+        return [m["bytes"] for m in self.memory if start <= m["t"] <= end + slack]
 
 
 class LoadRun:
@@ -287,7 +293,7 @@ def stage_long_prompt(run: LoadRun) -> list[Finding]:
     tokens = min(cfg.long_prompt_tokens, cfg.context_tokens - cfg.output_tokens - 64)
     records, start, end = run.send("long_prompt", [spec(tokens, cfg.output_tokens, 1, "long")], 1)
     samples = run.sampler.window(start, end)
-    mem = [m["bytes"] for m in run.sampler.memory if start <= m["t"] <= end]
+    mem = run.sampler.memory_window(start, end)
     rec = records[0] if records else None
     ok = rec is not None and rec.status == "ok"
     return [Finding(
@@ -377,7 +383,7 @@ def stage_soak(run: LoadRun) -> Finding:
         records += got
         batch += 1
     end = time.time()
-    mem = [m["bytes"] for m in run.sampler.memory if start <= m["t"] <= end]
+    mem = run.sampler.memory_window(start, end)
     growth = None
     if len(mem) >= 4:
         q = max(1, len(mem) // 4)

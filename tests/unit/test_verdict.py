@@ -1,0 +1,84 @@
+"""The decision table, case by case (SPEC "The four verdicts")."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_acceptance.findings import Consequence, Finding, Status
+from vllm_acceptance.verdict import decide, traffic_gates
+
+
+def f(check: str, status: str, consequence: Consequence = Consequence.REBUILD, host: str | None = None) -> Finding:
+    return Finding(check=check, status=Status(status), consequence=consequence, host=host)
+
+
+GOOD = [f("compat.driver_branch", "pass", host="n1"), f("capacity.ramp", "pass", Consequence.EXPAND),
+        f("cache.hot_reuse", "pass"), f("agent.tool_call", "pass", Consequence.BLOCK_AGENT)]
+
+
+def test_all_pass_is_release_with_both_gates_open() -> None:
+    d = decide(GOOD)
+    assert d.verdict == "release"
+    assert d.gates["text"]["open"] and d.gates["agent"]["open"]
+
+
+@pytest.mark.parametrize(("extra", "verdict"), [
+    ([f("compat.driver_branch", "fail", host="n2")], "rebuild_environment"),
+    ([f("capacity.crash", "fail", Consequence.EXPAND)], "expand_capacity"),
+    ([f("capacity.ramp", "fail", Consequence.LIMIT)], "limited_observation"),
+    ([f("agent.tool_call", "warn", Consequence.BLOCK_AGENT)], "limited_observation"),
+    ([f("cache.reuse", "missing")], "incomplete"),
+    ([f("cache.prefill_gain", "inconclusive")], "incomplete"),
+])
+def test_one_defect_decides(extra: list[Finding], verdict: str) -> None:
+    assert decide(GOOD + extra).verdict == verdict
+
+
+def test_precedence_rebuild_over_everything() -> None:
+    findings = GOOD + [f("capacity.crash", "fail", Consequence.EXPAND), f("capacity.ramp", "fail", Consequence.LIMIT),
+                       f("compat.container_cuda", "fail", host="n1"), f("cache.reuse", "missing")]
+    d = decide(findings)
+    assert d.verdict == "rebuild_environment"
+    assert any("unverified" in r for r in d.reasons)  # what is still missing is named
+
+
+def test_precedence_expand_over_limited() -> None:
+    d = decide(GOOD + [f("capacity.ramp", "fail", Consequence.LIMIT), f("capacity.crash", "fail", Consequence.EXPAND)])
+    assert d.verdict == "expand_capacity"
+
+
+def test_missing_beats_expand_and_limited() -> None:
+    d = decide(GOOD + [f("capacity.crash", "fail", Consequence.EXPAND), f("compat.preflight", "missing", host="n3")])
+    assert d.verdict == "incomplete"
+    assert "compat.preflight@n3" in d.missing
+
+
+def test_unreachable_host_is_incomplete() -> None:
+    d = decide(GOOD, unreachable_hosts=["n9"])
+    assert d.verdict == "incomplete" and "n9" in d.missing
+
+
+def test_no_findings_is_never_release() -> None:
+    assert decide([]).verdict == "incomplete"
+
+
+def test_experimental_image_is_never_release_of_the_official_profile() -> None:
+    d = decide(GOOD, experimental=True)
+    assert d.verdict == "limited_observation"
+    assert any("experimental" in r for r in d.reasons)
+
+
+def test_agent_failure_closes_only_the_agent_gate() -> None:
+    d = decide(GOOD + [f("agent.separation", "fail", Consequence.BLOCK_AGENT)])
+    assert d.verdict == "limited_observation"
+    assert d.gates["text"]["open"] is True
+    assert d.gates["agent"]["open"] is False
+
+
+def test_agent_gate_closed_without_agent_evidence() -> None:
+    gates = traffic_gates("release", [f("compat.driver_branch", "pass")])
+    assert gates["agent"]["open"] is False
+
+
+def test_not_applicable_does_not_block() -> None:
+    assert decide(GOOD + [f("compat.fabric_manager", "not_applicable", host="n1")]).verdict == "release"
