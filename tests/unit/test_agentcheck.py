@@ -60,7 +60,8 @@ def test_schema_violations_and_unknown_names_are_the_model() -> None:
 def test_repeated_call_ids_are_the_parser() -> None:
     calls = [call("get_node_status", {"node": "n", "include": "gpus"}, "x"),
              call("get_node_status", {"node": "m", "include": "gpus"}, "x")]
-    assert ("parser", "tool call ids missing or repeated: ['x', 'x']") in check_tool_call(body(calls=calls), TOOLS).problems
+    problems = check_tool_call(body(calls=calls), TOOLS).problems
+    assert ("parser", "tool call ids missing or repeated: ['x', 'x']") in problems
 
 
 def test_reasoning_glued_into_content_is_flagged() -> None:

@@ -330,8 +330,12 @@ def _preference(text: str) -> float:
     """
     if text == "":
         return -2.0
+    if text == '"':
+        # Above everything: inside a string any other token is valid content and would go on.
+        return 4.6
     if all(c in '"}]' for c in text):
-        return 4.0 + 0.05 * len(text)
+        # Close as much as is open at once (`}}` ends the arguments and the call object).
+        return (4.4 if text.startswith('"') else 4.0) + 0.01 * len(text)
     if text in ("{}", "[]", '""'):
         return 3.9
     if text == ":" or text == '":':

@@ -51,7 +51,8 @@ def _items(source: str, rows: list[tuple[str, tuple[str, ...]] | tuple[str, tupl
 SOURCES = {
     "000": "Russian article, \"Summary acceptance checklist\" (Сводная чек-лист-приёмка)",
     "001": "Russian article, \"Route selection checklist\" (Чек-лист выбора маршрута)",
-    "003": "Chinese article, go-live acceptance table (可勾选的上线验收表)",
+    # English only: CJK fonts are often absent on the reviewer's (air-gapped) machine.
+    "003": "Chinese article, \"checkable go-live acceptance table\"",
     "004": "French article, acceptance checklist",
 }
 

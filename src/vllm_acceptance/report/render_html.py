@@ -212,6 +212,14 @@ def env_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
+def node_cell(column: str, value: Any) -> dict[str, str]:
+    """A digest is 71 characters: shown short so the node table fits, the full value in the tooltip."""
+    text = fmt(value)
+    if column == "image_digest" and len(text) > 24:
+        return {"text": text[:19] + "…", "title": text}
+    return {"text": text, "title": ""}
+
+
 def preflight_rows(report: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]]]:
     hosts = (stage(report, "preflight") or {}).get("hosts") or {}
     cols = ["driver_version", "driver_branch", "gpu_count", "gpu_name", "cuda_runtime", "vllm_version",
@@ -220,7 +228,7 @@ def preflight_rows(report: dict[str, Any]) -> tuple[list[str], list[dict[str, An
     if isinstance(hosts, dict):
         for host, data in sorted(hosts.items()):
             data = data if isinstance(data, dict) else {}
-            rows.append({"host": host, "cells": [fmt(data.get(c)) for c in cols]})
+            rows.append({"host": host, "cells": [node_cell(c, data.get(c)) for c in cols]})
     return cols, rows
 
 
