@@ -74,6 +74,12 @@ def lab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
         if os.environ.get("CI"):
             pytest.fail(reason)
         pytest.skip(reason)
+    reuse = os.environ.get("VLLM_ACCEPTANCE_REUSE_LAB")  # developer shortcut: STATE_DIR of a running `lab up`
+    if reuse:
+        state = Path(reuse)
+        yield LabServer(base_url="http://127.0.0.1:8011/v1", model="tiny-agent",
+                        pid=int((state / "vllm.pid").read_text()), log_path=state / "vllm.log", state_dir=state)
+        return
     server = start_lab(tmp_path_factory.mktemp("lab-server"), port=int(os.environ.get("LAB_TEST_PORT", "8021")))
     yield server
     stop_lab(server)

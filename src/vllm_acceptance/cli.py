@@ -144,9 +144,13 @@ def cmd_lab(args: argparse.Namespace) -> int:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    from .diff import diff_runs, render_diff_text
+    from .diff import RunNotFound, diff_runs, render_diff_text
 
-    print(render_diff_text(diff_runs(args.run_a, args.run_b)))
+    try:
+        print(render_diff_text(diff_runs(args.run_a, args.run_b)))
+    except RunNotFound as exc:
+        print(f"vllm-acceptance: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     return 0
 
 

@@ -38,8 +38,7 @@ def judge_serve(run_dir: Path, profile: Profile, facts: ServeFacts) -> list[Find
     log_ev = [store.write_text("startup.log", facts.startup_log)] if facts.startup_log is not None else []
     cmd_ev = [store.write_text("launch-command.txt", facts.launch_command + "\n")] if facts.launch_command else []
     scan = scan_startup_log(facts.startup_log) if facts.startup_log is not None else None
-    if facts.mode == "launch" or scan is not None:
-        findings.append(check_startup_log(scan, profile, facts.host, log_ev))
+    findings.append(check_startup_log(scan, profile, facts.host, log_ev))
     findings.append(model_load(facts, log_ev + cmd_ev))
     details: dict[str, Any] = {"base_url": facts.base_url, "mode": facts.mode, "launch_command": facts.launch_command,
                                "ready_s": facts.ready_s, "launch_error": facts.launch_error}
