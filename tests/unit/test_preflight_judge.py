@@ -122,3 +122,40 @@ def test_cpu_lab_marks_gpu_checks_not_applicable_with_a_reason(tmp_path: Path) -
     assert checks["compat.vllm_version"].status == Status.PASS
     assert checks["compat.state_snapshot"].status == Status.PASS
     assert decide(findings).verdict == "release"
+
+
+def test_fixture_tree_is_what_the_generator_writes() -> None:
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, str(NODES / "make_fixtures.py"), "--check"], capture_output=True,
+                            text=True, check=False)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_fake_binaries_replay_the_recorded_files(case: str) -> None:
+    import subprocess
+
+    bin_dir = NODES / case / "bin"
+
+    def run(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(bin_dir / argv[0]), *argv[1:]], capture_output=True, text=True, check=False)
+
+    assert run("lsmod").stdout == (NODES / case / "lsmod.txt").read_text()
+    assert run("docker", "image", "inspect", "x").stdout == (NODES / case / "docker-image-inspect.json").read_text()
+    probe = run("docker", "run", "--rm", "--gpus", "all", "x", "-c", "code")
+    if (NODES / case / "probe.json").is_file():
+        assert probe.returncode == 0 and probe.stdout == (NODES / case / "probe.json").read_text()
+    else:
+        assert probe.returncode == 125 and probe.stderr
+    if (bin_dir / "nvidia-smi").is_file():
+        query = run("nvidia-smi", "--query-gpu=index,name,uuid,driver_version,memory.total,pci.bus_id",
+                    "--format=csv,noheader")
+        assert query.stdout == (NODES / case / "nvidia-smi-query.csv").read_text()
+        assert run("nvidia-smi", "-q", "-x").stdout == (NODES / case / "nvidia-smi-q.xml").read_text()
+        assert run("nvidia-smi", "--bogus").returncode != 0
+        fm = run("systemctl", "is-active", "nvidia-fabricmanager")
+        assert fm.stdout.strip() in ("active", "inactive") and (fm.returncode == 0) == (fm.stdout.strip() == "active")
+    else:
+        assert case == "no-nvidia-smi"

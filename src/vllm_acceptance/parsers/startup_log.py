@@ -59,7 +59,8 @@ _OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|No available memory for 
                   r"KV cache is needed, which is larger than the available KV cache memory|"
                   r"Cannot allocate memory|\bout of memory\b", re.IGNORECASE)
 _BACKEND_WORDS = re.compile(r"backend|kernel|attention|all2all|nccl|flashinfer|triton|cutlass|deep_?gemm|"
-                            r"deepep|\bmoe\b|marlin|cuda graph|dtype|pytorch-native|eager", re.IGNORECASE)
+                            r"deepep|\bmoe\b|marlin|cuda graph|dtype|b?float\d+|\bfp\d|pytorch-native|eager",
+                            re.IGNORECASE)
 _TRACEBACK = re.compile(r"^Traceback \(most recent call last\):")
 _ENGINE_FAILED = re.compile(r"EngineCore failed to start|Engine core initialization failed")
 

@@ -1,0 +1,105 @@
+"""vLLM startup log scan, RDMA and nccl-tests parsers; never raising."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from nodefixtures import NODES
+
+from vllm_acceptance.parsers.nccl_tests import parse_all_reduce_perf
+from vllm_acceptance.parsers.rdma import parse_ibv_devinfo, parse_rdma_link
+from vllm_acceptance.parsers.startup_log import scan_startup_log
+
+
+def read(case: str, name: str) -> str:
+    return (NODES / case / name).read_text()
+
+
+def test_good_startup_log_reads_out_everything() -> None:
+    scan = scan_startup_log(read("good", "startup.log"))
+    assert scan.ok and scan.version == "0.28.0" and scan.model == "moonshotai/Kimi-K3"
+    assert scan.platform == "cuda" and scan.dist_backend == "nccl" and scan.world_size == 8
+    assert len(scan.tp_ranks) == 8 and scan.attention_backends == ["FLASHINFER_MLA"]
+    assert scan.kv_cache_pool == "GPU" and scan.kv_cache_tokens == 3276800
+    assert scan.max_concurrency == 3.12 and scan.max_concurrency_len == 1048576
+    assert scan.non_default_args["tensor_parallel_size"] == 8
+    assert scan.ready and scan.failure_class() is None
+    assert len(scan.warnings) == 2 and not scan.fallbacks and not scan.nccl_errors
+
+
+def test_nccl_error_log() -> None:
+    scan = scan_startup_log(read("nccl-error", "startup.log"))
+    assert scan.dmabuf_errno == 524 and scan.dmabuf_errors
+    assert any("unhandled system error" in line.text for line in scan.nccl_errors)
+    assert scan.failure_class() == "communication" and scan.engine_failed and not scan.ready
+
+
+def test_driver_refusal_is_an_environment_failure() -> None:
+    scan = scan_startup_log(read("driver-575", "startup.log"))
+    assert scan.failure_class() == "environment" and scan.driver_incompatible
+
+
+def test_exact_vllm_messages() -> None:
+    log = "\n".join([
+        "(APIServer pid=7) INFO 11-30 10:00:00 [api_utils.py:331] vLLM server version 0.32.0, serving model tiny",
+        "(EngineCore pid=9) INFO 11-30 10:00:05 [kv_cache_utils.py:2328] CPU KV cache size: 7,280 tokens, "
+        "Maximum concurrency for 2,048 tokens per request: 3.55x",
+        "(EngineCore pid=9) WARNING 11-30 10:00:06 [model.py:2440] Your device 'NVIDIA GB300' doesn't support "
+        "torch.bfloat16. Falling back to torch.float16 for compatibility.",
+        "(EngineCore pid=9) WARNING 11-30 10:00:07 [tensor_ipc.py:101] Falling back to standard serialization.",
+        "RuntimeError: CUDA error: no kernel image is available for execution on the device",
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+        "RuntimeError: The NVIDIA driver on your system is too old (found version 12090).",
+    ])
+    scan = scan_startup_log(log)
+    assert scan.version == "0.32.0" and scan.model == "tiny" and scan.kv_cache_pool == "CPU"
+    assert scan.kv_cache_tokens == 7280 and scan.max_concurrency == 3.55
+    assert len(scan.fallbacks) == 2 and len(scan.backend_fallbacks) == 1   # dtype yes, serialisation no
+    assert scan.no_kernel_image and scan.oom and scan.driver_incompatible
+    assert scan.failure_class() == "environment"
+
+
+def test_colour_codes_and_crlf_are_stripped() -> None:
+    log = ("\x1b[32m(APIServer pid=1) INFO 11-30 10:00:00 [a.py:1] vLLM server version 0.32.0, "
+           "serving model m\x1b[0m\r\n")
+    assert scan_startup_log(log).version == "0.32.0"
+
+
+def test_empty_or_foreign_log() -> None:
+    assert not scan_startup_log("").ok
+    scan = scan_startup_log("hello\nworld")
+    assert scan.version is None and not scan.ok and scan.failure_class() is None
+
+
+def test_rdma() -> None:
+    ibv = parse_ibv_devinfo(read("good", "ibv_devinfo.txt"))
+    assert ibv.devices == ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"] and len(ibv.active_ports) == 4
+    assert ibv.ports[0].link_layer == "InfiniBand"
+    link = parse_rdma_link(read("good", "rdma-link.txt"))
+    assert len(link.active_ports) == 4
+    down = parse_rdma_link("link mlx5_0/1 state DOWN physical_state DISABLED netdev eth2\n")
+    assert down.ports and not down.active_ports
+    assert not parse_ibv_devinfo("No IB devices found").ok
+
+
+def test_nccl_tests() -> None:
+    perf = parse_all_reduce_perf(read("good", "all_reduce_perf.txt"))
+    assert perf.ok and perf.ranks == 8 and perf.hosts == ["gb300-n01"]
+    assert perf.max_busbw == 843.9 and perf.wrong_results == 0 and perf.out_of_bounds == 0
+    assert not parse_all_reduce_perf("all_reduce_perf: command not found").ok
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text())
+def test_log_parsers_never_raise(text: str) -> None:
+    scan_startup_log(text)
+    parse_ibv_devinfo(text)
+    parse_rdma_link(text)
+    parse_all_reduce_perf(text)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.sampled_from(read("nccl-error", "startup.log").splitlines() +
+                                read("good", "startup.log").splitlines()), max_size=60))
+def test_scan_of_shuffled_real_lines_never_raises(lines: list[str]) -> None:
+    scan_startup_log("\n".join(lines)).summary()
