@@ -73,6 +73,9 @@ D_EMIT_ANSWER = 5  # MLP gate: answer in text after a tool result
 D_CLASS0 = 8  # first dedicated class unit
 D_NOISE = 96  # dims >= this carry seeded noise only
 
+# Preferred content of a string that may not close yet (first candidate that is one token).
+STRING_FILLERS = ("test", "node", "x")
+
 MARKER_POS = 15  # head dim paired with 31 by RoPE (neox layout): the slowest-rotating pair
 
 
@@ -345,12 +348,14 @@ def _preference(text: str) -> float:
     if text == "0":
         return 3.5
     if text.isdigit():
-        return 3.0 - 0.1 * len(text)
+        # Short numbers, small digits first ("1" when 0 is below a minimum).
+        return 3.0 - 0.1 * len(text) - 0.01 * int(text[0])
     if text.isspace():
         return 0.0
     if all(c in '"{}[],: ' for c in text):
         return 2.5
-    return 1.0 - 0.01 * min(len(text), 50)
+    # Longer words first: a forced key or enum value then takes few tokens.
+    return 1.0 + 0.01 * min(len(text), 50)
 
 
 @dataclass(frozen=True)
@@ -459,6 +464,9 @@ def _program(tok: Any, variant: Variant, seed: int) -> dict[str, Any]:
         head[tid, D_CONST] = _preference(tok.decode([tid]))
     head[:, D_CONST] += 0.002 * torch.randn(vocab, generator=gen)
     head[ids.eos, D_CONST] = 5.0
+    # When a string must go on (minLength, pattern), fill it with a word rather than braces.
+    filler = next(f for f in STRING_FILLERS if len(tok.encode(f, add_special_tokens=False).ids) == 1)
+    head[tok.token_to_id(filler), D_CONST] = 4.3
     for special in (PAD, BOS_LIKE, variant.call_start, variant.tools_marker, variant.response_marker):
         head[tok.token_to_id(special), D_CONST] = -5.0
     chain_from = {ids.newline: ids.plain[0]}
