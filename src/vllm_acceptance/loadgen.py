@@ -26,6 +26,7 @@ chunk counts. The API key goes only into the Authorization header; error text is
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import multiprocessing as mp
 import queue as queue_mod
@@ -315,7 +316,12 @@ async def _closed(base_url: str, model: str, items: Sequence[Item], concurrency:
                 if on_record is not None:
                     on_record(rec)
 
-        await asyncio.gather(*(worker(w) for w in range(min(concurrency, max(1, len(items))))))
+        try:
+            async with asyncio.TaskGroup() as tg:  # a failing on_record cancels the other workers
+                for w in range(min(concurrency, max(1, len(items)))):
+                    tg.create_task(worker(w))
+        except BaseExceptionGroup as group:  # the caller gets its own exception, not a group
+            raise group.exceptions[0] from None
     return records
 
 
@@ -343,10 +349,12 @@ class _Ticker(threading.Thread):
                 if self.stop.is_set() or (self.deadline is not None and target >= self.deadline):
                     break
                 rem = target - self.lead_s - now()
-                if rem > 0:
-                    time.sleep(rem)
+                if rem > 0 and self.stop.wait(rem):
+                    break
                 self.loop.call_soon_threadsafe(self.launch, k)
-        finally:
+        except RuntimeError:  # the loop closed under us (the run was cancelled): nothing to hand over
+            return
+        with contextlib.suppress(RuntimeError):
             self.loop.call_soon_threadsafe(self.finished)
 
 
@@ -387,6 +395,7 @@ async def _open(base_url: str, model: str, items: Sequence[Item], offsets: Seque
             tasks.discard(task)
             if not task.cancelled() and task.exception() is not None:
                 first_error.append(task.exception())  # type: ignore[arg-type]
+                ticker.stop.set()  # e.g. the evidence writer failed: send nothing more
 
         def launch(k: int) -> None:
             task = loop.create_task(one(k))

@@ -228,6 +228,25 @@ def test_open_loop_counts_client_lag_against_latency(server: StreamServer) -> No
         assert r.e2e is not None and r.e2e >= r.sent - r.scheduled
 
 
+def test_open_loop_stage_deadline_skips_later_sends(server: StreamServer) -> None:
+    recs = loadgen.run_open_loop_sync(server.url("ok"), "m", specs(40, 2), 20.0, timeout_s=10,
+                                      stage_deadline_s=0.5)
+    # 40 planned over 2 s; only those planned before 0.5 s are sent (0.0, 0.05, ... 0.45)
+    assert len(recs) == 10 and all(r.status == "ok" for r in recs)
+
+
+def test_on_record_failure_stops_the_run(server: StreamServer) -> None:
+    def broken(rec: Record) -> None:
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        loadgen.run_closed_loop_sync(server.url("ok"), "m", specs(6, 2), 2, timeout_s=10, on_record=broken)
+    sent_before = len(server.bodies)
+    with pytest.raises(OSError, match="disk full"):
+        loadgen.run_open_loop_sync(server.url("ok"), "m", specs(40, 2), 20.0, timeout_s=10, on_record=broken)
+    assert len(server.bodies) - sent_before < 40  # the schedule stopped after the failure
+
+
 def test_poisson_open_loop_sends_all(server: StreamServer) -> None:
     recs = loadgen.run_open_loop_sync(server.url("ok"), "m", specs(20, 2), 200.0, "poisson", 3,
                                       timeout_s=10)
