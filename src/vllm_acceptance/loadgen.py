@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import json
 import multiprocessing as mp
+import os
 import queue as queue_mod
 import sys
 import threading
@@ -47,6 +48,7 @@ from vllm_acceptance.redact import redact_text
 __all__ = [
     "RequestSpec", "Record", "run_closed_loop", "run_open_loop", "run_closed_loop_sync",
     "run_open_loop_sync", "run_load", "summarize", "arrival_offsets", "chat_url", "now",
+    "RecordSink", "read_records",
 ]
 
 ERROR_TEXT_LIMIT = 2000
@@ -110,6 +112,45 @@ class Record:
     def from_dict(cls, d: dict[str, Any]) -> Record:
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
+
+
+class RecordSink:
+    """``on_record`` callback appending one JSON line per record, flushed at once.
+
+    A flushed line sits in the kernel's page cache, so it survives a crash of this process; pass
+    ``fsync=True`` to survive a crash of the machine too (slower).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], fsync: bool = False) -> None:
+        self._f = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
+        self._fsync = fsync
+
+    def __call__(self, rec: Record) -> None:
+        self._f.write(json.dumps(rec.to_dict(), separators=(",", ":")) + "\n")
+        self._f.flush()
+        if self._fsync:
+            os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self) -> RecordSink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_records(path: str | os.PathLike[str]) -> list[Record]:
+    """Records from a JSONL file written by :class:`RecordSink`; a torn last line is skipped."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                out.append(Record.from_dict(json.loads(line)))
+            except ValueError:
+                continue  # a line cut by a crash mid-write
+    return out
 
 
 def chat_url(base_url: str) -> str:
@@ -268,7 +309,8 @@ async def _send_one(session: aiohttp.ClientSession, url: str, headers: dict[str,
         rec.end = now()
         stream.finish()
         if rec.error is None and not stream.done:
-            rec.error = "stream ended before data: [DONE]"
+            tail = f"; unparsed tail: {stream.pending[:200]!r}" if stream.pending.strip() else ""
+            rec.error = _clip(f"stream ended before data: [DONE]{tail}", api_key)
         rec.status = "ok" if rec.error is None else "error"
     except TimeoutError:
         rec.end = now()

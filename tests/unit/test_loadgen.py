@@ -63,6 +63,8 @@ class StreamServer:
         if mode == "http500":
             # Echo the credentials back, as a badly written gateway might: they must not reach records.
             return web.Response(status=500, text=f"boom {request.headers.get('Authorization')}")
+        if mode == "plainjson":  # a gateway that ignores stream=true
+            return web.json_response({"object": "chat.completion", "choices": []})
         if mode == "slow":
             await asyncio.sleep(float(body.get("delay", 5)))
         if mode == "stall":
@@ -328,6 +330,26 @@ def test_body_forces_streaming_with_usage() -> None:
 ])
 def test_chat_url(base: str, url: str) -> None:
     assert chat_url(base) == url
+
+
+def test_gateway_ignoring_stream_is_an_error_with_the_body(server: StreamServer) -> None:
+    (r,) = loadgen.run_closed_loop_sync(server.url("plainjson"), "m", specs(1), 1, timeout_s=5)
+    assert r.status == "error" and r.http_status == 200
+    assert r.error and "unparsed tail" in r.error and "chat.completion" in r.error
+
+
+def test_record_sink_appends_jsonl_and_survives_torn_line(tmp_path, server: StreamServer) -> None:
+    path = tmp_path / "records.jsonl"
+    with loadgen.RecordSink(path) as sink:
+        recs = loadgen.run_closed_loop_sync(server.url("ok"), "m", specs(3, 2), 2, timeout_s=10,
+                                            api_key=KEY, on_record=sink)
+        assert len(path.read_text().splitlines()) == 3  # written as they completed, before close
+    with path.open("a") as f:
+        f.write('{"request_id": "torn')
+    back = loadgen.read_records(path)
+    assert sorted(r.request_id for r in back) == sorted(r.request_id for r in recs)
+    assert KEY not in path.read_text()
+    assert summarize(back)["ok"] == 3
 
 
 def test_record_roundtrip_rounds_gaps() -> None:
