@@ -74,7 +74,9 @@ def ansible_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterFactory]:
+def cluster_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterFactory]:
+    """Generator behind the fixtures: ``yield from cluster_factory(tmp_path_factory)`` in a
+    fixture of any scope; skips when hosts cannot be made, tears down on exit."""
     reason = hosts_skip_reason()
     if reason is not None:
         pytest.skip(f"namespace hosts unavailable: {reason}")
@@ -103,19 +105,19 @@ def _factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterFactor
 @pytest.fixture
 def ns_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterFactory]:
     """Factory ``(specs, name="hosts") -> Cluster``; hosts torn down after the test."""
-    yield from _factory(tmp_path_factory)
+    yield from cluster_factory(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def ns_hosts_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterFactory]:
     """Same factory, hosts torn down after the test module."""
-    yield from _factory(tmp_path_factory)
+    yield from cluster_factory(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
 def ns_hosts_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterFactory]:
     """Same factory, hosts torn down at the end of the session."""
-    yield from _factory(tmp_path_factory)
+    yield from cluster_factory(tmp_path_factory)
 
 
 __all__ = [
@@ -123,6 +125,7 @@ __all__ = [
     "HostSpec",
     "ansible_bin",
     "ansible_env",
+    "cluster_factory",
     "hosts_skip_reason",
     "ns_hosts",
     "ns_hosts_module",
