@@ -120,6 +120,10 @@ def _gpu_profile_na(check: str, ctx: NodeContext) -> Finding | None:
 
 # --- compat.recipe_record -------------------------------------------------------------------
 
+# The profile as judged, copied into every run by run.open_run.
+PROFILE_EVIDENCE = "evidence/profile.yml"
+
+
 def check_recipe_record(profile: Profile, today: dt.date | None = None) -> Finding:
     """The recipe's source, status and check date are recorded; a pre-release recipe not re-checked
     within review.period_days is flagged (the recipe moves; a change reopens acceptance)."""
@@ -139,12 +143,12 @@ def check_recipe_record(profile: Profile, today: dt.date | None = None) -> Findi
     expected = {"recorded": True, "max_age_days_if_pre_release": period}
     if recipe["status"] in ("pre-release", "experimental") and age > period:
         return Finding(check="compat.recipe_record", status=Status.WARN, host=None, observed=observed,
-                       expected=expected, rule=rule, consequence=Consequence.LIMIT,
+                       expected=expected, rule=rule, consequence=Consequence.LIMIT, evidence=[PROFILE_EVIDENCE],
                        reason=f"{recipe['status']} recipe last checked {age} days ago (> {period})",
                        action=f"re-check {recipe['source']} and update profiles/{profile.name}.yml "
                               "(a changed recipe reopens acceptance)")
     return Finding(check="compat.recipe_record", status=Status.PASS, host=None, observed=observed,
-                   expected=expected, rule=rule, action="none")
+                   expected=expected, rule=rule, action="none", evidence=[PROFILE_EVIDENCE])
 
 
 # --- compat.driver_branch -------------------------------------------------------------------
