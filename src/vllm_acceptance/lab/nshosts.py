@@ -583,14 +583,31 @@ def _to_yaml(data: Any, indent: int = 0) -> str:
 # --- CLI -------------------------------------------------------------------------------------
 
 
+def _specs_from_args(args: argparse.Namespace) -> list[HostSpec]:
+    specs = [HostSpec(f"{args.name_prefix}{i}", args.bin_dir) for i in range(args.count)]
+    for item in args.host:
+        name, sep, bin_dir = item.partition("=")
+        specs.append(HostSpec(name, Path(bin_dir) if sep and bin_dir else None))
+    specs += [HostSpec(name, None, reachable=False) for name in args.unreachable]
+    return specs
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vllm_acceptance.lab.nshosts", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m vllm_acceptance.lab.nshosts", description=(__doc__ or "").split("\n")[0]
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    p_up = sub.add_parser("up", help="create COUNT hosts and write WORKDIR/inventory.yml")
+    p_up = sub.add_parser("up", help="create hosts, print them as JSON and write an inventory")
     p_up.add_argument("--workdir", type=Path, required=True)
-    p_up.add_argument("--count", type=int, required=True)
-    p_up.add_argument("--bin-dir", type=Path, default=None, help="bind-mounted over /usr/local/bin on every host")
+    p_up.add_argument("--count", type=int, default=0, help="hosts named PREFIX0..PREFIX<N-1>")
+    p_up.add_argument("--bin-dir", type=Path, default=None, help="over /usr/local/bin on the --count hosts")
     p_up.add_argument("--name-prefix", default="node")
+    p_up.add_argument(
+        "--host", action="append", default=[], metavar="NAME[=BIN_DIR]", help="one more host (repeatable)"
+    )
+    p_up.add_argument(
+        "--unreachable", action="append", default=[], metavar="NAME", help="a host without sshd (repeatable)"
+    )
     p_up.add_argument("--group", default="gpu_nodes")
     p_up.add_argument("--inventory", type=Path, default=None, help="default: WORKDIR/inventory.yml")
     p_down = sub.add_parser("down", help="tear down the hosts recorded in WORKDIR")
@@ -601,20 +618,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             down(args.workdir)
             print(json.dumps({"down": str(args.workdir)}))
             return 0
-        specs = [HostSpec(f"{args.name_prefix}{i}", args.bin_dir) for i in range(args.count)]
         started = time.monotonic()
-        cluster = up(specs, args.workdir)
+        cluster = up(_specs_from_args(args), args.workdir)
         inventory = cluster.write_inventory(args.inventory or cluster.workdir / "inventory.yml", group=args.group)
-        print(
-            json.dumps(
-                {
-                    "inventory": str(inventory),
-                    "seconds": round(time.monotonic() - started, 3),
-                    **cluster.to_json(),
-                },
-                indent=2,
-            )
-        )
+        summary = {"inventory": str(inventory), "seconds": round(time.monotonic() - started, 3)}
+        print(json.dumps({**summary, **cluster.to_json()}, indent=2))
         return 0
     except NsHostsError as exc:
         print(f"error: {exc}", file=sys.stderr)
