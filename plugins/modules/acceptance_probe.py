@@ -10,7 +10,7 @@ short_description: Run a cache, agent or load probe against a running vLLM serve
 description:
   - The same code as C(vllm-acceptance probe KIND). Writes C(probes/KIND/result.json) and its evidence under
     the run directory, then C(findings/KIND.json) and C(stages/KIND.json) for the report.
-  - A probe that finds a defect does not fail the task: the verdict is decided by the report stage. The task
+  - A probe that finds a defect does not fail the task; the verdict is decided by the report stage. The task
     fails only on bad input or an unreachable server, with a message naming the URL or field.
   - In check mode nothing is sent (probes generate traffic).
 options:
