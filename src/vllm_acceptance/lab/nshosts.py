@@ -5,9 +5,9 @@ with its own address in a private /24 of 10.213.0.0/16 (on the bridge only; the 
 no default route, so nothing inside can reach beyond the controller) and its own ``sshd``.
 Each ``sshd`` runs under ``unshare --mount --uts`` with a per-host bin dir bind-mounted over
 ``/usr/local/bin``: ``/usr/local/bin`` comes first in the session PATH, so every host answers
-``nvidia-smi``/``docker``/... with its own (recorded, fake) binaries. Each host also gets its own
-hostname and an empty ``/root`` (WORKDIR/hosts/NAME/home); the rest of the file system,
-including the controller's ``/usr/bin/python3``, stays shared.
+``nvidia-smi``/``docker``/... with its own (recorded, fake) binaries. Each host also gets its
+own hostname, and root's shell start-up files (~/.bashrc, ~/.profile) read as empty; the rest
+of the file system, including the controller's ``/usr/bin/python3``, stays shared.
 
 Why namespaces and not containers: there is no Docker engine here, and a namespace host with
 a real sshd is exercised by Ansible exactly like a remote node (ssh, pipelining, become-less
@@ -445,20 +445,22 @@ def _start_sshds(cluster: Cluster, specs: Sequence[HostSpec]) -> None:
         hdir = _host_dir(cluster, host)
         pub = (hdir / "ssh_host_ed25519_key.pub").read_text().split()
         known_hosts.append(f"{host.address} {pub[0]} {pub[1]}")
-        home = hdir / "home"
-        home.mkdir(exist_ok=True)
         # Each sshd gets private mount and UTS namespaces: its own /usr/local/bin (the node's
-        # tools), its own /root (so the controller's ~/.bashrc, here a slow `pyenv init`, does
-        # not run in every session, and ~/.ansible is per node) and its own hostname.
+        # tools), its own hostname, and the controller's shell start-up files masked with
+        # /dev/null (here ~/.bashrc runs a slow `pyenv init` in every ssh session; a node's
+        # sessions must not inherit the controller user's shell set-up anyway). /root itself
+        # stays visible: work dirs (molecule's) may live under it.
         # `exec` chain: ip netns exec -> unshare -> sh -> sshd keep one pid, so Popen.pid is sshd.
         script = (
-            'hostname "$1" && mount --bind "$2" /root || exit 97; '
-            'if [ -n "$3" ]; then mount --bind "$3" /usr/local/bin || exit 97; fi; '
-            'exec "$4" -D -f "$5" -E "$6"'
+            'hostname "$1" || exit 97; '
+            'if [ -n "$2" ]; then mount --bind "$2" /usr/local/bin || exit 97; fi; '
+            'sshd="$3" config="$4" log="$5"; shift 5; '
+            'for rc in "$@"; do mount --bind /dev/null "$rc" || exit 97; done; '
+            'exec "$sshd" -D -f "$config" -E "$log"'
         )
         argv = ["ip", "netns", "exec", host.netns, "unshare", "--mount", "--uts", "--propagation", "private"]
-        argv += ["sh", "-c", script, "sh", host.name, str(home), host.bin_dir or "", SSHD]
-        argv += [str(hdir / "sshd_config"), str(hdir / "sshd.log")]
+        argv += ["sh", "-c", script, "sh", host.name, host.bin_dir or "", SSHD]
+        argv += [str(hdir / "sshd_config"), str(hdir / "sshd.log"), *_shell_rc_files()]
         # stderr goes to a file, not a pipe: sshd outlives the CLI process that starts it.
         with (hdir / "sshd.stderr").open("wb") as stderr:
             proc = subprocess.Popen(
@@ -472,6 +474,12 @@ def _start_sshds(cluster: Cluster, specs: Sequence[HostSpec]) -> None:
         started.append(Host(**{**asdict(host), "pid": proc.pid}))
     cluster.hosts = started
     (cluster.workdir / "known_hosts").write_text("\n".join(known_hosts) + "\n")
+
+
+def _shell_rc_files() -> list[str]:
+    home = Path(os.path.expanduser("~root"))
+    names = (".bashrc", ".profile", ".bash_profile", ".bash_login")
+    return [str(home / name) for name in names if (home / name).is_file()]
 
 
 def _wait_ready(cluster: Cluster) -> None:
