@@ -37,6 +37,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -513,16 +515,34 @@ def _config(tok: Any) -> Any:
 def build_model(out_dir: Path, variant: str = "hermes", seed: int = 0) -> Path:
     """Write the tiny model directory (config, safetensors, tokenizer, template) to out_dir.
 
-    Deterministic: the same variant and seed give byte-identical files. Returns out_dir.
+    Deterministic: the same variant and seed give byte-identical files. The directory is built
+    beside out_dir and swapped in whole, so a server starting meanwhile never reads half a model.
+    Returns out_dir.
     """
+    v = _variant(variant)
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.parent / f".{out_dir.name}.building-{os.getpid()}"
+    old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        _write_model(tmp, v, seed)
+        if out_dir.exists():
+            out_dir.rename(old)
+        tmp.rename(out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+    return out_dir
+
+
+def _write_model(out_dir: Path, v: Variant, seed: int) -> None:
     from safetensors.torch import save_file
     from transformers import GenerationConfig
 
-    v = _variant(variant)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     tok = train_tokenizer(v)
-    template = chat_template(variant)
+    template = chat_template(v.name)
     hf_tok = _hf_tokenizer(tok, template)
     hf_tok.save_pretrained(out_dir)
     # vLLM and transformers read the template from tokenizer_config.json or chat_template.jinja;
@@ -554,7 +574,6 @@ def build_model(out_dir: Path, variant: str = "hermes", seed: int = 0) -> Path:
         )
         + "\n"
     )
-    return out_dir
 
 
 def digest(out_dir: Path) -> dict[str, str]:
