@@ -1,0 +1,315 @@
+#!/usr/bin/python
+"""Ansible module: remediation decisions (thin wrapper over vllm_acceptance.remediation)."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: acceptance_remediation
+short_description: Entry conditions, route choice, post-change checks and the rebuild record
+description:
+  - Runs on the controller and only reads and writes files under the run directory (and, for
+    C(action=experimental_profile), the profile file it is asked to write).
+  - C(entry) refuses, with every reason, when the conditions of a driver change are not met
+    (preflight evidence of the incompatibility, an open maintenance window, a state capture of every
+    node, a recorded rollback path). C(route) names the route the evidence points to.
+  - C(post_check) judges one node's preflight findings after its change; C(start) and C(record) keep
+    C(<run_dir>/rebuild.json) saying which step ran, or failed, on which node.
+  - C(experimental_profile) writes C(profiles/<name>.yml) for a self-built image (experimental, with lineage).
+options:
+  action:
+    description: What to do.
+    type: str
+    required: true
+    choices: [entry, route, capture, post_check, start, record, experimental_profile]
+  run_dir:
+    description: Run directory on the controller (all actions but C(experimental_profile)).
+    type: path
+  kind:
+    description: C(upgrade) or C(rollback) (C(entry), C(start), C(post_check)).
+    type: str
+    default: upgrade
+    choices: [upgrade, rollback]
+  hosts:
+    description: The nodes of the roll, in order.
+    type: list
+    elements: str
+    default: []
+  host:
+    description: One node (C(capture), C(post_check), C(record)).
+    type: str
+  preflight_findings:
+    description: C(findings/preflight.json) of a previous run (C(entry) with kind upgrade, C(route)).
+    type: path
+  maintenance_window:
+    description: START/END in ISO 8601 with a zone, e.g. 2026-08-30T22:00Z/2026-08-31T04:00Z.
+    type: str
+  rollback_plan:
+    description: How a node goes back (the rollback playbook, a re-install image, a runbook link).
+    type: str
+  capture_dirs:
+    description: Host -> directory holding that node's C(state.json) (roles/node_state).
+    type: dict
+    default: {}
+  state_dir:
+    description: One node's capture directory (C(capture)).
+    type: path
+  expect_version:
+    description: Driver version the node must show after its change (C(post_check)).
+    type: str
+  findings_path:
+    description: The node's post-change C(findings/preflight.json) (C(post_check)).
+    type: path
+  step:
+    description: Step name (C(record)).
+    type: str
+  status:
+    description: Step status (C(record)).
+    type: str
+    choices: [ok, changed, skipped, failed]
+    default: ok
+  detail:
+    description: Anything that explains the step (C(record), C(start)).
+    type: raw
+  site_facts:
+    description: The site's facts for the route choice (C(route)); see vllm_acceptance.remediation.choose_route.
+    type: dict
+    default: {}
+  base_profile_path:
+    description: Profile the experimental one derives from (C(experimental_profile)).
+    type: path
+  profile_name:
+    description: Name of the experimental profile (C(experimental_profile)).
+    type: str
+  profile_dest:
+    description: Where to write the experimental profile (C(experimental_profile)).
+    type: path
+  image_reference:
+    description: The built image's reference (C(experimental_profile)).
+    type: str
+  image_digest:
+    description: The built image's digest, sha256:... (C(experimental_profile)).
+    type: str
+  cuda_major:
+    description: CUDA major of the built image (C(experimental_profile)).
+    type: int
+  driver_min_branch:
+    description: Driver branch floor of the built image (C(experimental_profile)).
+    type: int
+  driver_min_version:
+    description: Driver version floor of the built image (C(experimental_profile)).
+    type: str
+  lineage:
+    description: owner, exit_date, source_repo, source_commit, dockerfile, lock_files, patches, build_log,
+      image_digest, rollback_image (C(experimental_profile)).
+    type: dict
+    default: {}
+author: vllm-acceptance
+"""
+
+EXAMPLES = r"""
+- name: Entry conditions (refuses with the reasons)
+  acceptance_remediation:
+    action: entry
+    run_dir: "{{ rebuild_run_dir }}"
+    hosts: "{{ ansible_play_hosts_all }}"
+    preflight_findings: /runs/2026-08-29/findings/preflight.json
+    maintenance_window: 2026-08-30T22:00Z/2026-08-31T04:00Z
+    rollback_plan: playbooks/rollback.yml from the captured state
+    capture_dirs: {gpu-01: /runs/rebuild/evidence/rebuild/gpu-01/before}
+
+- name: Did the node come back healthy?
+  acceptance_remediation:
+    action: post_check
+    run_dir: "{{ rebuild_run_dir }}"
+    host: gpu-01
+    findings_path: /runs/rebuild/nodes/gpu-01/preflight/findings/preflight.json
+    expect_version: 580.95.05
+"""
+
+RETURN = r"""
+allowed:
+  description: Entry conditions met (C(entry)).
+  type: bool
+  returned: when action is entry
+decision:
+  description: The entry decision with every condition (C(entry)).
+  type: dict
+  returned: when action is entry
+rollback_versions:
+  description: Host -> driver version recorded before any change (C(entry)).
+  type: dict
+  returned: when action is entry
+route:
+  description: The route (name, title, reasons, command, conditions, blocked_by) (C(route), C(entry)).
+  type: dict
+  returned: when action is route or entry
+capture:
+  description: Summary of one node's captured state (C(capture)).
+  type: dict
+  returned: when action is capture
+ok:
+  description: The node passed its post-change check (C(post_check)).
+  type: bool
+  returned: when action is post_check
+problems:
+  description: Why the node did not pass (C(post_check)).
+  type: list
+  elements: str
+  returned: when action is post_check
+ledger:
+  description: The rebuild record after this call (C(start), C(record)).
+  type: dict
+  returned: when action is start or record
+profile_path:
+  description: The experimental profile written (C(experimental_profile)).
+  type: str
+  returned: when action is experimental_profile
+"""
+
+import json
+import traceback
+from pathlib import Path
+
+from ansible.module_utils.basic import AnsibleModule
+
+try:
+    import yaml
+
+    from vllm_acceptance import remediation as rem
+    from vllm_acceptance.evidence import atomic_write
+    from vllm_acceptance.findings import read_findings
+    from vllm_acceptance.profile import ConfigError, load_profile
+except ImportError:
+    IMPORT_TRACE = traceback.format_exc()
+else:
+    IMPORT_TRACE = None
+
+REQUIRED_BY_ACTION = {
+    "entry": ["run_dir"],
+    "capture": ["state_dir"],
+    "post_check": ["host", "findings_path"],
+    "start": ["run_dir"],
+    "record": ["run_dir", "host", "step"],
+    "experimental_profile": ["base_profile_path", "profile_name", "profile_dest", "image_reference", "cuda_major"],
+}
+
+
+def _findings(module, path):
+    if not path:
+        return None
+    if not Path(path).is_file():
+        module.fail_json(msg=f"preflight findings {path} do not exist: run playbooks/preflight.yml (or accept.yml) "
+                             "first and pass its <run>/findings/preflight.json")
+    try:
+        return read_findings(Path(path))
+    except (ValueError, TypeError, KeyError) as exc:
+        module.fail_json(msg=f"{path} is not a findings file ({exc}): pass <run>/findings/preflight.json")
+
+
+def do_entry(module, p):
+    findings = _findings(module, p["preflight_findings"])
+    captures = {host: rem.load_capture(Path(d)) for host, d in p["capture_dirs"].items()}
+    decision = rem.entry_conditions(findings, hosts=p["hosts"], maintenance_window=p["maintenance_window"],
+                                    captures=captures, rollback_plan=p["rollback_plan"], kind=p["kind"])
+    route = rem.route_for_report(findings, {"maintenance_window": p["maintenance_window"],
+                                            "rollback_recorded": bool(p["rollback_plan"]),
+                                            **p["site_facts"]}) if findings is not None else None
+    record = {"decision": decision.to_dict(), "route": route, "captures": captures,
+              "preflight_findings": p["preflight_findings"]}
+    # Evidence on the controller, written in check mode too: the refusal is part of the record.
+    atomic_write(Path(p["run_dir"]) / f"{p['kind']}-entry.json", json.dumps(record, indent=2, default=str) + "\n")
+    if not decision.allowed:
+        module.fail_json(msg=f"refused: the {p['kind']} changes nothing until these are met: "
+                             + " | ".join(decision.reasons), decision=decision.to_dict(), route=route)
+    module.exit_json(changed=False, allowed=True, decision=decision.to_dict(), route=route,
+                     rollback_versions=decision.rollback_versions)
+
+
+def do_post_check(module, p):
+    path = Path(p["findings_path"])
+    if not path.is_file():
+        module.exit_json(changed=False, ok=False, problems=[f"no findings at {path}: the preflight judge did not run"])
+    ok, problems = rem.post_check(read_findings(path), p["host"], expect_version=p["expect_version"], kind=p["kind"])
+    module.exit_json(changed=False, ok=ok, problems=problems)
+
+
+def do_experimental_profile(module, p):
+    try:
+        data = rem.experimental_profile(
+            load_profile(p["base_profile_path"]), name=p["profile_name"], image_reference=p["image_reference"],
+            image_digest=p["image_digest"], cuda_major=p["cuda_major"], lineage=p["lineage"],
+            driver_min_branch=p["driver_min_branch"], driver_min_version=p["driver_min_version"])
+    except (ConfigError, ValueError) as exc:
+        module.fail_json(msg=f"cannot write the experimental profile: {exc}")
+    dest = Path(p["profile_dest"])
+    text = ("# EXPERIMENTAL: written by playbooks/build_image.yml; a self-built image, never an acceptance of "
+            "the official image.\n" + yaml.safe_dump(data, sort_keys=False))
+    changed = not dest.is_file() or dest.read_text() != text
+    if changed and not module.check_mode:
+        atomic_write(dest, text)
+    module.exit_json(changed=changed, profile_path=str(dest), profile=data)
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec={
+        "action": {"type": "str", "required": True,
+                   "choices": ["entry", "route", "capture", "post_check", "start", "record", "experimental_profile"]},
+        "run_dir": {"type": "path"},
+        "kind": {"type": "str", "default": "upgrade", "choices": ["upgrade", "rollback"]},
+        "hosts": {"type": "list", "elements": "str", "default": []},
+        "host": {"type": "str"},
+        "preflight_findings": {"type": "path"},
+        "maintenance_window": {"type": "str"},
+        "rollback_plan": {"type": "str"},
+        "capture_dirs": {"type": "dict", "default": {}},
+        "state_dir": {"type": "path"},
+        "expect_version": {"type": "str"},
+        "findings_path": {"type": "path"},
+        "step": {"type": "str"},
+        "status": {"type": "str", "default": "ok", "choices": ["ok", "changed", "skipped", "failed"]},
+        "detail": {"type": "raw"},
+        "site_facts": {"type": "dict", "default": {}},
+        "base_profile_path": {"type": "path"},
+        "profile_name": {"type": "str"},
+        "profile_dest": {"type": "path"},
+        "image_reference": {"type": "str"},
+        "image_digest": {"type": "str"},
+        "cuda_major": {"type": "int"},
+        "driver_min_branch": {"type": "int"},
+        "driver_min_version": {"type": "str"},
+        "lineage": {"type": "dict", "default": {}},
+    }, supports_check_mode=True)
+    if IMPORT_TRACE is not None:
+        import sys
+
+        module.fail_json(msg=f"the vllm_acceptance package is not importable by {sys.executable}: run the playbook "
+                             "from the project venv or set ansible_python_interpreter for localhost to it",
+                         exception=IMPORT_TRACE)
+    p = module.params
+    absent = [k for k in REQUIRED_BY_ACTION.get(p["action"], []) if p.get(k) in (None, "")]
+    if absent:
+        module.fail_json(msg=f"action={p['action']} needs {', '.join(absent)}")
+    action = p["action"]
+    if action == "entry":
+        do_entry(module, p)
+    elif action == "route":
+        route = rem.route_for_report(_findings(module, p["preflight_findings"]), p["site_facts"])
+        module.exit_json(changed=False, route=route)
+    elif action == "capture":
+        module.exit_json(changed=False, capture=rem.load_capture(Path(p["state_dir"])))
+    elif action == "post_check":
+        do_post_check(module, p)
+    elif action == "start":
+        # The record is controller evidence: written in check mode as well (the plan is the point).
+        ledger = rem.Ledger(Path(p["run_dir"])).start(p["kind"], p["hosts"], p["detail"] or {})
+        module.exit_json(changed=False, ledger=ledger)
+    elif action == "record":
+        ledger = rem.Ledger(Path(p["run_dir"])).record(p["host"], p["step"], p["status"], p["detail"])
+        module.exit_json(changed=False, ledger=ledger)
+    else:
+        do_experimental_profile(module, p)
+
+
+if __name__ == "__main__":
+    main()
