@@ -1,15 +1,19 @@
-"""Preflight fan-out: how long does the preflight playbook take on N namespace hosts?
+"""Preflight fan-out: how long does preflight take on N namespace hosts?
 
 Starts N real sshd hosts (lab/nshosts.py, root needed) that all serve the `good` node fixture
-(tests/fixtures/nodes/good/bin), runs playbooks/preflight.yml once per `forks` setting with
-pipelining on, and prints wall time and per-host overhead. Goal: <= 60 s for 64 hosts on the
-2-core lab machine.
+(tests/fixtures/nodes/good/bin), then runs, once per `forks` setting, with pipelining on:
 
-When the repo has no playbooks/preflight.yml (or no good fixture) yet, a stand-in playbook
-running the same kind of stock commands (nvidia-smi queries, docker inspect, lsmod, systemctl,
-raw output brought back to the controller) is used, and the output says so.
+  role   playbooks/preflight.yml as it is in the repo (the real role and judge)
+  loop   design probe: the same stock commands in one `command` loop per host, evidence for
+         all hosts written by ONE controller-side module call (instead of two delegated
+         `copy` tasks per command and host)
+  raw    design probe: all commands in one `raw` POSIX-sh call per host (one ssh round trip,
+         no Python on the node), evidence written by one controller-side module call
 
-    sudo .venv/bin/python benchmarks/preflight_fanout.py --hosts 64 --forks 16 32 64
+and prints wall time and per-host cost. Goal: <= 60 s for 64 hosts on the 2-core lab machine.
+The probes only measure where the time goes; they judge nothing.
+
+    sudo .venv/bin/python benchmarks/preflight_fanout.py --hosts 64 --forks 16 64 --variant role raw
 """
 
 from __future__ import annotations
@@ -30,53 +34,121 @@ sys.path.insert(0, str(REPO / "src"))
 
 from vllm_acceptance.lab.nshosts import HostSpec, up  # noqa: E402
 
-STANDIN_PLAYBOOK = """\
-- name: Stand-in preflight (stock commands, raw output to the controller)
+# The stock commands the preflight role runs on a docker GB300 node (roles/preflight/templates).
+COMMANDS: dict[str, str] = {
+    "date_u": "date -u",
+    "hostname": "hostname",
+    "uname_a": "uname -a",
+    "env": "env",
+    "lsmod": "lsmod",
+    "nvidia_smi": "nvidia-smi",
+    "nvidia_smi_query": "nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total,pci.bus_id "
+    "--format=csv,noheader",
+    "nvidia_smi_xml": "nvidia-smi -q -x",
+    "fabricmanager_active": "systemctl is-active nvidia-fabricmanager",
+    "fabricmanager_version": "nv-fabricmanager --version",
+    "runtime_version": "docker version --format '{% raw %}{{json .}}{% endraw %}'",
+    "runtime_info": "docker info --format '{% raw %}{{json .}}{% endraw %}'",
+    "image_inspect": "docker image inspect vllm/vllm-openai:kimi-k3",
+    "ibv_devinfo": "ibv_devinfo",
+    "rdma_link": "rdma link",
+    "nccl_allreduce": "all_reduce_perf -b 8M -e 8G -f 2 -g 8",
+}
+
+# Tiny controller-side writer used by the probes: one module run for every host's evidence.
+WRITER_MODULE = """#!/usr/bin/python
+from __future__ import annotations
+import json, os
+from ansible.module_utils.basic import AnsibleModule
+MARK = "@@@preflight "
+def split_raw(stdout):
+    out, name, buf = {}, None, []
+    for line in stdout.splitlines(keepends=True):
+        if line.startswith(MARK):
+            parts = line[len(MARK):].split()
+            if parts[0] == "begin":
+                name, buf = parts[1], []
+            elif parts[0] == "rc" and name:
+                out[name] = {"stdout": "".join(buf), "rc": int(parts[1])}
+                name = None
+        elif name:
+            buf.append(line)
+    return out
+def main():
+    m = AnsibleModule({"run_dir": {"type": "path", "required": True},
+                       "results": {"type": "dict", "required": True}})
+    count = 0
+    for host, res in m.params["results"].items():
+        if res is None:
+            continue
+        if isinstance(res, dict) and "stdout" in res:
+            items = split_raw(res["stdout"])
+        else:
+            items = {r["item"][0]: {"stdout": r.get("stdout", ""), "rc": r.get("rc")} for r in res}
+        d = os.path.join(m.params["run_dir"], "evidence", "preflight", host)
+        os.makedirs(d, exist_ok=True)
+        for name, r in items.items():
+            with open(os.path.join(d, name + ".txt"), "w") as f:
+                f.write(r["stdout"])
+            with open(os.path.join(d, name + ".json"), "w") as f:
+                json.dump({"rc": r["rc"]}, f)
+            count += 1
+    m.exit_json(changed=True, files=count)
+main()
+"""
+
+LOOP_PLAYBOOK = """\
+- name: Probe - command loop per host, one evidence write
   hosts: gpu_nodes
   gather_facts: false
   tasks:
-    - name: Collect node tool outputs
-      ansible.builtin.command: "{{ item }}"
-      loop:
-        - nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader
-        - nvidia-smi -q
-        - nvidia-smi topo -m
-        - docker inspect vllm
-        - lsmod
-        - systemctl is-active nvidia-fabricmanager
+    - name: Run the stock commands
+      ansible.builtin.command: "{{ item.1 }}"
+      loop: "{{ preflight_commands | dictsort }}"
       register: outputs
       changed_when: false
       failed_when: false
-    - name: Save raw outputs on the controller
-      ansible.builtin.copy:
-        content: "{{ outputs.results | map(attribute='stdout') | list | to_json }}"
-        dest: "{{ acceptance_run_dir }}/evidence/{{ inventory_hostname }}.json"
-        mode: "0644"
+    - name: Write every host's evidence at once
+      preflight_probe_writer:
+        run_dir: "{{ acceptance_run_dir }}"
+        results: "{{ dict(ansible_play_hosts | zip(ansible_play_hosts
+                     | map('extract', hostvars, ['outputs', 'results']))) }}"
+      vars:
+        ansible_python_interpreter: "{{ ansible_playbook_python }}"
       delegate_to: localhost
+      run_once: true
 """
 
-STANDIN_TOOLS = {
-    "nvidia-smi": 'case "$1" in --query-gpu*) for i in 0 1 2 3 4 5 6 7; do '
-    'echo "$i, NVIDIA GB300, 580.95.05, 284208 MiB"; done;; *) echo "Driver Version: 580.95.05";; esac',
-    "docker": 'echo \'[{"Config": {"Env": ["CUDA_VERSION=13.0.1"]}}]\'',
-    "lsmod": 'echo "nvidia_peermem 16384 0"',
-    "systemctl": "echo active",
-}
+RAW_PLAYBOOK = """\
+- name: Probe - one raw sh call per host, one evidence write
+  hosts: gpu_nodes
+  gather_facts: false
+  tasks:
+    - name: Run the stock commands in one ssh round trip
+      ansible.builtin.raw: "{{ preflight_script }}"
+      register: outputs
+      changed_when: false
+      failed_when: false
+    - name: Write every host's evidence at once
+      preflight_probe_writer:
+        run_dir: "{{ acceptance_run_dir }}"
+        results: "{{ dict(ansible_play_hosts | zip(ansible_play_hosts | map('extract', hostvars, 'outputs'))) }}"
+      vars:
+        ansible_python_interpreter: "{{ ansible_playbook_python }}"
+      delegate_to: localhost
+      run_once: true
+"""
 
 
-def _good_bin(tmp: Path) -> tuple[Path, bool]:
-    fixture = REPO / "tests" / "fixtures" / "nodes" / "good" / "bin"
-    if fixture.is_dir():
-        return fixture, True
-    bin_dir = tmp / "good-bin"
-    bin_dir.mkdir()
-    for tool, body in STANDIN_TOOLS.items():
-        (bin_dir / tool).write_text(f"#!/bin/sh\n{body}\n")
-        (bin_dir / tool).chmod(0o755)
-    return bin_dir, False
+def _raw_script() -> str:
+    parts = [
+        f"echo '@@@preflight begin {name}'; {cmd} 2>&1; echo; echo \"@@@preflight rc $?\""
+        for name, cmd in COMMANDS.items()
+    ]
+    return "; ".join(parts)
 
 
-def _env(forks: int) -> dict[str, str]:
+def _env(forks: int, library: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
     env.update(
@@ -84,7 +156,7 @@ def _env(forks: int) -> dict[str, str]:
             "ANSIBLE_PIPELINING": "1",
             "ANSIBLE_FORKS": str(forks),
             "ANSIBLE_HOST_KEY_CHECKING": "False",
-            "ANSIBLE_LIBRARY": str(REPO / "plugins" / "modules"),
+            "ANSIBLE_LIBRARY": f"{REPO / 'plugins' / 'modules'}:{library}",
             "ANSIBLE_FILTER_PLUGINS": str(REPO / "plugins" / "filter"),
             "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
             "ANSIBLE_NOCOLOR": "1",
@@ -93,65 +165,80 @@ def _env(forks: int) -> dict[str, str]:
     return env
 
 
-def _run(playbook: Path, inventory: Path, run_dir: Path, forks: int, extra: list[str]) -> tuple[float, str]:
-    (run_dir / "evidence").mkdir(parents=True, exist_ok=True)
-    argv = [
-        str(Path(sys.executable).parent / "ansible-playbook"),
-        "-i", str(inventory), str(playbook),
-        "-e", f"acceptance_run_dir={run_dir}",
-        *extra,
-    ]  # fmt: skip
+def _run(argv: list[str], env: dict[str, str]) -> tuple[float, str]:
     started = time.monotonic()
-    proc = subprocess.run(argv, env=_env(forks), cwd=REPO, capture_output=True, text=True, check=False)
+    proc = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, check=False)
     wall = time.monotonic() - started
-    recap = re.findall(r"^\S+\s+:\s+ok=(\d+).*unreachable=(\d+)\s+failed=(\d+)", proc.stdout, re.M)
-    bad = sum(1 for _, unreachable, failed in recap if int(unreachable) or int(failed))
-    return wall, f"rc={proc.returncode} hosts_in_recap={len(recap)} hosts_unreachable_or_failed={bad}"
+    recap = re.findall(r"^(\S+)\s+:\s+ok=(\d+).*unreachable=(\d+)\s+failed=(\d+)", proc.stdout, re.M)
+    bad = sum(1 for _, _, unreachable, failed in recap if int(unreachable) or int(failed))
+    if proc.returncode != 0 or bad:
+        print(proc.stdout[-3000:], proc.stderr[-2000:], file=sys.stderr)
+    return wall, f"rc={proc.returncode} recap_hosts={len(recap)} unreachable_or_failed={bad}"
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--hosts", type=int, default=64)
-    parser.add_argument("--forks", type=int, nargs="+", default=[16, 32, 64])
-    parser.add_argument("--playbook", type=Path, default=REPO / "playbooks" / "preflight.yml")
+    parser.add_argument("--forks", type=int, nargs="+", default=[16, 64])
+    parser.add_argument("--variant", nargs="+", choices=["role", "loop", "raw"], default=["role", "loop", "raw"])
     parser.add_argument("--profile", default="profiles/kimi-k3.yml")
     parser.add_argument("--keep", action="store_true", help="keep the work dir (evidence) for inspection")
     args = parser.parse_args()
 
+    bin_dir = REPO / "tests" / "fixtures" / "nodes" / "good" / "bin"
+    if not bin_dir.is_dir():
+        print(f"missing {bin_dir}: generate the node fixtures first", file=sys.stderr)
+        return 2
     tmp = Path(tempfile.mkdtemp(prefix="preflight-fanout-"))
-    bin_dir, real_fixture = _good_bin(tmp)
-    playbook, extra = args.playbook, ["-e", f"acceptance_profile_path={args.profile}"]
-    if not playbook.exists():
-        playbook = tmp / "standin-preflight.yml"
-        playbook.write_text(STANDIN_PLAYBOOK)
+    library = tmp / "library"
+    library.mkdir()
+    (library / "preflight_probe_writer.py").write_text(WRITER_MODULE)
+    playbooks = {"role": REPO / "playbooks" / "preflight.yml", "loop": tmp / "loop.yml", "raw": tmp / "raw.yml"}
+    playbooks["loop"].write_text(LOOP_PLAYBOOK)
+    playbooks["raw"].write_text(RAW_PLAYBOOK)
+    vars_file = tmp / "vars.json"
+    vars_file.write_text(json.dumps({"preflight_commands": COMMANDS, "preflight_script": _raw_script()}))
+
     started = time.monotonic()
     cluster = up([HostSpec(f"node{i:02d}", bin_dir) for i in range(args.hosts)], tmp / "hosts")
     up_s = time.monotonic() - started
+    results = []
     try:
-        inventory = cluster.write_inventory(tmp / "inventory.yml")
-        which = playbook.relative_to(REPO) if playbook.is_relative_to(REPO) else "stand-in"
-        node_bin = "tests/fixtures/nodes/good/bin" if real_fixture else "stand-in fakes"
-        print(f"playbook: {which}; node bin: {node_bin}")
-        print(f"hosts up: {args.hosts} in {up_s:.2f} s; cpus: {os.cpu_count()}")
-        results = []
-        for forks in args.forks:
-            wall, summary = _run(playbook, inventory, tmp / f"run-forks{forks}", forks, extra)
-            results.append(
-                {"forks": forks, "wall_s": round(wall, 2), "per_host_ms": round(wall / args.hosts * 1000)}
-            )
-            print(
-                f"forks={forks:3d}  wall={wall:6.2f} s  "
-                f"per host={wall / args.hosts * 1000:6.0f} ms  {summary}"
-            )
+        # Hosts share the controller's fs: the driver version file is the fixture's recorded copy.
+        version_file = str(bin_dir.parent / "proc-driver-nvidia-version")
+        host_vars = {h.name: {"preflight_driver_version_file": version_file} for h in cluster.hosts}
+        inventory = cluster.write_inventory(tmp / "inventory.yml", host_vars=host_vars)
+        print(f"hosts up: {args.hosts} in {up_s:.2f} s; cpus: {os.cpu_count()}; load: {os.getloadavg()[0]:.1f}")
+        for variant in args.variant:
+            for forks in args.forks:
+                run_dir = tmp / f"run-{variant}-{forks}"
+                run_dir.mkdir()
+                argv = [
+                    str(Path(sys.executable).parent / "ansible-playbook"),
+                    "-i", str(inventory), str(playbooks[variant]),
+                    "-e", f"acceptance_run_dir={run_dir}",
+                    "-e", f"acceptance_profile_path={(REPO / args.profile).resolve()}",
+                    "-e", f"@{vars_file}",
+                ]  # fmt: skip
+                wall, summary = _run(argv, _env(forks, library))
+                files = len(list((run_dir / "evidence" / "preflight").glob("*/*.txt")))
+                per_host = wall / args.hosts * 1000
+                results.append({"variant": variant, "forks": forks, "wall_s": round(wall, 2),
+                                "per_host_ms": round(per_host), "evidence_files": files})  # fmt: skip
+                print(
+                    f"{variant:5s} forks={forks:3d} wall={wall:7.2f} s per host={per_host:6.0f} ms "
+                    f"evidence files={files} {summary} load={os.getloadavg()[0]:.1f}",
+                    flush=True,
+                )
         print(json.dumps({"hosts": args.hosts, "up_s": round(up_s, 2), "results": results}))
     finally:
         started = time.monotonic()
         cluster.down()
         print(f"hosts down in {time.monotonic() - started:.2f} s")
-        if not args.keep:
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
+        if args.keep:
             print(f"kept {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 
