@@ -15,6 +15,7 @@ from .metrics import DirectMetrics, MetricsError, cache_config, server_root
 from .parsers.startup_log import scan_startup_log
 from .profile import Profile
 from .rules.compat import check_actual_config, check_startup_log
+from .triage import launch_findings
 
 
 @dataclass
@@ -49,10 +50,24 @@ def judge_serve(run_dir: Path, profile: Profile, facts: ServeFacts) -> list[Find
     else:
         findings.append(missing("compat.actual_config", facts.host, "the server did not come up",
                                 evidence=log_ev))
+        findings += _triage(run_dir, profile, facts, log_ev, findings, details)
     write_findings(run_dir / "findings" / "serve.json", findings)
     (run_dir / "stages").mkdir(exist_ok=True)
     EvidenceStore(run_dir, "stages").write_json("serve.json", details)
     return findings
+
+
+def _triage(run_dir: Path, profile: Profile, facts: ServeFacts, log_ev: list[str], findings: list[Finding],
+            details: dict[str, Any]) -> list[Finding]:
+    """Launch triage (triage.py): evidence groups and the failure class; model_load takes the class's
+    consequence, so a capacity failure is not reported as an environment rebuild."""
+    evidence, verdict = launch_findings(run_dir, profile, facts.host, facts.startup_log, log_ev, facts.launch_command)
+    details["triage"] = {"class": (verdict.observed or {}).get("class"), "check": verdict.check,
+                         "status": verdict.status.value}
+    for finding in findings:
+        if finding.check == "capacity.model_load" and verdict.status == Status.FAIL:
+            finding.consequence, finding.action = verdict.consequence, verdict.action
+    return [evidence, verdict]
 
 
 def model_load(facts: ServeFacts, evidence: list[str]) -> Finding:
