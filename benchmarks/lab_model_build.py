@@ -177,7 +177,7 @@ def run_checks(base: str, repeats: int) -> dict[str, Any]:
     res: dict[str, Any] = {}
     user = [{"role": "user", "content": "Check node gpu-node-3 and open a ticket if it is unhealthy."}]
 
-    failures, lat, first = [], [], {}
+    failures, lat, first, tokens = [], [], {}, {}
     for name, tools in TOOL_SETS.items():
         seen = set()
         for _ in range(repeats):
@@ -191,9 +191,10 @@ def run_checks(base: str, repeats: int) -> dict[str, Any]:
             fn = out["choices"][0]["message"]["tool_calls"][0]["function"]
             seen.add((fn["name"], fn["arguments"]))
             first.setdefault(name, fn)
+            tokens.setdefault(name, out["usage"]["completion_tokens"])
         if len(seen) > 1:
             failures.append(f"{name}: temperature 0 gave {len(seen)} different calls")
-    res["tool_auto"] = {"ok": not failures, "failures": failures, "calls": first,
+    res["tool_auto"] = {"ok": not failures, "failures": failures, "calls": first, "completion_tokens": tokens,
                         "requests": len(lat), "latency_s": _stats(lat)}
 
     body = {"messages": user, "tools": TOOL_SETS["ticket"], "tool_choice": "auto",
