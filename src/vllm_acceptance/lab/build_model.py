@@ -23,6 +23,11 @@ Random weights never emit a tool call, so the weights are *programmed* (set by h
   `--tool-strict-level parameter`, or `response_format`) that preference picks the shortest valid
   completion, so arguments always terminate and validate; outside it, EOS ends the turn.
 
+Serve it with `--tool-call-parser hermes --tool-strict-level parameter` (LAB-NOTES flags). Without
+a grammar (strict level `auto` and no `"strict": true` tool) the model emits `<tool_call>` and
+EOS: vLLM's hermes parser then fails to load the empty JSON and returns the text as content with
+finish_reason `stop` -- a reproducible tool-call format error, useful as a fault, not a default.
+
 The seed only moves tiny tie-breaking noise, so every seed behaves the same and the same seed
 gives byte-identical files. Run with the lab venv's python (torch, transformers, tokenizers):
 
