@@ -1,0 +1,268 @@
+"""Multi-node launch commands from the profile and the inventory, with vLLM's own mechanism.
+
+vLLM 0.32's `vllm serve` (the official image's entrypoint) spans nodes in two documented ways, and
+nothing else is invented here:
+
+- one replica across nodes (tensor x pipeline > GPUs of one node; multiprocessing backend): every
+  node runs the same command with `--nnodes N --node-rank R --master-addr HEAD --master-port P`;
+  the workers add `--headless` (no API server) and only the head serves HTTP;
+- data parallel (DP, DEP with `--enable-expert-parallel`): `--data-parallel-size D
+  --data-parallel-size-local L --data-parallel-address HEAD --data-parallel-rpc-port P` everywhere;
+  each worker adds `--headless --data-parallel-start-rank R*L`.
+
+The recipe's environment per interconnect comes from the profile (`launch.multinode`): over RDMA
+its all-to-all backend and `UCX_TLS`; over NVLink its NVLink all-to-all backend; on an NVL fabric
+(GB200/GB300 NVL, `interconnect: nvl`) also `nvl_env` (NCCL_MNNVL_ENABLE, NCCL_CUMEM_ENABLE,
+NCCL_NVLS_ENABLE). `NCCL_DMABUF_ENABLE=0` only when the inventory asks for it after the launch
+triage saw `mlx5dv_reg_dmabuf_mr`. Every node runs the same image, pinned by digest (a tag could
+resolve to different images on different nodes).
+
+Environment values stay out of argv (`-e=KEY`, the value in the runtime's own environment), as the
+single-node container launch does, so secrets never reach a command line or the evidence.
+
+CLI for the role (prints JSON; exit 2 with the reason on bad input):
+
+    python -m vllm_acceptance.launch --profile profiles/kimi-k3.yml --facts '{"head": "a01", ...}'
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .profile import ConfigError, Profile, load_profile
+
+DEFAULT_CONTAINER_EXTRA = ["--gpus", "all", "--ipc", "host", "--network", "host"]
+DEFAULT_MASTER_PORT = 29501          # vLLM's ParallelConfig.master_port default
+DEFAULT_DP_RPC_PORT = 13345          # the port of vLLM's multi-node data-parallel documentation
+# Flags this module owns: taken out of the profile's args and set from the layout.
+_LAYOUT_FLAGS = ("--tensor-parallel-size", "-tp", "--pipeline-parallel-size", "-pp", "--data-parallel-size",
+                 "-dp", "--data-parallel-size-local", "--nnodes", "--node-rank", "--master-addr", "--master-port",
+                 "--headless", "--data-parallel-address", "--data-parallel-rpc-port", "--data-parallel-start-rank")
+
+
+@dataclass(frozen=True)
+class Layout:
+    tensor: int
+    pipeline: int
+    data: int
+    expert: bool
+    nodes: int
+    gpus_per_node: int
+
+    @property
+    def world(self) -> int:
+        return self.tensor * self.pipeline * self.data
+
+    @property
+    def kind(self) -> str:
+        """single (one node), replica (one replica across nodes), dp (data-parallel ranks per node)."""
+        if self.nodes == 1:
+            return "single"
+        return "dp" if self.data > 1 else "replica"
+
+    @property
+    def dp_local(self) -> int:
+        return self.data // self.nodes
+
+
+@dataclass
+class NodeCommand:
+    host: str
+    role: str                      # head | worker
+    rank: int                      # node rank (0 = head)
+    address: str
+    argv: list[str]                # the container runtime's full argv
+    env: dict[str, str]            # the runtime's environment (values passed with -e=KEY)
+    serve_args: list[str] = field(default_factory=list)   # what `vllm serve` gets after the image
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _int(value: Any, name: str) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{name}: {value!r} is not an integer") from exc
+    if number < 1:
+        raise ConfigError(f"{name}: {number} must be >= 1")
+    return number
+
+
+def layout(profile: Profile, facts: dict[str, Any]) -> Layout:
+    """The parallel layout (profile `parallel`, overridable by the inventory's `parallel`), checked
+    against the node count and the GPUs per node."""
+    merged = {**(profile.get("parallel", {}) or {}), **(facts.get("parallel") or {})}
+    nodes = 1 + len(facts.get("workers") or [])
+    gpn = _int(facts.get("gpus_per_node") or profile.get("hardware.gpus_per_node") or 1, "gpus_per_node")
+    lay = Layout(tensor=_int(merged.get("tensor", 1), "parallel.tensor"),
+                 pipeline=_int(merged.get("pipeline", 1), "parallel.pipeline"),
+                 data=_int(merged.get("data", 1), "parallel.data"), expert=bool(merged.get("expert", False)),
+                 nodes=nodes, gpus_per_node=gpn)
+    min_nodes = int(profile.get("hardware.min_nodes", 1) or 1)
+    if nodes < min_nodes:
+        raise ConfigError(f"{nodes} node(s) in vllm_head + vllm_workers, profile hardware.min_nodes is {min_nodes}")
+    if lay.kind == "dp":
+        if lay.data % nodes:
+            raise ConfigError(f"parallel.data {lay.data} does not divide over {nodes} nodes")
+        per_node = lay.tensor * lay.pipeline * lay.dp_local
+    else:
+        if lay.world % nodes:
+            raise ConfigError(f"tensor x pipeline = {lay.world} does not divide over {nodes} nodes")
+        per_node = lay.world // nodes
+    if per_node > gpn:
+        raise ConfigError(f"layout tensor={lay.tensor} pipeline={lay.pipeline} data={lay.data} needs {per_node} GPUs "
+                          f"per node on {nodes} node(s); the nodes have {gpn} (add nodes or change the layout)")
+    if lay.kind == "replica" and per_node != gpn:
+        raise ConfigError(f"a replica across nodes must fill each node: {per_node} of {gpn} GPUs per node used")
+    return lay
+
+
+def _strip_layout_flags(args: list[str]) -> list[str]:
+    out: list[str] = []
+    skip_value = False
+    for arg in args:
+        if skip_value:
+            skip_value = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in _LAYOUT_FLAGS:
+            skip_value = "=" not in arg and name != "--headless"
+            continue
+        out.append(arg)
+    return out
+
+
+def interconnect_settings(profile: Profile, facts: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
+    """The recipe's args and env for the interconnect between nodes (profile launch.multinode)."""
+    kind = str(facts.get("interconnect") or profile.get("hardware.interconnect") or "none")
+    multinode = profile.get("launch.multinode", {}) or {}
+    if kind == "rdma":
+        block = multinode.get("rdma") or {}
+        env = dict(block.get("env") or {})
+    elif kind in ("nvl", "nvlink"):
+        block = multinode.get("nvlink") or {}
+        env = dict(block.get("env") or {})
+        if kind == "nvl":                       # GB200/GB300 NVL: multi-node NVLink fabric
+            env.update(multinode.get("nvl_env") or {})
+    else:
+        raise ConfigError(f"interconnect {kind!r}: a deployment across nodes needs rdma, nvlink or nvl "
+                          "(set vllm_interconnect or the profile's hardware.interconnect)")
+    if facts.get("dmabuf_workaround"):
+        env.update(multinode.get("dmabuf_workaround_env") or {"NCCL_DMABUF_ENABLE": "0"})
+    return list(block.get("args") or []), {k: str(v) for k, v in env.items()}
+
+
+def image_reference(profile: Profile, facts: dict[str, Any]) -> str:
+    image = facts.get("image") or profile.get("image.reference")
+    digest = facts.get("image_digest") or profile.get("image.digest")
+    if not image:
+        raise ConfigError("no image: the profile's image.reference or vllm_image")
+    if not digest or not str(digest).startswith("sha256:"):
+        raise ConfigError("a multi-node launch needs the image pinned by digest (vllm_image_digest: sha256:...): "
+                          "every node must run the identical image")
+    return f"{str(image).split('@', 1)[0]}@{digest}"
+
+
+def node_commands(profile: Profile, inventory_facts: dict[str, Any]) -> dict[str, NodeCommand]:
+    """Per host (head first, then workers in order): the container runtime's argv and environment."""
+    facts = inventory_facts
+    head = facts.get("head")
+    if not head:
+        raise ConfigError("no head node: put one host in the vllm_head group")
+    workers = [str(w) for w in facts.get("workers") or []]
+    if head in workers:
+        raise ConfigError(f"{head} is both head and worker")
+    lay = layout(profile, facts)
+    runtime = str(facts.get("runtime") or profile.get("launch.runtime"))
+    if runtime not in ("docker", "podman"):
+        raise ConfigError(f"runtime {runtime!r}: the multi-node launch runs the official image (docker or podman)")
+    addresses = {str(k): str(v) for k, v in (facts.get("addresses") or {}).items()}
+    head_addr = addresses.get(head, head)
+    common = _strip_layout_flags([str(a) for a in profile.get("launch.args", []) or []])
+    env = {str(k): str(v) for k, v in (profile.get("launch.env", {}) or {}).items()}
+    if lay.nodes > 1:
+        ic_args, ic_env = interconnect_settings(profile, facts)
+        common += [a for a in ic_args if a not in common]
+        env.update(ic_env)
+    env.update({str(k): str(v) for k, v in (facts.get("env") or {}).items()})
+    common += [str(a) for a in facts.get("extra_args") or []]
+    model = str(facts.get("model") or profile.get("model.name"))
+    port = str(facts.get("port") or profile.get("launch.port", 8000))
+    listen = str(facts.get("listen_host") or profile.get("launch.host", "0.0.0.0"))
+    image = image_reference(profile, facts)
+    out: dict[str, NodeCommand] = {}
+    for rank, host in enumerate([str(head), *workers]):
+        layout_args = _layout_args(lay, rank, head_addr, facts)
+        serve = [model] + (["--host", listen, "--port", port] if rank == 0 else []) + layout_args + common
+        out[host] = NodeCommand(host=host, role="head" if rank == 0 else "worker", rank=rank,
+                                address=addresses.get(host, host), env=dict(env), serve_args=serve,
+                                argv=_container_argv(runtime, facts, env, image, serve))
+    return out
+
+
+def _layout_args(lay: Layout, rank: int, head_addr: str, facts: dict[str, Any]) -> list[str]:
+    args = [f"--tensor-parallel-size={lay.tensor}"]
+    if lay.pipeline > 1:
+        args.append(f"--pipeline-parallel-size={lay.pipeline}")
+    if lay.kind == "replica":
+        args += [f"--nnodes={lay.nodes}", f"--node-rank={rank}", f"--master-addr={head_addr}",
+                 f"--master-port={facts.get('master_port') or DEFAULT_MASTER_PORT}"]
+    elif lay.data > 1:
+        args += [f"--data-parallel-size={lay.data}", f"--data-parallel-size-local={lay.dp_local}"]
+        if lay.kind == "dp":
+            args += [f"--data-parallel-address={head_addr}",
+                     f"--data-parallel-rpc-port={facts.get('dp_rpc_port') or DEFAULT_DP_RPC_PORT}"]
+            if rank > 0:
+                args.append(f"--data-parallel-start-rank={rank * lay.dp_local}")
+        if lay.expert:
+            args.append("--enable-expert-parallel")     # DEP: experts spread over the data-parallel ranks
+    if rank > 0:
+        args.append("--headless")
+    return args
+
+
+def _container_argv(runtime: str, facts: dict[str, Any], env: dict[str, str], image: str,
+                    serve: list[str]) -> list[str]:
+    name = str(facts.get("container_name") or "vllm-acceptance")
+    extra = [str(a) for a in (facts.get("container_extra") or DEFAULT_CONTAINER_EXTRA)]
+    hf_cache = str(facts.get("hf_cache") or "/root/.cache/huggingface")
+    return ([runtime, "run", "-d", "--name", name] + extra + ["-v", f"{hf_cache}:/root/.cache/huggingface"]
+            + [f"-e={key}" for key in sorted(env)] + [image] + serve)
+
+
+def plan(profile: Profile, inventory_facts: dict[str, Any]) -> dict[str, Any]:
+    """What the role needs: the commands in start order (head first) and the layout."""
+    commands = node_commands(profile, inventory_facts)
+    lay = layout(profile, inventory_facts)
+    return {"layout": {**asdict(lay), "kind": lay.kind, "world": lay.world},
+            "order": list(commands), "head": next(iter(commands)),
+            "nodes": [c.to_dict() for c in commands.values()],
+            "ready_timeout_s": math.ceil(float(inventory_facts.get("ready_timeout_s")
+                                               or profile.get("launch.ready_timeout_s", 900)))}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vllm_acceptance.launch",
+                                     description="print the multi-node launch plan as JSON")
+    parser.add_argument("--profile", required=True)
+    parser.add_argument("--facts", required=True, help="JSON: head, workers, addresses, image_digest, ...")
+    args = parser.parse_args(argv)
+    try:
+        facts = json.loads(args.facts)
+        if not isinstance(facts, dict):
+            raise ConfigError("--facts must be a JSON object")
+        print(json.dumps(plan(load_profile(args.profile), facts), indent=1))
+    except (ConfigError, json.JSONDecodeError) as exc:
+        print(f"cannot plan the multi-node launch: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
