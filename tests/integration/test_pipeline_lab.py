@@ -27,7 +27,8 @@ def lab_run(lab_server, tmp_path_factory) -> Path:
     env = {"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
            "VLLM_API_KEY": ""}
     result = ansible_runner.run(
-        private_data_dir=str(tmp_path_factory.mktemp("runner")), project_dir=str(REPO), playbook=str(REPO / "accept.yml"),
+        private_data_dir=str(tmp_path_factory.mktemp("runner")), project_dir=str(REPO),
+        playbook=str(REPO / "accept.yml"),
         inventory=str(REPO / "inventories" / "lab"), envvars=env, quiet=True,
         extravars={"vllm_serve_mode": "attach", "vllm_base_url": lab_server.base_url,
                    "vllm_serve_pid": lab_server.pid, "vllm_serve_startup_log": str(lab_server.log_path),

@@ -18,7 +18,8 @@ def free_port() -> int:
 
 
 class Prometheus:
-    def __init__(self, workdir: Path, targets: list[str], interval_s: float = 1.0, rule_files: list[Path] | None = None):
+    def __init__(self, workdir: Path, targets: list[str], interval_s: float = 1.0,
+                 rule_files: list[Path] | None = None) -> None:
         binary = shutil.which("prometheus")
         if binary is None:
             raise RuntimeError("prometheus not installed: apt-get install prometheus (make sysdeps)")

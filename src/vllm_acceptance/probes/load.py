@@ -257,6 +257,8 @@ def run_load_probe(base_url: str, source: MetricsSource, cfg: LoadProbeConfig, s
             steps, ramp_findings = stage_ramp(run)
             findings += ramp_findings
         if not run.crashed:
+            findings.append(stage_mixed(run))
+        if not run.crashed:
             findings.append(stage_soak(run))
     finally:
         run.sampler.stop_event.set()
@@ -272,7 +274,7 @@ def run_load_probe(base_url: str, source: MetricsSource, cfg: LoadProbeConfig, s
             action="read the OOM record: at load -> weights/parallel layout/topology; under KV growth -> "
                    "context, concurrency, retention, prefill/decode balance; adjust limits before adding GPUs"))
         done = {f.check for f in findings}
-        for check in ("capacity.context_contract", "capacity.ramp", "capacity.soak"):
+        for check in ("capacity.context_contract", "capacity.ramp", "capacity.mixed", "capacity.soak"):
             if check not in done:
                 findings.append(missing(check, None, f"not run: the server died in stage {run.crashed['stage']}",
                                         Consequence.EXPAND))
@@ -367,6 +369,63 @@ def stage_ramp(run: LoadRun) -> tuple[list[dict[str, Any]], list[Finding]]:
     return steps, [Finding(status=Status.FAIL, consequence=Consequence.EXPAND,
                            reason="no step of the ramp meets the SLO",
                            action="expand capacity or change topology; adjust limits first", **common)]
+
+
+SHARED_PREFIX = ("Shared agent system prompt. " + filler(300, 99) + " ")
+
+
+def stage_mixed(run: LoadRun, windows: int = 3) -> Finding:
+    """Short, long, cold and repeated requests together: do long sessions evict the shared prefix
+    (hit ratio of each window), does the queue grow window over window?"""
+    cfg = run.cfg
+    rows = []
+    long_tokens = min(cfg.long_prompt_tokens, cfg.context_tokens - cfg.output_tokens - 64) // 2
+    for w in range(windows):
+        specs = []
+        for i in range(cfg.contract_concurrency * 2):
+            seed = 10_000 * (w + 1) + i
+            kind = i % 4
+            if kind == 0:
+                specs.append(spec(64, cfg.output_tokens, seed, "mixed-short"))
+            elif kind == 1:
+                specs.append(spec(long_tokens, cfg.output_tokens, seed, "mixed-long"))
+            elif kind == 2:
+                specs.append(spec(cfg.prompt_tokens, cfg.output_tokens, seed, "mixed-cold"))
+            else:
+                specs.append(spec(64, cfg.output_tokens, 7, "mixed-repeated", prefix=SHARED_PREFIX))
+        before = run.source.snapshot()
+        records, start, end = run.send("mixed", specs, cfg.contract_concurrency)
+        after = run.source.snapshot()
+        hits = delta(before, after, "vllm:prefix_cache_hits")
+        queries = delta(before, after, "vllm:prefix_cache_queries")
+        samples = run.sampler.window(start, end)
+        rows.append({"window": w + 1, "requests": len(records), "errors": sum(r.status != "ok" for r in records),
+                     "hit_ratio": (hits / queries) if hits is not None and queries else None,
+                     "max_waiting": max((x["waiting"] or 0) for x in samples) if samples else None})
+        if run.crashed:
+            break
+    ev = [run.store.write_json("mixed.json", rows)] + (["records/mixed.jsonl"] if run.store.path(
+        "records/mixed.jsonl").exists() else [])
+    errors = sum(r["errors"] for r in rows)
+    ratios = [r["hit_ratio"] for r in rows if r["hit_ratio"] is not None]
+    waiting = [r["max_waiting"] for r in rows if r["max_waiting"] is not None]
+    evicted = len(ratios) >= 2 and ratios[-1] < 0.5 * ratios[0]
+    queue_grows = len(waiting) >= 2 and all(b > a for a, b in zip(waiting, waiting[1:], strict=False)) \
+        and waiting[-1] > cfg.contract_concurrency
+    if errors or evicted or queue_grows:
+        status = Status.FAIL
+    elif len(ratios) < 2:
+        status = Status.INCONCLUSIVE
+    else:
+        status = Status.PASS
+    return Finding(check="capacity.mixed", status=status, consequence=Consequence.EXPAND, evidence=ev,
+                   observed={"windows": rows}, expected="no errors; hit ratio of repeated requests holds; queue "
+                   "does not grow window over window",
+                   reason="; ".join(x for x, bad in (("errors", errors), ("shared prefix evicted by long sessions",
+                                                                          evicted), ("queue grows", queue_grows))
+                                    if bad),
+                   rule="mixed stream: short, long, cold and repeated requests together",
+                   action="cache retention / context and concurrency limits; split prefill and decode")
 
 
 def stage_soak(run: LoadRun) -> Finding:
