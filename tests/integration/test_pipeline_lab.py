@@ -75,3 +75,36 @@ def test_html_is_self_contained(lab_run: Path) -> None:
     html = (lab_run / "report.html").read_text()
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)
     assert "@import" not in html and "url(http" not in html
+
+
+SECRET_KEY = "sk-acceptance-PLANTED-4f1c2b"
+HF_SECRET = "hf_PLANTEDtoken9d8e7f"
+
+
+def test_secrets_never_reach_evidence_or_reports(lab_server_factory, tmp_path: Path) -> None:
+    """A server that requires an API key, and an HF token in the environment: the run works with the
+    key, and neither value appears in any file the run wrote."""
+    server = lab_server_factory(f"--api-key {SECRET_KEY}", port=8026)
+    env = {"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+           "VLLM_API_KEY": SECRET_KEY, "HF_TOKEN": HF_SECRET}
+    reports = tmp_path / "reports"
+    result = ansible_runner.run(
+        private_data_dir=str(tmp_path / "runner"), project_dir=str(REPO), playbook=str(REPO / "accept.yml"),
+        inventory=str(REPO / "inventories" / "lab"), envvars=env, quiet=True,
+        extravars={"vllm_serve_mode": "attach", "vllm_base_url": server.base_url, "vllm_serve_pid": server.pid,
+                   "vllm_serve_startup_log": str(server.log_path), "acceptance_reports_dir": str(reports),
+                   "acceptance_probes": ["cache", "agent"]})
+    assert result.status == "successful"
+    run_dir = (reports / "lab" / "latest").resolve()
+    report = json.loads((run_dir / "report.json").read_text())
+    statuses = {f["check"]: f["status"] for f in report["findings"]}
+    assert statuses["cache.hot_reuse"] == "pass"  # the key was used: the server answered
+    written = [p for p in run_dir.rglob("*") if p.is_file()]
+    assert len(written) > 20
+    for path in written:
+        data = path.read_bytes()
+        assert SECRET_KEY.encode() not in data, f"API key leaked into {path}"
+        assert HF_SECRET.encode() not in data, f"HF token leaked into {path}"
+    # The server's own startup log prints its api_key argument; the evidence copy must not.
+    assert SECRET_KEY in server.log_path.read_text()
+    assert (run_dir / "evidence" / "serve" / "startup.log").is_file()
