@@ -40,6 +40,7 @@ ACCEPTED_VERDICTS = ("release", "limited_observation")
 RULES_FILE = "vllm-acceptance.rules.yml"
 DASHBOARD_FILE = "dashboard.json"
 TESTS_FILE = "promtool-tests.yml"
+SUMMARY_FILE = "monitoring.json"
 KV_CEILING = 0.95          # above this vLLM starts preempting whatever was accepted
 KV_HEADROOM = 0.10         # an accepted peak near zero still leaves room for ordinary variation
 DEFAULT_MARGIN = 1.5       # latency drift allowed over the accepted p95 before a warning
@@ -391,7 +392,8 @@ def build_alerts(report: dict[str, Any], profile: Profile, thresholds: dict[str,
             description="Tool calls fail schema validation and are retried more often than accepted: lost schema "
                         "validation is a rollback trigger for agent traffic.",
             source=t["tool_retry_ratio"].source))
-    restart = f"changes({_sel('process_start_time_seconds', m)}[{w}]) > 0"
+    # A restart stays visible for at least 10 minutes, whatever the rate window.
+    restart = f"changes({_sel('process_start_time_seconds', m)}[{_duration(max(window_s, 600))}]) > 0"
     alerts.append(AlertSpec(
         name="VllmRestarted", expr=restart, for_s=0, severity="critical", check="capacity.restarts", rollback=True,
         summary="vLLM server restarted",
@@ -625,13 +627,13 @@ def generate_dashboard(report: dict[str, Any], profile: Profile, *, window_s: in
                                             (q_rate("generation_tokens_total", m, w), "generation " + leg)],
          "short", None, ""),
         ("KV cache usage", [(q_sum("kv_cache_usage_perc", m, "max"), leg)], "percentunit", thr("kv_usage_max"),
-         "vllm:kv_cache_usage_perc (gpu_cache_usage_perc no longer exists)"),
+         "vllm:kv_cache_usage_perc (the GPU-prefixed usage gauge was removed)"),
         ("Preemptions / s", [(q_rate("num_preemptions_total", m, w), leg)], "short", None,
          "accepted: " + (t["preemptions_max"].source if "preemptions_max" in t else "n/a")),
         ("Prefix cache queries and hits (tokens/s)",
          [(q_rate("prefix_cache_queries_total", m, w), "queries " + leg),
           (q_rate("prefix_cache_hits_total", m, w), "hits " + leg)], "short", None,
-         "vllm:prefix_cache_queries/hits (gpu_prefix_cache_* no longer exist)"),
+         "vllm:prefix_cache_queries/hits (the GPU-prefixed families were removed)"),
         ("Prefix cache hit ratio", [(q_ratio(q_rate("prefix_cache_hits_total", m, w),
                                              q_rate("prefix_cache_queries_total", m, w)), leg)],
          "percentunit", thr("hit_ratio_min"), "line: the floor derived from the accepted hot ratio"),
@@ -695,7 +697,11 @@ def monitoring_summary(report: dict[str, Any], profile: Profile, *, files: list[
                 "tool_call_retry_rate": "vLLM exports no retry metric; pass the gateway's counters",
                 "oom": "log-based (no metric): see rollback_triggers log_pattern",
                 "nccl_errors": "log-based (no metric): see rollback_triggers log_pattern"},
-            "files": files or [f"monitoring/{RULES_FILE}", f"monitoring/{DASHBOARD_FILE}", f"monitoring/{TESTS_FILE}"]}
+            "files": files or monitoring_files()}
+
+
+def monitoring_files() -> list[str]:
+    return [f"monitoring/{name}" for name in (RULES_FILE, DASHBOARD_FILE, TESTS_FILE, SUMMARY_FILE)]
 
 
 def write_monitoring(run_dir: Path, report: dict[str, Any], profile: Profile, *, for_s: int = 300,
@@ -712,7 +718,7 @@ def write_monitoring(run_dir: Path, report: dict[str, Any], profile: Profile, *,
     atomic_write(out / TESTS_FILE, yaml.safe_dump(tests, sort_keys=False, width=1000))
     atomic_write(out / DASHBOARD_FILE, json.dumps(generate_dashboard(report, profile, window_s=window_s), indent=2)
                  + "\n")
-    files = [f"monitoring/{name}" for name in (RULES_FILE, DASHBOARD_FILE, TESTS_FILE, "monitoring.json")]
-    atomic_write(out / "monitoring.json", json.dumps(monitoring_summary(report, profile, files=files), indent=2)
+    files = monitoring_files()
+    atomic_write(out / SUMMARY_FILE, json.dumps(monitoring_summary(report, profile, files=files), indent=2)
                  + "\n")
     return files
