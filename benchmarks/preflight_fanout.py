@@ -104,7 +104,7 @@ LOOP_PLAYBOOK = """\
   tasks:
     - name: Run the stock commands
       ansible.builtin.command: "{{ item.1 }}"
-      loop: "{{ preflight_commands | dictsort }}"
+      loop: "{{ fanout_probe_commands | dictsort }}"
       register: outputs
       changed_when: false
       failed_when: false
@@ -125,7 +125,7 @@ RAW_PLAYBOOK = """\
   gather_facts: false
   tasks:
     - name: Run the stock commands in one ssh round trip
-      ansible.builtin.raw: "{{ preflight_script }}"
+      ansible.builtin.raw: "{{ fanout_probe_script }}"
       register: outputs
       changed_when: false
       failed_when: false
@@ -197,7 +197,7 @@ def main() -> int:
     playbooks["loop"].write_text(LOOP_PLAYBOOK)
     playbooks["raw"].write_text(RAW_PLAYBOOK)
     vars_file = tmp / "vars.json"
-    vars_file.write_text(json.dumps({"preflight_commands": COMMANDS, "preflight_script": _raw_script()}))
+    vars_file.write_text(json.dumps({"fanout_probe_commands": COMMANDS, "fanout_probe_script": _raw_script()}))
 
     started = time.monotonic()
     cluster = up([HostSpec(f"node{i:02d}", bin_dir) for i in range(args.hosts)], tmp / "hosts")
@@ -218,8 +218,9 @@ def main() -> int:
                     "-i", str(inventory), str(playbooks[variant]),
                     "-e", f"acceptance_run_dir={run_dir}",
                     "-e", f"acceptance_profile_path={(REPO / args.profile).resolve()}",
-                    "-e", f"@{vars_file}",
                 ]  # fmt: skip
+                if variant != "role":  # probe variables stay out of the real role's namespace
+                    argv += ["-e", f"@{vars_file}"]
                 wall, summary = _run(argv, _env(forks, library))
                 files = len(list((run_dir / "evidence" / "preflight").glob("*/*.txt")))
                 per_host = wall / args.hosts * 1000
