@@ -51,6 +51,11 @@ options:
     description: Host -> directory holding that node's C(state.json) (roles/node_state).
     type: dict
     default: {}
+  recorded_dirs:
+    description: Host -> directory of the state captured before the upgrade (C(entry) with kind rollback); the
+      rollback returns to its driver version.
+    type: dict
+    default: {}
   state_dir:
     description: One node's capture directory (C(capture)).
     type: path
@@ -210,12 +215,14 @@ def _findings(module, path):
 def do_entry(module, p):
     findings = _findings(module, p["preflight_findings"])
     captures = {host: rem.load_capture(Path(d)) for host, d in p["capture_dirs"].items()}
+    recorded = {host: rem.load_capture(Path(d)) for host, d in p["recorded_dirs"].items()} or None
     decision = rem.entry_conditions(findings, hosts=p["hosts"], maintenance_window=p["maintenance_window"],
-                                    captures=captures, rollback_plan=p["rollback_plan"], kind=p["kind"])
+                                    captures=captures, rollback_plan=p["rollback_plan"], kind=p["kind"],
+                                    recorded=recorded)
     route = rem.route_for_report(findings, {"maintenance_window": p["maintenance_window"],
                                             "rollback_recorded": bool(p["rollback_plan"]),
                                             **p["site_facts"]}) if findings is not None else None
-    record = {"decision": decision.to_dict(), "route": route, "captures": captures,
+    record = {"decision": decision.to_dict(), "route": route, "captures": captures, "recorded": recorded,
               "preflight_findings": p["preflight_findings"]}
     # Evidence on the controller, written in check mode too: the refusal is part of the record.
     atomic_write(Path(p["run_dir"]) / f"{p['kind']}-entry.json", json.dumps(record, indent=2, default=str) + "\n")
@@ -263,6 +270,7 @@ def main() -> None:
         "maintenance_window": {"type": "str"},
         "rollback_plan": {"type": "str"},
         "capture_dirs": {"type": "dict", "default": {}},
+        "recorded_dirs": {"type": "dict", "default": {}},
         "state_dir": {"type": "path"},
         "expect_version": {"type": "str"},
         "findings_path": {"type": "path"},

@@ -312,6 +312,7 @@ class EntryDecision:
     conditions: list[Condition]
     hosts: list[str]
     rollback_versions: dict[str, str | None]
+    current_versions: dict[str, str | None] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -338,11 +339,13 @@ def parse_window(text: str) -> tuple[dt.datetime, dt.datetime]:
 
 def entry_conditions(findings: Iterable[Finding] | None, *, hosts: list[str], maintenance_window: str | None,
                      captures: Mapping[str, Mapping[str, Any]], rollback_plan: str | None,
-                     kind: str = "upgrade", now: dt.datetime | None = None) -> EntryDecision:
+                     kind: str = "upgrade", recorded: Mapping[str, Mapping[str, Any]] | None = None,
+                     now: dt.datetime | None = None) -> EntryDecision:
     """Checked before anything changes (source 001's checklist). kind 'upgrade' needs preflight
     evidence of the driver incompatibility; 'rollback' needs the recorded version of every host.
     Both need an open maintenance window, a usable state capture of every host and a recorded
-    rollback path."""
+    rollback path. `captures`: each host's state now; `recorded` (rollback): the state captured
+    before the upgrade, whose driver version the rollback returns to (default: `captures`)."""
     now = now or dt.datetime.now(dt.UTC)
     conditions: list[Condition] = []
     if kind == "upgrade":
@@ -356,7 +359,9 @@ def entry_conditions(findings: Iterable[Finding] | None, *, hosts: list[str], ma
                                     "profile's minimum (not a model or auth error)", incompat.confirmed, detail))
     conditions.append(_window_condition(maintenance_window, now))
     conditions.append(_capture_condition(hosts, captures))
-    versions = {h: (captures.get(h) or {}).get("driver_version") for h in hosts}
+    recorded = captures if recorded is None else recorded
+    versions = {h: (recorded.get(h) or {}).get("driver_version") for h in hosts}
+    current = {h: (captures.get(h) or {}).get("driver_version") for h in hosts}
     plan = str(rollback_plan or "").strip()
     no_version = [h for h, v in versions.items() if not v]
     conditions.append(Condition("rollback_recorded", "a rollback path is recorded (plan + each node's current "
@@ -366,7 +371,7 @@ def entry_conditions(findings: Iterable[Finding] | None, *, hosts: list[str], ma
     refused = [c for c in conditions if c.met is not True]
     reasons = [f"{c.text}: {c.detail or 'not met'}" for c in refused]
     return EntryDecision(allowed=not refused, kind=kind, reasons=reasons, conditions=conditions,
-                         hosts=list(hosts), rollback_versions=versions)
+                         hosts=list(hosts), rollback_versions=versions, current_versions=current)
 
 
 def _window_condition(window: str | None, now: dt.datetime) -> Condition:
@@ -503,6 +508,9 @@ class Ledger:
             node["result"] = "failed"
             data["failed"] = {"host": host, "step": step, "detail": detail}
             data["status"] = "stopped"
+        elif step == "planned":
+            node["result"] = "planned"
+            data["status"] = "planned (check mode: nothing changed)"
         elif step == "done":
             node["result"] = "done"
             if all(data["nodes"].get(h, {}).get("result") == "done" for h in data.get("hosts", [])):

@@ -1,0 +1,297 @@
+"""playbooks/rebuild.yml and rollback.yml on real SSH hosts (network namespaces) that act as GPU nodes.
+
+Each host's /usr/local/bin is a stateful fake node (tests/fixtures/rebuild/node.sh): its nvidia-smi,
+docker, nv-fabricmanager... replay the recorded outputs of tests/fixtures/nodes/<case> for the
+driver installed in <bin>/.state/driver, which the fake package manager `pkg` changes on install.
+The role installs through the stock ansible.builtin.package with a test backend (use: fake_pkg):
+the stock apt/dnf modules would act on the controller's real package database (shared fs).
+
+The incompatibility is confirmed the real way: playbooks/preflight.yml on three R575 nodes first;
+its findings/preflight.json is the evidence every rebuild here starts from.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.util
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.hosts import REPO, ClusterFactory, ansible_bin, ansible_env, cluster_factory
+
+from vllm_acceptance.lab.nshosts import Cluster, HostSpec
+
+pytestmark = pytest.mark.hosts
+
+FIXTURES = REPO / "tests" / "fixtures" / "rebuild"
+OLD, NEW = "575.57.08", "580.95.05"
+HOSTS = ["node0", "node1", "node2"]
+PROFILE = str(REPO / "profiles" / "kimi-k3.yml")
+
+_spec = importlib.util.spec_from_file_location("fakenode", FIXTURES / "fakenode.py")
+assert _spec and _spec.loader
+fakenode = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(fakenode)
+
+
+def _window(start_h: float = -1, end_h: float = 2) -> str:
+    now = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    fmt = "%Y-%m-%dT%H:%M:%SZ"
+    return f"{(now + dt.timedelta(hours=start_h)).strftime(fmt)}/{(now + dt.timedelta(hours=end_h)).strftime(fmt)}"
+
+
+def make_cluster(factory: ClusterFactory, work: Path, *, driver: str = OLD,
+                 after_upgrade_case: dict[str, str] | None = None) -> tuple[Cluster, dict[str, Path], Path]:
+    bins = {h: fakenode.make_node(work / h / "bin", driver, after_upgrade_case=(after_upgrade_case or {}).get(h))
+            for h in HOSTS}
+    cluster = factory([HostSpec(h, bins[h]) for h in HOSTS], name="rebuild-hosts")
+    inventory = cluster.write_inventory(work / "inventory.yml", group="gpu_nodes", extra_vars={
+        "preflight_driver_version_file": fakenode.NODE_PROC_FILE,
+        "node_state_driver_version_file": fakenode.NODE_PROC_FILE,
+        "node_state_package_query": ["pkg", "list"],
+        "driver_upgrade_package_use": "fake_pkg",
+        "driver_upgrade_reboot": False,  # a namespace host cannot reboot; the fake module changes at install
+        "scheduler_hook_kind": "slurm",
+        "scheduler_hook_delegate_to": "{{ inventory_hostname }}",
+        "rebuild_workload": {"name": "legacy-llm-regression", "argv": ["legacy-workload", "--steps", "200"]},
+        "rebuild_smoke_skip_reason": "no vLLM server on namespace test hosts (smoke covered by the lab test)",
+    })
+    return cluster, bins, inventory
+
+
+def run_playbook(playbook: str, inventory: Path, extra: dict[str, Any], *args: str) -> subprocess.CompletedProcess[str]:
+    env = ansible_env(ANSIBLE_LIBRARY=f"{REPO / 'plugins' / 'modules'}:{FIXTURES / 'modules'}")
+    argv = [ansible_bin(), "-i", str(inventory), playbook, "-e", json.dumps(extra), *args]
+    started = time.monotonic()
+    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=900, check=False)
+    print(f"{playbook} {' '.join(args)}: rc={proc.returncode} in {time.monotonic() - started:.1f}s")
+    return proc
+
+
+def calls(bin_dir: Path) -> list[tuple[int, str]]:
+    lines = (bin_dir / ".state" / "calls.log").read_text().splitlines()
+    return [(int(ts), rest) for ts, _, rest in (line.partition(" ") for line in lines)]
+
+
+def changes(bin_dir: Path) -> list[str]:
+    """Calls that change the node or its scheduling (queries are not changes)."""
+    return [c for _, c in calls(bin_dir) if c.startswith(("pkg install", "scontrol", "kubectl", "legacy-workload"))]
+
+
+def state(bin_dir: Path) -> tuple[str, str]:
+    s = fakenode.state_of(bin_dir)
+    return s["driver"], s["fabricmanager"]
+
+
+def ledger(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / "rebuild.json").read_text())
+
+
+def out(proc: subprocess.CompletedProcess[str]) -> str:
+    return proc.stdout[-6000:] + proc.stderr[-3000:]
+
+
+# --- the evidence every rebuild starts from: a real preflight of three R575 nodes -----------------------
+
+
+@pytest.fixture(scope="module")
+def hosts_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterFactory]:
+    yield from cluster_factory(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def old_cluster(hosts_module: ClusterFactory, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Three untouched R575 nodes, and the findings of a real preflight run on them."""
+    work = tmp_path_factory.mktemp("rebuild-old")
+    cluster, bins, inventory = make_cluster(hosts_module, work)
+    run_dir = work / "preflight-run"
+    run_dir.mkdir()
+    proc = run_playbook("playbooks/preflight.yml", inventory, {
+        "acceptance_run_dir": str(run_dir), "acceptance_profile_path": PROFILE})
+    findings = run_dir / "findings" / "preflight.json"
+    assert findings.is_file(), out(proc)
+    failed = [f["host"] for f in json.loads(findings.read_text())
+              if f["check"] == "compat.driver_branch" and f["status"] == "fail"]
+    assert failed == HOSTS, failed
+    for h in HOSTS:
+        (bins[h] / ".state" / "calls.log").write_text("")
+    return {"cluster": cluster, "bins": bins, "inventory": inventory, "findings": findings, "work": work}
+
+
+def upgrade_vars(run_dir: Path, findings: Path, **over: Any) -> dict[str, Any]:
+    data = {"rebuild_run_dir": str(run_dir), "acceptance_profile_path": PROFILE,
+            "rebuild_preflight_findings": str(findings),
+            "rebuild_maintenance_window": _window(), "driver_upgrade_version": NEW,
+            "rebuild_rollback_plan": "playbooks/rollback.yml -e rollback_from_run=<this run>"}
+    data.update(over)
+    return {k: v for k, v in data.items() if v is not None}
+
+
+# --- a full roll, then a rollback on the same nodes ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def rolled(hosts_module: ClusterFactory, old_cluster: dict[str, Any],
+           tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    work = tmp_path_factory.mktemp("rebuild-roll")
+    cluster, bins, inventory = make_cluster(hosts_module, work)
+    run_dir = work / "upgrade"
+    started = time.monotonic()
+    proc = run_playbook("playbooks/rebuild.yml", inventory, upgrade_vars(run_dir, old_cluster["findings"]))
+    return {"proc": proc, "bins": bins, "inventory": inventory, "run_dir": run_dir, "work": work,
+            "seconds": time.monotonic() - started,
+            "states": {h: state(bins[h]) for h in HOSTS}, "calls": {h: calls(bins[h]) for h in HOSTS}}
+
+
+def test_three_node_roll_upgrades_every_node_in_order(rolled: dict[str, Any]) -> None:
+    assert rolled["proc"].returncode == 0, out(rolled["proc"])
+    assert rolled["states"] == {h: (NEW, NEW) for h in HOSTS}  # driver and Fabric Manager, same version
+    # One node at a time: every call on node N precedes every call on node N+1.
+    # (The read-only capture of every node before any change runs in parallel; it only queries.)
+    acts = {h: [t for t, c in rolled["calls"][h] if not c.startswith(("pkg query", "pkg list"))] for h in HOSTS}
+    spans = [(min(acts[h]), max(acts[h])) for h in HOSTS]
+    assert spans[0][1] < spans[1][0] and spans[1][1] < spans[2][0], spans
+    for h in HOSTS:
+        sequence = [c.split()[0] + " " + c.split()[1] for _, c in rolled["calls"][h]
+                    if not c.startswith(("pkg query", "pkg list"))]
+        assert sequence == ["scontrol update", "squeue --noheader", "pkg install", "legacy-workload --steps",
+                            "scontrol update"], sequence
+        drain, resume = [c for _, c in rolled["calls"][h] if c.startswith("scontrol")]
+        assert f"nodename={h} state=drain" in drain and f"nodename={h} state=resume" in resume
+    book = ledger(rolled["run_dir"])
+    assert book["status"] == "completed" and book["failed"] is None and book["untouched"] == []
+    assert [book["nodes"][h]["result"] for h in HOSTS] == ["done"] * 3
+    steps = [s["step"] for s in book["nodes"]["node0"]["steps"]]
+    assert steps == ["drain", "install", "preflight", "smoke", "workload", "done"]
+    smoke = book["nodes"]["node0"]["steps"][3]
+    assert smoke["status"] == "skipped" and "namespace test hosts" in smoke["detail"]["reason"]
+    install = book["nodes"]["node1"]["steps"][1]
+    assert install["status"] == "changed" and install["detail"]["from"] == OLD and install["detail"]["to"] == NEW
+
+
+def test_roll_leaves_evidence_per_node(rolled: dict[str, Any]) -> None:
+    run_dir: Path = rolled["run_dir"]
+    from vllm_acceptance.remediation import load_capture
+
+    for h in HOSTS:
+        before = load_capture(run_dir / "evidence" / "rebuild" / h / "before")
+        after = load_capture(run_dir / "evidence" / "rebuild" / h / "after")
+        assert (before["driver_version"], after["driver_version"]) == (OLD, NEW)
+        assert before["missing"] == [] and before["hostname"] == h
+        assert before["containers"] and "legacy-llm" in before["containers"][0]
+        assert any(p.startswith("nvidia-driver-575") for p in before["packages"])
+        assert "nvidia" in before["modules"]
+        findings = json.loads((run_dir / "nodes" / h / "preflight" / "findings" / "preflight.json").read_text())
+        driver = next(f for f in findings if f["check"] == "compat.driver_branch" and f["host"] == h)
+        assert driver["status"] == "pass" and driver["observed"]["version"] == NEW
+    entry = json.loads((run_dir / "upgrade-entry.json").read_text())
+    assert entry["decision"]["allowed"] is True
+    assert entry["route"]["name"] == "driver_upgrade"
+
+
+def test_rollback_restores_the_recorded_version(rolled: dict[str, Any]) -> None:
+    assert rolled["proc"].returncode == 0, out(rolled["proc"])
+    for h in HOSTS:
+        (rolled["bins"][h] / ".state" / "calls.log").write_text("")
+    run_dir = rolled["work"] / "rollback"
+    proc = run_playbook("playbooks/rollback.yml", rolled["inventory"], {
+        "rebuild_run_dir": str(run_dir), "rollback_from_run": str(rolled["run_dir"]),
+        "acceptance_profile_path": PROFILE,
+        "rebuild_maintenance_window": _window()})
+    assert proc.returncode == 0, out(proc)
+    assert {h: state(rolled["bins"][h]) for h in HOSTS} == {h: (OLD, OLD) for h in HOSTS}
+    book = ledger(run_dir)
+    assert book["kind"] == "rollback" and book["status"] == "completed"
+    assert book["plan"]["targets"] == {h: OLD for h in HOSTS}
+    for h in HOSTS:
+        assert [c for c in changes(rolled["bins"][h]) if c.startswith("pkg install")] == [
+            f"pkg install nvidia-driver-575-open={OLD} nvidia-fabricmanager-575={OLD}"]
+
+
+# --- a node that does not come back healthy stops the roll ----------------------------------------------
+
+
+def test_failed_post_upgrade_check_stops_the_roll_on_that_node(
+        ns_hosts: ClusterFactory, old_cluster: dict[str, Any], tmp_path: Path) -> None:
+    # node1 loses a GPU after the upgrade (recorded seven-gpus outputs at R580).
+    cluster, bins, inventory = make_cluster(ns_hosts, tmp_path, after_upgrade_case={"node1": "seven-gpus"})
+    run_dir = tmp_path / "upgrade"
+    proc = run_playbook("playbooks/rebuild.yml", inventory, upgrade_vars(run_dir, old_cluster["findings"]))
+    assert proc.returncode != 0
+    assert "stopped on node1 at step 'preflight'" in proc.stdout, out(proc)
+    assert "compat.gpu_visibility fail" in proc.stdout
+    book = ledger(run_dir)
+    assert book["failed"]["host"] == "node1" and book["failed"]["step"] == "preflight"
+    assert any("gpu_visibility" in p for p in book["failed"]["detail"]["problems"])
+    assert book["untouched"] == ["node2"] and book["status"] == "stopped"
+    assert book["nodes"]["node0"]["result"] == "done"
+    # node0 upgraded and back; node1 upgraded, still drained, workload not run; node2 untouched.
+    assert state(bins["node0"])[0] == NEW and any("state=resume" in c for c in changes(bins["node0"]))
+    assert state(bins["node1"])[0] == NEW
+    assert not any("state=resume" in c for c in changes(bins["node1"]))
+    assert not any(c.startswith("legacy-workload") for c in changes(bins["node1"]))
+    assert state(bins["node2"]) == (OLD, OLD) and calls(bins["node2"]) == [
+        c for c in calls(bins["node2"]) if c[1].startswith(("pkg query", "pkg list"))]
+    assert changes(bins["node2"]) == []
+
+
+# --- --check and refusals change nothing ------------------------------------------------------------------
+
+
+def test_check_mode_shows_the_plan_and_changes_nothing(old_cluster: dict[str, Any], tmp_path: Path) -> None:
+    run_dir = tmp_path / "plan"
+    proc = run_playbook("playbooks/rebuild.yml", old_cluster["inventory"],
+                        upgrade_vars(run_dir, old_cluster["findings"]), "--check")
+    assert proc.returncode == 0, out(proc)
+    for h in HOSTS:
+        assert f"upgrade {h}: driver {OLD} -> {NEW}" in proc.stdout
+        assert state(old_cluster["bins"][h]) == (OLD, OLD)
+        assert changes(old_cluster["bins"][h]) == []
+    book = ledger(run_dir)
+    assert book["status"].startswith("planned") and book["failed"] is None
+    assert all(book["nodes"][h]["result"] == "planned" for h in HOSTS)
+    install = book["nodes"]["node0"]["steps"][1]
+    assert install["detail"]["would_change"] in (True, "True") and install["status"] == "skipped"
+
+
+def _findings_without_driver_failure(src: Path, dest: Path) -> Path:
+    data = json.loads(src.read_text())
+    for f in data:
+        if f["check"] == "compat.driver_branch":
+            f["status"] = "pass"
+    dest.write_text(json.dumps(data))
+    return dest
+
+
+@pytest.mark.parametrize(("case", "expected"), [
+    ("no_window", "rebuild_maintenance_window is not set"),
+    ("closed_window", "is outside"),
+    ("no_rollback_plan", "rebuild_rollback_plan is empty"),
+    ("no_incompatibility", "no host fails compat.driver_branch"),
+    ("no_findings", "no preflight findings given"),
+])
+def test_unmet_entry_conditions_refuse_with_the_reason(
+        old_cluster: dict[str, Any], tmp_path: Path, case: str, expected: str) -> None:
+    run_dir = tmp_path / "refused"
+    over: dict[str, Any] = {
+        "no_window": {"rebuild_maintenance_window": None},
+        "closed_window": {"rebuild_maintenance_window": _window(-5, -3)},
+        "no_rollback_plan": {"rebuild_rollback_plan": None},
+        "no_incompatibility": {"rebuild_preflight_findings": str(_findings_without_driver_failure(
+            old_cluster["findings"], tmp_path / "passing.json"))},
+        "no_findings": {"rebuild_preflight_findings": None},
+    }[case]
+    proc = run_playbook("playbooks/rebuild.yml", old_cluster["inventory"],
+                        upgrade_vars(run_dir, old_cluster["findings"], **over))
+    assert proc.returncode != 0
+    assert "refused" in proc.stdout and expected in proc.stdout, out(proc)
+    for h in HOSTS:
+        assert state(old_cluster["bins"][h]) == (OLD, OLD) and changes(old_cluster["bins"][h]) == []
+    entry = json.loads((run_dir / "upgrade-entry.json").read_text())
+    assert entry["decision"]["allowed"] is False
+    assert not (run_dir / "rebuild.json").exists()
