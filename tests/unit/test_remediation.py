@@ -1,0 +1,257 @@
+"""Remediation decisions: route choice (source 001's checklist), entry conditions, post-change check,
+the rebuild record, and the experimental profile of a self-built image."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import pytest
+
+from vllm_acceptance import remediation as rem
+from vllm_acceptance.findings import Consequence, Finding, Status
+from vllm_acceptance.profile import ConfigError, load_profile, validate_document
+from vllm_acceptance.verdict import decide
+
+REPO = Path(__file__).resolve().parents[2]
+KIMI = load_profile(REPO / "profiles" / "kimi-k3.yml")
+NOW = dt.datetime(2026, 8, 30, 23, 0, tzinfo=dt.UTC)
+WINDOW = "2026-08-30T22:00Z/2026-08-31T04:00Z"
+
+
+def driver(host: str, version: str, status: Status = Status.FAIL, sources: dict[str, str] | None = None) -> Finding:
+    return Finding(check="compat.driver_branch", status=status, host=host,
+                   observed={"version": version, "branch": int(version.split(".")[0]),
+                             "sources": sources or {"/proc/driver/nvidia/version": version}},
+                   expected={"min_branch": 580, "min_version": "580.65.06"}, evidence=[f"evidence/{host}.txt"])
+
+
+def node(host: str, check: str, status: Status) -> Finding:
+    return Finding(check=check, status=status, host=host, reason=f"{check} {status}")
+
+
+OLD_575 = [driver("n1", "575.57.08"), driver("n2", "575.57.08")]
+READY = {"cluster_managed": True, "maintenance_window": WINDOW, "spare_node": True, "rollback_recorded": True,
+         "regression_workload": True}
+
+
+# --- choose_route ------------------------------------------------------------------------------------
+
+
+def test_confirmed_incompatibility_on_a_managed_cluster_is_the_driver_upgrade() -> None:
+    route = rem.choose_route(OLD_575, READY)
+    assert route.name == rem.DRIVER_UPGRADE and route.ready
+    assert "playbooks/rebuild.yml" in route.command
+    assert "575.57.08" in route.reasons[0] and "n1, n2" in route.reasons[0]
+
+
+def test_unknown_site_facts_keep_the_upgrade_route_but_list_what_to_confirm() -> None:
+    route = rem.choose_route(OLD_575, {})
+    assert route.name == rem.DRIVER_UPGRADE and not route.ready
+    assert any("maintenance window" in b for b in route.blocked_by)
+    assert any("roll back" in b for b in route.blocked_by)
+
+
+def test_frozen_shared_cluster_goes_to_an_isolated_environment() -> None:
+    iso = {"owner": "ml-platform", "review_date": "2026-09-15", "move_back_criteria": "R580 on the shared cluster"}
+    route = rem.choose_route(OLD_575, {**READY, "shared_cluster_frozen": True, "isolated_environment": iso})
+    assert route.name == rem.ISOLATED_ENVIRONMENT and route.ready
+    assert any("cannot change" in r for r in route.reasons)
+
+
+def test_isolated_environment_without_its_record_is_blocked_by_what_is_missing() -> None:
+    route = rem.choose_route(OLD_575, {"shared_cluster_frozen": True, "isolated_environment": {"owner": "x"}})
+    assert route.name == rem.ISOLATED_ENVIRONMENT
+    assert route.blocked_by == ["isolated environment record lacks review_date",
+                                "isolated environment record lacks move_back_criteria"]
+
+
+def test_no_upgrade_possible_and_a_stack_owner_is_the_self_built_route() -> None:
+    facts = {"cluster_managed": False, "self_built": {"owner": "inference-team", "exit_date": "2026-10-31"}}
+    route = rem.choose_route(OLD_575, facts)
+    assert route.name == rem.SELF_BUILT_IMAGE
+    assert "playbooks/build_image.yml" in route.command
+    assert any("exit date 2026-10-31" in r for r in route.reasons)
+
+
+def test_an_unmet_upgrade_condition_stops_changes_and_moves_to_isolation() -> None:
+    route = rem.choose_route(OLD_575, {**READY, "rollback_recorded": False})
+    assert route.name == rem.ISOLATED_ENVIRONMENT
+    assert any("roll back" in r for r in route.reasons)
+
+
+def test_no_evidence_means_capture_state_first() -> None:
+    assert rem.choose_route([], READY).name == rem.CAPTURE_STATE_FIRST
+    missing = [Finding(check="compat.driver_branch", status=Status.MISSING, host="n1", reason="unreachable")]
+    assert rem.choose_route(missing, READY).name == rem.CAPTURE_STATE_FIRST
+
+
+def test_passing_driver_is_no_driver_change_and_names_what_fails_instead() -> None:
+    findings = [driver("n1", "580.95.05", Status.PASS), node("n1", "compat.container_cuda", Status.FAIL)]
+    route = rem.choose_route(findings, READY)
+    assert route.name == rem.NO_DRIVER_CHANGE and "compat.container_cuda" in route.reasons[0]
+
+
+def test_versions_differing_between_sources_is_a_reload_not_an_upgrade() -> None:
+    split = driver("n1", "575.57.08", sources={"/proc/driver/nvidia/version": "575.57.08",
+                                               "nvidia-smi --query-gpu": "580.95.05"})
+    route = rem.choose_route([split], READY)
+    assert route.name == rem.NO_DRIVER_CHANGE
+    assert any("reload" in r for r in route.reasons)
+
+
+def test_a_model_or_auth_failure_in_the_startup_log_does_not_confirm_the_driver() -> None:
+    auth = Finding(check="compat.startup_log", status=Status.FAIL, host="n1", reason="401 gated repo",
+                   observed={"failure_class": "other", "driver_incompatible": []})
+    incompat = rem.driver_incompatibility([driver("n1", "575.57.08"), auth])
+    assert not incompat.confirmed and any("auth" in n for n in incompat.notes)
+
+
+def test_route_for_report_is_json_ready() -> None:
+    facts = {"inventory": "inventories/prod", "findings_path": "r/findings/preflight.json"}
+    data = rem.route_for_report(OLD_575, facts)
+    json.dumps(data)
+    assert data["name"] == "driver_upgrade" and data["title"].startswith("Upgrade the host driver")
+    assert "-i inventories/prod" in data["command"] and "r/findings/preflight.json" in data["command"]
+    assert {c["key"] for c in data["conditions"]} >= {"maintenance_window", "rollback_recorded", "spare_node"}
+
+
+# --- entry conditions ----------------------------------------------------------------------------------
+
+
+def capture(version: str | None) -> dict[str, object]:
+    return {"driver_version": version, "missing": [] if version else ["nvidia_smi_query"]}
+
+
+def test_entry_allowed_with_evidence_window_capture_and_rollback() -> None:
+    decision = rem.entry_conditions(OLD_575, hosts=["n1", "n2"], maintenance_window=WINDOW,
+                                    captures={"n1": capture("575.57.08"), "n2": capture("575.57.08")},
+                                    rollback_plan="playbooks/rollback.yml", now=NOW)
+    assert decision.allowed, decision.reasons
+    assert decision.rollback_versions == {"n1": "575.57.08", "n2": "575.57.08"}
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    ({"maintenance_window": ""}, "not set"),
+    ({"maintenance_window": "tonight"}, "not START/END"),
+    ({"maintenance_window": "2026-08-30T22:00/2026-08-31T04:00"}, "time zone"),
+    ({"maintenance_window": "2026-08-29T22:00Z/2026-08-30T04:00Z"}, "outside"),
+    ({"rollback_plan": ""}, "rebuild_rollback_plan is empty"),
+    ({"captures": {"n1": capture("575.57.08")}}, "n2: no state captured"),
+    ({"captures": {"n1": capture("575.57.08"), "n2": capture(None)}}, "n2: capture lacks"),
+    ({"findings": [driver("n1", "580.95.05", Status.PASS)]}, "no host fails compat.driver_branch"),
+    ({"findings": None}, "no preflight findings given"),
+])
+def test_entry_refused_with_the_reason(change: dict[str, object], reason: str) -> None:
+    args: dict[str, object] = {"findings": OLD_575, "hosts": ["n1", "n2"], "maintenance_window": WINDOW,
+                               "captures": {"n1": capture("575.57.08"), "n2": capture("575.57.08")},
+                               "rollback_plan": "playbooks/rollback.yml", "now": NOW}
+    args.update(change)
+    findings = args.pop("findings")
+    decision = rem.entry_conditions(findings, **args)  # type: ignore[arg-type]
+    assert not decision.allowed
+    assert any(reason in r for r in decision.reasons), decision.reasons
+
+
+def test_rollback_entry_takes_versions_from_the_recorded_state() -> None:
+    decision = rem.entry_conditions(None, hosts=["n1"], maintenance_window=WINDOW, kind="rollback",
+                                    captures={"n1": capture("580.95.05")}, recorded={"n1": capture("575.57.08")},
+                                    rollback_plan="re-run rebuild.yml", now=NOW)
+    assert decision.allowed, decision.reasons
+    assert decision.rollback_versions == {"n1": "575.57.08"} and decision.current_versions == {"n1": "580.95.05"}
+
+
+# --- post-change check ----------------------------------------------------------------------------------
+
+
+def test_upgrade_post_check_needs_every_node_check_and_the_target_version() -> None:
+    good = [driver("n1", "580.95.05", Status.PASS), node("n1", "compat.gpu_visibility", Status.PASS),
+            node("n2", "compat.gpu_visibility", Status.FAIL)]
+    assert rem.post_check(good, "n1", expect_version="580.95.05") == (True, [])
+    ok, problems = rem.post_check(good, "n1", expect_version="580.99.01")
+    assert not ok and "expected 580.99.01" in problems[0]
+    bad = [driver("n1", "580.95.05", Status.PASS), node("n1", "compat.gpu_visibility", Status.FAIL)]
+    ok, problems = rem.post_check(bad, "n1", expect_version="580.95.05")
+    assert not ok and problems == ["compat.gpu_visibility fail: compat.gpu_visibility fail"]
+    unknown = [driver("n1", "580.95.05", Status.PASS), node("n1", "compat.fabric_manager", Status.MISSING)]
+    assert not rem.post_check(unknown, "n1", expect_version="580.95.05")[0]
+    assert rem.post_check([], "n1", expect_version=None) == (False, ["no preflight findings for n1"])
+
+
+def test_rollback_post_check_accepts_the_old_driver_but_not_a_lost_gpu() -> None:
+    back = [driver("n1", "575.57.08"), node("n1", "compat.gpu_visibility", Status.PASS),
+            node("n1", "compat.container_cuda", Status.INCONCLUSIVE)]
+    assert rem.post_check(back, "n1", expect_version="575.57.08", kind="rollback") == (True, [])
+    lost = [*back[:1], node("n1", "compat.gpu_visibility", Status.FAIL)]
+    assert not rem.post_check(lost, "n1", expect_version="575.57.08", kind="rollback")[0]
+
+
+# --- capture and record -----------------------------------------------------------------------------------
+
+
+def test_load_capture_reads_the_driver_and_names_what_is_missing(tmp_path: Path) -> None:
+    nodes = REPO / "tests" / "fixtures" / "nodes" / "driver-575"
+    records = [{"name": "hostname", "rc": 0, "stdout": "gpu-01\n"}, {"name": "uname_a", "rc": 0, "stdout": "Linux"},
+               {"name": "nvidia_smi", "rc": 0, "stdout": "table"},
+               {"name": "nvidia_smi_query", "rc": 0, "stdout": (nodes / "nvidia-smi-query.csv").read_text()},
+               {"name": "lsmod", "rc": 0, "stdout": (nodes / "lsmod.txt").read_text()},
+               {"name": "fabricmanager_version", "rc": 0,
+                "stdout": (nodes / "nv-fabricmanager-version.txt").read_text()}]
+    (tmp_path / "state.json").write_text(json.dumps({"host": "gpu-01", "records": records}))
+    summary = rem.load_capture(tmp_path)
+    assert summary["driver_version"] == "575.57.08" and summary["driver_branch"] == 575
+    assert summary["fabricmanager_version"] == "575.57.08" and summary["gpu_count"] == 8
+    assert summary["missing"] == [] and "nvidia" in summary["modules"]
+    records[3]["rc"] = 127
+    (tmp_path / "state.json").write_text(json.dumps({"host": "gpu-01", "records": records}))
+    assert "nvidia_smi_query" in rem.load_capture(tmp_path)["missing"]
+    assert rem.load_capture(tmp_path / "absent")["missing"] == list(rem.CAPTURE_REQUIRED)
+
+
+def test_ledger_says_which_step_failed_on_which_node_and_what_is_untouched(tmp_path: Path) -> None:
+    book = rem.Ledger(tmp_path)
+    book.start("upgrade", ["a", "b", "c"], {"target": "580.95.05"})
+    for step in ("drain", "install", "preflight", "smoke", "workload", "done"):
+        book.record("a", step, "ok")
+    book.record("b", "drain", "ok")
+    data = book.record("b", "preflight", "failed", {"problems": ["compat.gpu_visibility fail"]})
+    assert data["failed"] == {"host": "b", "step": "preflight", "detail": {"problems": ["compat.gpu_visibility fail"]}}
+    assert data["untouched"] == ["c"] and data["status"] == "stopped"
+    assert json.loads((tmp_path / "rebuild.json").read_text())["nodes"]["a"]["result"] == "done"
+
+
+# --- self-built image: an experimental profile, never a release of the official one ------------------------
+
+
+LINEAGE = {"owner": "inference-team", "exit_date": "2099-01-31", "source_repo": "https://github.com/vllm-project/vllm",
+           "source_commit": "0123456789abcdef0123456789abcdef01234567", "dockerfile": "docker/Dockerfile",
+           "lock_files": ["requirements/cuda.txt"], "patches": [], "build_log": "evidence/build/build.log",
+           "image_digest": "sha256:" + "a" * 64, "rollback_image": "vllm/vllm-openai:kimi-k3"}
+
+
+def test_experimental_profile_is_valid_and_carries_lineage() -> None:
+    data = rem.experimental_profile(KIMI, name="kimi-k3-cu129", image_reference="registry.local/vllm:kimi-k3-cu129",
+                                    image_digest="sha256:" + "a" * 64, cuda_major=12, lineage=LINEAGE,
+                                    driver_min_branch=575, driver_min_version="575.51.03")
+    validate_document(data, "profile", "test")
+    assert data["experimental"] is True and data["lineage"]["base_profile"] == "kimi-k3"
+    assert data["lineage"]["owner"] == "inference-team" and data["image"]["cuda_major"] == 12
+    assert data["image"]["forbidden_tag_suffixes"] == [] and data["recipe"]["status"] == "experimental"
+    assert data["driver"]["min_branch"] == 575 and data["model"] == KIMI.data["model"]
+
+
+@pytest.mark.parametrize("lineage", [{**LINEAGE, "owner": ""}, {**LINEAGE, "exit_date": "2020-01-01"}])
+def test_experimental_profile_needs_an_owner_and_a_future_exit_date(lineage: dict[str, object]) -> None:
+    with pytest.raises(ConfigError):
+        rem.experimental_profile(KIMI, name="x", image_reference="r/x:y", image_digest=None, cuda_major=12,
+                                 lineage=lineage)
+
+
+def test_an_experimental_run_with_every_check_passing_is_never_release() -> None:
+    passing = [Finding(check="compat.driver_branch", status=Status.PASS, host="n1"),
+               Finding(check="cache.reuse", status=Status.PASS, consequence=Consequence.LIMIT)]
+    assert decide(passing).verdict == "release"
+    decision = decide(passing, experimental=True)
+    assert decision.verdict == "limited_observation" and decision.experimental
+    assert any("experimental" in r for r in decision.reasons)
