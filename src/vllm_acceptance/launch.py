@@ -182,7 +182,7 @@ def node_commands(profile: Profile, inventory_facts: dict[str, Any]) -> dict[str
     runtime = str(facts.get("runtime") or profile.get("launch.runtime"))
     if runtime not in ("docker", "podman"):
         raise ConfigError(f"runtime {runtime!r}: the multi-node launch runs the official image (docker or podman)")
-    addresses = {str(k): str(v) for k, v in (facts.get("addresses") or {}).items()}
+    addresses = {str(k): str(v) for k, v in (facts.get("addresses") or {}).items() if v}
     head_addr = addresses.get(head, head)
     common = _strip_layout_flags([str(a) for a in profile.get("launch.args", []) or []])
     env = {str(k): str(v) for k, v in (profile.get("launch.env", {}) or {}).items()}
