@@ -172,13 +172,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ServerUnreachable) as exc:
         print(f"vllm-acceptance: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except Exception as exc:  # noqa: BLE001 - a lab launch failure and similar: message, not traceback
-        from .lab.server import LaunchError
-
-        if isinstance(exc, LaunchError):
-            print(f"vllm-acceptance: {exc}", file=sys.stderr)
-            return EXIT_USAGE
-        raise
+    except Exception as exc:  # noqa: BLE001 - the user gets a message, not a traceback
+        if os.environ.get("VLLM_ACCEPTANCE_DEBUG"):
+            raise
+        print(f"vllm-acceptance: {type(exc).__name__}: {exc} (set VLLM_ACCEPTANCE_DEBUG=1 for the traceback)",
+              file=sys.stderr)
+        return EXIT_USAGE
     return EXIT_USAGE
 
 

@@ -20,6 +20,7 @@ from .parsers.node_evidence import host_dir, load_node_evidence
 from .parsers.startup_log import StartupScan
 from .profile import Profile
 from .rules.compat import NODE_RULES, NodeContext, check_recipe_record, check_topology
+from .run import record_profile
 
 FINDINGS_NAME = "preflight.json"
 
@@ -36,6 +37,7 @@ def judge(run_dir: Path, profile: Profile, hosts: list[str], *, today: dt.date |
     """Every compatibility finding of the run: the recipe record once, each rule per host, the
     cluster topology once. A host without evidence gets `missing` for each required check."""
     hosts = list(dict.fromkeys(hosts))          # keep order, drop repeats
+    record_profile(run_dir, profile)            # also when preflight.yml runs on its own
     findings = [check_recipe_record(profile, today)]
     contexts = node_contexts(run_dir, profile, hosts, startup_scans)
     for ctx in contexts:

@@ -60,9 +60,19 @@ def open_run(*, project_dir: Path, reports_dir: Path, inventory: str, variables:
                        "reviewer": variables.get("acceptance_reviewer") or None},
            "inventory_vars": redact_obj({k: v for k, v in variables.items() if k.startswith(INVENTORY_KEYS)})}
     atomic_write(run_dir / "run.json", json.dumps(run, indent=2, default=str) + "\n")
-    # The profile as judged: the recipe record and every threshold are evidence of this run.
-    atomic_write(run_dir / "evidence" / "profile.yml", Path(profile.source).read_text())
+    record_profile(run_dir, profile)
     return run_dir, profile
+
+
+PROFILE_EVIDENCE = "evidence/profile.yml"
+
+
+def record_profile(run_dir: Path, profile: Profile) -> str:
+    """The profile as judged: the recipe record and every threshold are evidence of this run."""
+    target = run_dir / PROFILE_EVIDENCE
+    if not target.is_file():
+        atomic_write(target, Path(profile.source).read_text())
+    return PROFILE_EVIDENCE
 
 
 def update_run(run_dir: Path, **fields: Any) -> None:

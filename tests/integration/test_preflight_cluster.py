@@ -169,10 +169,5 @@ def test_every_node_evidence_path_exists_in_the_run_dir(preflight_run: dict[str,
         assert (evidence / _host(case) / "nvidia_smi_query.txt").exists(), case
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="standalone playbooks/preflight.yml cites evidence/profile.yml, which only the validate "
-    "stage of accept.yml writes (report contract: every evidence path exists)",
-)
 def test_every_cluster_evidence_path_exists_in_a_standalone_run(preflight_run: dict[str, Any]) -> None:
     assert _dangling(preflight_run, node_findings=False) == []

@@ -138,9 +138,10 @@ class AgentProbe:
                    "content, no tool_calls); retry with validation only below the threshold"))
         # Model-layer consistency: the same input should trigger the same call.
         consistency = self.rates["trigger_consistency"] or 0.0
+        trigger_status = Status.FAIL if not triggered else (Status.PASS if consistency == 1.0 else Status.WARN)
         out.append(_finding(
-            "agent.trigger_consistency", Status.PASS if consistency == 1.0 and triggered else Status.WARN
-            if triggered else Status.FAIL, "model", evs, observed=self.rates, expected="1.0",
+            "agent.trigger_consistency", trigger_status, None if trigger_status == Status.PASS else "model", evs,
+            observed=self.rates, expected="1.0",
             rule="repeated runs of the same input trigger the same call",
             action="pin temperature / review the prompt; inconsistent triggering needs a retry policy"))
         out.append(_finding(

@@ -151,6 +151,13 @@ class LoadRun:
         self.bounds: list[dict[str, Any]] = []
         self.crashed: dict[str, Any] | None = None
 
+    def snapshot(self) -> Snapshot | None:
+        """A metrics snapshot, or None when the server stopped answering (judged by `send`)."""
+        try:
+            return self.source.snapshot()
+        except MetricsError:
+            return None
+
     def healthy(self) -> bool:
         root = self.base_url.rstrip("/")
         root = root[:-3] if root.endswith("/v1") else root
@@ -335,13 +342,13 @@ def stage_ramp(run: LoadRun) -> tuple[list[dict[str, Any]], list[Finding]]:
     cfg = run.cfg
     steps = []
     for concurrency in cfg.ramp:
-        before = run.source.snapshot()
+        before = run.snapshot()
         specs = [spec(cfg.prompt_tokens, cfg.output_tokens, 1000 * concurrency + i, f"c{concurrency}")
                  for i in range(max(cfg.requests_per_step, concurrency))]
         records, start, end = run.send(f"ramp_c{concurrency}", specs, concurrency)
-        after = run.source.snapshot()
-        steps.append(step_row(concurrency, records, run.sampler.window(start, end),
-                              delta(before, after, "vllm:num_preemptions"), cfg))
+        after = run.snapshot()
+        preempted = delta(before, after, "vllm:num_preemptions") if before and after else None
+        steps.append(step_row(concurrency, records, run.sampler.window(start, end), preempted, cfg))
         if run.crashed:
             break
     ev = [run.store.write_json("ramp.json", steps)] + [f"records/ramp_c{s['concurrency']}.jsonl" for s in steps]
@@ -393,11 +400,11 @@ def stage_mixed(run: LoadRun, windows: int = 3) -> Finding:
                 specs.append(spec(cfg.prompt_tokens, cfg.output_tokens, seed, "mixed-cold"))
             else:
                 specs.append(spec(64, cfg.output_tokens, 7, "mixed-repeated", prefix=SHARED_PREFIX))
-        before = run.source.snapshot()
+        before = run.snapshot()
         records, start, end = run.send("mixed", specs, cfg.contract_concurrency)
-        after = run.source.snapshot()
-        hits = delta(before, after, "vllm:prefix_cache_hits")
-        queries = delta(before, after, "vllm:prefix_cache_queries")
+        after = run.snapshot()
+        hits = delta(before, after, "vllm:prefix_cache_hits") if before and after else None
+        queries = delta(before, after, "vllm:prefix_cache_queries") if before and after else None
         samples = run.sampler.window(start, end)
         rows.append({"window": w + 1, "requests": len(records), "errors": sum(r.status != "ok" for r in records),
                      "hit_ratio": (hits / queries) if hits is not None and queries else None,

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..client import OpenAIClient
+from ..client import OpenAIClient, ServerUnreachable
 from ..evidence import EvidenceStore
-from ..findings import Finding
+from ..findings import Consequence, Finding, missing
 from ..metrics import metrics_source
 from ..profile import ConfigError, Profile, load_profile
 from ..scenarios import load_scenario
 from .result import write_result
 
 PROBES = ("cache", "agent", "load")
+FAMILY = {"cache": "cache", "agent": "agent", "load": "capacity"}
+CONSEQUENCE = {"cache": Consequence.REBUILD, "agent": Consequence.BLOCK_AGENT, "load": Consequence.EXPAND}
 DEFAULT_PROFILE = Path(__file__).resolve().parents[3] / "profiles" / "cpu-lab.yml"
 
 
@@ -60,7 +63,16 @@ def run_probe(opts: ProbeOptions) -> tuple[str, list[Finding], dict[str, Any]]:
                           timeout_s=float(_get(opts, "load.request_timeout_s", 120)))
     try:
         client.models()  # fail early (exit 2) when the URL is wrong, before any evidence is judged
-        findings, details = _dispatch(opts, client, store)
+        try:
+            findings, details = _dispatch(opts, client, store)
+        except (ConfigError, ServerUnreachable):
+            raise
+        except Exception as exc:  # noqa: BLE001 - a probe that breaks is a missing stage, never a pass
+            ev = store.write_text("probe-error.txt", traceback.format_exc())
+            findings = [missing(f"{FAMILY[opts.kind]}.probe", None,
+                                f"the {opts.kind} probe stopped: {type(exc).__name__}: {exc}",
+                                CONSEQUENCE[opts.kind], evidence=[ev])]
+            details = {"error": f"{type(exc).__name__}: {exc}"}
     finally:
         client.close()
     status = write_result(opts.out_dir, opts.kind, findings, details, secrets)

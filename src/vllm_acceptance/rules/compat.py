@@ -27,6 +27,7 @@ from ..parsers.nvidia_smi import GpuList, parse_query_csv, parse_table, parse_xm
 from ..parsers.rdma import parse_ibv_devinfo, parse_rdma_link
 from ..parsers.startup_log import StartupScan
 from ..profile import Profile
+from ..run import PROFILE_EVIDENCE  # the profile copy every run holds (run.record_profile)
 
 # The rebuild routes of SPEC "Remediation playbooks" (source 001), named in every action.
 ROUTE_DRIVER = ("upgrade the host driver (rolling, one node out of the scheduler at a time, state saved, "
@@ -120,8 +121,6 @@ def _gpu_profile_na(check: str, ctx: NodeContext) -> Finding | None:
 
 # --- compat.recipe_record -------------------------------------------------------------------
 
-# The profile as judged, copied into every run by run.open_run.
-PROFILE_EVIDENCE = "evidence/profile.yml"
 
 
 def check_recipe_record(profile: Profile, today: dt.date | None = None) -> Finding:
