@@ -59,7 +59,7 @@ $(LAB_VENV)/.installed:
 
 ## lab-model: the tiny tool-calling model, built locally and deterministically
 lab-model: $(LAB_MODEL)/config.json
-$(LAB_MODEL)/config.json: src/vllm_acceptance/lab/build_model.py | lab-venv
+$(LAB_MODEL)/config.json: src/vllm_acceptance/lab/build_model.py src/vllm_acceptance/lab/chat_templates/hermes.jinja | lab-venv
 	PYTHONPATH=src $(LAB_VENV)/bin/python -m vllm_acceptance.lab.build_model --out $(LAB_MODEL)
 
 ## lab-up: start the lab vLLM (extra flags from LAB_ARGS); the last line printed is its base URL
