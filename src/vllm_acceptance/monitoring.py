@@ -269,7 +269,9 @@ def build_alerts(report: dict[str, Any], profile: Profile, thresholds: dict[str,
             else:
                 name, summary = f"{stem}P95AboveAccepted", f"{what} p95 above the accepted figure ({_fmt(thr)} s)"
                 why = ("Still within the SLO, but traffic no longer behaves as accepted: a concurrency or prompt "
-                       "length above the accepted step explains it, a slower server does not.")
+                       "length above the accepted step explains it, a slower server does not."
+                       + (" End-to-end latency grows with the output length: longer answers than the accepted "
+                          "step's also raise it." if metric_key == "e2e" else ""))
             alerts.append(AlertSpec(
                 name=name, expr=f"{q_quantile(0.95, hist, m, w)} > {_fmt(thr)}", for_s=sustained,
                 severity=sev, check=check, rollback=rollback, summary=summary,
@@ -633,7 +635,7 @@ def generate_dashboard(report: dict[str, Any], profile: Profile, *, window_s: in
         ("Prefix cache queries and hits (tokens/s)",
          [(q_rate("prefix_cache_queries_total", m, w), "queries " + leg),
           (q_rate("prefix_cache_hits_total", m, w), "hits " + leg)], "short", None,
-         "vllm:prefix_cache_queries/hits (the GPU-prefixed families were removed)"),
+         "vllm:prefix_cache_queries_total and vllm:prefix_cache_hits_total (the GPU-prefixed families were removed)"),
         ("Prefix cache hit ratio", [(q_ratio(q_rate("prefix_cache_hits_total", m, w),
                                              q_rate("prefix_cache_queries_total", m, w)), leg)],
          "percentunit", thr("hit_ratio_min"), "line: the floor derived from the accepted hot ratio"),

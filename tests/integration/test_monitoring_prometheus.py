@@ -106,7 +106,10 @@ def test_alerts_fire_under_pressure_and_stay_silent_under_the_normal_configurati
     watch = AlertWatch(prom.url)
     try:
         prom.wait_for_target()
-        assert len(query(prom.url, "up == 1")) == 2
+        deadline = time.time() + 30
+        while time.time() < deadline and len(query(prom.url, "up == 1")) < 2:
+            time.sleep(0.5)
+        assert len(query(prom.url, "up == 1")) == 2, query(prom.url, "up")
         watch.start()
         # Normal configuration, the accepted concurrency: the capacity alerts must stay silent.
         normal = run_closed_loop_sync(lab_server.base_url, lab_server.model, pressure_specs(8), 4,
@@ -129,6 +132,9 @@ def test_alerts_fire_under_pressure_and_stay_silent_under_the_normal_configurati
           f"{time.time() - started:.0f} s; names stored by Prometheus: {sorted(stored)}; seen: {watch.seen}")
     assert not loud_normal, f"alerts under the normal configuration: {loud_normal}"
     assert watch.names(pressure_target, "firing") >= CAPACITY_ALERTS, watch.seen
-    assert not watch.names(pressure_target) & {"VllmRestarted", "VllmTargetDown"}
+    # The server survived the pressure. (A scrape may time out while 2 shared cores are saturated, so
+    # VllmTargetDown may go pending for a moment; it must not fire.)
+    assert "VllmRestarted" not in watch.names(pressure_target)
+    assert "VllmTargetDown" not in watch.names(pressure_target, "firing")
     # The recording rules matched the real series of both servers (rules loaded, names right).
     assert {r["metric"]["instance"] for r in recorded} == {normal_target, pressure_target}
