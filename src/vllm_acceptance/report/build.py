@@ -18,6 +18,7 @@ from typing import Any
 from ..findings import Consequence, Finding, Status, missing, read_findings
 from ..profile import Profile
 from ..verdict import IMMEDIATE_ACTION, REOPEN_TRIGGERS, ROLLBACK_TRIGGERS, annotate, decide
+from .environment import environment_summary, node_facts
 
 SCHEMA_VERSION = "1.0"
 
@@ -86,6 +87,11 @@ def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
     decision = decide(findings, experimental=profile.experimental, unreachable_hosts=unreachable)
     stages = {p.stem: read_json(p) for p in sorted((run_dir / "stages").glob("*.json"))} \
         if (run_dir / "stages").is_dir() else {}
+    hosts = list(run.get("hosts", []))
+    facts = node_facts(run_dir, profile, hosts) if hosts else {}
+    stages.setdefault("preflight", {"hosts": facts})
+    environment = {**environment_summary(facts), **run.get("environment", {})} if facts else run.get("environment", {})
+    signoff = {"scenario_version": scenario_version(profile), **(run.get("signoff") or {}), **(signoff or {})}
     counts: dict[str, int] = {s.value: 0 for s in Status}
     for finding in findings:
         counts[finding.status.value] += 1
@@ -105,18 +111,31 @@ def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
         "recipe": profile.get("recipe"),
         "gates": decision.gates,
         "limits": (stages.get("load") or {}).get("limits", {}),
+        "slo": profile.get("contract.slo", {}),
+        "contract": profile.get("contract", {}),
         "hosts": run.get("hosts", []),
         "unreachable_hosts": unreachable,
         "missing": decision.missing,
         "summary": counts,
         "findings": [f.to_dict() for f in findings],
         "stages": stages,
-        "environment": run.get("environment", {}),
-        "signoff": signoff or run.get("signoff") or {},
+        "environment": environment,
+        "signoff": signoff,
         "reopen_triggers": REOPEN_TRIGGERS,
         "rollback_triggers": ROLLBACK_TRIGGERS,
         "errors": errors,
     }
+
+
+def scenario_version(profile: Profile) -> str | None:
+    """The sample set the probes used: scenario pack name and version."""
+    from ..scenarios import load_scenario
+
+    try:
+        pack = load_scenario(str(profile.get("agent.scenario", "ops-agent")))
+    except Exception:  # noqa: BLE001 - the report is written whatever the scenario's state
+        return None
+    return f"{pack.get('name')} {pack.get('version')}"
 
 
 def point_latest(run_dir: Path) -> None:

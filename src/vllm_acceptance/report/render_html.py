@@ -302,7 +302,7 @@ def context(report: dict[str, Any]) -> dict[str, Any]:
         "load": load_view(report),
         "cache": cache_view(report),
         "agent": agent_view(report),
-        "svgs": plots.all_svgs(report.get("stages") or {}, (limits or {}).get("slo")),
+        "svgs": plots.all_svgs(report.get("stages") or {}, report.get("slo") or (limits or {}).get("slo")),
         "families": {fam: family_findings(report, fam + ".") for fam in FAMILIES},
         "checklist": [{"item": row.item, "status": row.status, "detail": row.detail,
                        "chips": checklist_chips(row, report)} for row in rows],
