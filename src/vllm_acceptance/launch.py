@@ -22,7 +22,8 @@ single-node container launch does, so secrets never reach a command line or the 
 
 CLI for the role (prints JSON; exit 2 with the reason on bad input):
 
-    python -m vllm_acceptance.launch --profile profiles/kimi-k3.yml --facts '{"head": "a01", ...}'
+    python -m vllm_acceptance.launch plan --profile profiles/kimi-k3.yml --facts '{"head": "a01", ...}'
+    python -m vllm_acceptance.launch evidence --run-dir RUN a01=/path/a01.log a02=/path/a02.log
 """
 
 from __future__ import annotations
@@ -30,10 +31,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
+from .evidence import EvidenceStore
 from .profile import ConfigError, Profile, load_profile
 
 DEFAULT_CONTAINER_EXTRA = ["--gpus", "all", "--ipc", "host", "--network", "host"]
@@ -247,19 +251,42 @@ def plan(profile: Profile, inventory_facts: dict[str, Any]) -> dict[str, Any]:
                                                or profile.get("launch.ready_timeout_s", 900)))}
 
 
+def save_node_logs(run_dir: Path, logs: dict[str, Path], secrets: list[str] | None = None) -> list[str]:
+    """Per-node startup logs as evidence (evidence/serve/nodes/<host>.log, secrets redacted)."""
+    store = EvidenceStore(run_dir, "evidence/serve/nodes", secrets=secrets)
+    written = []
+    for host, path in logs.items():
+        if "/" in host or host.startswith("."):
+            raise ConfigError(f"bad host name {host!r}")
+        text = path.read_text(errors="replace") if path.is_file() else f"(no log: {path} missing)\n"
+        written.append(store.write_text(f"{host}.log", text))
+    return written
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vllm_acceptance.launch",
-                                     description="print the multi-node launch plan as JSON")
-    parser.add_argument("--profile", required=True)
-    parser.add_argument("--facts", required=True, help="JSON: head, workers, addresses, image_digest, ...")
+    parser = argparse.ArgumentParser(prog="python -m vllm_acceptance.launch")
+    sub = parser.add_subparsers(dest="command", required=True)
+    plan_cmd = sub.add_parser("plan", help="print the multi-node launch plan as JSON")
+    plan_cmd.add_argument("--profile", required=True)
+    plan_cmd.add_argument("--facts", required=True, help="JSON: head, workers, addresses, image_digest, ...")
+    ev_cmd = sub.add_parser("evidence", help="save per-node startup logs as redacted evidence")
+    ev_cmd.add_argument("--run-dir", required=True)
+    ev_cmd.add_argument("logs", nargs="+", metavar="HOST=PATH")
     args = parser.parse_args(argv)
     try:
+        if args.command == "evidence":
+            pairs = dict(item.split("=", 1) for item in args.logs if "=" in item)
+            secret = os.environ.get("VLLM_API_KEY")
+            for path in save_node_logs(Path(args.run_dir), {h: Path(p) for h, p in pairs.items()},
+                                       [secret] if secret else None):
+                print(path)
+            return 0
         facts = json.loads(args.facts)
         if not isinstance(facts, dict):
             raise ConfigError("--facts must be a JSON object")
         print(json.dumps(plan(load_profile(args.profile), facts), indent=1))
-    except (ConfigError, json.JSONDecodeError) as exc:
-        print(f"cannot plan the multi-node launch: {exc}", file=sys.stderr)
+    except (ConfigError, json.JSONDecodeError, OSError) as exc:
+        print(f"cannot {args.command} the multi-node launch: {exc}", file=sys.stderr)
         return 2
     return 0
 

@@ -186,6 +186,9 @@ def test_commands_per_node_match_the_golden_and_all_ranks_ready(cluster, tmp_pat
     assert "--headless" not in stage["launch_command"] and "--node-rank=0" in stage["launch_command"]
     logs = run_dir.parent / ".lab-server" / "multinode"
     assert {p.name for p in logs.iterdir()} == {"gb300-a01.log", "gb300-a02.log", "all-nodes.log"}
+    evidence = run_dir / "evidence" / "serve" / "nodes"
+    assert {p.name for p in evidence.iterdir()} == {"gb300-a01.log", "gb300-a02.log"}
+    assert "vLLM server version 0.32.0" in (evidence / "gb300-a02.log").read_text()
     print(f"multi-node launch, 2 nodes, ready: {elapsed:.1f} s of ansible-playbook wall time")
 
 

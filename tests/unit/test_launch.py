@@ -110,12 +110,12 @@ def test_layout_override_from_inventory() -> None:
 
 
 def test_cli_prints_plan_and_refuses_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--profile", str(REPO / "profiles" / "kimi-k3.yml"),
+    assert main(["plan", "--profile", str(REPO / "profiles" / "kimi-k3.yml"),
                  "--facts", json.dumps({**TWO, "parallel": {"pipeline": 2}})]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["order"] == ["gb300-a01", "gb300-a02"] and plan["layout"]["kind"] == "replica"
     assert plan["ready_timeout_s"] == 3600
-    assert main(["--profile", str(REPO / "profiles" / "kimi-k3.yml"), "--facts", json.dumps(TWO)]) == 2
+    assert main(["plan", "--profile", str(REPO / "profiles" / "kimi-k3.yml"), "--facts", json.dumps(TWO)]) == 2
     assert "must fill each node" in capsys.readouterr().err
 
 
@@ -153,3 +153,15 @@ def test_vllm_032_parser_accepts_every_golden_command() -> None:
             assert (ns["data_parallel_size"], ns["data_parallel_size_local"]) == (16, 8)
             assert ns["data_parallel_start_rank"] == (8 if cmd.rank else None)
             assert ns["enable_expert_parallel"] is True and ns["all2all_backend"] == "deepep_v2"
+
+
+def test_node_logs_saved_as_redacted_evidence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = tmp_path / "a01.log"
+    log.write_text("INFO started with key sk-live-0123456789abcdef\n")
+    monkeypatch.setenv("VLLM_API_KEY", "sk-live-0123456789abcdef")
+    assert main(["evidence", "--run-dir", str(tmp_path / "run"), f"gb300-a01={log}",
+                 f"gb300-a02={tmp_path / 'absent.log'}"]) == 0
+    saved = (tmp_path / "run" / "evidence" / "serve" / "nodes" / "gb300-a01.log").read_text()
+    assert "sk-live-0123456789abcdef" not in saved and "started with key" in saved
+    assert "missing" in (tmp_path / "run" / "evidence" / "serve" / "nodes" / "gb300-a02.log").read_text()
+    assert main(["evidence", "--run-dir", str(tmp_path / "run"), f"../x={log}"]) == 2
