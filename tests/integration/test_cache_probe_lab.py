@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from support.prom import Prometheus
 
 REPO = Path(__file__).resolve().parents[2]
