@@ -68,6 +68,7 @@ profile_path:
   type: str
 """
 
+import tempfile
 from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule
@@ -98,7 +99,9 @@ def main() -> None:
             validate_inventory_vars(params["variables"], f"inventory {params['inventory']}")
             path = resolve_profile_path(str(params["variables"]["acceptance_profile"]), project)
             profile = load_profile(path)
-            module.exit_json(changed=False, run_dir="", run_id="check-mode", profile=profile.data,
+            # A scratch directory: stages see a real path, and reports/ is left untouched.
+            scratch = tempfile.mkdtemp(prefix="vllm-acceptance-check-")
+            module.exit_json(changed=False, run_dir=scratch, run_id="check-mode", profile=profile.data,
                              profile_path=str(path))
         run_dir, profile = open_run(project_dir=project, reports_dir=Path(params["reports_dir"]),
                                     inventory=params["inventory"], variables=params["variables"],
