@@ -1,0 +1,187 @@
+"""Merge the records of several load generator hosts into one judged step (``capacity.distributed``).
+
+Input: ``<dir>/<host>.jsonl`` (records, :class:`vllm_acceptance.loadgen.RecordSink`) and
+``<dir>/<host>.meta.json`` (:mod:`vllm_acceptance.loadgen_cli`) for every host of the group
+``loadgen``, fetched by playbooks/loadgen.yml.
+
+Raw records merge exactly: every latency (TTFT, ITL, end-to-end) is a difference of two times
+on one host's clock, so pooling records of several hosts is correct whatever their clocks say.
+Only the merged window (throughput, "the hosts loaded the server together") depends on the
+clocks agreeing; :func:`clock_check` bounds that: each host's first request must fall within
+``tolerance_s`` of the shared ``start_at`` and every record inside the controller's window
+``[start_at, window_end]``. A host off by more than the tolerance makes the finding
+inconclusive, never a pass.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .findings import Consequence, Finding, Status, write_findings
+from .loadgen import Record, read_records
+from .loadstats import summarize
+from .probes.load import LoadProbeConfig, meets_slo, step_row
+
+CHECK = "capacity.distributed"
+DEFAULT_TOLERANCE_S = 2.0
+
+
+@dataclass
+class HostRun:
+    host: str
+    records: list[Record]
+    meta: dict[str, Any] | None
+    evidence: list[str] = field(default_factory=list)  # relative to the run dir
+
+
+def read_host_runs(directory: Path, run_dir: Path) -> list[HostRun]:
+    """Every ``<host>.jsonl`` in `directory` with its meta (None when the sidecar is missing or bad)."""
+    runs = []
+    for path in sorted(directory.glob("*.jsonl")):
+        meta_file = path.with_name(path.stem + ".meta.json")
+        meta: dict[str, Any] | None = None
+        evidence = [str(path.relative_to(run_dir))]
+        try:
+            loaded = json.loads(meta_file.read_text())
+            meta = loaded if isinstance(loaded, dict) else None
+            evidence.append(str(meta_file.relative_to(run_dir)))
+        except (OSError, ValueError):
+            meta = None
+        runs.append(HostRun(host=path.stem, records=read_records(path), meta=meta, evidence=evidence))
+    return runs
+
+
+def clock_check(runs: list[HostRun], start_at: float | None, window_end: float | None,
+                tolerance_s: float = DEFAULT_TOLERANCE_S) -> dict[str, Any]:
+    """Did the hosts start together, on clocks that agree with the controller's?
+
+    Per host: ``start_lag_s`` (first scheduled - start_at), records outside the controller's window
+    ``[start_at - tol, window_end + tol]``. ``ok`` is None when start_at is unknown (cannot tell).
+    """
+    hosts: dict[str, Any] = {}
+    problems: list[str] = []
+    firsts = []
+    for run in runs:
+        sched = [r.scheduled for r in run.records]
+        ends = [r.end for r in run.records if r.end is not None]
+        if not sched:
+            hosts[run.host] = {"first_scheduled": None, "last_end": None, "start_lag_s": None, "outside": 0}
+            continue
+        first = min(sched)
+        firsts.append(first)
+        lag = None if start_at is None else first - start_at
+        outside = 0
+        if start_at is not None:
+            lo, hi = start_at - tolerance_s, (window_end + tolerance_s) if window_end is not None else None
+            outside = sum(1 for s in sched if s < lo) + sum(1 for e in ends if hi is not None and e > hi)
+        hosts[run.host] = {"first_scheduled": first, "last_end": max(ends) if ends else None,
+                           "start_lag_s": lag, "outside": outside}
+        if lag is not None and abs(lag) > tolerance_s:
+            problems.append(f"{run.host} started {lag:+.3f} s from start_at (tolerance {tolerance_s:g} s)")
+        if outside:
+            problems.append(f"{run.host}: {outside} record times outside the controller's window")
+    spread = (max(firsts) - min(firsts)) if firsts else None
+    if spread is not None and spread > tolerance_s:
+        problems.append(f"first requests spread over {spread:.3f} s (tolerance {tolerance_s:g} s)")
+    ok = None if start_at is None else not problems
+    return {"ok": ok, "tolerance_s": tolerance_s, "start_at": start_at, "window_end": window_end,
+            "start_spread_s": spread, "hosts": hosts, "problems": problems}
+
+
+def merge_summary(runs: list[HostRun]) -> dict[str, Any]:
+    """Overall summary of the pooled records and one per host."""
+    pooled = [r for run in runs for r in run.records]
+    return {"overall": summarize(pooled), "per_host": {run.host: summarize(run.records) for run in runs}}
+
+
+def expected_shortfall(runs: list[HostRun]) -> list[str]:
+    """Hosts that recorded fewer requests than they were asked to send (deadline, crash)."""
+    out = []
+    for run in runs:
+        asked = (run.meta or {}).get("requests")
+        if asked is not None and len(run.records) < int(asked):
+            out.append(f"{run.host} recorded {len(run.records)} of {asked} requests")
+    return out
+
+
+def judge(runs: list[HostRun], expected_hosts: list[str], clock: dict[str, Any], row: dict[str, Any],
+          evidence: list[str], cfg: LoadProbeConfig) -> Finding:
+    """The finding ``capacity.distributed`` from the merged step row and the checks around it."""
+    common = dict(check=CHECK, consequence=Consequence.EXPAND, evidence=evidence,
+                  expected=f"{row['concurrency']} concurrent sessions over {len(expected_hosts)} hosts meet the SLO",
+                  rule="merged records of every loadgen host meet the profile SLO (load.meets_slo), "
+                       "hosts started together within the clock tolerance")
+    observed = {k: row.get(k) for k in ("concurrency", "requests", "ok", "errors", "ttft_p95", "itl_p95",
+                                        "e2e_p95", "output_tokens_per_s", "preemptions", "meets_slo")}
+    observed["hosts"] = {run.host: len(run.records) for run in runs}
+    observed["start_spread_s"] = clock.get("start_spread_s")
+    common["observed"] = observed
+    absent = [h for h in expected_hosts if h not in {run.host for run in runs}]
+    silent = [run.host for run in runs if not run.records]
+    if absent or silent:
+        return Finding(status=Status.MISSING, reason="no records from: " + ", ".join(absent + silent),
+                       action="make every loadgen host reach the server and re-run playbooks/loadgen.yml",
+                       **common)
+    if clock["ok"] is not True:
+        why = "; ".join(clock["problems"]) or "the shared start time is unknown"
+        return Finding(status=Status.INCONCLUSIVE, reason=f"clocks or start not aligned: {why}",
+                       action="synchronise the loadgen hosts' clocks (chrony/NTP) and re-run", **common)
+    shortfall = expected_shortfall(runs)
+    if row["meets_slo"] and not shortfall:
+        return Finding(status=Status.PASS, action="none", **common)
+    # Preemptions unknown: a latency or error miss still fails, but a clean step cannot pass.
+    if row["preemptions"] is None and not shortfall and meets_slo({**row, "preemptions": 0}, cfg):
+        return Finding(status=Status.INCONCLUSIVE, reason="preemptions unknown (no metrics before/after)",
+                       action="give the merge the server's /metrics (vllm_metrics_url) and re-run", **common)
+    reasons = shortfall + ([] if row["meets_slo"] else ["merged step misses the SLO"])
+    return Finding(status=Status.FAIL, reason="; ".join(reasons),
+                   action="lower the per-host concurrency to find the knee, or expand capacity; adjust limits first",
+                   **common)
+
+
+def preemption_delta(before: Path | None, after: Path | None) -> float | None:
+    """``vllm:num_preemptions`` after - before, from two saved /metrics texts (None if either is absent)."""
+    from .metrics import MetricsError, delta, parse_exposition
+
+    if before is None or after is None or not before.is_file() or not after.is_file():
+        return None
+    try:
+        return delta(parse_exposition(before.read_text()), parse_exposition(after.read_text()),
+                     "vllm:num_preemptions")
+    except (MetricsError, OSError):
+        return None
+
+
+def merge_stage(run_dir: Path, *, profile_path: str | None, expected_hosts: list[str], start_at: float | None,
+                window_end: float | None, tolerance_s: float = DEFAULT_TOLERANCE_S,
+                records_dir: str = "probes/load-distributed", metrics_before: Path | None = None,
+                metrics_after: Path | None = None, stage: str = "load-distributed") -> tuple[Finding, dict[str, Any]]:
+    """Merge, judge, and file ``findings/<stage>.json`` and ``stages/<stage>.json`` in the run."""
+    from .evidence import EvidenceStore
+    from .profile import load_profile
+
+    profile = load_profile(profile_path) if profile_path else None
+    cfg = LoadProbeConfig.from_profile(profile, {}, model="")
+    directory = run_dir / records_dir
+    runs = read_host_runs(directory, run_dir) if directory.is_dir() else []
+    clock = clock_check(runs, start_at, window_end, tolerance_s)
+    summary = merge_summary(runs)
+    concurrency = sum(int((run.meta or {}).get("concurrency", 0)) for run in runs)
+    preempt = preemption_delta(metrics_before, metrics_after)
+    row = step_row(concurrency, [r for run in runs for r in run.records], [], preempt, cfg)
+    store = EvidenceStore(run_dir, records_dir)
+    details = {"hosts": sorted(run.host for run in runs), "expected_hosts": expected_hosts, "row": row,
+               "summary": summary, "clock": clock, "meta": {run.host: run.meta for run in runs},
+               "preemptions": preempt}
+    merged = store.write_json("merged.json", details)
+    evidence = [merged] + [p for run in runs for p in run.evidence]
+    for name in (metrics_before, metrics_after):
+        if name is not None and name.is_file() and name.resolve().is_relative_to(run_dir.resolve()):
+            evidence.append(str(name.resolve().relative_to(run_dir.resolve())))
+    finding = judge(runs, expected_hosts, clock, row, evidence, cfg)
+    write_findings(run_dir / "findings" / f"{stage}.json", [finding])
+    EvidenceStore(run_dir, "stages").write_json(f"{stage}.json", {**details, "finding": finding.to_dict()})
+    return finding, details
