@@ -66,6 +66,11 @@ def decide(findings: list[Finding], *, experimental: bool = False,
     agent_blocked = [f for f in failing if f.consequence == Consequence.BLOCK_AGENT]
     warned = [f for f in findings if f.status == Status.WARN]
     unknown = [f for f in findings if f.status in (Status.MISSING, Status.INCONCLUSIVE)]
+    # A launch that failed with a classified cause is decided by that cause (SPEC, "When vLLM does not
+    # start"): the stages it kept from running are not reached, not unknown. Node evidence still counts.
+    launch_failed = [f for f in failing if f.check.endswith(".launch_triage")]
+    not_reached = [f for f in unknown if launch_failed and not_reached_after_launch(f)]
+    unknown = [f for f in unknown if f not in not_reached]
 
     reasons: list[str] = []
     if rebuild:
@@ -97,6 +102,9 @@ def decide(findings: list[Finding], *, experimental: bool = False,
         verdict = "release"
         reasons.append("every required check passed with evidence")
 
+    if not_reached:
+        reasons.append("not reached because vLLM did not start: " + ", ".join(_ids(not_reached)))
+
     if experimental and verdict == "release":
         verdict = "limited_observation"
         reasons.append("experimental (self-built) image: never a release of the official profile; "
@@ -106,6 +114,12 @@ def decide(findings: list[Finding], *, experimental: bool = False,
                     gates=traffic_gates(verdict, findings),
                     experimental=experimental,
                     missing=_ids(unknown) + sorted(unreachable_hosts))
+
+
+def not_reached_after_launch(finding: Finding) -> bool:
+    """Stages that need a running server (probes, actual config, startup log of a later rank)."""
+    return finding.check.startswith(("cache.", "agent.", "capacity.")) or finding.check.startswith(
+        ("compat.actual_config", "compat.serve"))
 
 
 def traffic_gates(verdict: str, findings: list[Finding]) -> dict[str, dict[str, Any]]:

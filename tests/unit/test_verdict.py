@@ -82,3 +82,16 @@ def test_agent_gate_closed_without_agent_evidence() -> None:
 
 def test_not_applicable_does_not_block() -> None:
     assert decide(GOOD + [f("compat.fabric_manager", "not_applicable", host="n1")]).verdict == "release"
+
+
+def test_a_classified_launch_failure_decides_without_the_stages_it_prevented() -> None:
+    capacity = [f("compat.driver_branch", "pass", host="n1"),
+                f("capacity.launch_triage", "fail", Consequence.EXPAND, host="n1"),
+                f("compat.actual_config.flags", "missing", host="n1"), f("cache.reuse", "missing"),
+                f("agent.tool_call", "missing", Consequence.BLOCK_AGENT),
+                f("capacity.load", "missing", Consequence.EXPAND)]
+    d = decide(capacity)
+    assert d.verdict == "expand_capacity"
+    assert any("not reached" in r for r in d.reasons)
+    # ...but a node without evidence still leaves the decision open.
+    assert decide(capacity + [f("compat.driver_branch", "missing", host="n2")]).verdict == "incomplete"
