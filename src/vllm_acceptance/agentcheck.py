@@ -149,6 +149,40 @@ def structure_diff(a: Any, b: Any, path: str = "") -> list[str]:
     return []
 
 
+def arguments_diff(a: dict[str, Any] | None, b: dict[str, Any] | None) -> list[str]:
+    """Tool-call arguments compared after JSON parsing: a type changed inside the argument string
+    (which `structure_diff` sees only as str == str) is a reshaping too."""
+    out = []
+    for i, ((_, x), (_, y)) in enumerate(zip(call_signature(a), call_signature(b), strict=False)):
+        out += structure_diff(x, y, f"/choices/0/message/tool_calls/{i}/function/arguments(parsed)")
+    return out
+
+
+def client_library_problems(body: dict[str, Any] | None) -> list[str] | None:
+    """What the `openai` Python library does to a raw response: rejects it, or loses a field.
+
+    The probe itself speaks raw HTTP; production agents usually parse through the library, so a
+    field present in the raw JSON but absent after `ChatCompletion.model_validate` is the client
+    layer's. Returns None when the library is not installed (the check cannot be made).
+    """
+    try:
+        from openai.types.chat import ChatCompletion
+    except ImportError:
+        return None
+    if not isinstance(body, dict):
+        return ["no JSON object to parse"]
+    try:
+        parsed = ChatCompletion.model_validate(body)
+    except ValueError as exc:  # pydantic's ValidationError is a ValueError
+        errors = getattr(exc, "errors", None)
+        if callable(errors):
+            return [f"rejected by openai ChatCompletion: {'.'.join(map(str, e['loc']))}: {e['msg']}"
+                    for e in errors()[:5]]
+        return [f"rejected by openai ChatCompletion: {exc}"]
+    dumped = parsed.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    return [f"lost by openai ChatCompletion: {d}" for d in structure_diff(body, dumped)]
+
+
 class ToolExecutor:
     """The client-side harness a safe agent uses: validate before executing, dedupe writes by id.
 

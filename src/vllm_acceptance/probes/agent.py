@@ -16,9 +16,11 @@ import jsonschema
 
 from ..agentcheck import (
     ToolExecutor,
+    arguments_diff,
     call_signature,
     check_separation,
     check_tool_call,
+    client_library_problems,
     message_of,
     structure_diff,
 )
@@ -28,6 +30,8 @@ from ..findings import Consequence, Finding, Status
 from ..scenarios import tool_schema_problems
 
 WRITE_TOOLS = {"create_ticket"}
+GATEWAY_REASON = ("the direct server (--direct-url) answers the same request cleanly ({detail}): "
+                  "the defect appears between the server and the client, in the gateway")
 
 
 @dataclass
@@ -54,6 +58,9 @@ class AgentProbe:
         self.system = cfg.scenario["system_prompt"].format(
             session_id="agent-probe", environment=cfg.scenario["default_environment"])
         self.n = 0
+        self.rates: dict[str, Any] = {}
+        # Direct-server references per check kind (only with --direct-url): (clean, detail, evidence).
+        self._refs: dict[str, tuple[bool, str, list[str]]] = {}
 
     def keep(self, name: str, ex: Exchange, decision: dict[str, Any]) -> str:
         self.n += 1
@@ -86,6 +93,7 @@ class AgentProbe:
         findings.append(self.failed_tool_fallback())
         findings.append(self.structured_output())
         findings.append(self.executor_safety())
+        findings.append(self.client_library())
         if self.direct is not None:
             findings.append(self.gateway_compare())
         return findings, {"cases": [{"id": f.check, "check": f.check, "status": f.status.value, "layer": f.layer,
@@ -96,6 +104,8 @@ class AgentProbe:
         body = self.base(self.required_call_messages(), tools=self.tools, tool_choice="auto")
         checks, evs, signatures = [], [], []
         separation: list[tuple[str, str]] = []
+        separated_runs = 0
+        self.required_bodies: list[Any] = []
         for i in range(self.cfg.repeats):
             ex = self.client.chat(body)
             check = check_tool_call(ex.body if ex.ok else None, self.tools)
@@ -103,6 +113,8 @@ class AgentProbe:
                 check.problems.append(("gateway" if ex.status >= 500 else "client", f"HTTP error: {ex.error}"))
             sep = check_separation(ex.body)
             separation += sep
+            separated_runs += bool(sep)
+            self.required_bodies.append(ex.body if ex.ok else None)
             evs.append(self.keep(f"required-tool-{i + 1}", ex, {"valid": check.valid, "problems": check.problems,
                                                                  "separation": sep}))
             checks.append(check)
@@ -115,21 +127,20 @@ class AgentProbe:
             "schema_accuracy": len(valid) / len(by_finish) if by_finish else None,
             "trigger_consistency": Counter(signatures).most_common(1)[0][1] / len(signatures) if signatures else None,
             "format_error_rate": len(format_errors) / len(checks) if checks else None,
+            "separation_error_rate": separated_runs / len(checks) if checks else None,
             "runs": len(checks), "triggered": len(triggered), "finish_tool_calls": len(by_finish),
         }
         expect = self.tasks["required_tool"]["expect_tool"]
         out = []
         layers = Counter(layer for c in checks for layer, _ in c.problems)
         layer = layers.most_common(1)[0][0] if layers else None
-        rate = self.rates["format_error_rate"] or 0.0
-        if not format_errors:
-            status = Status.PASS
-        elif rate <= self.cfg.format_error_threshold:
-            status = Status.WARN  # rare, below the profile's threshold: limited observation with retry
-        else:
-            status = Status.FAIL
+        status = self._rate_status(self.rates["format_error_rate"])
+        reason = ""
+        if status != Status.PASS:
+            layer, reason, ref_ev = self._attribute(layer, "tool")
+            evs = evs + ref_ev
         out.append(_finding(
-            "agent.tool_call", status, layer, evs,
+            "agent.tool_call", status, layer, evs, reason=reason,
             observed={"rates": self.rates, "names": [c.names for c in checks],
                       "problems": [p for c in checks for p in c.problems][:10]},
             expected=f"tool_calls with {expect} (or another schema tool), valid JSON arguments per schema",
@@ -139,15 +150,24 @@ class AgentProbe:
         # Model-layer consistency: the same input should trigger the same call.
         consistency = self.rates["trigger_consistency"] or 0.0
         trigger_status = Status.FAIL if not triggered else (Status.PASS if consistency == 1.0 else Status.WARN)
+        trigger_layer, trigger_reason = None, ""
+        if trigger_status != Status.PASS:
+            trigger_layer, trigger_reason, _ = self._attribute(self._trigger_layer(checks, signatures, triggered),
+                                                               "tool")
         out.append(_finding(
-            "agent.trigger_consistency", trigger_status, None if trigger_status == Status.PASS else "model", evs,
+            "agent.trigger_consistency", trigger_status, trigger_layer, evs, reason=trigger_reason,
             observed=self.rates, expected="1.0",
             rule="repeated runs of the same input trigger the same call",
             action="pin temperature / review the prompt; inconsistent triggering needs a retry policy"))
+        sep_status = self._rate_status(self.rates["separation_error_rate"])
+        sep_layer, sep_reason = (separation[0][0], "") if separation else (None, "")
+        if separation:
+            sep_layer, sep_reason, _ = self._attribute(sep_layer, "tool")
         out.append(_finding(
-            "agent.separation", Status.FAIL if separation else Status.PASS,
-            separation[0][0] if separation else None, evs, observed=separation or "separated",
-            expected="no tool-call or reasoning markup in content", rule="content, reasoning, tool_calls apart",
+            "agent.separation", sep_status, sep_layer, evs, observed=separation or "separated", reason=sep_reason,
+            expected="no tool-call or reasoning markup in content",
+            rule=f"content, reasoning, tool_calls apart; a leak rate <= {self.cfg.format_error_threshold} "
+                 "is a limited observation (validated retry)",
             action="check the --tool-call-parser / --reasoning-parser names and the gateway"))
         return out
 
@@ -161,8 +181,13 @@ class AgentProbe:
         ev = [self.keep("stream-plain", plain, {"signature": a}),
               self.keep("stream-streamed", streamed, {"signature": b, "separation": leak})]
         status = Status.PASS if same and not leak else Status.FAIL
-        layer = None if status == Status.PASS else ("parser" if leak or (a and not b) else "model")
+        layer = None if status == Status.PASS else (leak[0][0] if leak else "parser" if a and not b else "model")
+        reason = ""
+        if status == Status.FAIL:
+            layer, reason, ref_ev = self._attribute(layer, "stream")
+            ev += ref_ev
         return _finding("agent.stream_consistency", status, layer, ev, observed={"plain": a, "streamed": b},
+                        reason=reason,
                         expected="the same tool calls, assembled from deltas",
                         rule="streaming and non-streaming give the same structure",
                         action="streamed tool calls lost or different: check the parser's streaming path")
@@ -173,7 +198,10 @@ class AgentProbe:
         calls = message_of(first.body).get("tool_calls") or []
         evs = [self.keep("multi-turn-1", first, {"tool_calls": len(calls)})]
         if not calls:
-            return _finding("agent.multi_turn", Status.FAIL, "model", evs, observed="no tool call in turn 1",
+            problems = check_tool_call(first.body if first.ok else None, self.tools).problems
+            layer, reason, _ = self._attribute(problems[0][0] if problems else "model", "tool")
+            return _finding("agent.multi_turn", Status.FAIL, layer, evs, reason=reason,
+                            observed={"turn_1": "no tool call", "problems": problems},
                             expected="a tool call to continue from", rule="multi-turn order kept",
                             action="fix tool calling first (agent.tool_call)")
         messages = self.required_call_messages() + [
@@ -231,9 +259,19 @@ class AgentProbe:
             pass
         ev = [self.keep("structured-output", ex, {"problems": problems, "broken_probe": broken})]
         finish = (ex.body or {}).get("choices", [{}])[0].get("finish_reason") if ex.ok else None
-        layer = "model" if problems and finish == "length" else ("parser" if problems else None)
-        return _finding("agent.structured_output", Status.FAIL if problems or not ex.ok else Status.PASS, layer,
-                        ev, observed={"content": content, "finish_reason": finish, "problems": problems},
+        leak = check_separation(ex.body) if ex.ok else []
+        layer = "model" if problems and finish == "length" else (
+            leak[0][0] if problems and leak else "parser" if problems else None)
+        if not ex.ok:
+            layer = "gateway" if ex.status >= 500 else "client"
+        status = Status.FAIL if problems or not ex.ok else Status.PASS
+        reason = ""
+        if status == Status.FAIL:
+            layer, reason, ref_ev = self._attribute(layer, "structured")
+            ev += ref_ev
+        return _finding("agent.structured_output", status, layer, ev, reason=reason,
+                        observed={"content": content, "finish_reason": finish, "problems": problems,
+                                  "separation": leak},
                         expected="content valid per the JSON Schema; broken answers rejected",
                         rule="response_format json_schema: valid accepted, broken rejected, raw body kept",
                         action="check guided decoding backend and max_tokens")
@@ -261,10 +299,99 @@ class AgentProbe:
         assert self.direct is not None
         body = self.base(self.required_call_messages(), tools=self.tools, tool_choice="auto")
         via, direct = self.client.chat(body), self.direct.chat(body)
-        diffs = structure_diff(direct.body, via.body) if direct.ok and via.ok else [
-            f"direct {direct.status}/{direct.error}, gateway {via.status}/{via.error}"]
+        diffs = structure_diff(direct.body, via.body) + arguments_diff(direct.body, via.body) \
+            if direct.ok and via.ok else [f"direct {direct.status}/{direct.error}, gateway {via.status}/{via.error}"]
         ev = [self.keep("gateway-via", via, {}), self.keep("gateway-direct", direct, {"diffs": diffs})]
         return _finding("agent.gateway", Status.FAIL if diffs else Status.PASS, "gateway" if diffs else None, ev,
                         observed=diffs or "identical structure", expected="identical structure",
                         rule="direct and gateway responses have the same fields and types",
                         action="fix the gateway: it drops or reshapes fields")
+
+    def client_library(self) -> Finding:
+        """A field present in the raw HTTP JSON but lost (or refused) by the `openai` client library."""
+        bodies = [b for b in getattr(self, "required_bodies", []) if b is not None][:3]
+        results = [client_library_problems(b) for b in bodies]
+        if not bodies or any(r is None for r in results):
+            why = ("the openai Python library is not installed on the controller" if bodies
+                   else "no successful tool-call response to parse")
+            return Finding(check="agent.client_library", status=Status.NOT_APPLICABLE, reason=why,
+                           consequence=Consequence.BLOCK_AGENT, action="install openai to check the client layer")
+        problems = sorted({p for r in results for p in r or []})
+        ev = [self.store.write_json("client-library.json", {"library": "openai", "problems": problems})]
+        layer, reason = (None, "")
+        if problems:
+            layer, reason, ref_ev = self._attribute("client", "library")
+            ev += ref_ev
+        return _finding("agent.client_library", Status.FAIL if problems else Status.PASS, layer, ev,
+                        reason=reason, observed=problems or "every raw field kept",
+                        expected="openai ChatCompletion.model_validate keeps every raw field",
+                        rule="a field present in raw HTTP but lost through the client library is the client's",
+                        action="upgrade/pin the client library or read the raw response for the lost field")
+
+    # --- layer attribution helpers ---------------------------------------------------------------
+
+    def _rate_status(self, rate: float | None) -> Status:
+        """Never seen: pass; rare, at or below the profile's threshold: warn (limited observation with a
+        validated retry); above it: fail (agent traffic blocked)."""
+        if not rate:
+            return Status.PASS
+        return Status.WARN if rate <= self.cfg.format_error_threshold else Status.FAIL
+
+    @staticmethod
+    def _trigger_layer(checks: list[Any], signatures: list[str], triggered: list[Any]) -> str:
+        """Runs that did not trigger the majority call: their own problems name the layer (markup left in
+        content is the parser's, not an inconsistent model); none -> the model."""
+        if not triggered:
+            odd = checks
+        else:
+            majority = Counter(signatures).most_common(1)[0][0]
+            odd = [c for c, sig in zip(checks, signatures, strict=True) if sig != majority]
+        layers = Counter(layer for c in odd for layer, _ in c.problems if layer != "model")
+        return layers.most_common(1)[0][0] if layers else "model"
+
+    def _attribute(self, layer: str | None, kind: str) -> tuple[str | None, str, list[str]]:
+        """With --direct-url: when the direct server answers the same request cleanly, the layer is the
+        gateway's. Without it (or when the direct answer shows the same defect) the layer stays."""
+        if self.direct is None:
+            return layer, "", []
+        if kind not in self._refs:
+            self._refs[kind] = self._reference(kind)
+        clean, detail, ev = self._refs[kind]
+        if clean:
+            return "gateway", GATEWAY_REASON.format(detail=detail), ev
+        return layer, f"the direct server shows the same defect ({detail}): not the gateway", ev
+
+    def _reference(self, kind: str) -> tuple[bool, str, list[str]]:
+        assert self.direct is not None
+        body = self.base(self.required_call_messages(), tools=self.tools, tool_choice="auto")
+        if kind in ("tool", "library"):
+            # As many direct runs as gateway runs: a rare (one-in-N) defect must not hide by chance.
+            bad, evs = 0, []
+            for i in range(self.cfg.repeats):
+                ex = self.direct.chat(body)
+                check = check_tool_call(ex.body if ex.ok else None, self.tools)
+                problems = check.problems + check_separation(ex.body) if ex.ok else [("client", f"{ex.error}")]
+                if kind == "library" and ex.ok:
+                    problems = [("client", p) for p in client_library_problems(ex.body) or []]
+                bad += bool(problems)
+                evs.append(self.keep(f"direct-{kind}-{i + 1}", ex, {"problems": problems}))
+            return bad == 0, f"{bad}/{self.cfg.repeats} direct runs with a defect", evs
+        if kind == "stream":
+            plain, streamed = self.direct.chat(body), self.direct.chat_stream(body)
+            a, b = call_signature(plain.body), call_signature(streamed.body)
+            clean = plain.ok and streamed.ok and a == b and bool(a) and not check_separation(streamed.body)
+            ev = [self.keep("direct-stream-plain", plain, {"signature": a}),
+                  self.keep("direct-stream-streamed", streamed, {"signature": b})]
+            return clean, f"direct plain and streamed calls {'agree' if clean else 'differ'}", ev
+        task = self.tasks["structured"]
+        ex = self.direct.chat(self.base(
+            [{"role": "system", "content": self.system}, {"role": "user", "content": task["user"]}],
+            response_format={"type": "json_schema",
+                             "json_schema": {"name": "node_health", "schema": task["schema"], "strict": True}}))
+        try:
+            jsonschema.validate(json.loads(message_of(ex.body).get("content") or ""), task["schema"])
+            clean = ex.ok
+        except (ValueError, jsonschema.ValidationError):
+            clean = False
+        ev = [self.keep("direct-structured-output", ex, {"valid": clean})]
+        return clean, f"direct structured answer {'valid' if clean else 'invalid'}", ev

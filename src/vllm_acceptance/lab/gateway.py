@@ -1,0 +1,352 @@
+"""A corrupting OpenAI-compatible gateway for fault tests: a reverse proxy in front of a real vLLM.
+
+A fault-injection stand-in (the project allows stand-ins for faults): it forwards every request to
+the upstream vLLM and, on `POST /v1/chat/completions`, rewrites the answer according to one mode,
+so the agent probe can be shown to find the defect and to name the layer that caused it:
+
+* `passthrough`             -- bytes forwarded unchanged; must raise no alarm;
+* `markup_in_content`       -- tool calls moved into `content` as hermes markup, `tool_calls` empty,
+                               `finish_reason` `stop`: what a parser that missed the format returns;
+* `drop_stream_tool_calls`  -- `tool_calls` removed from streamed deltas only;
+* `reasoning_into_content`  -- reasoning copied into `content` (the reasoning field is kept); when
+                               the upstream has no reasoning parser (the CPU lab) a fixed stand-in
+                               reasoning text is supplied in `reasoning_content` and copied;
+* `change_arg_types`        -- tool-call argument values change type inside the JSON string
+                               (string -> list of string, number/bool -> string);
+* `drop_field`              -- one field removed (`--drop-field`, dotted path, `*` for every item;
+                               default `choices.*.finish_reason`);
+* `markup_one_in_five`      -- `markup_in_content` on every fifth response that carries tool calls.
+
+`/metrics`, `/tokenize`, `/v1/models`, `/health` and everything else pass untouched.
+
+    python -m vllm_acceptance.lab.gateway --upstream http://127.0.0.1:8011/v1 --port 8091 --mode M
+
+prints `gateway listening on http://127.0.0.1:8091/v1` once it accepts connections.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import copy
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+MODES = ("passthrough", "markup_in_content", "drop_stream_tool_calls", "reasoning_into_content",
+         "change_arg_types", "drop_field", "markup_one_in_five")
+DEFAULT_DROP_FIELD = "choices.*.finish_reason"
+STAND_IN_REASONING = "The user asks about live node state, so I must call a tool before answering."
+HOP_BY_HOP = {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "content-encoding"}
+
+Json = dict[str, Any]
+
+
+# --- pure rewrites (unit-tested) -------------------------------------------------------------
+
+def calls_to_markup(calls: list[Json]) -> str:
+    """Hermes wire format of the given tool calls: what a parser should have consumed."""
+    parts = []
+    for call in calls:
+        fn = call.get("function") or {}
+        try:
+            args: Any = json.loads(fn.get("arguments") or "{}")
+        except ValueError:
+            args = fn.get("arguments")
+        parts.append("<tool_call>\n" + json.dumps({"name": fn.get("name"), "arguments": args}) + "\n</tool_call>")
+    return "\n".join(parts)
+
+
+def change_value_types(value: Any) -> Any:
+    """Each leaf changes type, the keys stay: what a gateway that "normalises" arguments does."""
+    if isinstance(value, dict):
+        return {k: change_value_types(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [change_value_types(v) for v in value]
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, bool | int | float):
+        return str(value).lower() if isinstance(value, bool) else str(value)
+    return value
+
+
+def change_arguments(arguments: str) -> str:
+    try:
+        return json.dumps(change_value_types(json.loads(arguments)))
+    except ValueError:
+        return arguments  # not JSON to begin with: leave the model's own defect visible
+
+
+def drop_path(obj: Any, path: str) -> int:
+    """Remove the field at a dotted path (`*` = every list item / dict value); return how many."""
+    head, _, rest = path.partition(".")
+    if not rest:
+        if isinstance(obj, dict) and head in obj:
+            del obj[head]
+            return 1
+        return 0
+    if head == "*":
+        items = obj if isinstance(obj, list) else list(obj.values()) if isinstance(obj, dict) else []
+        return sum(drop_path(item, rest) for item in items)
+    if isinstance(obj, dict) and head in obj:
+        return drop_path(obj[head], rest)
+    if isinstance(obj, list) and head.isdigit() and int(head) < len(obj):
+        return drop_path(obj[int(head)], rest)
+    return 0
+
+
+def _markup_message(message: Json, choice: Json) -> None:
+    calls = message.get("tool_calls") or []
+    if not calls:
+        return
+    message["content"] = (message.get("content") or "") + calls_to_markup(calls)
+    message["tool_calls"] = []
+    if choice.get("finish_reason") == "tool_calls":
+        choice["finish_reason"] = "stop"
+
+
+def _reasoning_message(message: Json) -> None:
+    reasoning = message.get("reasoning_content") or message.get("reasoning") or STAND_IN_REASONING
+    message.setdefault("reasoning_content", reasoning)
+    message["content"] = reasoning + (message.get("content") or "")
+
+
+@dataclass
+class Corruptor:
+    """One gateway's fault. Shared state: the count of tool-call responses (one-in-five)."""
+
+    mode: str
+    drop_field: str = DEFAULT_DROP_FIELD
+    every: int = 5
+    tool_responses: int = 0
+    corrupted: int = 0
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode {self.mode!r}: choose one of {', '.join(MODES)}")
+
+    def _count_tool_response(self) -> bool:
+        """markup_one_in_five: count a response with tool calls; True when this one is corrupted."""
+        self.tool_responses += 1
+        hit = self.tool_responses % self.every == 0
+        self.corrupted += hit
+        return hit
+
+    def rewrite_body(self, body: Json) -> Json:
+        """A non-streamed chat completion, rewritten by the mode (a copy; the input is left alone)."""
+        body = copy.deepcopy(body)
+        choices = body.get("choices") or []
+        if self.mode == "drop_field":
+            drop_path(body, self.drop_field)
+            return body
+        has_calls = any((c.get("message") or {}).get("tool_calls") for c in choices)
+        markup = self.mode == "markup_in_content" or (
+            self.mode == "markup_one_in_five" and has_calls and self._count_tool_response())
+        for choice in choices:
+            message = choice.get("message") or {}
+            if markup:
+                _markup_message(message, choice)
+            elif self.mode == "reasoning_into_content":
+                _reasoning_message(message)
+            elif self.mode == "change_arg_types":
+                for call in message.get("tool_calls") or []:
+                    fn = call.get("function") or {}
+                    fn["arguments"] = change_arguments(fn.get("arguments") or "")
+        return body
+
+    def stream(self) -> StreamRewriter:
+        return StreamRewriter(self)
+
+
+@dataclass
+class StreamRewriter:
+    """Rewrites one streamed response chunk by chunk (state per request)."""
+
+    corruptor: Corruptor
+    calls: dict[int, Json] = field(default_factory=dict)
+    markup: bool | None = None  # decided at the first tool-call delta
+    seen_reasoning: bool = False
+    injected: bool = False
+
+    @property
+    def mode(self) -> str:
+        return self.corruptor.mode
+
+    def rewrite(self, chunk: Json) -> Json:
+        chunk = copy.deepcopy(chunk)
+        if self.mode == "drop_field":
+            drop_path(chunk, self.corruptor.drop_field)
+            return chunk
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta")
+            if delta is None:
+                continue
+            if self.mode == "drop_stream_tool_calls":
+                delta.pop("tool_calls", None)
+            elif self.mode in ("markup_in_content", "markup_one_in_five"):
+                self._markup_delta(choice, delta)
+            elif self.mode == "change_arg_types":
+                self._types_delta(choice, delta)
+            elif self.mode == "reasoning_into_content":
+                self._reasoning_delta(choice, delta)
+        return chunk
+
+    def _collect(self, delta: Json) -> None:
+        for call in delta.pop("tool_calls", None) or []:
+            slot = self.calls.setdefault(call.get("index", 0), {"id": None, "type": "function",
+                                                                "function": {"name": "", "arguments": ""}})
+            slot["id"] = call.get("id") or slot["id"]
+            fn = call.get("function") or {}
+            slot["function"]["name"] += fn.get("name") or ""
+            slot["function"]["arguments"] += fn.get("arguments") or ""
+
+    def _markup_delta(self, choice: Json, delta: Json) -> None:
+        if delta.get("tool_calls") and self.markup is None:
+            self.markup = self.mode == "markup_in_content" or self.corruptor._count_tool_response()
+        if not self.markup:
+            return
+        self._collect(delta)
+        if choice.get("finish_reason") and self.calls:
+            delta["content"] = (delta.get("content") or "") + calls_to_markup(
+                [self.calls[i] for i in sorted(self.calls)])
+            if choice["finish_reason"] == "tool_calls":
+                choice["finish_reason"] = "stop"
+
+    def _types_delta(self, choice: Json, delta: Json) -> None:
+        # Argument fragments are not JSON on their own: hold them, send the changed whole at the end.
+        for call in delta.get("tool_calls") or []:
+            slot = self.calls.setdefault(call.get("index", 0), {"arguments": ""})
+            fn = call.get("function") or {}
+            slot["arguments"] += fn.pop("arguments", None) or ""
+        if choice.get("finish_reason") and self.calls:
+            delta["tool_calls"] = (delta.get("tool_calls") or []) + [
+                {"index": i, "function": {"arguments": change_arguments(self.calls[i]["arguments"])}}
+                for i in sorted(self.calls)]
+
+    def _reasoning_delta(self, choice: Json, delta: Json) -> None:
+        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+        if reasoning:
+            self.seen_reasoning = True
+            delta["content"] = reasoning + (delta.get("content") or "")
+            return
+        substantive = delta.get("content") or delta.get("tool_calls") or choice.get("finish_reason")
+        if substantive and not self.seen_reasoning and not self.injected:
+            self.injected = True
+            delta["reasoning_content"] = STAND_IN_REASONING
+            delta["content"] = STAND_IN_REASONING + (delta.get("content") or "")
+
+
+# --- the proxy -------------------------------------------------------------------------------
+
+def upstream_root(url: str) -> str:
+    url = url.rstrip("/")
+    return url[:-3] if url.endswith("/v1") else url
+
+
+def _forward_headers(headers: Any) -> dict[str, str]:
+    return {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP}
+
+
+def make_app(upstream: str, corruptor: Corruptor) -> Any:
+    """The aiohttp application: everything proxied, chat completions rewritten by the mode."""
+    import aiohttp
+    from aiohttp import web
+
+    root = upstream_root(upstream)
+
+    async def on_startup(app: web.Application) -> None:
+        app["session"] = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600))
+
+    async def on_cleanup(app: web.Application) -> None:
+        await app["session"].close()
+
+    async def proxy(request: web.Request) -> web.StreamResponse:
+        session: aiohttp.ClientSession = request.app["session"]
+        data = await request.read()
+        rewrite = (request.method == "POST" and request.path.rstrip("/") == "/v1/chat/completions"
+                   and corruptor.mode != "passthrough")
+        streamed = False
+        if rewrite:
+            try:
+                streamed = bool(json.loads(data or b"{}").get("stream"))
+            except (ValueError, AttributeError):
+                rewrite = False  # not a JSON body: let the upstream answer the client's error
+        async with session.request(request.method, root + request.path_qs, data=data,
+                                   headers=_forward_headers(request.headers)) as up:
+            headers = _forward_headers(up.headers)
+            if rewrite and up.status == 200 and streamed:
+                return await _stream(request, up, headers, corruptor.stream().rewrite)
+            if rewrite and up.status == 200:
+                body = corruptor.rewrite_body(await up.json(content_type=None))
+                return web.Response(status=200, headers=headers, body=json.dumps(body).encode())
+            out = web.StreamResponse(status=up.status, headers=headers)
+            await out.prepare(request)
+            async for piece in up.content.iter_any():
+                await out.write(piece)
+            await out.write_eof()
+            return out
+
+    async def _stream(request: web.Request, up: Any, headers: dict[str, str],
+                      rewrite_chunk: Callable[[Json], Json]) -> web.StreamResponse:
+        out = web.StreamResponse(status=200, headers=headers)
+        await out.prepare(request)
+        async for raw in up.content:
+            line = raw.decode().rstrip("\r\n")
+            if not line:
+                continue
+            payload = line[5:].strip() if line.startswith("data:") else None
+            if payload is None or payload == "[DONE]":
+                await out.write((line + "\n\n").encode())
+                continue
+            try:
+                chunk = rewrite_chunk(json.loads(payload))
+            except ValueError:
+                await out.write((line + "\n\n").encode())
+                continue
+            await out.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await out.write_eof()
+        return out
+
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+    app.router.add_route("*", "/{tail:.*}", proxy)
+    return app
+
+
+async def serve(upstream: str, host: str, port: int, corruptor: Corruptor) -> None:
+    from aiohttp import web
+
+    runner = web.AppRunner(make_app(upstream, corruptor), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    print(f"gateway listening on http://{host}:{port}/v1 (mode {corruptor.mode})", flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vllm_acceptance.lab.gateway", description=__doc__.split("\n")[0])
+    parser.add_argument("--upstream", required=True, help="the vLLM base URL, e.g. http://127.0.0.1:8011/v1")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--mode", choices=MODES, default="passthrough")
+    parser.add_argument("--drop-field", default=DEFAULT_DROP_FIELD,
+                        help="dotted path removed in drop_field mode (`*` = every item)")
+    parser.add_argument("--every", type=int, default=5, help="markup_one_in_five: corrupt every Nth tool response")
+    args = parser.parse_args(argv)
+    if args.every < 1:
+        parser.error("--every must be >= 1")
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(args.upstream, args.host, args.port,
+                          Corruptor(args.mode, drop_field=args.drop_field, every=args.every)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
