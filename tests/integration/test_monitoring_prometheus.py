@@ -18,7 +18,6 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from support.prom import Prometheus
 
 from vllm_acceptance.evidence import EvidenceStore
 from vllm_acceptance.loadgen import RequestSpec, run_closed_loop_sync
@@ -26,6 +25,8 @@ from vllm_acceptance.metrics import DirectMetrics
 from vllm_acceptance.monitoring import RULES_FILE, generate_rules
 from vllm_acceptance.probes.load import LoadProbeConfig, filler, run_load_probe
 from vllm_acceptance.profile import load_profile
+
+from support.prom import Prometheus
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.lab
