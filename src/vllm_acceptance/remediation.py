@@ -444,7 +444,7 @@ def post_check(findings: Iterable[Finding], host: str, *, expect_version: str | 
     """Judge one node's preflight findings after its change. Upgrade: every node check passes
     (or is not applicable) and the driver is the expected version. Rollback: the node is back on
     its recorded version (compat.driver_branch may fail again: that is where it came from) and
-    its module, GPUs, Fabric Manager and snapshot are as healthy as required. Missing or
+    its module, GPUs, Fabric Manager and snapshot neither fail nor lack evidence. Missing or
     inconclusive evidence is a failure: a node is never put back on a guess."""
     own = [f for f in findings if f.host == host and f.check not in NODE_CHECKS_SKIPPED_AFTER_CHANGE]
     problems: list[str] = []
@@ -461,9 +461,13 @@ def post_check(findings: Iterable[Finding], host: str, *, expect_version: str | 
         problems.append(f"driver is {version} ({dict(sources) if isinstance(sources, Mapping) else sources}), "
                         f"expected {expect_version} on every source")
     if kind == "rollback":
+        # Back on the old driver, the profile's (newer-CUDA) image may be refused by the container
+        # runtime again: that leaves the container side inconclusive, exactly as before the upgrade.
+        # The host side must still be there (fail or missing stops); the re-run of the existing
+        # workload is what proves the old stack works again.
         for check in ROLLBACK_REQUIRED:
             finding = by_check.get(check)
-            if finding is not None and finding.status not in (Status.PASS, Status.NOT_APPLICABLE):
+            if finding is not None and finding.status in (Status.FAIL, Status.MISSING):
                 problems.append(f"{check} {finding.status.value}: {finding.reason}")
     else:
         for finding in own:

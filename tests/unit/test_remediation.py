@@ -183,8 +183,14 @@ def test_rollback_post_check_accepts_the_old_driver_but_not_a_lost_gpu() -> None
     back = [driver("n1", "575.57.08"), node("n1", "compat.gpu_visibility", Status.PASS),
             node("n1", "compat.container_cuda", Status.INCONCLUSIVE)]
     assert rem.post_check(back, "n1", expect_version="575.57.08", kind="rollback") == (True, [])
+    # The cu130 image is refused again on R575: what the container sees is unknown, as before the upgrade.
+    refused = [*back[:1], node("n1", "compat.gpu_visibility", Status.INCONCLUSIVE)]
+    assert rem.post_check(refused, "n1", expect_version="575.57.08", kind="rollback")[0]
     lost = [*back[:1], node("n1", "compat.gpu_visibility", Status.FAIL)]
     assert not rem.post_check(lost, "n1", expect_version="575.57.08", kind="rollback")[0]
+    blind = [*back[:1], node("n1", "compat.fabric_manager", Status.MISSING)]
+    assert not rem.post_check(blind, "n1", expect_version="575.57.08", kind="rollback")[0]
+    assert not rem.post_check(back, "n1", expect_version="580.95.05", kind="rollback")[0]
 
 
 # --- capture and record -----------------------------------------------------------------------------------

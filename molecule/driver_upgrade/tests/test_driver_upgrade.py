@@ -6,8 +6,9 @@ TARGET = "580.95.05"
 
 
 def test_nvidia_smi_reports_the_target_driver(host) -> None:
-    out = host.check_output("nvidia-smi --query-gpu=driver_version --format=csv,noheader")
-    assert set(out.split()) == {TARGET}
+    out = host.check_output("nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv")
+    versions = {line.split(",")[1].strip() for line in out.splitlines()[1:]}
+    assert versions == {TARGET}
 
 
 def test_kernel_module_and_fabric_manager_match(host) -> None:
