@@ -1,0 +1,135 @@
+#!/usr/bin/python
+"""Ansible module: merge the records of every loadgen host and file capacity.distributed."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: acceptance_loadmerge
+short_description: Merge distributed load records into one judged step (capacity.distributed)
+description:
+  - Reads C(<run_dir>/<records_dir>/<host>.jsonl) and C(<host>.meta.json) fetched from every host of the group
+    C(loadgen), pools the records, checks that the hosts started together on clocks that agree with the
+    controller, and judges the merged step against the profile SLO.
+  - Writes C(<records_dir>/merged.json), C(findings/<stage>.json) and C(stages/<stage>.json) in the run.
+  - A host without records is C(missing), misaligned clocks are C(inconclusive); neither is ever a pass.
+    A defect found does not fail the task; the report stage decides the verdict.
+  - In check mode nothing is written.
+options:
+  run_dir:
+    description: The run directory.
+    type: path
+    required: true
+  profile_path:
+    description: The validated profile (SLO, thresholds).
+    type: path
+    required: true
+  expected_hosts:
+    description: Every host of the group loadgen (a host that left no records is named).
+    type: list
+    elements: str
+    required: true
+  start_at:
+    description: The shared start time given to every host (epoch seconds).
+    type: float
+    required: true
+  window_end:
+    description: Controller time after every host finished (epoch seconds).
+    type: float
+  tolerance_s:
+    description: Allowed clock disagreement and start spread, in seconds.
+    type: float
+    default: 2.0
+  records_dir:
+    description: Directory of the fetched records, relative to run_dir.
+    type: str
+    default: probes/load-distributed
+  metrics_before:
+    description: The server's /metrics text saved before the load (for preemptions).
+    type: path
+  metrics_after:
+    description: The server's /metrics text saved after the load.
+    type: path
+  stage:
+    description: Name of the findings and stage files.
+    type: str
+    default: load-distributed
+author: vllm-acceptance
+"""
+
+EXAMPLES = r"""
+- name: Merge the loadgen hosts' records
+  acceptance_loadmerge:
+    run_dir: "{{ acceptance_run_dir }}"
+    profile_path: "{{ acceptance_profile_path }}"
+    expected_hosts: "{{ groups['loadgen'] }}"
+    start_at: "{{ loadgen_start_at }}"
+    window_end: "{{ loadgen_window_end }}"
+"""
+
+RETURN = r"""
+status:
+  description: pass, fail, inconclusive or missing.
+  returned: success
+  type: str
+records:
+  description: Merged record count.
+  returned: success
+  type: int
+per_host:
+  description: Record count per host.
+  returned: success
+  type: dict
+finding:
+  description: The capacity.distributed finding.
+  returned: success
+  type: dict
+"""
+
+from pathlib import Path
+
+from ansible.module_utils.basic import AnsibleModule
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "run_dir": {"type": "path", "required": True},
+            "profile_path": {"type": "path", "required": True},
+            "expected_hosts": {"type": "list", "elements": "str", "required": True},
+            "start_at": {"type": "float", "required": True},
+            "window_end": {"type": "float"},
+            "tolerance_s": {"type": "float", "default": 2.0},
+            "records_dir": {"type": "str", "default": "probes/load-distributed"},
+            "metrics_before": {"type": "path"},
+            "metrics_after": {"type": "path"},
+            "stage": {"type": "str", "default": "load-distributed"},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    if module.check_mode:
+        module.exit_json(changed=False, status="skipped", msg="check mode: nothing merged or written")
+    run_dir = Path(p["run_dir"])
+    if not run_dir.is_dir():
+        module.fail_json(msg=f"run_dir {run_dir} does not exist: run the validate stage (or create it) first")
+    try:
+        from vllm_acceptance.loadmerge import merge_stage
+        from vllm_acceptance.profile import ConfigError
+    except ImportError as exc:
+        module.fail_json(msg=f"vllm_acceptance is not importable ({exc}); run ansible-playbook from the project venv")
+    try:
+        finding, details = merge_stage(
+            run_dir, profile_path=p["profile_path"], expected_hosts=p["expected_hosts"], start_at=p["start_at"],
+            window_end=p["window_end"], tolerance_s=p["tolerance_s"], records_dir=p["records_dir"],
+            metrics_before=Path(p["metrics_before"]) if p["metrics_before"] else None,
+            metrics_after=Path(p["metrics_after"]) if p["metrics_after"] else None, stage=p["stage"])
+    except ConfigError as exc:
+        module.fail_json(msg=f"profile {p['profile_path']}: {exc}")
+    per_host = {h: s["count"] for h, s in details["summary"]["per_host"].items()}
+    module.exit_json(changed=True, status=finding.status.value, records=details["summary"]["overall"]["count"],
+                     per_host=per_host, finding=finding.to_dict())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""playbooks/loadgen.yml: two namespace loadgen hosts load the real lab vLLM at once, the controller merges.
+
+The hosts live in their own network namespaces, so they cannot reach the root namespace's
+127.0.0.1: this test starts its own lab server bound to 0.0.0.0 and points the hosts at the
+cluster bridge's address. The server's access log then proves the requests really came from
+both host addresses; the merge must count exactly what the hosts recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from vllm_acceptance.lab import server as lab
+from vllm_acceptance.lab.nshosts import HostSpec
+from vllm_acceptance.loadgen import read_records
+from vllm_acceptance.profile import load_profile
+
+from support.hosts import REPO, ClusterFactory, ansible_bin, ansible_env, cluster_factory
+
+pytestmark = [pytest.mark.lab, pytest.mark.hosts]
+
+LAB_PYTHON = REPO / ".venv-lab" / "bin" / "python"
+LAB_MODEL = REPO / ".lab" / "models" / "tiny-agent"
+PORTS = range(8061, 8070)
+HOSTS = ["lg0", "lg1"]
+PER_HOST_REQUESTS = 4
+
+
+def free_port() -> int:
+    for port in PORTS:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return port
+    pytest.skip(f"no free port in {PORTS.start}-{PORTS.stop - 1} for the 0.0.0.0 lab server")
+
+
+@pytest.fixture(scope="module")
+def open_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Path]]:
+    """A real lab vLLM on 0.0.0.0 (reachable from the namespaces through the bridge)."""
+    if not LAB_PYTHON.exists() or not (LAB_MODEL / "config.json").exists():
+        pytest.skip("no lab vLLM or lab model: run `make lab-venv lab-model` (make test does)")
+    state = tmp_path_factory.mktemp("open-lab")
+    profile = load_profile(str(REPO / "profiles" / "cpu-lab.yml"))
+    port = free_port()
+    spec = lab.LaunchSpec(python=str(LAB_PYTHON), model_path=str(LAB_MODEL), served_name="tiny-agent",
+                          host="0.0.0.0", port=port, args=[str(a) for a in profile.get("launch.args", [])],
+                          env={"VLLM_CPU_KVCACHE_SPACE": "1"}, log_path=state / "vllm.log",
+                          pid_path=state / "vllm.pid")
+    pid = lab.start(spec)
+    try:
+        lab.wait_ready(f"http://127.0.0.1:{port}/v1", pid, 600, spec.log_path)
+        yield port, spec.log_path
+    finally:
+        lab.stop(spec.pid_path)
+
+
+@pytest.fixture(scope="module")
+def loadgen_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterFactory]:
+    yield from cluster_factory(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def distributed_run(open_lab: tuple[int, Path], loadgen_hosts: ClusterFactory,
+                    tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    port, log = open_lab
+    cluster = loadgen_hosts([HostSpec(h) for h in HOSTS], name="loadgen-hosts")
+    work = tmp_path_factory.mktemp("loadgen-run")
+    data = cluster.inventory_data(group="loadgen")
+    # The controller itself, for the plan and merge plays (its own venv, local connection).
+    data["all"]["hosts"] = {"localhost": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}}
+    inventory = work / "inventory.yml"
+    inventory.write_text(yaml.safe_dump(data))
+    run_dir = work / "run"
+    run_dir.mkdir()
+    extra = {
+        "acceptance_run_dir": str(run_dir),
+        "acceptance_profile_path": str(REPO / "profiles" / "cpu-lab.yml"),
+        "loadgen_base_url": f"http://{cluster.controller_address}:{port}/v1",
+        "vllm_metrics_url": f"http://127.0.0.1:{port}/metrics",
+        "loadgen_model": "tiny-agent",
+        "loadgen_concurrency": 2,
+        "loadgen_requests": PER_HOST_REQUESTS,
+        "loadgen_prompt_tokens": 64,
+        "loadgen_output_tokens": 8,
+        "loadgen_start_delay_s": 10,  # covers the hosts' interpreter start on a busy 2-core machine
+    }
+    proc = subprocess.run([ansible_bin(), "-i", str(inventory), "playbooks/loadgen.yml", "-e", json.dumps(extra)],
+                          cwd=REPO, env=ansible_env(), capture_output=True, text=True, timeout=600, check=False)
+    return {"proc": proc, "run_dir": run_dir, "cluster": cluster, "log": log}
+
+
+def test_both_hosts_records_arrive_and_merge(distributed_run: dict[str, Any]) -> None:
+    proc, run_dir = distributed_run["proc"], distributed_run["run_dir"]
+    assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-3000:]}"
+    records_dir = run_dir / "probes" / "load-distributed"
+    per_host = {h: read_records(records_dir / f"{h}.jsonl") for h in HOSTS}
+    assert {h: len(r) for h, r in per_host.items()} == dict.fromkeys(HOSTS, PER_HOST_REQUESTS)
+    assert all(r.status == "ok" and r.completion_tokens == 8 for recs in per_host.values() for r in recs)
+    merged = json.loads((records_dir / "merged.json").read_text())
+    assert merged["summary"]["overall"]["count"] == sum(len(r) for r in per_host.values())
+    assert merged["row"]["concurrency"] == 4 and merged["clock"]["ok"] is True
+    assert merged["preemptions"] == 0
+
+
+def test_requests_came_from_both_namespace_hosts(distributed_run: dict[str, Any]) -> None:
+    """vLLM's access log names the client address: each host's own, through the bridge."""
+    cluster, log = distributed_run["cluster"], distributed_run["log"]
+    text = log.read_text(errors="replace")
+    for name in HOSTS:
+        address = cluster.host(name).address
+        hits = [line for line in text.splitlines() if f"{address}:" in line and "/v1/chat/completions" in line]
+        assert len(hits) >= PER_HOST_REQUESTS, f"{name} ({address}) sent {len(hits)} requests per the server log"
+
+
+def test_finding_is_filed_for_the_report(distributed_run: dict[str, Any]) -> None:
+    run_dir = distributed_run["run_dir"]
+    findings = json.loads((run_dir / "findings" / "load-distributed.json").read_text())
+    assert [f["check"] for f in findings] == ["capacity.distributed"]
+    finding = findings[0]
+    assert finding["status"] == "pass", finding
+    assert finding["observed"]["hosts"] == dict.fromkeys(HOSTS, PER_HOST_REQUESTS)
+    assert all((run_dir / p).is_file() for p in finding["evidence"])
+    assert {f"probes/load-distributed/{h}.jsonl" for h in HOSTS} <= set(finding["evidence"])
+    stage = json.loads((run_dir / "stages" / "load-distributed.json").read_text())
+    assert stage["hosts"] == HOSTS
+    # The hosts started together: every first request within the tolerance of the shared start.
+    assert stage["clock"]["start_spread_s"] < stage["clock"]["tolerance_s"]
