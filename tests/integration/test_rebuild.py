@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.hosts import REPO, ClusterFactory, ansible_bin, ansible_env, cluster_factory
 
 from vllm_acceptance.lab.nshosts import Cluster, HostSpec
+
+from support.hosts import REPO, ClusterFactory, ansible_bin, ansible_env, cluster_factory
 
 pytestmark = pytest.mark.hosts
 
@@ -46,11 +47,12 @@ def _window(start_h: float = -1, end_h: float = 2) -> str:
 
 
 def make_cluster(factory: ClusterFactory, work: Path, *, driver: str = OLD,
-                 after_upgrade_case: dict[str, str] | None = None) -> tuple[Cluster, dict[str, Path], Path]:
+                 after_upgrade_case: dict[str, str] | None = None,
+                 host_vars: dict[str, dict[str, Any]] | None = None) -> tuple[Cluster, dict[str, Path], Path]:
     bins = {h: fakenode.make_node(work / h / "bin", driver, after_upgrade_case=(after_upgrade_case or {}).get(h))
             for h in HOSTS}
     cluster = factory([HostSpec(h, bins[h]) for h in HOSTS], name="rebuild-hosts")
-    inventory = cluster.write_inventory(work / "inventory.yml", group="gpu_nodes", extra_vars={
+    inventory = cluster.write_inventory(work / "inventory.yml", group="gpu_nodes", host_vars=host_vars, extra_vars={
         "preflight_driver_version_file": fakenode.NODE_PROC_FILE,
         "node_state_driver_version_file": fakenode.NODE_PROC_FILE,
         "node_state_package_query": ["pkg", "list"],
@@ -295,3 +297,23 @@ def test_unmet_entry_conditions_refuse_with_the_reason(
     entry = json.loads((run_dir / "upgrade-entry.json").read_text())
     assert entry["decision"]["allowed"] is False
     assert not (run_dir / "rebuild.json").exists()
+
+
+# --- the model smoke test against a real vLLM (the lab server) ------------------------------------------
+
+
+@pytest.mark.lab
+def test_smoke_test_hits_the_real_model_and_a_failing_smoke_stops_the_roll(
+        ns_hosts: ClusterFactory, old_cluster: dict[str, Any], lab_server: Any, tmp_path: Path) -> None:
+    url = lab_server.base_url + "/completions"
+    smoke = {"node0": {"rebuild_smoke_url": url, "rebuild_smoke_model": lab_server.model},
+             "node1": {"rebuild_smoke_url": url, "rebuild_smoke_model": "no-such-model"}}
+    cluster, bins, inventory = make_cluster(ns_hosts, tmp_path, host_vars=smoke)
+    run_dir = tmp_path / "upgrade"
+    proc = run_playbook("playbooks/rebuild.yml", inventory, upgrade_vars(run_dir, old_cluster["findings"]))
+    assert proc.returncode != 0 and "stopped on node1 at step 'smoke'" in proc.stdout, out(proc)
+    book = ledger(run_dir)
+    node0_smoke = next(s for s in book["nodes"]["node0"]["steps"] if s["step"] == "smoke")
+    assert node0_smoke["status"] == "ok" and node0_smoke["detail"]["model"] == lab_server.model
+    assert book["failed"]["host"] == "node1" and book["failed"]["step"] == "smoke"
+    assert book["untouched"] == ["node2"] and changes(bins["node2"]) == []

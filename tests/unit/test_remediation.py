@@ -261,3 +261,17 @@ def test_an_experimental_run_with_every_check_passing_is_never_release() -> None
     decision = decide(passing, experimental=True)
     assert decision.verdict == "limited_observation" and decision.experimental
     assert any("experimental" in r for r in decision.reasons)
+
+
+def test_isolated_environment_record_needs_owner_review_date_and_criteria() -> None:
+    today = dt.date(2026, 9, 1)
+    full = {"isolated_env_owner": "agent-team", "isolated_env_review_date": "2026-09-15",
+            "isolated_env_move_back_criteria": "shared cluster on R580 and rebuild.yml completed",
+            "isolated_env_shared_inventory": "inventories/shared-gb300"}
+    record = rem.isolated_environment_record(full, today)
+    assert record["complete"] and record["owner"] == "agent-team"
+    assert "inventories/shared-gb300" in record["note"] and "do not carry over" in record["note"]
+    partial = rem.isolated_environment_record({"isolated_env_owner": "x"}, today)
+    assert partial["problems"] == ["isolated_env_review_date is not set", "isolated_env_move_back_criteria is not set"]
+    overdue = rem.isolated_environment_record({**full, "isolated_env_review_date": "2026-08-01"}, today)
+    assert not overdue["complete"] and "has passed" in overdue["problems"][0]
