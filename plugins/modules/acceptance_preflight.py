@@ -6,26 +6,47 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: acceptance_preflight
-short_description: Judge the compatibility chain from saved preflight evidence
+short_description: Save and judge the compatibility chain of the GPU nodes (preflight)
 description:
-  - Reads C(<run_dir>/evidence/preflight/<host>/) as written by the C(preflight) role and writes the
-    findings to C(<run_dir>/findings/preflight.json).
+  - C(action=unpack) (run once by the C(preflight) role) splits each answered node's framed C(raw) output into
+    C(<run_dir>/evidence/preflight/<host>/<name>.txt) and C(<name>.json) (cmd, rc, stderr, missing, timed_out),
+    secrets redacted. Only nodes that answered get a directory; a node without one is unreachable.
+  - C(action=judge) reads that evidence and writes the findings to C(<run_dir>/findings/preflight.json), and
+    records the hosts that left no evidence as C(unreachable_hosts) in C(<run_dir>/run.json), which the report
+    and the verdict read.
   - A host without evidence (unreachable) or with a missing tool gets C(missing) findings, never a pass.
   - Runs on the controller; needs the C(vllm_acceptance) package in the interpreter that runs it.
+  - Check mode writes nothing for C(judge); C(unpack) saves read-only evidence in check mode too (the role
+    sets C(check_mode=false) on it so that C(--check) runs show the real chain).
 options:
+  action:
+    description: C(judge) the saved evidence, or C(unpack) the nodes' answers into evidence.
+    type: str
+    choices: [judge, unpack]
+    default: judge
   run_dir:
     description: Run directory on the controller.
     type: path
     required: true
   profile_path:
-    description: Profile YAML (validated again here).
+    description: Profile YAML (validated again here). Required for C(judge).
     type: path
-    required: true
   hosts:
-    description: Every GPU node of the inventory, reachable or not.
+    description: Every GPU node of the inventory, reachable or not. Required for C(judge).
     type: list
     elements: str
-    required: true
+  nodes:
+    description:
+      - C(unpack) only. Inventory host name -> that node's answer, the registered result of the role's C(raw) task
+        (C(stdout), C(stderr), C(rc)) plus C(marker), the per-run frame marker its script printed (16+ characters),
+        and C(inputs), the role's record of what it was asked to check.
+      - Give only the nodes that answered; absent nodes get no evidence directory.
+    type: dict
+  secrets:
+    description: C(unpack) only. Literal secret values redacted besides the pattern-based redaction.
+    type: list
+    elements: str
+    default: []
   findings_name:
     description: File name under C(<run_dir>/findings/).
     type: str
@@ -34,6 +55,20 @@ author: vllm-acceptance
 """
 
 EXAMPLES = r"""
+- name: Save every answered node's evidence (what roles/preflight does)
+  acceptance_preflight:
+    action: unpack
+    run_dir: "{{ acceptance_run_dir }}"
+    nodes:
+      gpu-01:
+        stdout: "...framed answer..."
+        stderr: ""
+        rc: 0
+        marker: "@@preflight-x1Yz..."
+        inputs: {runtime: docker}
+  delegate_to: localhost
+  run_once: true
+
 - name: Judge the compatibility chain
   acceptance_preflight:
     run_dir: "{{ acceptance_run_dir }}"
@@ -43,35 +78,49 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+saved:
+  description: C(unpack) only. Host -> evidence names written.
+  type: dict
+  returned: when action is unpack
+incomplete:
+  description: C(unpack) only. C(host:name) of every command whose section the node's answer did not finish.
+  type: list
+  elements: str
+  returned: when action is unpack
+unfinished:
+  description: C(unpack) only. Hosts whose script did not reach its end (answer cut short).
+  type: list
+  elements: str
+  returned: when action is unpack
 findings_path:
   description: Where the findings were written (not written in check mode).
   type: str
-  returned: always
+  returned: when action is judge
 counts:
   description: Number of findings per status.
   type: dict
-  returned: always
+  returned: when action is judge
   sample: {pass: 10, fail: 1, not_applicable: 3}
 failed_checks:
   description: C(check@host) of every failed finding.
   type: list
   elements: str
-  returned: always
+  returned: when action is judge
 missing_checks:
   description: C(check@host) of every missing or inconclusive finding.
   type: list
   elements: str
-  returned: always
-unreachable:
-  description: Hosts that left no evidence directory.
+  returned: when action is judge
+unreachable_hosts:
+  description: Hosts that left no evidence directory (the node never answered); also written to run.json.
   type: list
   elements: str
-  returned: always
+  returned: when action is judge
 findings:
   description: The findings as dicts (report shape).
   type: list
   elements: dict
-  returned: always
+  returned: when action is judge
 """
 
 import traceback
@@ -81,8 +130,9 @@ from ansible.module_utils.basic import AnsibleModule
 
 try:
     from vllm_acceptance.findings import write_findings
-    from vllm_acceptance.preflight import judge, unreachable
+    from vllm_acceptance.preflight import NodeStream, judge, save_node_streams, unreachable
     from vllm_acceptance.profile import ConfigError, load_profile
+    from vllm_acceptance.run import update_run
 except ImportError:
     IMPORT_TRACE = traceback.format_exc()
 else:
@@ -93,14 +143,71 @@ def _label(finding) -> str:
     return f"{finding.check}@{finding.host}" if finding.host else finding.check
 
 
+def _node(module: AnsibleModule, host: str, answer) -> NodeStream:
+    """One node's registered raw result + the role's marker and inputs, as a NodeStream."""
+    marker = answer.get("marker") if isinstance(answer, dict) else None
+    if not isinstance(marker, str) or len(marker) < 16:
+        module.fail_json(msg=f"nodes.{host}: give the node's answer as a dict with stdout, rc, stderr, inputs and "
+                             "the frame marker (16+ characters) its script printed, as roles/preflight does")
+    rc = answer.get("rc")
+    inputs = answer.get("inputs")
+    return NodeStream(stdout=str(answer.get("stdout") or ""), marker=marker, stderr=str(answer.get("stderr") or ""),
+                      rc=rc if isinstance(rc, int) else None, inputs=inputs if isinstance(inputs, dict) else {})
+
+
+def run_unpack(module: AnsibleModule) -> None:
+    params = module.params
+    nodes = {host: _node(module, host, answer) for host, answer in (params["nodes"] or {}).items()}
+    try:
+        saved = save_node_streams(Path(params["run_dir"]), nodes, params["secrets"])
+    except (OSError, ValueError) as exc:
+        module.fail_json(msg=f"cannot save the preflight evidence under {params['run_dir']}: {exc}; "
+                             "check that the run directory is writable and the host names are plain names")
+    incomplete = [f"{host}:{name}" for host, node in saved.items() for name in node.incomplete]
+    unfinished = [host for host, node in saved.items() if not node.finished]
+    module.exit_json(changed=bool(saved), saved={host: node.written for host, node in saved.items()},
+                     incomplete=incomplete, unfinished=unfinished)
+
+
+def run_judge(module: AnsibleModule) -> None:
+    params = module.params
+    run_dir = Path(params["run_dir"])
+    try:
+        profile = load_profile(params["profile_path"])
+    except ConfigError as exc:
+        module.fail_json(msg=f"fix the profile, then re-run: {exc}")
+    hosts = params["hosts"]
+    findings = judge(run_dir, profile, hosts)
+    down = unreachable(run_dir, hosts)
+    path = run_dir / "findings" / params["findings_name"]
+    if not module.check_mode:
+        write_findings(path, findings)
+        # The report and the verdict read unreachable hosts from run.json (report/build.py). The result
+        # key is not `unreachable`: a true `unreachable` in a module result makes Ansible mark localhost
+        # itself unreachable.
+        update_run(run_dir, unreachable_hosts=down)
+    counts: dict[str, int] = {}
+    for finding in findings:
+        counts[finding.status.value] = counts.get(finding.status.value, 0) + 1
+    module.exit_json(
+        changed=not module.check_mode, findings_path=str(path), counts=counts,
+        failed_checks=[_label(f) for f in findings if f.status.value == "fail"],
+        missing_checks=[_label(f) for f in findings if f.status.value in ("missing", "inconclusive")],
+        unreachable_hosts=down, findings=[f.to_dict() for f in findings])
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
+            "action": {"type": "str", "choices": ["judge", "unpack"], "default": "judge"},
             "run_dir": {"type": "path", "required": True},
-            "profile_path": {"type": "path", "required": True},
-            "hosts": {"type": "list", "elements": "str", "required": True},
+            "profile_path": {"type": "path"},
+            "hosts": {"type": "list", "elements": "str"},
             "findings_name": {"type": "str", "default": "preflight.json"},
+            "nodes": {"type": "dict"},
+            "secrets": {"type": "list", "elements": "str", "default": [], "no_log": True},
         },
+        required_if=[("action", "judge", ("profile_path", "hosts")), ("action", "unpack", ("nodes",))],
         supports_check_mode=True,
     )
     if IMPORT_TRACE is not None:
@@ -110,24 +217,10 @@ def main() -> None:
                              "playbook from the project venv (.venv/bin/ansible-playbook) or set "
                              "ansible_python_interpreter for localhost to that venv's python",
                          exception=IMPORT_TRACE)
-    run_dir = Path(module.params["run_dir"])
-    try:
-        profile = load_profile(module.params["profile_path"])
-    except ConfigError as exc:
-        module.fail_json(msg=f"fix the profile, then re-run: {exc}")
-    hosts = module.params["hosts"]
-    findings = judge(run_dir, profile, hosts)
-    path = run_dir / "findings" / module.params["findings_name"]
-    if not module.check_mode:
-        write_findings(path, findings)
-    counts: dict[str, int] = {}
-    for finding in findings:
-        counts[finding.status.value] = counts.get(finding.status.value, 0) + 1
-    module.exit_json(
-        changed=not module.check_mode, findings_path=str(path), counts=counts,
-        failed_checks=[_label(f) for f in findings if f.status.value == "fail"],
-        missing_checks=[_label(f) for f in findings if f.status.value in ("missing", "inconclusive")],
-        unreachable=unreachable(run_dir, hosts), findings=[f.to_dict() for f in findings])
+    if module.params["action"] == "unpack":
+        run_unpack(module)
+    else:
+        run_judge(module)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """Preflight judge: the compatibility chain of every GPU node, from evidence saved by the role.
 
-The role (roles/preflight) runs stock commands on the nodes and saves raw output on the
-controller; this module only reads those files. Usable without Ansible:
+The role (roles/preflight) runs every stock command of a node in one `raw` call and hands the
+framed answers of all nodes to `save_node_streams` (module acceptance_preflight, action unpack),
+which writes the evidence layout of parsers/node_evidence.py. The judge only reads those files.
+Usable without Ansible:
 
     from vllm_acceptance.preflight import judge
     findings = judge(Path("reports/site/run"), load_profile("profiles/kimi-k3.yml"), ["gpu-01", "gpu-02"])
@@ -11,18 +13,23 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import sys
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .evidence import atomic_write
 from .findings import Finding
 from .parsers.node_evidence import host_dir, load_node_evidence
 from .parsers.startup_log import StartupScan
 from .profile import Profile
+from .redact import redact_obj, redact_text
 from .rules.compat import NODE_RULES, NodeContext, check_recipe_record, check_topology
 from .run import record_profile
 
 FINDINGS_NAME = "preflight.json"
+# Evidence and host directory names: no path separators, no hidden or parent entries.
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:@-]*")
 
 
 def node_contexts(run_dir: Path, profile: Profile, hosts: list[str],
@@ -47,46 +54,140 @@ def judge(run_dir: Path, profile: Profile, hosts: list[str], *, today: dt.date |
     return findings
 
 
-def unpack_bundle(host_directory: Path) -> list[str]:
-    """Explode the role's bundle.json into `<name>.txt` (raw stdout) and `<name>.json` (meta) per
-    command, atomically. Returns the names written. The bundle stays as the original record."""
-    bundle = json.loads((Path(host_directory) / "bundle.json").read_text())
+FRAME_VERSION = "v1"
+
+
+@dataclass
+class NodeStream:
+    """What one node answered to the role's single `raw` call: the framed stdout of the script
+    (roles/preflight/templates/node_script.sh.j2), the exit status and stderr of the script itself."""
+
+    stdout: str
+    marker: str
+    rc: int | None = None
+    stderr: str = ""
+    inputs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class StreamRecord:
+    """One command's section of the stream, in the meta layout of parsers/node_evidence.py."""
+
+    name: str
+    cmd: Any
+    stdout: str = ""
+    rc: int | None = None
+    stderr: str = ""
+    missing: bool = False
+    timed_out: bool = False
+    complete: bool = False      # the script reached the end of this command's section
+
+
+def _frame_line(stream: str, start: int) -> tuple[str, int]:
+    """The line starting at `start` (without its newline) and the index after it."""
+    end = stream.find("\n", start)
+    end = len(stream) if end < 0 else end
+    return stream[start:end], end + 1
+
+
+def split_stream(stream: str, marker: str) -> tuple[list[StreamRecord], bool]:
+    """Split the script's framed stdout into one record per command.
+
+    Frame per command (`M` = the per-run marker, unknowable to the node's commands):
+        M begin NAME CMD_JSON\\n  STDOUT  \\nM end NAME RC [missing|timeout]\\n  STDERR\\nM done NAME\\n
+    and `M fin` after the last command. The newline before `M end`/`M done` is the script's own, so
+    STDOUT/STDERR are byte-exact. Returns the records and whether the script reached `fin`. A
+    section cut short (ssh dropped, the task timed out) keeps what arrived, with rc None."""
+    if len(marker) < 16:
+        raise ValueError("the stream marker must be at least 16 characters (unguessable by the node)")
+    records: list[StreamRecord] = []
+    begin = f"{marker} begin "
+    pos = stream.find(begin)
+    while pos >= 0:
+        header, body = _frame_line(stream, pos + len(begin))
+        name, _, cmd_json = header.partition(" ")
+        try:
+            cmd = json.loads(cmd_json) if cmd_json else None
+        except ValueError:
+            cmd = cmd_json
+        record = StreamRecord(name=name, cmd=cmd)
+        records.append(record)
+        end_tag = f"\n{marker} end {name} "
+        end = stream.find(end_tag, body)
+        if end < 0:
+            record.stdout = stream[body:].split(f"\n{marker} ", 1)[0]
+            record.stderr = "the node's answer ended inside this command (connection lost or task timeout)"
+            break
+        record.stdout = stream[body:end]
+        status, after = _frame_line(stream, end + len(end_tag))
+        fields = status.split()
+        record.rc = int(fields[0]) if fields and fields[0].lstrip("-").isdigit() else None
+        record.missing = "missing" in fields[1:]
+        record.timed_out = "timeout" in fields[1:]
+        done = stream.find(f"\n{marker} done {name}\n", after)
+        if done < 0:
+            record.stderr = stream[after:].split(f"\n{marker} ", 1)[0]
+            break
+        record.stderr = stream[after:done] if done >= after else ""
+        record.complete = True
+        pos = stream.find(begin, done + 1)
+    return records, f"\n{marker} fin\n" in f"\n{stream}"
+
+
+def _evidence_stdout(record: StreamRecord, secrets: list[str]) -> str:
+    """The env dump is sorted (stable diffs between runs) and, like every output, redacted."""
+    text = record.stdout
+    if record.name == "env":
+        text = "\n".join(sorted(text.splitlines())) + "\n"
+    return redact_text(text, secrets)
+
+
+@dataclass
+class SavedNode:
+    written: list[str]          # evidence names, `inputs` last
+    incomplete: list[str]       # commands whose section the answer did not finish
+    finished: bool              # the script reached its end marker
+
+
+def save_node_stream(host_directory: Path, node: NodeStream, secrets: list[str] | None = None) -> SavedNode:
+    """Write one answered node's evidence: `<name>.txt` (stdout) and `<name>.json` (meta: cmd, rc,
+    stderr, missing, timed_out) per command, `inputs.*`, and `stream.json` (how the answer ended).
+    Creating the directory is what marks the node as reached (see `unreachable`)."""
+    secrets = [s for s in (secrets or []) if s]
+    base = Path(host_directory)
+    records, finished = split_stream(node.stdout, node.marker)
     written = []
-    for record in bundle.get("records", []):
-        name = str(record["name"])
-        if "/" in name or name.startswith("."):
-            raise ValueError(f"bad evidence name {name!r}")
-        meta = {k: record.get(k) for k in ("cmd", "rc", "stderr", "missing", "timed_out")}
-        atomic_write(Path(host_directory) / f"{name}.txt", str(record.get("stdout") or ""))
-        atomic_write(Path(host_directory) / f"{name}.json", json.dumps(meta, indent=2) + "\n")
-        written.append(name)
-    inputs = bundle.get("inputs") or {}
-    atomic_write(Path(host_directory) / "inputs.txt", json.dumps(inputs, indent=2, default=str) + "\n")
-    atomic_write(Path(host_directory) / "inputs.json",
+    for record in records:
+        if not _NAME.fullmatch(record.name):
+            raise ValueError(f"bad evidence name {record.name!r} in the node's answer")
+        meta = {"cmd": record.cmd, "rc": record.rc, "stderr": redact_text(record.stderr.rstrip("\n"), secrets),
+                "missing": record.missing, "timed_out": record.timed_out}
+        atomic_write(base / f"{record.name}.txt", _evidence_stdout(record, secrets))
+        atomic_write(base / f"{record.name}.json", json.dumps(meta, indent=2) + "\n")
+        written.append(record.name)
+    atomic_write(base / "inputs.txt", json.dumps(redact_obj(node.inputs, secrets), indent=2, default=str) + "\n")
+    atomic_write(base / "inputs.json",
                  json.dumps({"cmd": "roles/preflight inputs", "rc": 0, "stderr": "", "missing": False}) + "\n")
-    return written + ["inputs"]
+    transport = {"frame": FRAME_VERSION, "finished": finished, "script_rc": node.rc,
+                 "script_stderr": redact_text(node.stderr or "", secrets)[-4000:], "records": written,
+                 "incomplete": [r.name for r in records if not r.complete]}
+    atomic_write(base / "stream.json", json.dumps(transport, indent=2) + "\n")
+    return SavedNode(written=written + ["inputs"], incomplete=transport["incomplete"], finished=finished)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`python -m vllm_acceptance.preflight unpack HOST_DIR` (run by the role on the controller)."""
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 2 or args[0] != "unpack":
-        print("usage: python -m vllm_acceptance.preflight unpack <run_dir>/evidence/preflight/<host>",
-              file=sys.stderr)
-        return 2
-    try:
-        names = unpack_bundle(Path(args[1]))
-    except (OSError, ValueError, KeyError) as exc:
-        print(f"cannot unpack {args[1]}/bundle.json: {exc}", file=sys.stderr)
-        return 1
-    print(f"{len(names)} evidence records in {args[1]}")
-    return 0
+def save_node_streams(run_dir: Path, nodes: dict[str, NodeStream],
+                      secrets: list[str] | None = None) -> dict[str, SavedNode]:
+    """`save_node_stream` for every node that answered; a host not given here gets no directory,
+    so the judge reports it unreachable."""
+    out = {}
+    for host, node in nodes.items():
+        if not _NAME.fullmatch(host):
+            raise ValueError(f"bad host name {host!r} for an evidence directory")
+        out[host] = save_node_stream(host_dir(Path(run_dir), host), node, secrets)
+    return out
 
 
 def unreachable(run_dir: Path, hosts: list[str]) -> list[str]:
-    """Hosts that left no evidence directory at all."""
+    """Hosts that left no evidence directory at all: the role creates a host's directory only
+    after the node answered (save_node_streams), so these are the nodes that never did."""
     return [h for h in hosts if not host_dir(Path(run_dir), h).is_dir()]
-
-
-if __name__ == "__main__":
-    sys.exit(main())

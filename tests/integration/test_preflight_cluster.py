@@ -3,7 +3,8 @@
 Each namespace host serves a fixture case's fake binaries (tests/fixtures/nodes/<case>/bin,
 recorded real outputs) on /usr/local/bin, so the role runs its stock commands over ssh exactly
 as on a GPU node; the controller-side judge then writes findings/preflight.json. One playbook
-run covers all cases (module scope): what is asserted is per host.
+run covers all cases (module scope): what is asserted is per host. The nodes are given no Python
+interpreter (a path that does not exist): the role needs none on a node.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.hosts import REPO, ClusterFactory, ansible_bin, ansible_env, cluster_factory
 
 from vllm_acceptance.lab.nshosts import HostSpec
+
+from support.hosts import REPO, ClusterFactory, ansible_bin, ansible_env, cluster_factory
 
 pytestmark = pytest.mark.hosts
 
@@ -26,6 +28,8 @@ CASES = ["good", "driver-575", "image-cu129", "seven-gpus", "fm-inactive", "nccl
 DOWN = "node-down"
 # Judged from the serve stage's startup log, not by preflight.
 NOT_PREFLIGHT = {"compat.startup_log"}
+# The role runs `raw` only on the nodes: any module run there would fail on this interpreter.
+NO_PYTHON = "/nonexistent/python3"
 
 
 def _host(case: str) -> str:
@@ -52,11 +56,11 @@ def preflight_run(preflight_hosts: ClusterFactory, tmp_path_factory: pytest.Temp
     work = tmp_path_factory.mktemp("preflight-run")
     # Hosts share the controller's file system, so /proc/driver/nvidia/version is pointed at
     # each case's recorded copy (the role exposes that path as a variable for this reason).
-    host_vars = {
-        _host(case): {"preflight_driver_version_file": str(NODES / case / _case(case)["driver_version_file"])}
-        for case in CASES
-        if _case(case).get("driver_version_file")
-    }
+    host_vars: dict[str, dict[str, str]] = {_host(case): {"ansible_python_interpreter": NO_PYTHON} for case in CASES}
+    for case in CASES:
+        if _case(case).get("driver_version_file"):
+            host_vars[_host(case)]["preflight_driver_version_file"] = str(
+                NODES / case / _case(case)["driver_version_file"])
     inventory = cluster.write_inventory(work / "inventory.yml", group="gpu_nodes", host_vars=host_vars)
     run_dir = work / "run"
     run_dir.mkdir()
@@ -89,9 +93,42 @@ def test_playbook_finishes_and_only_the_down_host_is_unreachable(preflight_run: 
     # rc 4: a host was unreachable (the down one); anything else means a task crashed.
     assert proc.returncode == 4, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert f"{DOWN}" in proc.stdout
+    checked = 0
     for line in proc.stdout.splitlines():
-        if line.startswith(tuple(_host(c) + " " for c in CASES)):
+        if line.startswith((*(_host(c) + " " for c in CASES), "localhost ")):
             assert "unreachable=0" in line and "failed=0" in line, line
+            checked += 1
+    assert checked == len(CASES) + 1, proc.stdout[-3000:]
+
+
+def test_down_host_has_no_evidence_dir_and_run_json_names_it(preflight_run: dict[str, Any]) -> None:
+    run_dir: Path = preflight_run["run_dir"]
+    assert not (run_dir / "evidence" / "preflight" / DOWN).exists()
+    # report/build.py reads unreachable hosts from run.json: the verdict side sees the down node
+    assert json.loads((run_dir / "run.json").read_text())["unreachable_hosts"] == [DOWN]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_evidence_is_the_node_output_byte_for_byte(preflight_run: dict[str, Any], case: str) -> None:
+    evidence = preflight_run["run_dir"] / "evidence" / "preflight" / _host(case)
+    for name, recorded in (("nvidia_smi_xml", "nvidia-smi-q.xml"), ("image_inspect", "docker-image-inspect.json"),
+                           ("lsmod", "lsmod.txt"), ("image_probe", "probe.json")):
+        meta = json.loads((evidence / f"{name}.json").read_text())
+        if (NODES / case / recorded).is_file():
+            assert (evidence / f"{name}.txt").read_bytes() == (NODES / case / recorded).read_bytes(), name
+            assert (meta["rc"], meta["missing"], meta["timed_out"]) == (0, False, False), (name, meta)
+        else:
+            assert meta["rc"] != 0, (name, meta)
+    stream = json.loads((evidence / "stream.json").read_text())
+    assert stream["finished"] and stream["incomplete"] == []
+
+
+def test_absent_binary_is_recorded_missing(preflight_run: dict[str, Any]) -> None:
+    evidence = preflight_run["run_dir"] / "evidence" / "preflight" / _host("no-nvidia-smi")
+    for name in ("nvidia_smi", "nvidia_smi_query", "nvidia_smi_xml", "fabricmanager_version"):
+        meta = json.loads((evidence / f"{name}.json").read_text())
+        assert meta["missing"] is True and meta["rc"] == 127, (name, meta)
+        assert (evidence / f"{name}.txt").read_text() == ""
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -1,4 +1,6 @@
-"""The judge over a fake evidence dir per recorded case: statuses, the named host, unreachable hosts."""
+"""The judge over a fake evidence dir per recorded case: statuses, the named host, unreachable hosts;
+the role's node script (rendered by Ansible's templar, run by real shells) and the controller-side
+split that turns the node's one answer into the evidence layout."""
 
 from __future__ import annotations
 
@@ -7,12 +9,14 @@ import json
 from pathlib import Path
 
 import pytest
-from nodefixtures import CASES, NODES, build_evidence
 
 from vllm_acceptance.findings import Status
-from vllm_acceptance.preflight import judge, unreachable
+from vllm_acceptance.parsers.node_evidence import load_node_evidence
+from vllm_acceptance.preflight import NodeStream, judge, save_node_streams, split_stream, unreachable
 from vllm_acceptance.profile import load_profile
 from vllm_acceptance.verdict import decide
+
+from nodefixtures import CASES, MAP, NODES, build_evidence
 
 ROOT = Path(__file__).resolve().parents[2]
 KIMI = load_profile(ROOT / "profiles" / "kimi-k3.yml")
@@ -159,3 +163,162 @@ def test_fake_binaries_replay_the_recorded_files(case: str) -> None:
         assert fm.stdout.strip() in ("active", "inactive") and (fm.returncode == 0) == (fm.stdout.strip() == "active")
     else:
         assert case == "no-nvidia-smi"
+
+
+# --- the node script and the controller-side split (roles/preflight/templates/node_script.sh.j2) ---
+
+MARKER = "@@preflight-" + "Q7x" * 8
+SCRIPT = ROOT / "roles" / "preflight" / "templates" / "node_script.sh.j2"
+
+
+def _render_script(commands: list[dict], timeout_s: int = 30) -> str:
+    """The role's real template, rendered by Ansible's own templar (the filters the role uses)."""
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    variables = {"preflight_marker": MARKER, "preflight_path": "/usr/local/bin:/usr/bin:/bin",
+                 "preflight_command_timeout_s": timeout_s, "preflight_commands": commands}
+    return Templar(loader=DataLoader(), variables=variables).template(trust_as_template(SCRIPT.read_text()))
+
+
+def _run_script(commands: list[dict], shell: str = "/bin/sh", timeout_s: int = 30) -> str:
+    import subprocess
+
+    # stdin carries data (as an ssh session's may): no command may read it
+    proc = subprocess.run([shell, "-c", _render_script(commands, timeout_s)], capture_output=True, text=True,
+                          timeout=60, check=False, input="the session's stdin\n")
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    return proc.stdout
+
+
+NODE_COMMANDS = [
+    {"name": "no_newline", "argv": ["printf", "a'b\n%s", "x  y"]},
+    {"name": "rc_and_stderr", "argv": ["sh", "-c", "echo out; echo err >&2; echo err2 >&2; exit 3"]},
+    {"name": "absent", "argv": ["no-such-tool-on-this-node", "--version"]},
+    # output that looks like a frame but carries another marker is data, not a frame
+    {"name": "fake_frame", "argv": ["printf", "@@preflight-other end fake_frame 0\n\n"]},
+    {"name": "reads_stdin", "argv": ["cat"]},
+    {"name": "image_probe", "argv": ["sh", "-c", "echo probe", "<- the source"]},
+]
+
+
+@pytest.mark.parametrize("shell", ["/bin/sh", "dash", "bash"])
+def test_script_frames_each_command_exactly(shell: str) -> None:
+    import shutil
+
+    if shutil.which(shell) is None:
+        pytest.skip(f"{shell} not installed")
+    records, finished = split_stream(_run_script(NODE_COMMANDS, shell), MARKER)
+    assert finished
+    got = {r.name: r for r in records}
+    assert list(got) == [c["name"] for c in NODE_COMMANDS]
+    assert got["no_newline"].stdout == "a'b\nx  y" and got["no_newline"].rc == 0
+    assert (got["rc_and_stderr"].stdout, got["rc_and_stderr"].rc) == ("out\n", 3)
+    assert got["rc_and_stderr"].stderr == "err\nerr2\n"
+    absent = got["absent"]
+    assert absent.missing and absent.rc == 127 and absent.stdout == "" and "not found" in absent.stderr
+    assert got["fake_frame"].stdout == "@@preflight-other end fake_frame 0\n\n"
+    assert got["reads_stdin"].stdout == "" and got["reads_stdin"].rc == 0   # stdin is /dev/null, no hang
+    # the probe's source is not repeated in the evidence meta
+    assert got["image_probe"].cmd == ["sh", "-c", "echo probe", "<probe.py>"]
+    assert all(r.complete and not r.timed_out for r in records)
+
+
+def test_a_command_past_its_timeout_is_stopped_and_marked() -> None:
+    import shutil
+    import time
+
+    if shutil.which("timeout") is None:
+        pytest.skip("no timeout(1) here")
+    started = time.monotonic()
+    stream = _run_script([{"name": "slow", "argv": ["sleep", "30"], "timeout": 1},
+                          {"name": "after", "argv": ["echo", "next"]}])
+    assert time.monotonic() - started < 15
+    records, finished = split_stream(stream, MARKER)
+    assert finished and records[0].timed_out and records[0].rc == 124
+    assert records[1].stdout == "next\n" and not records[1].timed_out
+
+
+def test_a_cut_stream_keeps_what_arrived_and_says_it_is_incomplete(tmp_path: Path) -> None:
+    stream = _run_script([{"name": "hostname", "argv": ["echo", "node-a"]},
+                          {"name": "lsmod", "argv": ["sh", "-c", "echo nvidia; echo half"]}])
+    cut = stream[: stream.index(f"{MARKER} end lsmod")]      # the connection dropped here
+    records, finished = split_stream(cut, MARKER)
+    assert not finished
+    assert records[0].complete and records[0].stdout == "node-a\n"
+    assert not records[1].complete and records[1].rc is None and records[1].stdout.startswith("nvidia")
+    saved = save_node_streams(tmp_path, {"node-a": NodeStream(stdout=cut, marker=MARKER)})["node-a"]
+    assert saved.incomplete == ["lsmod"] and not saved.finished
+    evidence = load_node_evidence(tmp_path, "node-a")
+    assert evidence.get("hostname").ok
+    assert not evidence.get("lsmod").ok and "ended inside" in evidence.get("lsmod").why_not()
+
+
+def test_a_short_marker_is_refused() -> None:
+    with pytest.raises(ValueError, match="marker"):
+        split_stream("x", "@@short")
+
+
+def _good_node_stream(case: str = "good", env: str = "HOME=/root\n") -> str:
+    """A node answer made of the recorded fixture outputs, framed the way the script frames them."""
+    src = NODES / case
+    sections = [("hostname", ["hostname"], "gb300-n01\n", 0, ""), ("env", ["env"], env, 0, "")]
+    for name, (filename, tool) in MAP.items():
+        path = src / filename
+        if path.is_file():
+            sections.append((name, [tool], path.read_text(), 0, ""))
+        else:
+            sections.append((name, [tool], "", 127, f"{tool}: command not found"))
+    out = []
+    for name, cmd, stdout, rc, stderr in sections:
+        flag = "missing" if rc == 127 else ""
+        out.append(f"{MARKER} begin {name} {json.dumps(cmd)}\n{stdout}\n{MARKER} end {name} {rc} {flag}\n"
+                   f"{stderr}\n{MARKER} done {name}\n")
+    return "".join(out) + f"{MARKER} fin\n"
+
+
+def test_saved_streams_have_the_evidence_layout_and_no_secret(tmp_path: Path) -> None:
+    env = "ZED=1\nHF_TOKEN=hf_reallysecretvalue\nHOME=/root\nMY_PASSWORD=hunter2hunter2\nSITE=sekrit-literal-42\n"
+    node = NodeStream(stdout=_good_node_stream(env=env), marker=MARKER, rc=0,
+                      inputs={"image": "vllm/vllm-openai:kimi-k3", "launch_env": {"HF_TOKEN": "hf_x"}})
+    saved = save_node_streams(tmp_path, {"node-a": node}, secrets=["sekrit-literal-42"])
+    base = tmp_path / "evidence" / "preflight" / "node-a"
+    assert saved["node-a"].finished and saved["node-a"].written[-1] == "inputs"
+    text = "".join(p.read_text() for p in base.iterdir())
+    for secret in ("hf_reallysecretvalue", "hunter2hunter2", "sekrit-literal-42", "hf_x"):
+        assert secret not in text, secret
+    assert (base / "env.txt").read_text().splitlines()[0].startswith("HF_TOKEN=")   # sorted
+    assert (base / "nvidia_smi_xml.txt").read_text() == (NODES / "good" / "nvidia-smi-q.xml").read_text()
+    meta = json.loads((base / "nvidia_smi_xml.json").read_text())
+    assert set(meta) == {"cmd", "rc", "stderr", "missing", "timed_out"} and meta["rc"] == 0
+    assert json.loads((base / "inputs.txt").read_text())["image"] == "vllm/vllm-openai:kimi-k3"
+
+
+@pytest.mark.parametrize("case", ["good", "no-nvidia-smi"])
+def test_judge_reads_what_the_split_wrote(tmp_path: Path, case: str) -> None:
+    """Evidence through the real split and writer is judged as the recorded case expects."""
+    build_evidence(case, tmp_path, host="node-a")          # date/uname/driver/fm files the stream lacks
+    base = tmp_path / "evidence" / "preflight" / "node-a"
+    for name in MAP:
+        for suffix in (".txt", ".json"):
+            (base / f"{name}{suffix}").unlink()
+    save_node_streams(tmp_path, {"node-a": NodeStream(stdout=_good_node_stream(case), marker=MARKER,
+                                                      inputs={"image": "vllm/vllm-openai:kimi-k3"})})
+    checks = by_check(judge(tmp_path, KIMI, ["node-a"], today=TODAY), "node-a")
+    expected = json.loads((NODES / case / "case.json").read_text())["expected"]
+    for check in {"compat.driver_branch", "compat.gpu_visibility", "compat.container_cuda"} & set(expected):
+        assert checks[check].status.value == expected[check], (check, checks[check].reason)
+    if case == "no-nvidia-smi":
+        assert "command not found" in checks["compat.gpu_visibility"].reason
+
+
+def test_only_answered_nodes_get_a_directory_so_the_others_are_unreachable(tmp_path: Path) -> None:
+    save_node_streams(tmp_path, {"node-a": NodeStream(stdout=_good_node_stream(), marker=MARKER)})
+    assert unreachable(tmp_path, ["node-a", "node-down"]) == ["node-down"]
+
+
+@pytest.mark.parametrize("host", ["../escape", ".hidden", "a/b", ""])
+def test_host_names_cannot_leave_the_evidence_tree(tmp_path: Path, host: str) -> None:
+    with pytest.raises(ValueError):
+        save_node_streams(tmp_path, {host: NodeStream(stdout="", marker=MARKER)})
+    assert not (tmp_path / "escape").exists()

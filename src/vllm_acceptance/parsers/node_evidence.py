@@ -1,9 +1,12 @@
 """One node's preflight evidence as the role saved it on the controller.
 
-Layout (written by roles/preflight): `<run_dir>/evidence/preflight/<host>/<name>.txt` holds the raw
-stdout of one stock command, `<name>.json` its meta: {"cmd", "rc", "stderr", "missing"} where
-`missing` is true when the binary was absent. `inputs` is the role's own record of what it was
-asked to check (image reference, pinned digest, planned launch args/env).
+Layout (written by roles/preflight through vllm_acceptance.preflight.save_node_streams):
+`<run_dir>/evidence/preflight/<host>/<name>.txt` holds the raw stdout of one stock command, byte for
+byte, `<name>.json` its meta: {"cmd", "rc", "stderr", "missing", "timed_out"} where `missing` is true
+when the binary was absent (rc 127) and `timed_out` when the node's `timeout` stopped it. `inputs` is
+the role's own record of what it was asked to check (image reference, pinned digest, planned launch
+args/env); `stream.json` says whether the node's answer arrived whole. A host directory exists only
+for a node that answered.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Any
 
 EVIDENCE_SUBDIR = Path("evidence") / "preflight"
 
-# name -> what it is; the role writes exactly these names (roles/preflight/defaults/main.yml).
+# name -> what it is; the role writes exactly these names (roles/preflight/templates/commands.yml.j2).
 COMMANDS = {
     "date_u": "date -u",
     "hostname": "hostname",
@@ -48,6 +51,7 @@ class CommandRecord:
     rc: int | None = None
     stderr: str = ""
     missing_tool: bool = False
+    timed_out: bool = False
     cmd: Any = None
     paths: list[str] = field(default_factory=list)   # relative to the run dir, existing files only
     meta_error: str | None = None
@@ -65,6 +69,8 @@ class CommandRecord:
             return f"`{COMMANDS.get(self.name, self.name)}`: command not found on the node"
         if self.meta_error:
             return f"`{self.name}`: {self.meta_error}"
+        if self.timed_out:
+            return f"`{COMMANDS.get(self.name, self.name)}` timed out on the node (rc {self.rc})"
         detail = (self.stderr or self.stdout).strip().splitlines()
         return f"`{COMMANDS.get(self.name, self.name)}` exited {self.rc}" + (f": {detail[-1][:200]}" if detail else "")
 
@@ -114,6 +120,7 @@ def _read_record(run_dir: Path, base: Path, name: str) -> CommandRecord:
             record.rc = rc if isinstance(rc, int) and not isinstance(rc, bool) else None
             record.stderr = str(meta.get("stderr") or "")
             record.missing_tool = bool(meta.get("missing"))
+            record.timed_out = bool(meta.get("timed_out"))
             record.cmd = meta.get("cmd")
         if not record.present and record.missing_tool:
             record.present = True     # the absence of the tool is itself the recorded evidence
