@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..findings import Consequence, Finding, Status, missing, read_findings
+from ..monitoring import monitoring_summary
 from ..profile import Profile
 from ..verdict import IMMEDIATE_ACTION, REOPEN_TRIGGERS, ROLLBACK_TRIGGERS, annotate, decide
 from .environment import environment_summary, node_facts
@@ -95,7 +96,7 @@ def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
     counts: dict[str, int] = {s.value: 0 for s in Status}
     for finding in findings:
         counts[finding.status.value] += 1
-    return {
+    report = {
         "schema_version": SCHEMA_VERSION,
         "inventory": run.get("inventory", run_dir.parent.name),
         "profile": profile.name,
@@ -125,6 +126,13 @@ def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
         "rollback_triggers": ROLLBACK_TRIGGERS,
         "errors": errors,
     }
+    # Monitoring derived from this run's figures (thresholds with their source, rollback triggers);
+    # playbooks/report.yml writes the rule files when the verdict allows traffic.
+    try:
+        report["monitoring"] = monitoring_summary(report, profile)
+    except Exception as exc:  # noqa: BLE001 - a report is written whatever the monitoring derivation hits
+        report["monitoring"] = {"error": f"{type(exc).__name__}: {exc}"}
+    return report
 
 
 def scenario_version(profile: Profile) -> str | None:
