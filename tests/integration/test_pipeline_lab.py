@@ -88,6 +88,7 @@ def test_secrets_never_reach_evidence_or_reports(lab_server_factory, tmp_path: P
     env = {"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
            "VLLM_API_KEY": SECRET_KEY, "HF_TOKEN": HF_SECRET}
     reports = tmp_path / "reports"
+    (tmp_path / "runner").mkdir()
     result = ansible_runner.run(
         private_data_dir=str(tmp_path / "runner"), project_dir=str(REPO), playbook=str(REPO / "accept.yml"),
         inventory=str(REPO / "inventories" / "lab"), envvars=env, quiet=True,
@@ -108,3 +109,30 @@ def test_secrets_never_reach_evidence_or_reports(lab_server_factory, tmp_path: P
     # The server's own startup log prints its api_key argument; the evidence copy must not.
     assert SECRET_KEY in server.log_path.read_text()
     assert (run_dir / "evidence" / "serve" / "startup.log").is_file()
+
+
+def test_launch_mode_starts_judges_and_stops_the_lab_server(tmp_path: Path) -> None:
+    """The demo's path: accept.yml launches vLLM from the profile, keeps the startup log, stops it at the end."""
+    from conftest import lab_skip_reason
+
+    reason = lab_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    reports = tmp_path / "reports"
+    (tmp_path / "runner").mkdir()
+    env = {"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
+    result = ansible_runner.run(
+        private_data_dir=str(tmp_path / "runner"), project_dir=str(REPO), playbook=str(REPO / "accept.yml"),
+        inventory=str(REPO / "inventories" / "lab"), envvars=env, quiet=True,
+        extravars={"acceptance_reports_dir": str(reports), "acceptance_probes": ["cache"], "vllm_serve_port": 8027,
+                   "vllm_serve_state_dir": str(tmp_path / "server")})
+    assert result.status == "successful"
+    run_dir = (reports / "lab" / "latest").resolve()
+    serve = {f["check"]: f for f in json.loads((run_dir / "findings" / "serve.json").read_text())}
+    assert serve["capacity.model_load"]["status"] == "pass" and serve["capacity.model_load"]["observed"]["ready_s"] > 0
+    assert serve["compat.startup_log"]["status"] in ("pass", "warn")
+    assert "--enable-prefix-caching" in (run_dir / "evidence" / "serve" / "launch-command.txt").read_text()
+    pid_file = tmp_path / "server" / "vllm.pid"
+    assert not pid_file.exists(), "the server this run launched is still recorded as running"
+    report = json.loads((run_dir / "report.json").read_text())
+    assert {f["check"] for f in report["findings"] if f["status"] == "missing"} >= {"agent.tool_call", "capacity.load"}
