@@ -60,7 +60,8 @@ FRAME_VERSION = "v1"
 @dataclass
 class NodeStream:
     """What one node answered to the role's single `raw` call: the framed stdout of the script
-    (roles/preflight/templates/node_script.sh.j2), the exit status and stderr of the script itself."""
+    (roles/preflight/templates/node_script.sh.j2), the exit status and stderr of the script itself.
+    `inputs` is used when the answer carries no `inputs` section of its own."""
 
     stdout: str
     marker: str
@@ -134,6 +135,13 @@ def split_stream(stream: str, marker: str) -> tuple[list[StreamRecord], bool]:
     return records, f"\n{marker} fin\n" in f"\n{stream}"
 
 
+def _inputs_from(record: StreamRecord) -> Any:
+    try:
+        return json.loads(record.stdout)
+    except ValueError:
+        return {"unreadable_inputs": record.stdout[:2000]}
+
+
 def _evidence_stdout(record: StreamRecord, secrets: list[str]) -> str:
     """The env dump is sorted (stable diffs between runs) and, like every output, redacted."""
     text = record.stdout
@@ -157,15 +165,19 @@ def save_node_stream(host_directory: Path, node: NodeStream, secrets: list[str] 
     base = Path(host_directory)
     records, finished = split_stream(node.stdout, node.marker)
     written = []
+    inputs: Any = node.inputs
     for record in records:
         if not _NAME.fullmatch(record.name):
             raise ValueError(f"bad evidence name {record.name!r} in the node's answer")
+        if record.name == "inputs":      # the role's own record, echoed by the node's script
+            inputs = _inputs_from(record) if record.complete else inputs
+            continue
         meta = {"cmd": record.cmd, "rc": record.rc, "stderr": redact_text(record.stderr.rstrip("\n"), secrets),
                 "missing": record.missing, "timed_out": record.timed_out}
         atomic_write(base / f"{record.name}.txt", _evidence_stdout(record, secrets))
         atomic_write(base / f"{record.name}.json", json.dumps(meta, indent=2) + "\n")
         written.append(record.name)
-    atomic_write(base / "inputs.txt", json.dumps(redact_obj(node.inputs, secrets), indent=2, default=str) + "\n")
+    atomic_write(base / "inputs.txt", json.dumps(redact_obj(inputs, secrets), indent=2, default=str) + "\n")
     atomic_write(base / "inputs.json",
                  json.dumps({"cmd": "roles/preflight inputs", "rc": 0, "stderr": "", "missing": False}) + "\n")
     transport = {"frame": FRAME_VERSION, "finished": finished, "script_rc": node.rc,

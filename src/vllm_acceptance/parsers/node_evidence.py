@@ -39,6 +39,7 @@ COMMANDS = {
     "ibv_devinfo": "ibv_devinfo",
     "rdma_link": "rdma link",
     "nccl_allreduce": "all_reduce_perf -b 8M -e 8G -f 2 -g N",
+    "image_pull": "docker|podman pull IMAGE (only when preflight_pull_image is set)",
     "inputs": "the role's inputs (JSON)",
 }
 
