@@ -17,6 +17,7 @@ from typing import Any
 
 from ..findings import Consequence, Finding, Status, missing, read_findings
 from ..monitoring import monitoring_summary
+from ..parsers.gpu_memory import memory_rows
 from ..profile import Profile
 from ..verdict import IMMEDIATE_ACTION, REOPEN_TRIGGERS, ROLLBACK_TRIGGERS, annotate, decide
 from .environment import environment_summary, node_facts
@@ -88,6 +89,7 @@ def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
     decision = decide(findings, experimental=profile.experimental, unreachable_hosts=unreachable)
     stages = {p.stem: read_json(p) for p in sorted((run_dir / "stages").glob("*.json"))} \
         if (run_dir / "stages").is_dir() else {}
+    merge_gpu_memory(run_dir, stages)
     hosts = list(run.get("hosts", []))
     facts = node_facts(run_dir, profile, hosts) if hosts else {}
     stages.setdefault("preflight", {"hosts": facts})
@@ -133,6 +135,15 @@ def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
     except Exception as exc:  # noqa: BLE001 - a report is written whatever the monitoring derivation hits
         report["monitoring"] = {"error": f"{type(exc).__name__}: {exc}"}
     return report
+
+
+def merge_gpu_memory(run_dir: Path, stages: dict[str, Any]) -> None:
+    """Per-GPU memory sampled on the nodes (evidence/memory/*.csv) joins the load stage's timeline."""
+    rows = memory_rows(run_dir)
+    if rows and isinstance(stages.get("load"), dict):
+        stages["load"]["memory_timeline"] = list(stages["load"].get("memory_timeline") or []) + rows
+        stages["load"]["memory_evidence"] = [f"evidence/memory/{p.name}"
+                                             for p in sorted((run_dir / "evidence" / "memory").glob("*.csv"))]
 
 
 def scenario_version(profile: Profile) -> str | None:
