@@ -158,7 +158,8 @@ def scenario_version(profile: Profile) -> str | None:
 
 
 def point_latest(run_dir: Path) -> None:
-    """reports/<inventory>/latest -> <run-id>, replaced atomically."""
+    """reports/<inventory>/latest -> <run-id>, replaced atomically (run_dir may itself be `latest`)."""
+    run_dir = run_dir.resolve()
     link = run_dir.parent / "latest"
     tmp = run_dir.parent / f".latest.{os.getpid()}"
     if tmp.is_symlink() or tmp.exists():
