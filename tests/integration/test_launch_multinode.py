@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from support.hosts import REPO, HostSpec, ansible_bin, ansible_env, cluster_factory
 
 pytestmark = pytest.mark.hosts

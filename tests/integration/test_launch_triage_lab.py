@@ -15,6 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from support.hosts import REPO, ansible_bin, ansible_env
 
 pytestmark = pytest.mark.lab

@@ -13,10 +13,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.hosts import ansible_bin, ansible_env, hosts_skip_reason
 
 from vllm_acceptance.lab import nshosts
 from vllm_acceptance.lab.nshosts import HostSpec, NsHostsError
+
+from support.hosts import ansible_bin, ansible_env, hosts_skip_reason
 
 pytestmark = pytest.mark.hosts
 

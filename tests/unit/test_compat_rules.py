@@ -6,8 +6,6 @@ import datetime as dt
 import json
 from pathlib import Path
 
-from nodefixtures import NODES, build_evidence
-
 from vllm_acceptance.findings import Consequence, Status
 from vllm_acceptance.parsers.node_evidence import load_node_evidence
 from vllm_acceptance.parsers.startup_log import scan_startup_log
@@ -23,6 +21,8 @@ from vllm_acceptance.rules.compat import (
     gpus_required_per_node,
     process_flags,
 )
+
+from nodefixtures import NODES, build_evidence
 
 ROOT = Path(__file__).resolve().parents[2]
 KIMI = load_profile(ROOT / "profiles" / "kimi-k3.yml")

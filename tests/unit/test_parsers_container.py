@@ -6,7 +6,6 @@ import json
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from nodefixtures import NODES
 
 from vllm_acceptance.parsers.base import cuda_major, version_at_least
 from vllm_acceptance.parsers.container import (
@@ -16,6 +15,8 @@ from vllm_acceptance.parsers.container import (
     parse_runtime_version,
 )
 from vllm_acceptance.parsers.env import comm_env, parse_env
+
+from nodefixtures import NODES
 
 
 def read(case: str, name: str) -> str:

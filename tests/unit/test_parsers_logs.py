@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from nodefixtures import NODES
 
 from vllm_acceptance.parsers.nccl_tests import parse_all_reduce_perf
 from vllm_acceptance.parsers.rdma import parse_ibv_devinfo, parse_rdma_link
 from vllm_acceptance.parsers.startup_log import scan_startup_log
+
+from nodefixtures import NODES
 
 
 def read(case: str, name: str) -> str:

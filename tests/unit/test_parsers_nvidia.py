@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from nodefixtures import NODES
 
 from vllm_acceptance.parsers.driver import branch_of, parse_fabricmanager_version, parse_proc_version
 from vllm_acceptance.parsers.lsmod import parse_lsmod
 from vllm_acceptance.parsers.nvidia_smi import parse_query_csv, parse_table, parse_xml
+
+from nodefixtures import NODES
 
 
 def read(case: str, name: str) -> str:
