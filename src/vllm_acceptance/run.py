@@ -16,7 +16,7 @@ from .evidence import atomic_write
 from .profile import ConfigError, Profile, load_profile, validate_document
 from .redact import redact_obj
 
-INVENTORY_KEYS = ("acceptance_", "vllm_", "prometheus_")
+INVENTORY_KEYS = ("acceptance_", "vllm_", "prometheus_", "isolated_env_")
 
 
 def resolve_profile_path(name_or_path: str, project_dir: Path) -> Path:

@@ -19,6 +19,7 @@ from ..findings import Consequence, Finding, Status, missing, read_findings
 from ..monitoring import monitoring_summary
 from ..parsers.gpu_memory import memory_rows
 from ..profile import Profile
+from ..remediation import isolated_environment_record, route_for_report
 from ..verdict import IMMEDIATE_ACTION, REOPEN_TRIGGERS, ROLLBACK_TRIGGERS, annotate, decide
 from .environment import environment_summary, node_facts
 
@@ -128,6 +129,16 @@ def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
         "rollback_triggers": ROLLBACK_TRIGGERS,
         "errors": errors,
     }
+    # A failed compatibility chain names the remediation route its evidence points to, and the command.
+    compat_failed = [f for f in findings if f.check.startswith(("compat.", "interconnect."))
+                     and f.status == Status.FAIL and f.consequence == Consequence.REBUILD]
+    if compat_failed:
+        report["remediation"] = route_for_report(
+            findings, {"inventory": f"inventories/{report['inventory']}",
+                       "findings_path": str(run_dir / "findings" / "preflight.json")})
+    inventory_vars = run.get("inventory_vars") or {}
+    if any(k.startswith("isolated_env_") for k in inventory_vars):
+        report["isolated_environment"] = isolated_environment_record(inventory_vars)
     # Monitoring derived from this run's figures (thresholds with their source, rollback triggers);
     # playbooks/report.yml writes the rule files when the verdict allows traffic.
     try:

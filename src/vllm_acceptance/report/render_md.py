@@ -70,6 +70,13 @@ def render_markdown(report: dict[str, Any]) -> str:
         state = ("open, limited" if gate.get("limited") else "open") if gate.get("open") else (
             "blocked" if gate else "not stated")
         out.append(f"| {label} | **{state}** | {cell(gate.get('reason'))} |")
+    remediation = report.get("remediation") or {}
+    if remediation:
+        out += ["", f"## Remediation route: {remediation.get('title') or remediation.get('name')}", ""]
+        out += [f"- {r}" for r in remediation.get("reasons") or []]
+        if remediation.get("command"):
+            out += ["", f"Command: `{remediation['command']}`"]
+        out += [f"- confirm first: {b}" for b in remediation.get("blocked_by") or []]
     limits = limit_rows(report)
     if limits:
         out += ["", "Limits (serving config and alerts):", ""] + [f"- `{k}`: {v}" for k, v in limits]
