@@ -31,12 +31,13 @@ from ..run import PROFILE_EVIDENCE  # the profile copy every run holds (run.reco
 
 # The rebuild routes of SPEC "Remediation playbooks" (source 001), named in every action.
 ROUTE_DRIVER = ("upgrade the host driver (rolling, one node out of the scheduler at a time, state saved, "
-                "recorded rollback plan; playbooks/rebuild.yml route=driver)")
-ROUTE_IMAGE = "use the official image of the profile (another image; playbooks/rebuild.yml route=image)"
+                "recorded rollback plan; playbooks/rebuild.yml, back with playbooks/rollback.yml)")
+ROUTE_IMAGE = ("use the official image of the profile (another image: set vllm_image_digest to the official "
+               "digest and re-run accept.yml)")
 ROUTE_SELF_BUILT = ("a self-built image for this host's CUDA as an experimental profile only, with owner, "
-                    "exit date and full lineage (playbooks/rebuild.yml route=self_built)")
+                    "exit date and full lineage (playbooks/build_image.yml)")
 ROUTE_ISOLATED = ("an isolated compatible environment when the shared cluster cannot change (owner, review "
-                  "date, criteria to move back; playbooks/rebuild.yml route=isolated)")
+                  "date, criteria to move back: isolated_env_* inventory variables, then accept.yml on that inventory)")
 
 
 @dataclass
