@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -62,6 +63,10 @@ def start(spec: LaunchSpec) -> int:
     running = read_pid(spec.pid_path)
     if running:
         raise LaunchError(f"a lab server already runs (pid {running}, {spec.pid_path}); run `make lab-down` first")
+    if port_in_use(spec.host, spec.port):
+        # Otherwise the readiness wait would see the other server's /health and judge the wrong instance.
+        raise LaunchError(f"{spec.host}:{spec.port} is already in use by another process: stop it or choose "
+                          "another port (--port / vllm_serve_port)")
     spec.log_path.parent.mkdir(parents=True, exist_ok=True)
     spec.pid_path.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **spec.env}
@@ -72,6 +77,13 @@ def start(spec: LaunchSpec) -> int:
                                 env=env, start_new_session=True)
     spec.pid_path.write_text(str(proc.pid))
     return proc.pid
+
+
+def port_in_use(host: str, port: int) -> bool:
+    target = "127.0.0.1" if host in ("0.0.0.0", "", "localhost") else host
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(1.0)
+        return sock.connect_ex((target, port)) == 0
 
 
 def wait_ready(base_url: str, pid: int | None, timeout_s: float, log_path: Path | None = None) -> float:
