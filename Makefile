@@ -64,7 +64,7 @@ $(LAB_MODEL)/config.json: src/vllm_acceptance/lab/build_model.py src/vllm_accept
 
 ## lab-up: start the lab vLLM (extra flags from LAB_ARGS); the last line printed is its base URL
 lab-up: venv lab-venv lab-model
-	@$(VENV)/bin/vllm-acceptance lab up --extra-args "$(LAB_ARGS)"
+	@$(VENV)/bin/vllm-acceptance lab up --extra-args="$(LAB_ARGS)"
 
 lab-down: venv
 	@$(VENV)/bin/vllm-acceptance lab down

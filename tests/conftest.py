@@ -51,7 +51,7 @@ def start_lab(state_dir: Path, port: int, extra_args: str = "") -> LabServer:
     state_dir.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "vllm_acceptance.cli", "lab", "up", "--state-dir", str(state_dir),
            "--port", str(port), "--python", str(LAB_PYTHON), "--profile", str(REPO / "profiles" / "cpu-lab.yml"),
-           "--extra-args", extra_args]
+           f"--extra-args={extra_args}"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
         raise RuntimeError(f"lab server failed to start: {proc.stderr[-3000:]}")
