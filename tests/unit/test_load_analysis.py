@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from vllm_acceptance.probes.load import LoadProbeConfig, knee_of, meets_slo
+from vllm_acceptance.findings import Consequence, Finding, Status
+from vllm_acceptance.probes.load import LoadProbeConfig, judge_soak_gpu_memory, knee_of, meets_slo
 
 
 def row(c: int, ok: bool = True, ttft: float = 0.2, preempt: float = 0, errors: float = 0.0) -> dict:
@@ -28,3 +29,26 @@ def test_preemption_or_errors_break_the_slo() -> None:
 
 def test_missing_preemption_counter_never_meets_the_slo() -> None:
     assert meets_slo({**row(1), "preemptions": None}, CFG) is False
+
+
+def soak(status: str = "inconclusive") -> Finding:
+    return Finding(check="capacity.soak", status=Status(status), consequence=Consequence.EXPAND,
+                   configuration={"window": {"start": 100.0, "end": 200.0}, "max_growth_pct": 5.0})
+
+
+def gpu_rows(series: str, values: list[int], start: float = 110.0) -> list[dict]:
+    return [{"t": start + 10 * i, "bytes": v, "series": series} for i, v in enumerate(values)]
+
+
+def test_soak_is_judged_from_gpu_memory_when_no_process_memory() -> None:
+    steady = gpu_rows("gpu0@n1", [100, 100, 101, 100, 100, 101, 100, 100])
+    rising = gpu_rows("gpu1@n1", [100, 104, 108, 112, 116, 120, 124, 128])
+    assert judge_soak_gpu_memory(soak(), steady).status == Status.PASS
+    judged = judge_soak_gpu_memory(soak(), steady + rising)
+    assert judged.status == Status.FAIL and judged.observed["worst_gpu"] == "gpu1@n1"
+
+
+def test_soak_stays_inconclusive_without_samples_in_its_window() -> None:
+    outside = gpu_rows("gpu0@n1", [100] * 8, start=500.0)
+    assert judge_soak_gpu_memory(soak(), outside).status == Status.INCONCLUSIVE
+    assert judge_soak_gpu_memory(soak("fail"), gpu_rows("gpu0@n1", [1] * 8)).status == Status.FAIL

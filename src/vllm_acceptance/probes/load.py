@@ -450,11 +450,7 @@ def stage_soak(run: LoadRun) -> Finding:
         batch += 1
     end = time.time()
     mem = run.sampler.memory_window(start, end)
-    growth = None
-    if len(mem) >= 4:
-        q = max(1, len(mem) // 4)
-        first, last = sum(mem[:q]) / q, sum(mem[-q:]) / q
-        growth = (last - first) / first * 100 if first else None
+    growth = memory_growth_pct(mem)
     s = summarize(records)
     bad = s["errors"] + s["timeouts"]
     ok = bad == 0 and records and (growth is None or growth <= cfg.memory_growth_pct)
@@ -466,8 +462,40 @@ def stage_soak(run: LoadRun) -> Finding:
                              "memory_growth_pct": growth, "memory_samples": len(mem)},
                    expected=f"no errors or hangs; memory growth <= {cfg.memory_growth_pct}%",
                    evidence=[p for p in ("records/soak.jsonl", "memory.jsonl") if run.store.path(p).exists()],
+                   configuration={"window": {"start": start, "end": end}, "max_growth_pct": cfg.memory_growth_pct},
                    rule="a steady memory rise blocks release", reason="" if ok else "errors or memory growth",
                    action="look for leaks, fragmentation and eviction; re-run the soak for the agreed time")
+
+
+def memory_growth_pct(series: list[int] | list[float]) -> float | None:
+    """Mean of the last quarter against the first quarter of a memory series; None under 4 samples."""
+    if len(series) < 4:
+        return None
+    q = max(1, len(series) // 4)
+    first, last = sum(series[:q]) / q, sum(series[-q:]) / q
+    return (last - first) / first * 100 if first else None
+
+
+def judge_soak_gpu_memory(finding: Finding, rows: list[dict[str, Any]]) -> Finding:
+    """capacity.soak left inconclusive for want of process memory (a GPU cluster): judge the per-GPU
+    series sampled on the nodes over the soak window, the worst GPU deciding."""
+    window = (finding.configuration or {}).get("window") or {}
+    limit = (finding.configuration or {}).get("max_growth_pct")
+    if finding.status != Status.INCONCLUSIVE or not window or limit is None:
+        return finding
+    by_series: dict[str, list[int]] = {}
+    for row in rows:
+        if window["start"] <= row["t"] <= window["end"]:
+            by_series.setdefault(row["series"], []).append(row["bytes"])
+    growth = {name: memory_growth_pct(values) for name, values in by_series.items()}
+    known = {k: v for k, v in growth.items() if v is not None}
+    if not known:
+        return finding
+    worst = max(known, key=lambda k: known[k])
+    finding.observed = {**(finding.observed or {}), "gpu_memory_growth_pct": known, "worst_gpu": worst}
+    finding.status = Status.PASS if known[worst] <= limit else Status.FAIL
+    finding.reason = "" if finding.status == Status.PASS else f"GPU memory rises {known[worst]:.1f}% on {worst}"
+    return finding
 
 
 def snapshot_preemptions(snap: Snapshot) -> float | None:

@@ -18,6 +18,7 @@ from typing import Any
 from ..findings import Consequence, Finding, Status, missing, read_findings
 from ..monitoring import monitoring_summary
 from ..parsers.gpu_memory import memory_rows
+from ..probes.load import judge_soak_gpu_memory
 from ..profile import Profile
 from ..remediation import isolated_environment_record, route_for_report
 from ..verdict import IMMEDIATE_ACTION, REOPEN_TRIGGERS, ROLLBACK_TRIGGERS, annotate, decide
@@ -90,7 +91,12 @@ def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
     decision = decide(findings, experimental=profile.experimental, unreachable_hosts=unreachable)
     stages = {p.stem: read_json(p) for p in sorted((run_dir / "stages").glob("*.json"))} \
         if (run_dir / "stages").is_dir() else {}
-    merge_gpu_memory(run_dir, stages)
+    gpu_rows = merge_gpu_memory(run_dir, stages)
+    if gpu_rows:
+        findings = [judge_soak_gpu_memory(f, gpu_rows) if f.check == "capacity.soak" else f for f in findings]
+        for f in findings:
+            if f.check == "capacity.soak" and stages["load"].get("memory_evidence"):
+                f.evidence = sorted(set(f.evidence) | set(stages["load"]["memory_evidence"]))
     hosts = list(run.get("hosts", []))
     facts = node_facts(run_dir, profile, hosts) if hosts else {}
     stages.setdefault("preflight", {"hosts": facts})
@@ -148,13 +154,15 @@ def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
     return report
 
 
-def merge_gpu_memory(run_dir: Path, stages: dict[str, Any]) -> None:
+def merge_gpu_memory(run_dir: Path, stages: dict[str, Any]) -> list[dict[str, Any]]:
     """Per-GPU memory sampled on the nodes (evidence/memory/*.csv) joins the load stage's timeline."""
     rows = memory_rows(run_dir)
-    if rows and isinstance(stages.get("load"), dict):
-        stages["load"]["memory_timeline"] = list(stages["load"].get("memory_timeline") or []) + rows
-        stages["load"]["memory_evidence"] = [f"evidence/memory/{p.name}"
-                                             for p in sorted((run_dir / "evidence" / "memory").glob("*.csv"))]
+    if not rows or not isinstance(stages.get("load"), dict):
+        return []
+    stages["load"]["memory_timeline"] = list(stages["load"].get("memory_timeline") or []) + rows
+    stages["load"]["memory_evidence"] = [f"evidence/memory/{p.name}"
+                                         for p in sorted((run_dir / "evidence" / "memory").glob("*.csv"))]
+    return rows
 
 
 def scenario_version(profile: Profile) -> str | None:
