@@ -30,6 +30,21 @@ from ..findings import Consequence, Finding, Status
 from ..scenarios import tool_schema_problems
 
 WRITE_TOOLS = {"create_ticket"}
+
+
+def solid_png_base64(size: int = 16, rgb: tuple[int, int, int] = (220, 30, 30)) -> str:
+    """A small solid-colour PNG built with the standard library (no image files shipped)."""
+    import base64
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    raw = b"".join(b"\x00" + bytes(rgb) * size for _ in range(size))
+    png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", size, size, 8, 2, 0, 0, 0))
+           + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+    return base64.b64encode(png).decode()
 GATEWAY_REASON = ("the direct server (--direct-url) answers the same request cleanly ({detail}): "
                   "the defect appears between the server and the client, in the gateway")
 
@@ -42,6 +57,7 @@ class AgentProbeConfig:
     temperature: float = 0.0
     max_tokens: int = 256
     format_error_threshold: float = 0.01
+    images: bool = False
 
 
 def _finding(check: str, status: Status, layer: str | None, ev: list[str], **kw: Any) -> Finding:
@@ -93,6 +109,7 @@ class AgentProbe:
         findings.append(self.failed_tool_fallback())
         findings.append(self.structured_output())
         findings.append(self.executor_safety())
+        findings.append(self.multimodal())
         findings.append(self.client_library())
         if self.direct is not None:
             findings.append(self.gateway_compare())
@@ -275,6 +292,27 @@ class AgentProbe:
                         expected="content valid per the JSON Schema; broken answers rejected",
                         rule="response_format json_schema: valid accepted, broken rejected, raw body kept",
                         action="check guided decoding backend and max_tokens")
+
+    def multimodal(self) -> Finding:
+        """An image request, where the profile says the service takes images."""
+        if not self.cfg.images:
+            return _finding("agent.multimodal", Status.NOT_APPLICABLE, None, [],
+                            reason="the profile says this service takes no images (agent.images: false)",
+                            action="none")
+        content = [{"type": "text", "text": "What colour is this image? Answer in one word."},
+                   {"type": "image_url", "image_url": {"url": "data:image/png;base64," + solid_png_base64()}}]
+        ex = self.client.chat(self.base([{"role": "user", "content": content}]))
+        msg = message_of(ex.body)
+        ok = ex.ok and msg.get("role") == "assistant" and bool(msg.get("content"))
+        ev = [self.keep("multimodal-image", ex, {"ok": ok})]
+        layer = None if ok else ("gateway" if ex.status >= 500 else "model")
+        return _finding("agent.multimodal", Status.PASS if ok else Status.FAIL, layer, ev,
+                        observed={"status": ex.status, "content": (msg.get("content") or "")[:200],
+                                  "error": ex.error},
+                        expected="HTTP 200 and an assistant answer to an image request",
+                        rule="a multimodal request where the service takes images",
+                        action="check the model's multimodal support, --limit-mm-per-prompt and the "
+                               "image pre-processing in the image")
 
     def executor_safety(self) -> Finding:
         """The harness: an invalid call never executes; a write retried with one id runs once."""

@@ -100,7 +100,8 @@ def _dispatch(opts: ProbeOptions, client: OpenAIClient, store: EvidenceStore
             model=opts.model, scenario=scenario, repeats=int(_get(opts, "agent.repeats", 3)),
             temperature=float(_get(opts, "agent.temperature", 0.0)),
             max_tokens=int(_get(opts, "agent.max_tokens", 256)),
-            format_error_threshold=float(_get(opts, "thresholds.tool_format_error_rate", 0.01)))
+            format_error_threshold=float(_get(opts, "thresholds.tool_format_error_rate", 0.01)),
+            images=bool(_get(opts, "agent.images", False)))
         direct = OpenAIClient(opts.direct_url, api_key=opts.api_key) if opts.direct_url else None
         try:
             return AgentProbe(client, cfg_a, store, direct).run()
