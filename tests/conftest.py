@@ -85,9 +85,10 @@ def lab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
     stop_lab(server)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def lab_server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
-    """Start extra lab servers with other flags (each ~1 min); all stopped at session end."""
+    """Start extra lab servers with other flags (each ~1 min); stopped when the test ends, so that
+    servers (~3 GB each) never pile up on a 24 GB machine."""
     started: list[LabServer] = []
     reason = lab_skip_reason()
 
