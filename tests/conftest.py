@@ -95,6 +95,8 @@ def lab_server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     def factory(extra_args: str, port: int) -> LabServer:
         if reason:
             pytest.skip(reason)
+        # LAB_PORT_OFFSET lets a second suite run beside a first one without sharing servers.
+        port += int(os.environ.get("LAB_PORT_OFFSET", "0"))
         server = start_lab(tmp_path_factory.mktemp("lab-extra"), port=port, extra_args=extra_args)
         started.append(server)
         return server
