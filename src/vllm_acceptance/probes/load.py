@@ -23,7 +23,7 @@ from ..findings import Consequence, Finding, Status, missing
 from ..lab.server import rss_bytes, tail_lines
 from ..loadgen import Record, RequestSpec, run_closed_loop_sync
 from ..loadstats import summarize
-from ..metrics import MetricsError, MetricsSource, Snapshot, delta
+from ..metrics import MetricsError, MetricsSource, Snapshot, delta, histogram_delta
 from ..profile import Profile
 
 OOM_MARKERS = ("out of memory", "outofmemoryerror", "cuda error: out of memory", "killed process",
@@ -52,7 +52,7 @@ class LoadProbeConfig:
     api_key: str | None = None
     server_pid: int | None = None
     server_log: str | None = None
-    sample_interval_s: float = 0.5
+    sample_interval_s: float = 0.25
 
     @classmethod
     def from_profile(cls, profile: Profile | None, overrides: dict[str, Any], **kw: Any) -> LoadProbeConfig:
@@ -75,7 +75,8 @@ class LoadProbeConfig:
             stage_timeout_s=float(get("load.stage_timeout_s", 300)),
             slo=dict(get("contract.slo", {})),
             max_preemptions=int(get("thresholds.max_preemptions", 0)),
-            memory_growth_pct=float(get("thresholds.memory_growth_pct", 20)), **kw)
+            memory_growth_pct=float(get("thresholds.memory_growth_pct", 20)),
+            sample_interval_s=float(get("load.sample_interval_s", 0.25)), **kw)
 
 
 def filler(n_words: int, seed: int) -> str:
@@ -104,9 +105,26 @@ class Sampler(threading.Thread):
         self.errors = 0
 
     def run(self) -> None:
+        # Memory is read locally in its own thread: a /metrics scrape of a busy server can take
+        # seconds, and the memory series must not thin out with it.
+        if self.cfg.server_pid:
+            threading.Thread(target=self.memory_loop, daemon=True).start()
         while not self.stop_event.is_set():
             self.take()
             self.stop_event.wait(self.cfg.sample_interval_s)
+
+    def memory_loop(self) -> None:
+        while not self.stop_event.is_set():
+            self.take_memory()
+            self.stop_event.wait(self.cfg.sample_interval_s)
+
+    def take_memory(self) -> None:
+        rss = rss_bytes(self.cfg.server_pid) if self.cfg.server_pid else None
+        if rss:
+            mem = {"t": time.time(), "bytes": rss, "series": "rss:vllm", "label": "process RSS (no GPU)",
+                   "stage": self.stage}
+            self.memory.append(mem)
+            self.store.append_jsonl("memory.jsonl", mem)
 
     def take(self) -> None:
         now = time.time()
@@ -126,13 +144,6 @@ class Sampler(threading.Thread):
                "decode_time_sum": snap.value("vllm:request_decode_time_seconds_sum")}
         self.samples.append(row)
         self.store.append_jsonl("samples.jsonl", row)
-        if self.cfg.server_pid:
-            rss = rss_bytes(self.cfg.server_pid)
-            if rss:
-                mem = {"t": now, "bytes": rss, "series": "rss:vllm", "label": "process RSS (no GPU)",
-                       "stage": self.stage}
-                self.memory.append(mem)
-                self.store.append_jsonl("memory.jsonl", mem)
 
     def window(self, start: float, end: float) -> list[dict[str, Any]]:
         """Samples of a stage, including the one taken right after it ends."""
@@ -348,7 +359,14 @@ def stage_ramp(run: LoadRun) -> tuple[list[dict[str, Any]], list[Finding]]:
         records, start, end = run.send(f"ramp_c{concurrency}", specs, concurrency)
         after = run.snapshot()
         preempted = delta(before, after, "vllm:num_preemptions") if before and after else None
-        steps.append(step_row(concurrency, records, run.sampler.window(start, end), preempted, cfg))
+        row = step_row(concurrency, records, run.sampler.window(start, end), preempted, cfg)
+        # Counters are exact where sampled gauges can miss a short peak: the queue-time histogram shows
+        # waiting, and a preemption happens only when no KV block can be allocated (the cache is full).
+        count, total = histogram_delta(before, after, "vllm:request_queue_time_seconds") if before and after \
+            else (None, None)
+        row["queue_time_mean_s"] = (total / count) if count and total is not None else None
+        row["kv_saturated"] = bool(preempted) or (row["max_kv_usage"] or 0) >= 0.99
+        steps.append(row)
         if run.crashed:
             break
     ev = [run.store.write_json("ramp.json", steps)] + [f"records/ramp_c{s['concurrency']}.jsonl" for s in steps]
@@ -356,7 +374,8 @@ def stage_ramp(run: LoadRun) -> tuple[list[dict[str, Any]], list[Finding]]:
     nominal = next((s for s in steps if s["concurrency"] == cfg.contract_concurrency), None)
     observed = {"knee": knee, "contract": cfg.contract_concurrency,
                 "steps": [{k: s[k] for k in ("concurrency", "ok", "errors", "ttft_p95", "e2e_p95", "max_waiting",
-                                              "max_kv_usage", "preemptions", "meets_slo")} for s in steps]}
+                                              "queue_time_mean_s", "max_kv_usage", "kv_saturated", "preemptions",
+                                              "meets_slo")} for s in steps]}
     common = dict(check="capacity.ramp", observed=observed, evidence=ev,
                   expected=f"SLO met up to the contracted concurrency {cfg.contract_concurrency}",
                   rule="knee = largest concurrency meeting the SLO with no OOM and preemptions <= "
