@@ -106,7 +106,8 @@ def test_passthrough_gateway_raises_no_alarm(lab_server, gateway, tmp_path: Path
     rc, result, findings = probe(url, lab_server.model, tmp_path / "out", "--direct-url", lab_server.base_url,
                                  "--set", "agent.repeats=2")
     assert rc == 0 and result["status"] == "pass"
-    assert {f.status for f in findings} == {Status.PASS}, failing(findings)
+    # Everything passes; the image case is not applicable on the text-only lab profile (and says so).
+    assert {f.status for f in findings if f.check != "agent.multimodal"} == {Status.PASS}, failing(findings)
     assert {"agent.gateway", "agent.client_library", "agent.tool_call"} <= {f.check for f in findings}
     assert decide(findings).gates["agent"]["open"] is True
 
