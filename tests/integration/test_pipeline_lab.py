@@ -7,7 +7,9 @@ playbook in launch mode.
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -136,3 +138,20 @@ def test_launch_mode_starts_judges_and_stops_the_lab_server(tmp_path: Path) -> N
     assert not pid_file.exists(), "the server this run launched is still recorded as running"
     report = json.loads((run_dir / "report.json").read_text())
     assert {f["check"] for f in report["findings"] if f["status"] == "missing"} >= {"agent.tool_call", "capacity.load"}
+
+
+def test_check_mode_changes_nothing_and_shows_the_plan(tmp_path: Path) -> None:
+    """--check: inputs validated, nodes read, the launch shown, no server started, no probe traffic,
+    reports/ untouched."""
+    reports = tmp_path / "reports"
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+           "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
+    proc = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "--check", "-i",
+                           str(REPO / "inventories" / "lab"), str(REPO / "accept.yml"),
+                           "-e", f"acceptance_reports_dir={reports}", "-e", "vllm_serve_port=8028"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "would start:" in proc.stdout and "--enable-prefix-caching" in proc.stdout
+    assert proc.stdout.count("probe sends no traffic") == 3
+    assert "failed=0" in proc.stdout and "fatal:" not in proc.stdout
+    assert not reports.exists() or not any(reports.rglob("report.json"))
