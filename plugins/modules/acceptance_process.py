@@ -106,7 +106,9 @@ def main() -> None:
             "host": {"type": "str", "default": "127.0.0.1"},
             "port": {"type": "int", "default": 8000},
             "args": {"type": "list", "elements": "str", "default": []},
-            "env": {"type": "dict", "default": {}, "no_log": True},
+            # Not no_log: Ansible would then mask every "1" in all output; the profile env holds no secrets
+            # and the launch command is redacted by the package before it is shown or saved.
+            "env": {"type": "dict", "default": {}},
             "log_path": {"type": "path", "required": True},
             "pid_path": {"type": "path", "required": True},
             "ready_timeout_s": {"type": "float", "default": 300},

@@ -97,7 +97,7 @@ def test_secrets_never_reach_evidence_or_reports(lab_server_factory, tmp_path: P
         extravars={"vllm_serve_mode": "attach", "vllm_base_url": server.base_url, "vllm_serve_pid": server.pid,
                    "vllm_serve_startup_log": str(server.log_path), "acceptance_reports_dir": str(reports),
                    "acceptance_probes": ["cache", "agent"]})
-    assert result.status == "successful"
+    assert result.status == "successful", "".join(e.get("stdout", "") for e in result.events)[-4000:]
     run_dir = (reports / "lab" / "latest").resolve()
     report = json.loads((run_dir / "report.json").read_text())
     statuses = {f["check"]: f["status"] for f in report["findings"]}
@@ -128,7 +128,7 @@ def test_launch_mode_starts_judges_and_stops_the_lab_server(tmp_path: Path) -> N
         inventory=str(REPO / "inventories" / "lab"), envvars=env, quiet=True,
         extravars={"acceptance_reports_dir": str(reports), "acceptance_probes": ["cache"], "vllm_serve_port": 8027,
                    "vllm_serve_state_dir": str(tmp_path / "server")})
-    assert result.status == "successful"
+    assert result.status == "successful", "".join(e.get("stdout", "") for e in result.events)[-4000:]
     run_dir = (reports / "lab" / "latest").resolve()
     serve = {f["check"]: f for f in json.loads((run_dir / "findings" / "serve.json").read_text())}
     assert serve["capacity.model_load"]["status"] == "pass" and serve["capacity.model_load"]["observed"]["ready_s"] > 0
