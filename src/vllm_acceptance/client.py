@@ -31,6 +31,9 @@ class Exchange:
     first_byte: float | None = None
     end: float = 0.0
     chunks: list[dict[str, Any]] = field(default_factory=list)
+    url: str = ""
+    timeout_s: float | None = None
+    timed_out: bool = False
 
     @property
     def ok(self) -> bool:
@@ -41,14 +44,25 @@ class Exchange:
         return None if self.first_byte is None else self.first_byte - self.sent
 
     def evidence(self) -> dict[str, Any]:
-        return {"request": self.request, "status": self.status, "response": self.body,
+        return {"request": self.request, "url": self.url, "status": self.status, "response": self.body,
                 "raw_stream": self.raw if self.chunks else None, "error": self.error,
+                "timed_out": self.timed_out, "timeout_s": self.timeout_s,
                 "timing": {"sent": self.sent, "first_token": self.first_byte, "end": self.end}}
+
+    def fail(self, exc: httpx.HTTPError) -> None:
+        """Record a transport error; a timeout says so, with the limit, and keeps what arrived."""
+        if isinstance(exc, httpx.TimeoutException):
+            self.timed_out = True
+            got = f"after {len(self.chunks)} stream chunks" if self.chunks else "without an answer"
+            self.error = f"timed out {got} (request timeout {self.timeout_s:g} s; {type(exc).__name__}: {exc})"
+        else:
+            self.error = f"{type(exc).__name__}: {exc}"
 
 
 class OpenAIClient:
     def __init__(self, base_url: str, api_key: str | None = None, timeout_s: float = 120.0) -> None:
         self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.http = httpx.Client(timeout=timeout_s, headers=headers)
 
@@ -89,7 +103,7 @@ class OpenAIClient:
         return data.get("tokens")
 
     def chat(self, body: dict[str, Any]) -> Exchange:
-        ex = Exchange(request=body, sent=time.time())
+        ex = Exchange(request=body, sent=time.time(), url=self._url("chat/completions"), timeout_s=self.timeout_s)
         try:
             response = self.http.post(self._url("chat/completions"), json=body)
             ex.first_byte = time.time()
@@ -101,14 +115,14 @@ class OpenAIClient:
                 ex.body = None
                 ex.error = "response is not JSON"
         except httpx.HTTPError as exc:
-            ex.error = f"{type(exc).__name__}: {exc}"
+            ex.fail(exc)
         ex.end = time.time()
         return ex
 
     def chat_stream(self, body: dict[str, Any]) -> Exchange:
         """Stream a chat completion; `body` is the assembled message (tool calls joined from deltas)."""
         body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-        ex = Exchange(request=body, sent=time.time())
+        ex = Exchange(request=body, sent=time.time(), url=self._url("chat/completions"), timeout_s=self.timeout_s)
         raw_lines: list[str] = []
         try:
             with self.http.stream("POST", self._url("chat/completions"), json=body) as response:
@@ -128,8 +142,11 @@ class OpenAIClient:
                     if ex.first_byte is None and _has_output(chunk):
                         ex.first_byte = time.time()
                     ex.chunks.append(chunk)
+                    if time.time() - ex.sent > 2 * self.timeout_s:
+                        # A stream that drips forever never trips the per-read timeout: bound it too.
+                        raise httpx.ReadTimeout("stream still open after twice the request timeout")
         except httpx.HTTPError as exc:
-            ex.error = f"{type(exc).__name__}: {exc}"
+            ex.fail(exc)
         ex.end = time.time()
         ex.raw = "\n".join(raw_lines)
         if ex.status != 200 and ex.error is None:

@@ -141,8 +141,22 @@ def test_client_library_keeps_raw_fields_and_refuses_a_body_without_finish_reaso
 
 
 def test_unknown_mode_and_bad_cli_are_refused() -> None:
-    assert len(MODES) == 7
+    assert len(MODES) == 8
     with pytest.raises(ValueError, match="choose one of"):
         Corruptor("eat_everything")
     with pytest.raises(SystemExit):
         main(["--upstream", "http://127.0.0.1:1/v1", "--port", "1", "--mode", "nope"])
+    for bad in (["--nth", "0"], ["--nth", "two"], ["--stall-s", "-1"]):
+        with pytest.raises(SystemExit):
+            main(["--upstream", "http://127.0.0.1:1/v1", "--port", "1", "--mode", "stall_nth", *bad])
+
+
+def test_stall_nth_holds_exactly_the_chosen_requests_and_changes_no_byte() -> None:
+    corruptor = Corruptor("stall_nth", nth=(2, 5))
+    assert [corruptor.stall_this() for _ in range(7)] == [False, True, False, False, True, False, False]
+    assert corruptor.corrupted == 2 and corruptor.chat_requests == 7
+    assert corruptor.rewrite_body(body()) == body()
+    assert streamed("", corruptor) == assemble_stream(chunks())
+    # Other modes count requests but never stall.
+    other = Corruptor("markup_in_content", nth=(1,))
+    assert not other.stall_this() and other.corrupted == 0

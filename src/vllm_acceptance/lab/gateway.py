@@ -15,7 +15,12 @@ so the agent probe can be shown to find the defect and to name the layer that ca
                                (string -> list of string, number/bool -> string);
 * `drop_field`              -- one field removed (`--drop-field`, dotted path, `*` for every item;
                                default `choices.*.finish_reason`);
-* `markup_one_in_five`      -- `markup_in_content` on every fifth response that carries tool calls.
+* `markup_one_in_five`      -- `markup_in_content` on every fifth response that carries tool calls;
+* `stall_nth`               -- the chosen chat completions (`--nth 2,5`: the 2nd and 5th POST, counted
+                               from 1) are held for `--stall-s` seconds: a non-streamed one gets no
+                               byte at all, a streamed one its first chunk and then silence. Below the
+                               client's timeout that is a slow answer, above it a hung one; a client
+                               that gave up is not forwarded afterwards. Other requests pass untouched.
 
 `/metrics`, `/tokenize`, `/v1/models`, `/health` and everything else pass untouched.
 
@@ -37,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MODES = ("passthrough", "markup_in_content", "drop_stream_tool_calls", "reasoning_into_content",
-         "change_arg_types", "drop_field", "markup_one_in_five")
+         "change_arg_types", "drop_field", "markup_one_in_five", "stall_nth")
 DEFAULT_DROP_FIELD = "choices.*.finish_reason"
 STAND_IN_REASONING = "The user asks about live node state, so I must call a tool before answering."
 HOP_BY_HOP = {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "content-encoding"}
@@ -121,12 +126,22 @@ class Corruptor:
     mode: str
     drop_field: str = DEFAULT_DROP_FIELD
     every: int = 5
+    nth: tuple[int, ...] = (1,)
+    stall_s: float = 3600.0
     tool_responses: int = 0
     corrupted: int = 0
+    chat_requests: int = 0
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode {self.mode!r}: choose one of {', '.join(MODES)}")
+
+    def stall_this(self) -> bool:
+        """stall_nth: count one chat completion request; True when it is one of the chosen."""
+        self.chat_requests += 1
+        hit = self.mode == "stall_nth" and self.chat_requests in self.nth
+        self.corrupted += hit
+        return hit
 
     def _count_tool_response(self) -> bool:
         """markup_one_in_five: count a response with tool calls; True when this one is corrupted."""
@@ -141,6 +156,8 @@ class Corruptor:
         choices = body.get("choices") or []
         if self.mode == "drop_field":
             drop_path(body, self.drop_field)
+            return body
+        if self.mode == "stall_nth":
             return body
         has_calls = any((c.get("message") or {}).get("tool_calls") for c in choices)
         markup = self.mode == "markup_in_content" or (
@@ -179,6 +196,8 @@ class StreamRewriter:
         chunk = copy.deepcopy(chunk)
         if self.mode == "drop_field":
             drop_path(chunk, self.corruptor.drop_field)
+            return chunk
+        if self.mode == "stall_nth":
             return chunk
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta")
@@ -266,17 +285,27 @@ def make_app(upstream: str, corruptor: Corruptor) -> Any:
     async def proxy(request: web.Request) -> web.StreamResponse:
         session: aiohttp.ClientSession = request.app["session"]
         data = await request.read()
-        rewrite = (request.method == "POST" and request.path.rstrip("/") == "/v1/chat/completions"
-                   and corruptor.mode != "passthrough")
+        chat = request.method == "POST" and request.path.rstrip("/") == "/v1/chat/completions"
+        rewrite = chat and corruptor.mode not in ("passthrough", "stall_nth")
         streamed = False
-        if rewrite:
+        if rewrite or chat:
             try:
                 streamed = bool(json.loads(data or b"{}").get("stream"))
             except (ValueError, AttributeError):
                 rewrite = False  # not a JSON body: let the upstream answer the client's error
+        stall = chat and corruptor.stall_this()
+        if stall:
+            how = "streamed: after its first chunk" if streamed else "no byte"
+            print(f"stalling chat request #{corruptor.chat_requests} ({how}) for {corruptor.stall_s:g} s", flush=True)
+        if stall and not streamed:
+            await asyncio.sleep(corruptor.stall_s)
+            if request.transport is None or request.transport.is_closing():
+                return web.Response(status=499)  # the client gave up: nothing is forwarded
         async with session.request(request.method, root + request.path_qs, data=data,
                                    headers=_forward_headers(request.headers)) as up:
             headers = _forward_headers(up.headers)
+            if stall and streamed and up.status == 200:
+                return await _stream(request, up, headers, lambda chunk: chunk, stall_after_first=True)
             if rewrite and up.status == 200 and streamed:
                 return await _stream(request, up, headers, corruptor.stream().rewrite)
             if rewrite and up.status == 200:
@@ -290,10 +319,17 @@ def make_app(upstream: str, corruptor: Corruptor) -> Any:
             return out
 
     async def _stream(request: web.Request, up: Any, headers: dict[str, str],
-                      rewrite_chunk: Callable[[Json], Json]) -> web.StreamResponse:
+                      rewrite_chunk: Callable[[Json], Json], stall_after_first: bool = False) -> web.StreamResponse:
         out = web.StreamResponse(status=200, headers=headers)
         await out.prepare(request)
+        sent_chunks = 0
         async for raw in up.content:
+            if stall_after_first and sent_chunks == 1:
+                stall_after_first = False
+                await asyncio.sleep(corruptor.stall_s)
+                if request.transport is None or request.transport.is_closing():
+                    return out  # the client gave up
+            sent_chunks += 1
             line = raw.decode().rstrip("\r\n")
             if not line:
                 continue
@@ -339,12 +375,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drop-field", default=DEFAULT_DROP_FIELD,
                         help="dotted path removed in drop_field mode (`*` = every item)")
     parser.add_argument("--every", type=int, default=5, help="markup_one_in_five: corrupt every Nth tool response")
+    parser.add_argument("--nth", default="1", help="stall_nth: the chat completion requests held, counted from 1 "
+                                                   "(comma-separated, e.g. 2,5)")
+    parser.add_argument("--stall-s", type=float, default=3600.0, help="stall_nth: how long each is held")
     args = parser.parse_args(argv)
     if args.every < 1:
         parser.error("--every must be >= 1")
+    try:
+        nth = tuple(int(x) for x in args.nth.split(","))
+    except ValueError:
+        parser.error(f"--nth {args.nth!r}: comma-separated request numbers, e.g. 2,5")
+    if not nth or min(nth) < 1 or args.stall_s < 0:
+        parser.error("--nth numbers must be >= 1 and --stall-s >= 0")
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve(args.upstream, args.host, args.port,
-                          Corruptor(args.mode, drop_field=args.drop_field, every=args.every)))
+                          Corruptor(args.mode, drop_field=args.drop_field, every=args.every, nth=nth,
+                                    stall_s=args.stall_s)))
     return 0
 
 
