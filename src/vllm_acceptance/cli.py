@@ -29,9 +29,10 @@ def _add_probe(sub: argparse._SubParsersAction, kind: str, help_text: str) -> No
                    help="environment variable holding the API key (never passed on the command line)")
     if kind == "agent":
         p.add_argument("--direct-url", help="the server's direct base URL when --base-url is a gateway")
-    if kind == "load":
-        p.add_argument("--server-pid", type=int, help="lab: sample this process's RSS as the memory series")
-        p.add_argument("--server-log", help="server log, read for OOM lines when the server dies")
+    if kind in ("load", "cache"):
+        p.add_argument("--server-pid", type=int, help="the server's pid: tells an exited server from a hung one "
+                                                      "(load: its RSS is the lab memory series)")
+        p.add_argument("--server-log", help="server log, its last lines kept when the server dies mid-probe")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a profile field for this probe, e.g. --set load.ramp=[1,2]")
 

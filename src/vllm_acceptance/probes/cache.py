@@ -6,6 +6,10 @@ changed near the start). Every request is measured alone: the server must be idl
 after, and the request counter must move by exactly one; otherwise the measurement is repeated
 and finally reported inconclusive. Expected hits come from the server's own tokenisation
 (/tokenize) and the block size of `vllm:cache_config_info`.
+
+A server that dies during the protocol stops it: `crash_record.json` keeps the request and the
+last server log lines (with `server_log`), the measurements so far stay on disk, `cache.crash`
+names the request it died on and every reuse check is `missing` -- never a pass.
 """
 
 from __future__ import annotations
@@ -15,11 +19,15 @@ import statistics
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+import httpx
 
 from ..client import OpenAIClient
 from ..evidence import EvidenceStore
-from ..findings import Consequence, Finding, Status
+from ..findings import Consequence, Finding, Status, missing
+from ..lab.server import rss_bytes, tail_lines
 from ..metrics import (
     MetricsError,
     MetricsSource,
@@ -49,6 +57,19 @@ class CacheProbeConfig:
     max_tokens: int = 4
     max_attempts: int = 2
     idle_wait_s: float = 30.0
+    server_pid: int | None = None
+    server_log: str | None = None
+
+
+JUDGED = ("cache.cold_baseline", "cache.control", "cache.hot_reuse", "cache.prefill_gain", "cache.source")
+
+
+class ServerLost(Exception):
+    """The server stopped answering in the middle of the protocol (killed, crashed, OOM)."""
+
+    def __init__(self, request: str, error: str, evidence: list[str]) -> None:
+        super().__init__(f"{request}: {error}")
+        self.request, self.error, self.evidence = request, error, evidence
 
 
 @dataclass
@@ -128,6 +149,7 @@ class CacheProbe:
         self.client, self.source, self.cfg, self.store = client, source, cfg, store
         self.tools = cfg.scenario.get("tools", [])
         self.snap_count = 0
+        self.current: Measurement | None = None
 
     def snapshot(self, label: str) -> tuple[Snapshot, str]:
         if isinstance(self.source, PrometheusMetrics):
@@ -150,22 +172,40 @@ class CacheProbe:
                 return snap
             time.sleep(0.5)
 
+    def alive(self) -> bool:
+        try:
+            return self.client.http.get(self.client.root_url("health"), timeout=5.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
     def measure(self, session: int, kind: str, session_id: str) -> Measurement:
         messages = build_messages(self.cfg.scenario, kind, session_id)
         body = {"model": self.cfg.model, "messages": messages, "tools": self.tools, "tool_choice": "none",
                 "max_tokens": self.cfg.max_tokens, "temperature": 0.0}
         m = Measurement(session=session, kind=kind)
+        self.current = m
         m.token_ids = self.client.tokenize(self.cfg.model, messages, self.tools)
         for attempt in range(1, self.cfg.max_attempts + 1):
             m.problems = []
-            self.wait_idle()
-            before, ev_before = self.snapshot(f"s{session}-{kind}-before")
+            name = f"s{session}-{kind}-try{attempt}"
+            try:
+                self.wait_idle()
+                before, ev_before = self.snapshot(f"s{session}-{kind}-before")
+            except MetricsError as exc:
+                raise ServerLost(name, f"metrics before the request: {exc}", m.evidence) from exc
             exchange = self.client.chat_stream(body)
-            after, ev_after = self.snapshot(f"s{session}-{kind}-after")
-            ev_req = self.store.write_json(f"requests/s{session}-{kind}-try{attempt}.json", exchange.evidence())
-            m.evidence = [ev_before, ev_after, ev_req]
+            # The exchange goes to disk first: if the server died under it, this is the evidence.
+            ev_req = self.store.write_json(f"requests/{name}.json", exchange.evidence())
+            m.evidence = [ev_before, ev_req]
+            if not exchange.ok and not self.alive():
+                raise ServerLost(name, f"request failed: {exchange.error}", m.evidence)
+            try:
+                after, ev_after = self.snapshot(f"s{session}-{kind}-after")
+            except MetricsError as exc:
+                raise ServerLost(name, f"metrics after the request: {exc}", m.evidence) from exc
+            m.evidence.insert(1, ev_after)
             if not exchange.ok:
-                m.problems.append(f"request failed: {exchange.error}")
+                m.problems.append(f"request failed ({ev_req}): {exchange.error}")
                 continue
             self.fill(m, before, after, exchange.body.get("usage") or {}, exchange.ttft_s)
             if not m.problems:
@@ -233,15 +273,22 @@ def run_cache_probe(client: OpenAIClient, source: MetricsSource, cfg: CacheProbe
 
     measurements: list[Measurement] = []
     tag = uuid.uuid4().hex[:12]
-    for session in range(1, cfg.sessions + 1):
-        session_id = f"{tag}-{session}"
-        earlier: list[list[int]] = [m.token_ids for m in measurements if m.token_ids]
-        for kind in KINDS:
-            m = probe.measure(session, kind, session_id)
-            m.expected_hits = expected_hits(m.token_ids, earlier, block)
-            if m.token_ids:
-                earlier.append(m.token_ids)
-            measurements.append(m)
+    try:
+        for session in range(1, cfg.sessions + 1):
+            session_id = f"{tag}-{session}"
+            earlier: list[list[int]] = [m.token_ids for m in measurements if m.token_ids]
+            for kind in KINDS:
+                m = probe.measure(session, kind, session_id)
+                m.expected_hits = expected_hits(m.token_ids, earlier, block)
+                if m.token_ids:
+                    earlier.append(m.token_ids)
+                measurements.append(m)
+    except ServerLost as lost:
+        return findings + server_lost(probe, lost, measurements, cfg, started), {
+            "block_size": block, "requests": [m.row() for m in measurements], "crash": lost.request,
+            "metrics_source": source.description,
+            "requests_sent": len(list(store.path("requests").glob("*.json"))),
+            "seconds": round(time.time() - started, 2)}
     rows_ev = store.write_json("requests.json", [m.row() for m in measurements])
     findings += judge_reuse(measurements, cfg, block, rows_ev)
     shared = max((m.expected_hits or 0) for m in measurements if m.kind == "hot_a")
@@ -249,6 +296,44 @@ def run_cache_probe(client: OpenAIClient, source: MetricsSource, cfg: CacheProbe
                "requests": [m.row() for m in measurements], "metrics_source": source.description,
                "requests_sent": sum(1 for m in measurements) , "seconds": round(time.time() - started, 2)}
     return findings, details
+
+
+def server_lost(probe: CacheProbe, lost: ServerLost, done: list[Measurement], cfg: CacheProbeConfig,
+                started: float) -> list[Finding]:
+    """The server died mid-protocol: a crash record (request, log tail, process state), the
+    measurements so far kept, and every reuse check `missing` -- a half protocol decides nothing."""
+    store = probe.store
+    log = tail_lines(Path(cfg.server_log) if cfg.server_log else None, 40).splitlines()
+    answering = probe.alive()
+    if answering:
+        process = "answering /health (its metrics stopped answering)"
+    elif cfg.server_pid:
+        process = "exited" if not rss_bytes(cfg.server_pid) else "running but not answering"
+    else:
+        process = "not answering (no --server-pid to tell exited from hung)"
+    record = {"request": lost.request, "error": lost.error, "time": time.time(),
+              "seconds_into_probe": round(time.time() - started, 2), "process_state": process,
+              "server_log": cfg.server_log, "log_tail": log, "request_evidence": lost.evidence,
+              "measured_before": [m.row() for m in done]}
+    ev_record = store.write_json("crash_record.json", record)
+    ev_rows = store.write_json("requests.json", [m.row() for m in done])
+    consequence = Consequence.REBUILD if cfg.relies_on_reuse else Consequence.LIMIT
+    last = next((line for line in reversed(log) if line.strip()), "")
+    findings = [Finding(
+        check="cache.metrics" if answering else "cache.crash", status=Status.INCONCLUSIVE, consequence=consequence,
+        observed={"request": lost.request, "error": lost.error, "process_state": process,
+                  "log_tail": log[-10:], "measured_before": len(done)},
+        expected="the server answers every request of the protocol",
+        evidence=[ev_record, ev_rows, *lost.evidence],
+        reason=f"the server stopped answering during {lost.request} (process {process})"
+               + (f"; last log line: {last}" if last else "; no server log given (--server-log)"),
+        rule="the protocol runs to its end on one live instance",
+        action="read crash_record.json and the server log; restart the server and re-run the cache probe "
+               "on a fresh instance (a crash under load is judged by the capacity probe)")]
+    for check in JUDGED:
+        findings.append(missing(check, None, f"not measured: the server died during {lost.request}",
+                                consequence, evidence=[ev_record]))
+    return findings
 
 
 def check_cache_config(snap: Snapshot, evidence: list[str], cfg: CacheProbeConfig) -> tuple[Finding, int | None]:

@@ -50,6 +50,12 @@ def _get(opts: ProbeOptions, dotted: str, default: Any) -> Any:
     return opts.profile.get(dotted, default) if opts.profile else default
 
 
+def request_timeout_s(opts: ProbeOptions) -> float:
+    """Per-request timeout of the cache and agent probes: `<kind>.request_timeout_s`, else the load
+    probe's `load.request_timeout_s`, else 120 s. A request past it is reported by name, never a pass."""
+    return float(_get(opts, f"{opts.kind}.request_timeout_s", _get(opts, "load.request_timeout_s", 120)))
+
+
 def run_probe(opts: ProbeOptions) -> tuple[str, list[Finding], dict[str, Any]]:
     """Run one probe; write OUT/result.json; return (status, findings, details).
 
@@ -59,8 +65,7 @@ def run_probe(opts: ProbeOptions) -> tuple[str, list[Finding], dict[str, Any]]:
         raise ConfigError(f"probe {opts.kind!r}: unknown (choose one of {', '.join(PROBES)})")
     secrets = [opts.api_key] if opts.api_key else []
     store = EvidenceStore(opts.out_dir, secrets=secrets)
-    client = OpenAIClient(opts.base_url, api_key=opts.api_key,
-                          timeout_s=float(_get(opts, "load.request_timeout_s", 120)))
+    client = OpenAIClient(opts.base_url, api_key=opts.api_key, timeout_s=request_timeout_s(opts))
     try:
         client.models()  # fail early (exit 2) when the URL is wrong, before any evidence is judged
         try:
@@ -91,7 +96,8 @@ def _dispatch(opts: ProbeOptions, client: OpenAIClient, store: EvidenceStore
             hybrid=bool(_get(opts, "model.hybrid_cache", False)),
             relies_on_reuse=bool(_get(opts, "cache.capacity_relies_on_reuse", True)),
             tolerance_blocks=int(_get(opts, "thresholds.cache_hit_tolerance_blocks", 1)),
-            min_prefill_drop=float(_get(opts, "cache.min_prefill_drop", 0.0)))
+            min_prefill_drop=float(_get(opts, "cache.min_prefill_drop", 0.0)),
+            server_pid=opts.server_pid, server_log=opts.server_log)
         return run_cache_probe(client, source, cfg, store)
     if opts.kind == "agent":
         from .agent import AgentProbe, AgentProbeConfig
@@ -102,7 +108,8 @@ def _dispatch(opts: ProbeOptions, client: OpenAIClient, store: EvidenceStore
             max_tokens=int(_get(opts, "agent.max_tokens", 256)),
             format_error_threshold=float(_get(opts, "thresholds.tool_format_error_rate", 0.01)),
             images=bool(_get(opts, "agent.images", False)))
-        direct = OpenAIClient(opts.direct_url, api_key=opts.api_key) if opts.direct_url else None
+        direct = OpenAIClient(opts.direct_url, api_key=opts.api_key, timeout_s=client.timeout_s) \
+            if opts.direct_url else None
         try:
             return AgentProbe(client, cfg_a, store, direct).run()
         finally:
