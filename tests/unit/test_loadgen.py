@@ -161,6 +161,21 @@ def test_request_timeout(server: StreamServer) -> None:
     assert 0.25 <= r.end - r.sent < 2.0
 
 
+def test_hung_requests_are_counted_and_named_in_the_load_step(server: StreamServer) -> None:
+    from vllm_acceptance.probes.load import LoadProbeConfig, step_row
+
+    def one(tag: str, delay: float) -> RequestSpec:
+        return RequestSpec(messages=[{"role": "user", "content": tag}], max_tokens=3, tag=tag,
+                           extra={"delay": delay})
+
+    mixed = [one("fast-1", 0), one("slow-1", 3), one("fast-2", 0), one("slow-2", 3), one("fast-3", 0)]
+    recs = loadgen.run_closed_loop_sync(server.url("slow"), "m", mixed, 2, timeout_s=0.5)
+    row = step_row(2, recs, [], 0, LoadProbeConfig(model="m", request_timeout_s=0.5))
+    slow = sorted(r.request_id for r in recs if r.tag.startswith("slow"))
+    assert row["timeouts"] == 2 and sorted(row["timed_out"]) == slow
+    assert row["errors"] == 2 and row["ok"] == 3 and row["meets_slo"] is False
+
+
 def test_stage_deadline_bounds_the_stage(server: StreamServer) -> None:
     t0 = time.time()
     recs = loadgen.run_closed_loop_sync(server.url("slow"), "m", specs(5, 3, delay=3), 2,

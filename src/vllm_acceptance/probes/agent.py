@@ -30,6 +30,8 @@ from ..findings import Consequence, Finding, Status
 from ..scenarios import tool_schema_problems
 
 WRITE_TOOLS = {"create_ticket"}
+# Checks judged over repeated runs: a hung run is left out of the rates, the answered runs still judged.
+REPEATED = ("agent.tool_call", "agent.trigger_consistency", "agent.separation")
 
 
 def solid_png_base64(size: int = 16, rgb: tuple[int, int, int] = (220, 30, 30)) -> str:
@@ -75,14 +77,20 @@ class AgentProbe:
             session_id="agent-probe", environment=cfg.scenario["default_environment"])
         self.n = 0
         self.rates: dict[str, Any] = {}
+        self.hung: list[dict[str, Any]] = []
         # Direct-server references per check kind (only with --direct-url): (clean, detail, evidence).
         self._refs: dict[str, tuple[bool, str, list[str]]] = {}
 
     def keep(self, name: str, ex: Exchange, decision: dict[str, Any]) -> str:
         self.n += 1
-        return self.store.write_json(f"cases/{self.n:02d}-{name}.json", {
+        path = self.store.write_json(f"cases/{self.n:02d}-{name}.json", {
             **ex.evidence(), "max_tokens": ex.request.get("max_tokens"), "temperature": ex.request.get("temperature"),
             "parsed": message_of(ex.body), "decision": decision})
+        if ex.timed_out:
+            self.hung.append({"case": f"{self.n:02d}-{name}", "evidence": path, "url": ex.url,
+                              "timeout_s": ex.timeout_s, "waited_s": round(ex.end - ex.sent, 2),
+                              "stream_chunks": len(ex.chunks), "error": ex.error})
+        return path
 
     def base(self, messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         return {"model": self.cfg.model, "messages": messages, "max_tokens": self.cfg.max_tokens,
@@ -113,8 +121,38 @@ class AgentProbe:
         findings.append(self.client_library())
         if self.direct is not None:
             findings.append(self.gateway_compare())
+        findings = [self._judge_hangs(f) for f in findings]
+        if self.hung:
+            findings.append(self._timeouts(findings))
         return findings, {"cases": [{"id": f.check, "check": f.check, "status": f.status.value, "layer": f.layer,
-                                     "evidence": f.evidence} for f in findings], "rates": self.rates}
+                                     "evidence": f.evidence} for f in findings], "rates": self.rates,
+                          "timeouts": self.hung}
+
+    def _judge_hangs(self, f: Finding) -> Finding:
+        """A request that got no complete answer in time is no evidence of correctness: the check it
+        belongs to is inconclusive, naming it -- unless answered runs of a repeated check already failed."""
+        hung = [h for h in self.hung if h["evidence"] in f.evidence]
+        if not hung:
+            return f
+        names = "; ".join(f"{h['case']} ({h['url']}) no complete answer within {h['timeout_s']:g} s" for h in hung)
+        if f.check in REPEATED and f.status == Status.FAIL:
+            f.reason = (f.reason + "; " if f.reason else "") + f"besides, hung: {names}"
+            return f
+        f.status, f.layer = Status.INCONCLUSIVE, None
+        f.reason = f"hung: {names}"
+        return f
+
+    def _timeouts(self, findings: list[Finding]) -> Finding:
+        for h in self.hung:
+            h["checks"] = [f.check for f in findings if h["evidence"] in f.evidence]
+        limit = self.hung[0]["timeout_s"]
+        return _finding(
+            "agent.timeouts", Status.INCONCLUSIVE, None, [h["evidence"] for h in self.hung],
+            observed=self.hung, expected=f"every request answered within the request timeout ({limit:g} s)",
+            reason=f"{len(self.hung)} request(s) hung: " + ", ".join(
+                f"{h['case']} of {'/'.join(h['checks'])} to {h['url']}" for h in self.hung),
+            rule="a request without a complete answer within agent.request_timeout_s decides nothing",
+            action="find where the request stalls (server queue, gateway, network) and re-run the agent probe")
 
     def required_tool_calls(self) -> list[Finding]:
         """Repeated runs of a task that must call a tool: validity, separation and rates."""
@@ -125,6 +163,10 @@ class AgentProbe:
         self.required_bodies: list[Any] = []
         for i in range(self.cfg.repeats):
             ex = self.client.chat(body)
+            if ex.timed_out:  # judged apart (_judge_hangs); not a format error of the answered runs
+                self.required_bodies.append(None)
+                evs.append(self.keep(f"required-tool-{i + 1}", ex, {"valid": None, "timed_out": True}))
+                continue
             check = check_tool_call(ex.body if ex.ok else None, self.tools)
             if not ex.ok:
                 check.problems.append(("gateway" if ex.status >= 500 else "client", f"HTTP error: {ex.error}"))
@@ -167,6 +209,8 @@ class AgentProbe:
         # Model-layer consistency: the same input should trigger the same call.
         consistency = self.rates["trigger_consistency"] or 0.0
         trigger_status = Status.FAIL if not triggered else (Status.PASS if consistency == 1.0 else Status.WARN)
+        if not checks:
+            trigger_status = Status.INCONCLUSIVE  # no run answered: nothing to judge
         trigger_layer, trigger_reason = None, ""
         if trigger_status != Status.PASS:
             trigger_layer, trigger_reason, _ = self._attribute(self._trigger_layer(checks, signatures, triggered),

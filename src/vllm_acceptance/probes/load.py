@@ -213,6 +213,13 @@ def _path(p: str | None) -> Any:
     return Path(p) if p else None
 
 
+def hung_requests(records: list[Record], limit: int = 20) -> dict[str, Any]:
+    """How many requests got no complete answer within the request timeout (or the stage deadline),
+    and which: their request ids, as in records/<stage>.jsonl (the first `limit`)."""
+    ids = [r.request_id for r in records if r.status == "timeout"]
+    return {"timeouts": len(ids), "timed_out": ids[:limit]}
+
+
 def step_row(concurrency: int, records: list[Record], samples: list[dict[str, Any]],
              preempt: float | None, cfg: LoadProbeConfig) -> dict[str, Any]:
     s = summarize(records)
@@ -221,7 +228,7 @@ def step_row(concurrency: int, records: list[Record], samples: list[dict[str, An
         return s[key][p]
 
     row = {"concurrency": concurrency, "requests": s["count"], "ok": s["ok"],
-           "errors": s["errors"] + s["timeouts"], "error_rate": s["error_rate"]}
+           "errors": s["errors"] + s["timeouts"], "error_rate": s["error_rate"], **hung_requests(records)}
     for metric, key in (("ttft", "ttft_s"), ("itl", "itl_s"), ("e2e", "e2e_s"), ("tpot", "tpot_s")):
         for p in ("p50", "p95", "p99"):
             row[f"{metric}_{p}"] = pct(key, p)
@@ -319,6 +326,7 @@ def stage_long_prompt(run: LoadRun) -> list[Finding]:
     return [Finding(
         check="capacity.long_prompt", status=Status.PASS if ok else Status.FAIL,
         observed={"prompt_tokens": rec.prompt_tokens if rec else None, "status": rec.status if rec else None,
+                  "request_id": rec.request_id if rec else None,
                   "error": rec.error if rec else "no record", "e2e_s": rec.e2e if rec else None,
                   "peak_memory_bytes": max(mem) if mem else None, "max_kv_usage": max(
                       (s["kv_usage"] or 0) for s in samples) if samples else None},
@@ -373,9 +381,9 @@ def stage_ramp(run: LoadRun) -> tuple[list[dict[str, Any]], list[Finding]]:
     knee = knee_of(steps)
     nominal = next((s for s in steps if s["concurrency"] == cfg.contract_concurrency), None)
     observed = {"knee": knee, "contract": cfg.contract_concurrency,
-                "steps": [{k: s[k] for k in ("concurrency", "ok", "errors", "ttft_p95", "e2e_p95", "max_waiting",
-                                              "queue_time_mean_s", "max_kv_usage", "kv_saturated", "preemptions",
-                                              "meets_slo")} for s in steps]}
+                "steps": [{k: s[k] for k in ("concurrency", "ok", "errors", "timeouts", "timed_out", "ttft_p95",
+                                              "e2e_p95", "max_waiting", "queue_time_mean_s", "max_kv_usage",
+                                              "kv_saturated", "preemptions", "meets_slo")} for s in steps]}
     common = dict(check="capacity.ramp", observed=observed, evidence=ev,
                   expected=f"SLO met up to the contracted concurrency {cfg.contract_concurrency}",
                   rule="knee = largest concurrency meeting the SLO with no OOM and preemptions <= "
@@ -386,14 +394,16 @@ def stage_ramp(run: LoadRun) -> tuple[list[dict[str, Any]], list[Finding]]:
                                action="add the contracted concurrency to load.ramp", **common)]
     if knee is not None and knee >= cfg.contract_concurrency:
         return steps, [Finding(status=Status.PASS, consequence=Consequence.EXPAND, action="none", **common)]
+    hung = "".join(f"; {s['timeouts']} request(s) hung at concurrency {s['concurrency']} (past "
+                   f"{cfg.request_timeout_s:g} s): {', '.join(s['timed_out'])}" for s in steps if s["timeouts"])
     if knee is not None:
         return steps, [Finding(
             status=Status.FAIL, consequence=Consequence.LIMIT,
-            reason=f"stable only up to concurrency {knee}",
+            reason=f"stable only up to concurrency {knee}{hung}",
             action=f"limited observation: cap --max-num-seqs / client concurrency at {knee}, write the limit into "
                    "config and alerts, owner and re-check date; or expand capacity and re-run", **common)]
     return steps, [Finding(status=Status.FAIL, consequence=Consequence.EXPAND,
-                           reason="no step of the ramp meets the SLO",
+                           reason=f"no step of the ramp meets the SLO{hung}",
                            action="expand capacity or change topology; adjust limits first", **common)]
 
 
@@ -426,6 +436,7 @@ def stage_mixed(run: LoadRun, windows: int = 3) -> Finding:
         queries = delta(before, after, "vllm:prefix_cache_queries") if before and after else None
         samples = run.sampler.window(start, end)
         rows.append({"window": w + 1, "requests": len(records), "errors": sum(r.status != "ok" for r in records),
+                     **hung_requests(records),
                      "hit_ratio": (hits / queries) if hits is not None and queries else None,
                      "max_waiting": max((x["waiting"] or 0) for x in samples) if samples else None})
         if run.crashed:
@@ -472,17 +483,21 @@ def stage_soak(run: LoadRun) -> Finding:
     growth = memory_growth_pct(mem)
     s = summarize(records)
     bad = s["errors"] + s["timeouts"]
+    hung = hung_requests(records)
     ok = bad == 0 and records and (growth is None or growth <= cfg.memory_growth_pct)
     status = Status.PASS if ok else Status.FAIL
     if growth is None and ok:
         status = Status.INCONCLUSIVE
     return Finding(check="capacity.soak", status=status, consequence=Consequence.EXPAND,
-                   observed={"seconds": round(end - start, 1), "requests": s["count"], "errors": bad,
+                   observed={"seconds": round(end - start, 1), "requests": s["count"], "errors": bad, **hung,
                              "memory_growth_pct": growth, "memory_samples": len(mem)},
                    expected=f"no errors or hangs; memory growth <= {cfg.memory_growth_pct}%",
                    evidence=[p for p in ("records/soak.jsonl", "memory.jsonl") if run.store.path(p).exists()],
                    configuration={"window": {"start": start, "end": end}, "max_growth_pct": cfg.memory_growth_pct},
-                   rule="a steady memory rise blocks release", reason="" if ok else "errors or memory growth",
+                   rule="a steady memory rise blocks release",
+                   reason="" if ok else "errors or memory growth" + (
+                       f"; {hung['timeouts']} request(s) hung past {cfg.request_timeout_s:g} s: "
+                       + ", ".join(hung["timed_out"]) if hung["timeouts"] else ""),
                    action="look for leaks, fragmentation and eviction; re-run the soak for the agreed time")
 
 

@@ -1,0 +1,161 @@
+"""Issue 9 hard cases on real parts: the lab vLLM killed during the cache probe, and hung responses
+(the corrupting gateway's stall_nth mode in front of the real lab vLLM) during the agent probe.
+
+Each fault must end in a named finding that is never a pass, the evidence up to the fault on disk, a
+bounded stage, the CLI's exit code and no Python traceback. The figures (evidence kept, time to the
+finding) are printed as `FAULT-FIGURES {...}` lines for benchmarks/fault_matrix.md (pytest -s).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from vllm_acceptance.findings import Finding, Status
+from vllm_acceptance.verdict import decide
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.lab
+
+
+def cli(kind: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", "vllm_acceptance.cli", "probe", kind, "--model", "tiny-agent", *args]
+
+
+def figures(test: str, out: Path, seconds: float, statuses: dict[str, str]) -> None:
+    files = [p for p in out.rglob("*") if p.is_file()]
+    print("FAULT-FIGURES " + json.dumps({"test": test, "files": len(files), "bytes": sum(p.stat().st_size
+                                                                                         for p in files),
+                                         "seconds_to_finding": round(seconds, 1), "statuses": statuses}))
+
+
+def test_server_killed_during_the_cache_probe(lab_server_factory, tmp_path: Path) -> None:
+    server = lab_server_factory("", port=8071)
+    out = tmp_path / "cache"
+    probe = subprocess.Popen(cli("cache", "--base-url", server.base_url, "--out", str(out), "--server-pid",
+                                 str(server.pid), "--server-log", str(server.log_path)),
+                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    requests = out / "requests"
+    deadline = time.time() + 300
+    while time.time() < deadline and not (requests.is_dir() and any(requests.glob("*.json"))):
+        assert probe.poll() is None, probe.communicate()
+        time.sleep(0.1)
+    first = sorted(requests.glob("*.json"))
+    assert first, "the cache probe never sent its first request"
+    os.killpg(server.pid, signal.SIGKILL)
+    killed = time.time()
+    stdout, stderr = probe.communicate(timeout=300)
+    seconds = time.time() - killed
+    assert probe.returncode == 3, stdout + stderr  # incomplete: not a pass, not a usage error
+    assert "Traceback" not in stdout + stderr
+    result = json.loads((out / "result.json").read_text())
+    statuses = {f["check"]: f["status"] for f in result["findings"]}
+    figures("cache: server SIGKILLed mid-protocol", out, seconds, statuses)
+    assert result["status"] == "inconclusive" and "pass" not in {
+        s for c, s in statuses.items() if c != "cache.config"}
+    assert statuses["cache.crash"] == "inconclusive"
+    for check in ("cache.cold_baseline", "cache.control", "cache.hot_reuse", "cache.prefill_gain", "cache.source"):
+        assert statuses[check] == "missing", (check, statuses)
+    crash = next(f for f in result["findings"] if f["check"] == "cache.crash")
+    assert crash["observed"]["request"].startswith("s1-") and "crash_record.json" in crash["evidence"]
+    assert "last log line" in crash["reason"]
+    record = json.loads((out / "crash_record.json").read_text())
+    assert record["process_state"] == "exited" and record["log_tail"]
+    assert record["log_tail"] == server.log_path.read_text(errors="replace").splitlines()[-len(record["log_tail"]):]
+    # The request answered before the kill is still on disk, with its body and the server's answer.
+    kept = json.loads(first[0].read_text())
+    assert kept["request"]["messages"] and kept["url"].endswith("/chat/completions")
+    assert all((out / p).is_file() for p in crash["evidence"])
+    assert decide([Finding.from_dict(f) for f in result["findings"]]).verdict == "incomplete"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_gateway(upstream: str, *args: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "vllm_acceptance.lab.gateway", "--upstream", upstream,
+                             "--port", str(port), *args], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}/v1"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        try:
+            if httpx.get(f"{url}/models", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    proc.kill()
+    raise AssertionError(f"gateway did not answer on {url}")
+
+
+def stop(proc: subprocess.Popen) -> str:
+    proc.terminate()
+    try:
+        out, _ = proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    return out
+
+
+def test_hung_requests_during_the_agent_probe_are_named_and_never_pass(lab_server_factory, tmp_path: Path) -> None:
+    server = lab_server_factory("", port=8072)
+    # The 2nd chat request (a repeated tool-call run, not streamed) gets no byte; the 5th (the streamed
+    # half of the stream check) gets its first chunk and then silence. Both are held far past the timeout.
+    gateway, url = start_gateway(server.base_url, "--mode", "stall_nth", "--nth", "2,5", "--stall-s", "3600")
+    out = tmp_path / "agent"
+    try:
+        began = time.time()
+        proc = subprocess.run(cli("agent", "--base-url", url, "--out", str(out), "--set",
+                                  "agent.request_timeout_s=5"), cwd=REPO, capture_output=True, text=True,
+                              timeout=600)
+        seconds = time.time() - began
+    finally:
+        log = stop(gateway)
+    assert "stalling chat request #2 (no byte)" in log and "stalling chat request #5 (streamed" in log
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert seconds < 400  # bounded: two 5 s timeouts, not two 3600 s stalls
+    result = json.loads((out / "result.json").read_text())
+    findings = [Finding.from_dict(f) for f in result["findings"]]
+    statuses = {f.check: f.status.value for f in findings}
+    figures("agent: two requests hung past the per-request timeout", out, seconds, statuses)
+    # The hung requests by name: case, URL, the timeout; and the checks they belonged to.
+    timeouts = next(f for f in findings if f.check == "agent.timeouts")
+    assert timeouts.status == Status.INCONCLUSIVE
+    hung = {h["case"]: h for h in timeouts.observed}
+    assert set(hung) == {"02-required-tool-2", "05-stream-streamed"}, hung
+    assert all(h["url"] == url + "/chat/completions" and h["timeout_s"] == 5 for h in hung.values())
+    assert hung["02-required-tool-2"]["checks"][0] == "agent.tool_call"
+    assert hung["05-stream-streamed"]["checks"] == ["agent.stream_consistency"]
+    assert hung["05-stream-streamed"]["stream_chunks"] >= 1 and hung["02-required-tool-2"]["stream_chunks"] == 0
+    assert "02-required-tool-2" in timeouts.reason and url in timeouts.reason
+    # Their evidence is kept: the request body, and what arrived before the stall.
+    for h in hung.values():
+        kept = json.loads((out / h["evidence"]).read_text())
+        assert kept["timed_out"] and kept["request"]["messages"] and kept["timeout_s"] == 5
+    streamed = json.loads((out / hung["05-stream-streamed"]["evidence"]).read_text())
+    assert streamed["raw_stream"].startswith("data:")
+    # The checks the hung requests belong to are not passes; the others still ran and were judged.
+    for check in ("agent.tool_call", "agent.trigger_consistency", "agent.separation", "agent.stream_consistency"):
+        assert statuses[check] == "inconclusive", (check, statuses)
+        assert "hung:" in next(f.reason for f in findings if f.check == check)
+    for check in ("agent.multi_turn", "agent.tool_failure_fallback", "agent.structured_output",
+                  "agent.executor_safety"):
+        assert statuses[check] == "pass", (check, statuses)
+    assert len(list((out / "cases").glob("*.json"))) >= 9  # every request of the probe was sent and kept
+    assert decide(findings).verdict != "release"
