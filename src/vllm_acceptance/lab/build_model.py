@@ -43,6 +43,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -99,6 +100,7 @@ class Variant:
     extra_tokens: tuple[str, ...]
     plain_answer: str  # reply without tools
     tool_answer: str  # reply after a tool result
+    corpus_extra: tuple[str, ...] = ()  # wire-format text the tokenizer should learn merges for
 
 
 HERMES = Variant(
@@ -116,14 +118,43 @@ HERMES = Variant(
 )
 
 
+# Kimi K3's XTML channels (vLLM's kimi_k3 tool/reasoning parsers). The canned answers below are
+# what the K3 variant writes after its generation prompt `<|open|>think<|sep|>`: a think channel,
+# then a call of the ops-agent pack's required tool (tools declared, no tool result yet), or a
+# reply (after a tool result, or without tools). See k3_program for how they become weights.
+K3_THINK = "Reading the request first.<|close|>think<|sep|>"
+# Tokenized piece by piece: the second argument's `argument` and `string` are split (`a` +
+# `rgument`, `s` + `tring`), so that the last four tokens tell the two arguments apart at each
+# step (the grammar reads bytes, not tokens).
+K3_CALL_PIECES = (
+    '<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool="get_node_status" index="1"<|sep|>'
+    '<|open|>argument key="node" type="string"<|sep|>node-07<|close|>argument<|sep|>',
+    "<|open|>a", 'rgument key="include" type="s', 'tring"<|sep|>gpus<|close|>argument<|sep|>'
+    "<|close|>call<|sep|><|close|>tools<|sep|>",
+)
+K3_CALL = "".join(K3_CALL_PIECES)
+K3_GENERATION_TAIL = "<|open|>think<|sep|>"
+
+KIMI_K3 = Variant(
+    name="kimi_k3",
+    template_file="kimi_k3.jinja",
+    call_start="<|open|>tools<|sep|>",
+    call_end="<|close|>tools<|sep|>",
+    tools_marker="tool_declare",
+    response_marker="tool_result",
+    extra_tokens=("<|open|>", "<|close|>", "<|sep|>", "tool_declare", "tool_result"),
+    plain_answer="Hello, I am the tiny lab agent.",
+    tool_answer="Done: tool result received!",
+    corpus_extra=(K3_THINK, K3_CALL, K3_GENERATION_TAIL, '<|open|>message role="assistant"<|sep|>',
+                  "<|open|>response<|sep|><|close|>response<|sep|><|close|>message<|sep|>") * 20,
+)
+
+
 def _variant(name: str) -> Variant:
     if name == "hermes":
         return HERMES
     if name == "kimi_k3":
-        # vLLM 0.32 parses K3's XTML (kimi_k3 tool + reasoning parsers, structural tag), but a
-        # bigram-style program cannot yet emit it: after `<|close|>argument<|sep|>` it must choose
-        # between another argument and `<|close|>call`, which needs more than the last token.
-        raise ValueError("variant 'kimi_k3' is not built yet; use 'hermes'")
+        return KIMI_K3
     raise ValueError(f"unknown variant {name!r}; choose one of {', '.join(VARIANTS)}")
 
 
@@ -239,6 +270,9 @@ def _corpus(variant: Variant) -> list[str]:
     lines: list[str] = list(_OPS_SENTENCES)
     lines.append(variant.plain_answer)
     lines.append(variant.tool_answer)
+    for line in variant.corpus_extra:
+        # Learn the words between the markers; the markers themselves are added tokens.
+        lines.extend(part for part in re.split(r"<\|\w+\|>", line) if part)
     for i, name in enumerate(_TOOL_NAMES):
         props = {
             _WORDS[(i * 7 + j) % len(_WORDS)]: {
@@ -493,18 +527,62 @@ def _program(tok: Any, variant: Variant, seed: int) -> dict[str, Any]:
     return {k: v.contiguous() for k, v in sd.items()}
 
 
-def _config(tok: Any) -> Any:
+def k3_cases(tok: Any, variant: Variant) -> list[Any]:
+    """The K3 variant's canned answers as token sequences, each with the flags that select it."""
+    from .k3_program import Case
+
+    def ids(*pieces: str) -> tuple[int, ...]:
+        return tuple(t for piece in pieces for t in tok.encode(piece, add_special_tokens=False).ids)
+
+    tail, eos = ids(K3_GENERATION_TAIL), (tok.token_to_id(EOS),)
+    close = "<|close|>response<|sep|>"
+    answers = (
+        (True, False, (K3_THINK, *K3_CALL_PIECES)),
+        (None, True, (K3_THINK, variant.tool_answer, close)),
+        (False, False, (K3_THINK, variant.plain_answer, close)),
+    )
+    return [Case(tools, result, tail + ids(*pieces) + eos, len(tail) - 1) for tools, result, pieces in answers]
+
+
+def _program_k3(tok: Any, variant: Variant, seed: int) -> dict[str, Any]:
+    from . import k3_program as k3
+
+    rules = k3.compile_rules(k3_cases(tok, variant))
+    specials = {tok.token_to_id(t) for t in (PAD, BOS_LIKE, variant.tools_marker, variant.response_marker)}
+    eos = tok.token_to_id(EOS)
+    filler = next(f for f in STRING_FILLERS if len(tok.encode(f, add_special_tokens=False).ids) == 1)
+    filler_id = tok.token_to_id(filler)
+
+    def preference(tid: int) -> float:
+        # The hermes variant's order (EOS, closers, ...); markers only when a rule asks for them.
+        if tid == eos:
+            return 5.0
+        if tid in specials:
+            return -5.0
+        if tid == filler_id:
+            return 4.3
+        return _preference(tok.decode([tid]))
+
+    markers = (tok.token_to_id(variant.tools_marker), tok.token_to_id(variant.response_marker))
+    return k3.program(tok.get_vocab_size(), rules, markers, preference, seed, LAYERS)
+
+
+def _config(tok: Any, variant: Variant) -> Any:
     from transformers import LlamaConfig
 
+    from . import k3_program as k3
+
+    hidden, heads, head_dim, inter = ((k3.HIDDEN, k3.HEADS, k3.HEAD_DIM, k3.INTERMEDIATE)
+                                      if variant.name == "kimi_k3" else (HIDDEN, HEADS, HEAD_DIM, INTERMEDIATE))
     eos = tok.token_to_id(EOS)
     return LlamaConfig(
         vocab_size=tok.get_vocab_size(),
-        hidden_size=HIDDEN,
-        intermediate_size=INTERMEDIATE,
+        hidden_size=hidden,
+        intermediate_size=inter,
         num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS,
-        num_key_value_heads=HEADS,
-        head_dim=HEAD_DIM,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        head_dim=head_dim,
         hidden_act="silu",
         max_position_embeddings=MAX_POSITIONS,
         rms_norm_eps=RMS_EPS,
@@ -559,7 +637,7 @@ def _write_model(out_dir: Path, v: Variant, seed: int) -> None:
     # write the latter explicitly so both transformers 4 and 5 layouts find it.
     (out_dir / "chat_template.jinja").write_text(template)
 
-    cfg = _config(tok)
+    cfg = _config(tok, v)
     cfg.save_pretrained(out_dir)
     GenerationConfig(
         eos_token_id=cfg.eos_token_id,
@@ -567,7 +645,8 @@ def _write_model(out_dir: Path, v: Variant, seed: int) -> None:
         pad_token_id=cfg.pad_token_id,
         do_sample=False,
     ).save_pretrained(out_dir)
-    save_file(_program(tok, v, seed), str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    weights = _program_k3(tok, v, seed) if v.name == "kimi_k3" else _program(tok, v, seed)
+    save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     (out_dir / "lab_model.json").write_text(
         json.dumps(
             {
