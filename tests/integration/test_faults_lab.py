@@ -159,3 +159,42 @@ def test_hung_requests_during_the_agent_probe_are_named_and_never_pass(lab_serve
         assert statuses[check] == "pass", (check, statuses)
     assert len(list((out / "cases").glob("*.json"))) >= 9  # every request of the probe was sent and kept
     assert decide(findings).verdict != "release"
+
+
+def test_a_hung_request_during_the_cache_probe_is_named_and_its_session_dropped(lab_server_factory,
+                                                                                  tmp_path: Path) -> None:
+    server = lab_server_factory("", port=8073)
+    # The 2nd chat request of the protocol (session 1, hot A; streamed) gets its first chunk, then silence.
+    gateway, url = start_gateway(server.base_url, "--mode", "stall_nth", "--nth", "2", "--stall-s", "3600")
+    out = tmp_path / "cache"
+    try:
+        began = time.time()
+        proc = subprocess.run(cli("cache", "--base-url", url, "--metrics-url", server.metrics_url, "--out", str(out),
+                                  "--set", "cache.request_timeout_s=5"), cwd=REPO, capture_output=True, text=True,
+                              timeout=600)
+        seconds = time.time() - began
+    finally:
+        log = stop(gateway)
+    assert "stalling chat request #2 (streamed" in log
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert seconds < 400
+    result = json.loads((out / "result.json").read_text())
+    statuses = {f["check"]: f["status"] for f in result["findings"]}
+    figures("cache: one request hung past the per-request timeout", out, seconds, statuses)
+    timeouts = next(f for f in result["findings"] if f["check"] == "cache.timeouts")
+    assert timeouts["status"] == "inconclusive"
+    (hung,) = timeouts["observed"]
+    assert hung["request"] == "s1-hot_a-try1" and hung["url"] == url + "/chat/completions"
+    assert hung["timeout_s"] == 5 and hung["stream_chunks"] >= 1 and "s1-hot_a-try1" in timeouts["reason"]
+    kept = json.loads((out / hung["evidence"]).read_text())
+    assert kept["timed_out"] and kept["request"]["messages"]
+    rows = result["details"]["requests"]
+    # No retry against a cache the hung request may have filled; the rest of session 1 is dropped,
+    # sessions 2 and 3 are measured and judged.
+    assert [(r["session"], r["kind"]) for r in rows][:3] == [(1, "cold"), (1, "hot_a"), (2, "cold")]
+    assert not (out / "requests" / "s1-hot_a-try2.json").exists()
+    assert {r["session"] for r in rows if r["clean"]} == {1, 2, 3}
+    assert statuses["cache.hot_reuse"] == "pass"  # judged on the measured sessions: reuse still proven
+    assert "cache.isolation" not in statuses  # a hang is named as a hang, not as other traffic
+    assert result["status"] == "inconclusive"  # but the probe as a whole is not a pass

@@ -89,6 +89,7 @@ class Measurement:
     clean: bool = False
     problems: list[str] = field(default_factory=list)
     evidence: list[str] = field(default_factory=list)
+    hung: dict[str, Any] | None = None
 
     def row(self) -> dict[str, Any]:
         return {"session": self.session, "kind": self.kind, "prompt_tokens": self.prompt_tokens,
@@ -96,7 +97,7 @@ class Measurement:
                 "cached_tokens": self.cached_tokens_usage, "cached_by_source": self.cached_by_source,
                 "prefill_computed_tokens": self.prefill_computed_tokens,
                 "prefill_time_s": self.prefill_time_s, "ttft_s": self.ttft_s, "clean": self.clean,
-                "problems": self.problems}
+                "problems": self.problems, "hung": self.hung}
 
 
 def build_messages(scenario: dict[str, Any], kind: str, session_id: str) -> list[dict[str, Any]]:
@@ -204,8 +205,16 @@ class CacheProbe:
             except MetricsError as exc:
                 raise ServerLost(name, f"metrics after the request: {exc}", m.evidence) from exc
             m.evidence.insert(1, ev_after)
+            if exchange.timed_out:
+                # The server may still have computed it: the cache state of this session is unknown, so
+                # no retry here (its hits would be the hung request's); the session ends (run_cache_probe).
+                m.hung = {"request": name, "evidence": ev_req, "url": exchange.url, "timeout_s": exchange.timeout_s,
+                          "waited_s": round(exchange.end - exchange.sent, 2), "stream_chunks": len(exchange.chunks),
+                          "error": exchange.error}
+                m.problems.append(f"hung: {ev_req} ({exchange.url}): {exchange.error}")
+                break
             if not exchange.ok:
-                m.problems.append(f"request failed ({ev_req}): {exchange.error}")
+                m.problems.append(f"request failed ({ev_req}, {exchange.url}): {exchange.error}")
                 continue
             self.fill(m, before, after, exchange.body.get("usage") or {}, exchange.ttft_s)
             if not m.problems:
@@ -283,6 +292,8 @@ def run_cache_probe(client: OpenAIClient, source: MetricsSource, cfg: CacheProbe
                 if m.token_ids:
                     earlier.append(m.token_ids)
                 measurements.append(m)
+                if m.hung:
+                    break  # the rest of this session would be measured against an unknown cache state
     except ServerLost as lost:
         return findings + server_lost(probe, lost, measurements, cfg, started), {
             "block_size": block, "requests": [m.row() for m in measurements], "crash": lost.request,
@@ -291,6 +302,17 @@ def run_cache_probe(client: OpenAIClient, source: MetricsSource, cfg: CacheProbe
             "seconds": round(time.time() - started, 2)}
     rows_ev = store.write_json("requests.json", [m.row() for m in measurements])
     findings += judge_reuse(measurements, cfg, block, rows_ev)
+    hung = [m.hung for m in measurements if m.hung]
+    if hung:
+        findings.append(Finding(
+            check="cache.timeouts", status=Status.INCONCLUSIVE, observed=hung,
+            consequence=Consequence.REBUILD if cfg.relies_on_reuse else Consequence.LIMIT,
+            evidence=[rows_ev, *(h["evidence"] for h in hung)],
+            expected=f"every request answered within the request timeout ({hung[0]['timeout_s']:g} s)",
+            reason=f"{len(hung)} request(s) hung, the rest of their session not measured: " + ", ".join(
+                f"{h['request']} to {h['url']}" for h in hung),
+            rule="a request without a complete answer within cache.request_timeout_s decides nothing",
+            action="find where the request stalls (server queue, gateway, network) and re-run the cache probe"))
     shared = max((m.expected_hits or 0) for m in measurements if m.kind == "hot_a")
     details = {"block_size": block, "shared_prefix_tokens": shared, "expected_hot_hits": shared,
                "requests": [m.row() for m in measurements], "metrics_source": source.description,
@@ -369,7 +391,7 @@ def judge_reuse(ms: list[Measurement], cfg: CacheProbeConfig, block: int, rows_e
     ev = [rows_ev]
     consequence = Consequence.REBUILD if cfg.relies_on_reuse else Consequence.LIMIT
     tol = cfg.tolerance_blocks * block
-    unclean = [m for m in ms if not m.clean]
+    unclean = [m for m in ms if not m.clean and not m.hung]  # hung requests: cache.timeouts
     findings: list[Finding] = []
     if unclean:
         findings.append(Finding(
