@@ -198,3 +198,35 @@ def test_a_hung_request_during_the_cache_probe_is_named_and_its_session_dropped(
     assert statuses["cache.hot_reuse"] == "pass"  # judged on the measured sessions: reuse still proven
     assert "cache.isolation" not in statuses  # a hang is named as a hang, not as other traffic
     assert result["status"] == "inconclusive"  # but the probe as a whole is not a pass
+
+
+def test_a_hung_request_in_the_load_ramp_is_counted_and_named(lab_server_factory, tmp_path: Path) -> None:
+    server = lab_server_factory("", port=8074)
+    # Chat requests through the gateway: #1 the long prompt, #2 the over-context request, #3 the first
+    # request of the ramp's concurrency-1 step: streamed, it gets its first chunk and then silence.
+    gateway, url = start_gateway(server.base_url, "--mode", "stall_nth", "--nth", "3", "--stall-s", "3600")
+    out = tmp_path / "load"
+    try:
+        began = time.time()
+        proc = subprocess.run(cli("load", "--base-url", url, "--metrics-url", server.metrics_url, "--out", str(out),
+                                  "--server-pid", str(server.pid), "--set", "load.request_timeout_s=5",
+                                  "--set", "load.requests_per_step=4", "--set", "load.soak_s=4"),
+                              cwd=REPO, capture_output=True, text=True, timeout=600)
+        seconds = time.time() - began
+    finally:
+        log = stop(gateway)
+    assert "stalling chat request #3 (streamed" in log
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # the contracted step is not met: fail
+    assert "Traceback" not in proc.stdout + proc.stderr
+    result = json.loads((out / "result.json").read_text())
+    statuses = {f["check"]: f["status"] for f in result["findings"]}
+    figures("load: one ramp request hung past the per-request timeout", out, seconds, statuses)
+    ramp = next(f for f in result["findings"] if f["check"] == "capacity.ramp")
+    c1 = next(s for s in ramp["observed"]["steps"] if s["concurrency"] == 1)
+    records = [json.loads(line) for line in (out / "records" / "ramp_c1.jsonl").read_text().splitlines()]
+    hung = [r["request_id"] for r in records if r["status"] == "timeout"]
+    assert c1["timeouts"] == 1 and c1["timed_out"] == hung and c1["meets_slo"] is False
+    assert ramp["status"] != "pass" and hung[0] in ramp["reason"] and "past 5 s" in ramp["reason"]
+    assert len(records) == 4 and sum(r["status"] == "ok" for r in records) == 3  # the step went on
+    assert "capacity.crash" not in statuses  # the server is healthy: a hang is not a crash
+    assert statuses["capacity.mixed"] != "missing" and statuses["capacity.soak"] != "missing"  # later stages ran
