@@ -111,12 +111,13 @@ def lab_server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     started: list[LabServer] = []
     reason = lab_skip_reason()
 
-    def factory(extra_args: str, port: int) -> LabServer:
-        if reason:
-            pytest.skip(reason)
+    def factory(extra_args: str, port: int, profile: Path = LAB_PROFILE) -> LabServer:
+        model_reason = reason or (lab_skip_reason(LAB_MODEL_K3) if profile == LAB_PROFILE_K3 else None)
+        if model_reason:
+            pytest.skip(model_reason)
         # LAB_PORT_OFFSET lets a second suite run beside a first one without sharing servers.
         port += int(os.environ.get("LAB_PORT_OFFSET", "0"))
-        server = start_lab(tmp_path_factory.mktemp("lab-extra"), port=port, extra_args=extra_args)
+        server = start_lab(tmp_path_factory.mktemp("lab-extra"), port=port, extra_args=extra_args, profile=profile)
         started.append(server)
         return server
 

@@ -100,8 +100,9 @@ def check_separation(body: dict[str, Any] | None) -> list[tuple[str, str]]:
     content = message.get("content") or ""
     reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
     problems = []
-    if markup_in(content):
-        problems.append(("parser", "tool-call markup in content"))
+    if leaked := markup_in(content):
+        # Name the format: it tells which --tool-call-parser the server should run.
+        problems.append(("parser", f"tool-call markup ({', '.join(leaked)}) in content"))
     if REASONING_SIGNATURES.search(content):
         problems.append(("parser", "reasoning markup in content"))
     if reasoning and reasoning.strip() and reasoning.strip() in content:

@@ -114,11 +114,15 @@ def _lab_python() -> Path:
     return LAB_PYTHON
 
 
-def _build(out: Path, seed: int = 0) -> dict[str, str]:
+def _build_variant(out: Path, variant: str, seed: int = 0) -> dict[str, str]:
     subprocess.run([str(_lab_python()), "-m", "vllm_acceptance.lab.build_model", "--out", str(out),
-                    "--seed", str(seed)], check=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO / "src")},
-                   capture_output=True, timeout=600)
+                    "--variant", variant, "--seed", str(seed)], check=True, cwd=REPO,
+                   env={**os.environ, "PYTHONPATH": str(REPO / "src")}, capture_output=True, timeout=600)
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.iterdir())}
+
+
+def _build(out: Path, seed: int = 0) -> dict[str, str]:
+    return _build_variant(out, "hermes", seed)
 
 
 def test_build_is_byte_identical_for_a_seed_and_the_seed_moves_only_weights(tmp_path: Path) -> None:
@@ -241,3 +245,56 @@ def test_vllm_structured_output_validates(lab_server: Any) -> None:
         "type": "json_schema", "json_schema": {"name": "v", "schema": schema}}})["choices"][0]
     assert choice["finish_reason"] == "stop"
     jsonschema.validate(json.loads(choice["message"]["content"]), schema)
+
+
+# --------------------------------------------------------------------------- Kimi K3 variant
+
+
+def _render_k3(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson"] = lambda x: json.dumps(x, ensure_ascii=False)
+    return env.from_string(bm.chat_template("kimi_k3")).render(
+        messages=messages, tools=tools, add_generation_prompt=True)
+
+
+def test_k3_template_renders_xtml_channels_the_parsers_read() -> None:
+    after = USER + [
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+            "name": "create_ticket", "arguments": {"title": "gpu", "details": {"host": "n1"}, "count": 2}}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": '{"id": 7}'},
+    ]
+    text = _render_k3(after, [TICKET_TOOL])
+    # The programmed flag heads key on these markers: tools declared, tool result present.
+    assert text.count("tool_declare") == 2 and "<|open|>tool_result<|sep|>{\"id\": 7}<|close|>tool_result" in text
+    assert ('<|open|>call tool="create_ticket" index="1"<|sep|><|open|>argument key="title" type="string"<|sep|>gpu'
+            '<|close|>argument<|sep|><|open|>argument key="details" type="object"<|sep|>{"host": "n1"}'
+            '<|close|>argument<|sep|><|open|>argument key="count" type="number"<|sep|>2<|close|>argument<|sep|>'
+            '<|close|>call<|sep|><|close|>tools<|sep|>') in text
+    assert text.endswith(bm.K3_GENERATION_TAIL)
+    plain = _render_k3(USER)
+    assert "tool_declare" not in plain and "tool_result" not in plain
+
+
+_GREEDY_K3 = _GREEDY.replace("max_new_tokens=24", "max_new_tokens=120")
+
+
+def test_k3_build_is_deterministic_and_writes_the_canned_xtml_by_itself(tmp_path: Path) -> None:
+    """Greedy decoding without any grammar: the n-gram program alone writes the whole XTML call."""
+    a, b = (_build_variant(tmp_path / name, "kimi_k3") for name in ("a", "b"))
+    assert a == b
+    cfg = json.loads((tmp_path / "a" / "config.json").read_text())
+    assert (cfg["hidden_size"], cfg["num_attention_heads"], cfg["head_dim"]) == (512, 8, 64)
+    after = USER + [
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+            "name": "get_node_status", "arguments": {"node": "node-07", "include": "gpus"}}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "{}"},
+    ]
+    cases = {"plain": {"messages": USER}, "tools": {"messages": USER, "tools": [NODE_TOOL]},
+             "after_tool": {"messages": after, "tools": [NODE_TOOL]}}
+    proc = subprocess.run([str(_lab_python()), "-c", _GREEDY_K3, str(tmp_path / "a"), json.dumps(cases)],
+                          check=True, capture_output=True, text=True, timeout=600)
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    close = "<|close|>response<|sep|>" + bm.EOS
+    assert out == {"plain": bm.K3_THINK + bm.KIMI_K3.plain_answer + close,
+                   "tools": bm.K3_THINK + bm.K3_CALL + bm.EOS,
+                   "after_tool": bm.K3_THINK + bm.KIMI_K3.tool_answer + close}

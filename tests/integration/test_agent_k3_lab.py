@@ -1,0 +1,119 @@
+"""Kimi K3's own parser path on real vLLM: the lab model's kimi_k3 variant writes XTML think /
+response / tools channels, served with `--tool-call-parser kimi_k3 --reasoning-parser kimi_k3`
+and K3's structural tag (`--tool-strict-level parameter`), as the flagship is."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jsonschema
+import pytest
+from conftest import LAB_PROFILE_K3, REPO
+
+from vllm_acceptance.agentcheck import check_separation
+from vllm_acceptance.lab import build_model as bm
+from vllm_acceptance.scenarios import load_scenario
+
+pytestmark = pytest.mark.lab
+
+SCENARIO = load_scenario("ops-agent")
+TOOLS: list[dict[str, Any]] = SCENARIO["tools"]
+ASK = [{"role": "system", "content": SCENARIO["system_prompt"].format(session_id="k3", environment="production")},
+       {"role": "user", "content": SCENARIO["tasks"]["required_tool"]["user"]}]
+THINK = bm.K3_THINK.split("<|close|>")[0]
+
+
+def _chat(server: Any, body: dict[str, Any]) -> dict[str, Any]:
+    r = httpx.post(server.base_url + "/chat/completions",
+                   json={"model": server.model, "temperature": 0, "max_tokens": 160, **body}, timeout=300)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]
+
+
+def _call(message: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    (call,) = message["tool_calls"]
+    name, args = call["function"]["name"], json.loads(call["function"]["arguments"])
+    jsonschema.validate(args, next(t for t in TOOLS if t["function"]["name"] == name)["function"]["parameters"])
+    return name, args
+
+
+@pytest.mark.parametrize("tool_choice", ["auto", "required", {"type": "function", "function": {
+    "name": "get_node_status"}}], ids=["auto", "required", "named"])
+def test_k3_calls_parse_into_schema_valid_tool_calls_with_reasoning_apart(k3_lab_server, tool_choice) -> None:
+    choice = _chat(k3_lab_server, {"messages": ASK, "tools": TOOLS, "tool_choice": tool_choice})
+    message = choice["message"]
+    assert _call(message) == ("get_node_status", {"node": "node-07", "include": "gpus"})
+    # Named choice ends with "stop" on vLLM (as with hermes); auto and required with "tool_calls".
+    assert choice["finish_reason"] == ("stop" if isinstance(tool_choice, dict) else "tool_calls")
+    assert message["reasoning"] == THINK and not message.get("content")
+    assert check_separation({"choices": [choice]}) == []
+
+
+def test_k3_streamed_call_assembles_to_the_same_call(k3_lab_server) -> None:
+    body = {"model": k3_lab_server.model, "temperature": 0, "max_tokens": 160, "stream": True,
+            "messages": ASK, "tools": TOOLS, "tool_choice": "auto"}
+    name, args, reasoning, content, finish = "", "", "", "", None
+    with httpx.stream("POST", k3_lab_server.base_url + "/chat/completions", json=body, timeout=300) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {") and (chunk := json.loads(line[6:]))["choices"]:
+                choice = chunk["choices"][0]
+                delta = choice["delta"]
+                reasoning += delta.get("reasoning") or ""
+                content += delta.get("content") or ""
+                for tc in delta.get("tool_calls") or []:
+                    name += (tc.get("function") or {}).get("name") or ""
+                    args += (tc.get("function") or {}).get("arguments") or ""
+                finish = choice.get("finish_reason") or finish
+    assert (finish, name, json.loads(args)) == ("tool_calls", "get_node_status", {"node": "node-07", "include": "gpus"})
+    assert reasoning == THINK and "<|" not in content
+
+
+def test_k3_text_replies_and_structured_output(k3_lab_server) -> None:
+    plain = _chat(k3_lab_server, {"messages": ASK})
+    assert (plain["message"]["content"], plain["message"]["reasoning"]) == (bm.KIMI_K3.plain_answer, THINK)
+    after = ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+            "name": "get_node_status", "arguments": '{"node": "node-07", "include": "gpus"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": SCENARIO["tasks"]["tool_result_ok"]},
+    ]
+    second = _chat(k3_lab_server, {"messages": after, "tools": TOOLS, "tool_choice": "auto"})
+    assert (second["finish_reason"], second["message"]["content"]) == ("stop", bm.KIMI_K3.tool_answer)
+    assert not second["message"].get("tool_calls")
+    schema = SCENARIO["tasks"]["structured"]["schema"]
+    structured = _chat(k3_lab_server, {"messages": ASK, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "health", "schema": schema, "strict": True}}})
+    jsonschema.validate(json.loads(structured["message"]["content"]), schema)
+
+
+def _probe_agent(server: Any, out: Path) -> tuple[int, dict[str, Any]]:
+    proc = subprocess.run([sys.executable, "-m", "vllm_acceptance.cli", "probe", "agent", "--base-url",
+                           server.base_url, "--model", server.model, "--profile", str(LAB_PROFILE_K3),
+                           "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert (out / "result.json").is_file(), proc.stderr[-2000:]
+    return proc.returncode, json.loads((out / "result.json").read_text())
+
+
+def test_every_agent_check_passes_through_the_kimi_k3_parsers(k3_lab_server, tmp_path: Path) -> None:
+    rc, result = _probe_agent(k3_lab_server, tmp_path)
+    statuses = {f["check"]: f["status"] for f in result["findings"]}
+    assert rc == 0 and result["status"] == "pass", statuses
+    rates = result["details"]["rates"]
+    assert rates["schema_accuracy"] == 1.0 and rates["format_error_rate"] == 0.0
+    assert rates["finish_tool_calls"] == rates["runs"] == 3
+
+
+def test_k3_output_behind_the_wrong_tool_parser_is_a_parser_fault(lab_server_factory, tmp_path: Path) -> None:
+    """The K3 model served with `--tool-call-parser hermes` (a wrong parser name in the launch): the
+    XTML call stays in content, no tool_calls -> agent.tool_call fails, layer parser, K3 markup named."""
+    server = lab_server_factory("--tool-call-parser=hermes", port=8032, profile=LAB_PROFILE_K3)
+    rc, result = _probe_agent(server, tmp_path)
+    found = {f["check"]: f for f in result["findings"]}
+    assert rc == 1 and result["status"] == "fail"
+    assert found["agent.tool_call"]["status"] == "fail" and found["agent.tool_call"]["layer"] == "parser"
+    assert found["agent.separation"]["status"] == "fail"
+    assert "kimi_k3" in json.dumps(found["agent.separation"]["observed"])
