@@ -65,9 +65,10 @@ $(LAB_MODEL)/config.json: src/vllm_acceptance/lab/build_model.py src/vllm_accept
 $(LAB_MODEL_K3)/config.json: src/vllm_acceptance/lab/build_model.py src/vllm_acceptance/lab/k3_program.py src/vllm_acceptance/lab/chat_templates/kimi_k3.jinja | lab-venv
 	PYTHONPATH=src $(LAB_VENV)/bin/python -m vllm_acceptance.lab.build_model --variant kimi_k3 --out $(LAB_MODEL_K3)
 
-## lab-up: start the lab vLLM (extra flags from LAB_ARGS); the last line printed is its base URL
+## lab-up: start the lab vLLM (extra flags from LAB_ARGS, profile from LAB_PROFILE); the last line printed is its base URL
+LAB_PROFILE ?= profiles/cpu-lab.yml
 lab-up: venv lab-venv lab-model
-	@$(VENV)/bin/vllm-acceptance lab up --extra-args="$(LAB_ARGS)"
+	@$(VENV)/bin/vllm-acceptance lab up --profile $(LAB_PROFILE) --extra-args="$(LAB_ARGS)"
 
 lab-down: venv
 	@$(VENV)/bin/vllm-acceptance lab down
