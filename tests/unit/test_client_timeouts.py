@@ -28,6 +28,10 @@ class Stalling(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(CHUNK)  # a streamed answer starts; a plain client waits for the whole body
         self.wfile.flush()
+        if self.path.startswith("/drip"):  # a chunk every 0.2 s, forever: no read ever times out
+            while not self.release.wait(0.2):
+                self.wfile.write(CHUNK)
+                self.wfile.flush()
         self.release.wait(30)
 
 
@@ -62,6 +66,15 @@ def test_a_stream_stalled_after_its_first_chunk_keeps_the_chunk(stalling: str) -
     assert ex.timed_out and not ex.ok and "after 1 stream chunks" in ex.error
     assert ex.body["choices"][0]["message"]["content"] == "Hi"  # what arrived before the stall is kept
     assert ex.first_byte is not None
+
+
+def test_a_stream_that_drips_forever_is_cut_after_twice_the_timeout(stalling: str) -> None:
+    client = OpenAIClient(stalling.replace("/v1", "/drip/v1"), timeout_s=0.5)
+    began = time.monotonic()
+    ex = client.chat_stream({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    took = time.monotonic() - began
+    assert 1.0 <= took < 10 and ex.timed_out and len(ex.chunks) >= 3
+    assert "twice the request timeout" in ex.error
 
 
 def test_an_unreachable_port_is_an_error_but_not_a_timeout() -> None:
