@@ -51,10 +51,10 @@ options:
     description: API key; never written to evidence.
     type: str
   server_pid:
-    description: Lab server pid, for the RSS memory series.
+    description: Server pid; tells an exited server from a hung one; the lab RSS memory series (load).
     type: int
   server_log:
-    description: Server log, read for OOM lines when the server dies.
+    description: Server log; its last lines (and OOM lines) are kept when the server dies mid-probe (cache, load).
     type: path
   overrides:
     description: Profile fields overridden for this probe (dotted keys).
