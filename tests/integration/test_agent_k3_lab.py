@@ -117,3 +117,31 @@ def test_k3_output_behind_the_wrong_tool_parser_is_a_parser_fault(lab_server_fac
     assert found["agent.tool_call"]["status"] == "fail" and found["agent.tool_call"]["layer"] == "parser"
     assert found["agent.separation"]["status"] == "fail"
     assert "kimi_k3" in json.dumps(found["agent.separation"]["observed"])
+
+
+def test_accept_pipeline_on_the_k3_profile_chosen_on_the_command_line(k3_lab_server, tmp_path: Path) -> None:
+    """accept.yml with `-e acceptance_profile=cpu-lab-k3` (extra vars outrank the validated profile
+    fact: it must still be read as a name), attached to the K3 lab server: judged release. The K3
+    template renders tool declarations before the system prompt, so every cold cache request shares
+    that head; the cold baseline allows exactly that head."""
+    import ansible_runner
+
+    reports = tmp_path / "reports"
+    (tmp_path / "runner").mkdir()
+    env = {"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
+    result = ansible_runner.run(
+        private_data_dir=str(tmp_path / "runner"), project_dir=str(REPO), playbook=str(REPO / "accept.yml"),
+        inventory=str(REPO / "inventories" / "lab"), envvars=env, quiet=True,
+        extravars={"acceptance_profile": "cpu-lab-k3", "vllm_serve_mode": "attach",
+                   "vllm_base_url": k3_lab_server.base_url, "vllm_serve_pid": k3_lab_server.pid,
+                   "vllm_serve_startup_log": str(k3_lab_server.log_path), "acceptance_reports_dir": str(reports)})
+    assert result.status == "successful", "".join(e.get("stdout", "") for e in result.events)[-4000:]
+    run = (reports / "lab" / "latest").resolve()
+    report = json.loads((run / "report.json").read_text())
+    bad = {f["check"]: f["status"] for f in report["findings"] if f["status"] not in ("pass", "not_applicable")}
+    assert report["profile"] == "cpu-lab-k3" and report["verdict"] == "release", bad
+    cache = json.loads((run / "stages" / "cache.json").read_text())
+    head = cache["template_head_tokens"]
+    assert head and head % cache["block_size"] == 0
+    assert [r["hits"] for r in cache["requests"] if r["kind"] == "cold"][1:] == [head] * (len(
+        [r for r in cache["requests"] if r["kind"] == "cold"]) - 1)

@@ -84,3 +84,20 @@ def test_external_only_hits_never_pass_for_local_reuse() -> None:
         if x.hits:
             x.cached_by_source = {"external_unspecified": x.hits}
     assert statuses(judge_reuse(ms, cfg(), BLOCK, "r"))["cache.source"] == Status.FAIL
+
+
+def test_cold_hits_on_a_template_head_before_the_session_id_are_allowed_and_nothing_more() -> None:
+    """Kimi-style templates render the tool declarations before the system prompt: every cold
+    request shares that head (here 512 tokens, cached by earlier sessions or any other traffic)."""
+    def shaped(cold_hits: float) -> list[Measurement]:
+        return [m(s, "cold", cold_hits if s > 1 else 0, 512 if s > 1 else 0) for s in (1, 2, 3)] + [
+            x for s in (1, 2, 3) for x in session(s)[1:]]
+
+    assert statuses(judge_reuse(shaped(512), cfg(), BLOCK, "r", head=512))["cache.cold_baseline"] == Status.PASS
+    # One block of the session's own part beyond the head is a failure.
+    cold = next(f for f in judge_reuse(shaped(768), cfg(), BLOCK, "r", head=512) if f.check == "cache.cold_baseline")
+    assert cold.status == Status.FAIL and cold.expected == "hits <= 512 (template head) + 128"
+    first_session_hit = [m(1, "cold", 512, 0)] + session(1)[1:] + session(2)
+    got = statuses(judge_reuse(first_session_hit, cfg(), BLOCK, "r", head=512))
+    assert got["cache.cold_baseline"] == Status.PASS  # the head was cached by traffic before the probe
+    assert statuses(judge_reuse(first_session_hit, cfg(), BLOCK, "r"))["cache.cold_baseline"] == Status.FAIL
