@@ -24,7 +24,7 @@ from .parsers.node_evidence import host_dir, load_node_evidence
 from .parsers.startup_log import StartupScan
 from .profile import Profile
 from .redact import redact_obj, redact_text
-from .rules.compat import NODE_RULES, NodeContext, check_recipe_record, check_topology
+from .rules.compat import NODE_RULES, NodeContext, check_image_uniform, check_recipe_record, check_topology
 from .run import record_profile
 
 FINDINGS_NAME = "preflight.json"
@@ -42,7 +42,7 @@ def node_contexts(run_dir: Path, profile: Profile, hosts: list[str],
 def judge(run_dir: Path, profile: Profile, hosts: list[str], *, today: dt.date | None = None,
           startup_scans: dict[str, StartupScan] | None = None) -> list[Finding]:
     """Every compatibility finding of the run: the recipe record once, each rule per host, the
-    cluster topology once. A host without evidence gets `missing` for each required check."""
+    cluster topology and image uniformity once. A host without evidence gets `missing` for each required check."""
     hosts = list(dict.fromkeys(hosts))          # keep order, drop repeats
     record_profile(run_dir, profile)            # also when preflight.yml runs on its own
     findings = [check_recipe_record(profile, today)]
@@ -51,6 +51,7 @@ def judge(run_dir: Path, profile: Profile, hosts: list[str], *, today: dt.date |
         findings.extend(rule(ctx) for rule in NODE_RULES)
     if contexts:
         findings.append(check_topology(contexts, profile))
+        findings.append(check_image_uniform(contexts))
     return findings
 
 

@@ -322,3 +322,24 @@ def test_host_names_cannot_leave_the_evidence_tree(tmp_path: Path, host: str) ->
     with pytest.raises(ValueError):
         save_node_streams(tmp_path, {host: NodeStream(stdout="", marker=MARKER)})
     assert not (tmp_path / "escape").exists()
+
+
+def test_nodes_holding_different_images_under_one_tag_fail_naming_the_odd_node(tmp_path: Path) -> None:
+    """Each node passes compat.image_identity on its own (an unpinned tag); node-c pulled the tag on
+    another day and holds another image: one run must not judge two images under one name."""
+    for host in ("node-a", "node-b", "node-c"):
+        build_evidence("good", tmp_path, host=host)
+    same = [f for f in judge(tmp_path, KIMI, ["node-a", "node-b", "node-c"], today=TODAY)
+            if f.check == "compat.image_uniform"]
+    assert [f.status for f in same] == [Status.PASS]
+    inspect_path = tmp_path / "evidence" / "preflight" / "node-c" / "image_inspect.txt"
+    data = json.loads(inspect_path.read_text())
+    (data[0] if isinstance(data, list) else data)["Id"] = "sha256:" + "e" * 64
+    inspect_path.write_text(json.dumps(data))
+    findings = judge(tmp_path, KIMI, ["node-a", "node-b", "node-c"], today=TODAY)
+    uniform = next(f for f in findings if f.check == "compat.image_uniform")
+    assert uniform.status == Status.FAIL and uniform.reason.endswith("the odd nodes: node-c")
+    assert by_check(findings, "node-c")["compat.image_identity"].status == Status.PASS  # alone it looks fine
+    assert decide(findings).verdict == "rebuild_environment"
+    one = [f for f in judge(tmp_path, KIMI, ["node-a"], today=TODAY) if f.check == "compat.image_uniform"]
+    assert [f.status for f in one] == [Status.NOT_APPLICABLE]

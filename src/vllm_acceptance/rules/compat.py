@@ -455,6 +455,39 @@ def check_topology(contexts: list[NodeContext], profile: Profile) -> Finding:
                    evidence=evidence, action="none")
 
 
+def check_image_uniform(contexts: list[NodeContext]) -> Finding:
+    """Cluster level: every GPU node holds the same image. Each node can pass compat.image_identity
+    on its own with a moving tag while one of them pulled it on another day; one run would then judge
+    several images under one name."""
+    check = "compat.image_uniform"
+    containerised = [ctx for ctx in contexts if ctx.containerised]
+    if len(containerised) < 2:
+        return not_applicable(check, None, "fewer than two containerised GPU nodes: nothing to compare")
+    evidence = [p for ctx in containerised for p in ctx.paths("image_inspect")]
+    ids: dict[str, str | None] = {}
+    for ctx in containerised:
+        inspect = ctx.inspect()
+        ids[ctx.host] = inspect.id if inspect is not None else None
+    unknown = [h for h, i in ids.items() if not i]
+    if unknown:
+        return missing(check, None, f"no image inspect from {unknown}", evidence=evidence)
+    groups: dict[str, list[str]] = {}
+    for host, image_id in ids.items():
+        groups.setdefault(str(image_id), []).append(host)
+    rule = "one image ID on every GPU node of the run"
+    expected = "1 image ID"
+    if len(groups) == 1:
+        return Finding(check=check, status=Status.PASS, host=None, observed=groups, expected=expected, rule=rule,
+                       evidence=evidence, consequence=Consequence.REBUILD, action="none")
+    odd = sorted((hosts for hosts in groups.values()), key=len)[:-1]
+    return Finding(check=check, status=Status.FAIL, host=None, observed=groups, expected=expected, rule=rule,
+                   evidence=evidence, consequence=Consequence.REBUILD,
+                   reason=f"{len(groups)} different images under one reference; the odd nodes: "
+                          + ", ".join(h for hosts in odd for h in hosts),
+                   action=f"{ROUTE_IMAGE}: pull the pinned digest on every node (inventory vllm_image_digest) "
+                          "and re-run accept.yml")
+
+
 # --- compat.fabric_manager ------------------------------------------------------------------
 
 def check_fabric_manager(ctx: NodeContext) -> Finding:
@@ -958,4 +991,4 @@ NODE_RULES: tuple[Callable[[NodeContext], Finding], ...] = (
 )
 
 __all__ = ["NODE_RULES", "NodeContext", "check_actual_config", "check_nccl_env", "check_recipe_record",
-           "check_startup_log", "check_topology"]
+           "check_image_uniform", "check_startup_log", "check_topology"]
