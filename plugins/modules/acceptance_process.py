@@ -12,12 +12,16 @@ description:
     Starts C(python -m vllm.entrypoints.openai.api_server) in its own session, writes a pid file and the
     full startup log from its first line, and waits for C(/health) with a bounded timeout.
   - Fails, with the startup log's last lines, when the process exits before it is ready. It never retries.
+  - With O(wait=false) it returns right after the start; O(state=ready) then waits a slice of O(wait_s)
+    seconds at a time, so that a role can loop on it and show progress while vLLM loads (minutes on a
+    large model). O(state=ready) never fails on a slow start; it returns C(ready), C(exited) and the
+    startup log's last line, and the caller decides.
   - Runs on the host that serves; in the lab that is localhost.
 options:
   state:
-    description: C(started) or C(stopped).
+    description: C(started), C(ready) (wait a slice for the started process) or C(stopped).
     type: str
-    choices: [started, stopped]
+    choices: [started, ready, stopped]
     default: started
   python:
     description: The interpreter of the vLLM environment.
@@ -54,9 +58,17 @@ options:
     type: path
     required: true
   ready_timeout_s:
-    description: Seconds to wait for C(/health).
+    description: Seconds to wait for C(/health) (O(state=started) with O(wait=true)).
     type: float
     default: 300
+  wait:
+    description: With O(state=started), wait for C(/health) before returning.
+    type: bool
+    default: true
+  wait_s:
+    description: With O(state=ready), the slice of seconds to wait in this call.
+    type: float
+    default: 15
 author: vllm-acceptance
 """
 
@@ -70,6 +82,26 @@ EXAMPLES = r"""
     args: [--enable-prefix-caching, --max-model-len=2048]
     log_path: .lab/vllm.log
     pid_path: .lab/vllm.pid
+
+- name: Start without waiting, then wait in slices (a retry line every 15 s shows progress)
+  acceptance_process:
+    python: .venv-lab/bin/python
+    model: .lab/models/tiny-agent
+    served_model_name: tiny-agent
+    port: 8011
+    wait: false
+    log_path: .lab/vllm.log
+    pid_path: .lab/vllm.pid
+- name: Wait for /health
+  acceptance_process:
+    state: ready
+    port: 8011
+    log_path: .lab/vllm.log
+    pid_path: .lab/vllm.pid
+  register: ready
+  until: ready.ready or ready.exited
+  retries: 20
+  delay: 0
 """
 
 RETURN = r"""
@@ -83,15 +115,29 @@ base_url:
   type: str
 ready_s:
   description: Seconds from start to ready.
-  returned: when started
+  returned: when started and ready
   type: float
+ready:
+  description: C(/health) answered.
+  returned: with state=ready
+  type: bool
+exited:
+  description: The process ended before it was ready (C(msg) carries the log tail).
+  returned: with state=ready
+  type: bool
+last_log_line:
+  description: The startup log's last line (what vLLM is doing now), secrets redacted.
+  returned: with state=ready
+  type: str
 command:
   description: The launch command, secrets redacted.
   returned: when started
   type: str
 """
 
+import time
 from pathlib import Path
+from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -99,7 +145,7 @@ from ansible.module_utils.basic import AnsibleModule
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
-            "state": {"type": "str", "choices": ["started", "stopped"], "default": "started"},
+            "state": {"type": "str", "choices": ["started", "ready", "stopped"], "default": "started"},
             "python": {"type": "path"},
             "model": {"type": "str"},
             "served_model_name": {"type": "str"},
@@ -112,6 +158,8 @@ def main() -> None:
             "log_path": {"type": "path", "required": True},
             "pid_path": {"type": "path", "required": True},
             "ready_timeout_s": {"type": "float", "default": 300},
+            "wait": {"type": "bool", "default": True},
+            "wait_s": {"type": "float", "default": 15},
         },
         required_if=[("state", "started", ("python", "model", "served_model_name"))],
         supports_check_mode=True,
@@ -128,6 +176,8 @@ def main() -> None:
         if module.check_mode or not running:
             module.exit_json(changed=bool(running))
         module.exit_json(changed=server.stop(pid_path))
+    if p["state"] == "ready":
+        _wait_slice(module, server, redact_text)
     if not Path(p["python"]).is_file():
         module.fail_json(msg=f"vLLM interpreter {p['python']} not found: "
                              "set vllm_serve_python, or run `make lab-venv`")
@@ -140,11 +190,41 @@ def main() -> None:
         module.exit_json(changed=True, command=command, base_url=spec.base_url)
     try:
         pid = server.start(spec)
+        if not p["wait"]:
+            module.exit_json(changed=True, pid=pid, base_url=spec.base_url, command=command)
         ready = server.wait_ready(spec.base_url, pid, p["ready_timeout_s"], spec.log_path)
     except server.LaunchError as exc:
         server.stop(pid_path)
         module.fail_json(msg=f"vLLM did not start: {exc}", command=command, log_path=str(spec.log_path))
     module.exit_json(changed=True, pid=pid, base_url=spec.base_url, ready_s=round(ready, 2), command=command)
+
+
+def _wait_slice(module: AnsibleModule, server: Any, redact_text: Any) -> None:
+    """state=ready: wait up to wait_s for the started process; report, never fail on slowness."""
+    p = module.params
+    pid_path, log_path = Path(p["pid_path"]), Path(p["log_path"])
+    try:
+        pid = int(pid_path.read_text().strip())
+        started = pid_path.stat().st_mtime
+    except (OSError, ValueError):
+        module.fail_json(msg=f"no started vLLM process: {pid_path} is missing or empty; start it with "
+                             "state=started first")
+    base_url = f"http://{p['host']}:{p['port']}/v1"
+    last = redact_text(server.tail_lines(log_path, 1).strip())[:300]
+    if module.check_mode:
+        module.exit_json(changed=False, ready=False, exited=False, last_log_line=last)
+    try:
+        server.wait_ready(base_url, pid, p["wait_s"], log_path)
+    except server.ServerExited as exc:
+        module.exit_json(changed=False, ready=False, exited=True, msg=f"vLLM did not start: {exc}",
+                         last_log_line=last, pid=pid)
+    except server.LaunchError:
+        waited = time.time() - started
+        module.exit_json(changed=False, ready=False, exited=False, pid=pid, waited_s=round(waited, 1),
+                         last_log_line=redact_text(server.tail_lines(log_path, 1).strip())[:300],
+                         msg=f"vLLM at {base_url} not ready after {waited:.0f} s; last log line: {last}")
+    module.exit_json(changed=False, ready=True, exited=False, pid=pid, base_url=base_url,
+                     ready_s=round(time.time() - started, 2))
 
 
 if __name__ == "__main__":

@@ -46,6 +46,14 @@ class LaunchError(Exception):
     pass
 
 
+class ServerExited(LaunchError):
+    """The process ended before /health answered (the log tail is in the message)."""
+
+
+class NotReadyYet(LaunchError):
+    """/health did not answer within the wait; the process still runs."""
+
+
 def read_pid(pid_path: Path) -> int | None:
     try:
         pid = int(pid_path.read_text().strip())
@@ -99,14 +107,14 @@ def wait_ready(base_url: str, pid: int | None, timeout_s: float, log_path: Path 
                     raise OSError
             except OSError as exc:
                 tail = tail_lines(log_path, 15) if log_path else ""
-                raise LaunchError(f"vLLM (pid {pid}) exited before it was ready; log tail:\n{tail}") from exc
+                raise ServerExited(f"vLLM (pid {pid}) exited before it was ready; log tail:\n{tail}") from exc
         try:
             if httpx.get(f"{root.rstrip('/')}/health", timeout=2.0).status_code == 200:
                 return time.time() - started
         except httpx.HTTPError:
             pass
         time.sleep(1.0)
-    raise LaunchError(f"vLLM at {base_url} not ready within {timeout_s:.0f} s")
+    raise NotReadyYet(f"vLLM at {base_url} not ready within {timeout_s:.0f} s")
 
 
 def _is_child(pid: int) -> bool:
