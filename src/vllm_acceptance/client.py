@@ -105,12 +105,19 @@ class OpenAIClient:
     def chat(self, body: dict[str, Any]) -> Exchange:
         ex = Exchange(request=body, sent=time.time(), url=self._url("chat/completions"), timeout_s=self.timeout_s)
         try:
-            response = self.http.post(self._url("chat/completions"), json=body)
-            ex.first_byte = time.time()
-            ex.status = response.status_code
-            ex.raw = response.text
+            with self.http.stream("POST", self._url("chat/completions"), json=body) as response:
+                ex.status = response.status_code
+                parts: list[bytes] = []
+                for piece in response.iter_bytes():
+                    parts.append(piece)
+                    if time.time() - ex.sent > 2 * self.timeout_s:
+                        # A body that drips forever never trips the per-read timeout: bound it too.
+                        ex.raw = b"".join(parts).decode("utf-8", errors="replace")
+                        raise httpx.ReadTimeout("answer still arriving after twice the request timeout")
+                ex.first_byte = time.time()
+                ex.raw = b"".join(parts).decode(response.encoding or "utf-8", errors="replace")
             try:
-                ex.body = response.json()
+                ex.body = json.loads(ex.raw)
             except ValueError:
                 ex.body = None
                 ex.error = "response is not JSON"

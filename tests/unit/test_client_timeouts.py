@@ -81,3 +81,12 @@ def test_an_unreachable_port_is_an_error_but_not_a_timeout() -> None:
     client = OpenAIClient("http://127.0.0.1:9/v1", timeout_s=0.5)
     ex = client.chat({"model": "m", "messages": []})
     assert not ex.ok and not ex.timed_out and ex.error
+
+
+def test_a_plain_answer_that_drips_forever_is_cut_after_twice_the_timeout(stalling: str) -> None:
+    client = OpenAIClient(stalling.replace("/v1", "/drip/v1"), timeout_s=0.5)
+    began = time.monotonic()
+    ex = client.chat({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    took = time.monotonic() - began
+    assert 1.0 <= took < 10 and ex.timed_out and not ex.ok
+    assert "twice the request timeout" in ex.error and ex.raw.startswith("data: ")  # what arrived is kept
