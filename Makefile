@@ -60,9 +60,9 @@ $(LAB_VENV)/.installed:
 
 ## lab-model: the tiny tool-calling models (hermes and Kimi K3 formats), built locally and deterministically
 lab-model: $(LAB_MODEL)/config.json $(LAB_MODEL_K3)/config.json
-$(LAB_MODEL)/config.json: src/vllm_acceptance/lab/build_model.py src/vllm_acceptance/lab/chat_templates/hermes.jinja | lab-venv
+$(LAB_MODEL)/config.json: src/vllm_acceptance/lab/build_model.py src/vllm_acceptance/lab/weights.py src/vllm_acceptance/lab/chat_templates/hermes.jinja | lab-venv
 	PYTHONPATH=src $(LAB_VENV)/bin/python -m vllm_acceptance.lab.build_model --out $(LAB_MODEL)
-$(LAB_MODEL_K3)/config.json: src/vllm_acceptance/lab/build_model.py src/vllm_acceptance/lab/k3_program.py src/vllm_acceptance/lab/chat_templates/kimi_k3.jinja | lab-venv
+$(LAB_MODEL_K3)/config.json: src/vllm_acceptance/lab/build_model.py src/vllm_acceptance/lab/weights.py src/vllm_acceptance/lab/k3_program.py src/vllm_acceptance/lab/chat_templates/kimi_k3.jinja | lab-venv
 	PYTHONPATH=src $(LAB_VENV)/bin/python -m vllm_acceptance.lab.build_model --variant kimi_k3 --out $(LAB_MODEL_K3)
 
 ## lab-up: start the lab vLLM (extra flags from LAB_ARGS, profile from LAB_PROFILE); the last line printed is its base URL

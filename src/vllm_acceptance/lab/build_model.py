@@ -52,6 +52,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from .weights import D_CONST
+
 VARIANTS = ("hermes", "kimi_k3")
 SERVED_MODEL_NAME = "tiny-agent"
 
@@ -71,9 +73,8 @@ EOS = "<|im_end|>"
 BOS_LIKE = "<|im_start|>"
 PAD = "<|endoftext|>"
 
-# Residual-stream layout of the program (dims of the 128-wide hidden state).
-D_CONST = 0  # 1 for every token: carries the context-free vocabulary preference
-D_FILLER = 1  # class unit of every token the program does not read
+# Residual-stream layout of the program (dims of the 128-wide hidden state). Dim 0 (D_CONST, 1 for
+# every token) carries the context-free vocabulary preference; dim 1 is the filler class (weights.py).
 D_TOOLS_FLAG = 2  # written by layer 0 head 0: a tools marker is in the prompt
 D_RESP_FLAG = 3  # written by layer 0 head 1: a tool-response marker is in the prompt
 D_EMIT_CALL = 4  # MLP gate: start a tool call now
@@ -443,6 +444,8 @@ def _program(tok: Any, variant: Variant, seed: int) -> dict[str, Any]:
     """Hand-set weights of the whole model as a state dict of float32 tensors."""
     import torch
 
+    from .weights import blank_llama
+
     gen = torch.Generator().manual_seed(seed)
     ids = _ids(tok, variant)
     vocab = tok.get_vocab_size()
@@ -457,24 +460,7 @@ def _program(tok: Any, variant: Variant, seed: int) -> dict[str, Any]:
         classes[tid] = D_CLASS0 + len(classes)
     if D_CLASS0 + len(classes) > D_NOISE:
         raise RuntimeError("too many class units for the hidden size")
-    emb = zeros(vocab, HIDDEN)
-    emb[:, D_CONST] = 1.0
-    emb[:, D_FILLER] = 1.0
-    for tid, dim in classes.items():
-        emb[tid, D_FILLER] = 0.0
-        emb[tid, dim] = 1.0
-    emb[:, D_NOISE:] = 0.01 * torch.randn(vocab, HIDDEN - D_NOISE, generator=gen)
-
-    sd: dict[str, torch.Tensor] = {"model.embed_tokens.weight": emb}
-    for layer in range(LAYERS):
-        p = f"model.layers.{layer}."
-        sd[p + "input_layernorm.weight"] = torch.ones(HIDDEN, dtype=f32)
-        sd[p + "post_attention_layernorm.weight"] = torch.ones(HIDDEN, dtype=f32)
-        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            sd[p + f"self_attn.{name}.weight"] = zeros(HIDDEN, HIDDEN)
-        sd[p + "mlp.gate_proj.weight"] = zeros(INTERMEDIATE, HIDDEN)
-        sd[p + "mlp.up_proj.weight"] = zeros(INTERMEDIATE, HIDDEN)
-        sd[p + "mlp.down_proj.weight"] = zeros(HIDDEN, INTERMEDIATE)
+    sd = blank_llama(vocab, HIDDEN, HIDDEN, INTERMEDIATE, LAYERS, classes, D_NOISE, gen)
 
     # Layer 0 attention: head h reads marker class unit -> writes flag dim. Normalised inputs
     # are ~6-8 per unit, so q.k/sqrt(32) ~ 25 puts ~all weight on the marker when present;
@@ -500,8 +486,6 @@ def _program(tok: Any, variant: Variant, seed: int) -> dict[str, Any]:
     gate[1, nl], gate[1, D_RESP_FLAG], gate[1, D_CONST] = g, g, -1.5 * g
     up[0, D_CONST] = up[1, D_CONST] = 1.0
     down[D_EMIT_CALL, 0] = down[D_EMIT_ANSWER, 1] = 1.0
-
-    sd["model.norm.weight"] = torch.ones(HIDDEN, dtype=f32)
 
     # LM head: global preference on the constant unit (+ seeded tie-breaking noise), bigram
     # chains for the canned answers, and the two gate features.

@@ -29,12 +29,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .weights import D_CONST
+
 HIDDEN = 512
 HEADS = 8
 HEAD_DIM = 64
 INTERMEDIATE = 512
 
-D_CONST, D_FILLER, D_TOOLS_FLAG, D_RESP_FLAG = 0, 1, 2, 3
+D_TOOLS_FLAG, D_RESP_FLAG = 2, 3  # dims 0/1: D_CONST and the filler class (weights.py)
 D_CLASS0 = 8  # token classes: 8 .. 8+MAX_CLASSES
 MAX_CLASSES = HEAD_DIM  # a copy head carries every class in its 64 value dims
 D_PREV0 = (80, 150, 220)  # copies of the class 1, 2, 3 positions back
@@ -112,6 +114,8 @@ def program(
     """Hand-set float32 weights (a LlamaForCausalLM state dict) that run `rules`."""
     import torch
 
+    from .weights import blank_llama
+
     gen = torch.Generator().manual_seed(seed)
     f32 = torch.float32
     tools_marker, result_marker = markers
@@ -127,26 +131,9 @@ def program(
     def zeros(*shape: int) -> torch.Tensor:
         return torch.zeros(*shape, dtype=f32)
 
-    emb = zeros(vocab, HIDDEN)
-    emb[:, D_CONST] = 1.0
-    emb[:, D_FILLER] = 1.0
-    for tid, dim in cls.items():
-        emb[tid, D_FILLER] = 0.0
-        emb[tid, dim] = 1.0
-    emb[:, D_NOISE:] = 0.01 * torch.randn(vocab, HIDDEN - D_NOISE, generator=gen)
+    sd = blank_llama(vocab, HIDDEN, HEADS * HEAD_DIM, INTERMEDIATE, layers, cls, D_NOISE, gen)
     # RMSNorm of an embedding (two units of 1 in 512 dims) gives 16 per unit.
     unit = (HIDDEN / 2) ** 0.5
-
-    sd: dict[str, torch.Tensor] = {"model.embed_tokens.weight": emb}
-    for layer in range(layers):
-        p = f"model.layers.{layer}."
-        sd[p + "input_layernorm.weight"] = torch.ones(HIDDEN, dtype=f32)
-        sd[p + "post_attention_layernorm.weight"] = torch.ones(HIDDEN, dtype=f32)
-        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            sd[p + f"self_attn.{name}.weight"] = zeros(HEADS * HEAD_DIM, HIDDEN)
-        sd[p + "mlp.gate_proj.weight"] = zeros(INTERMEDIATE, HIDDEN)
-        sd[p + "mlp.up_proj.weight"] = zeros(INTERMEDIATE, HIDDEN)
-        sd[p + "mlp.down_proj.weight"] = zeros(HIDDEN, INTERMEDIATE)
 
     a = "model.layers.0.self_attn."
     q, k, v, o = (sd[a + n + ".weight"] for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
@@ -196,7 +183,6 @@ def program(
         up[r_i, D_CONST] = 1.0
         down[emit[rule.target], r_i] = 0.05
 
-    sd["model.norm.weight"] = torch.ones(HIDDEN, dtype=f32)
     head = zeros(vocab, HIDDEN)
     for tid in range(vocab):
         head[tid, D_CONST] = preference(tid)
