@@ -19,6 +19,8 @@ from vllm_acceptance.agentcheck import check_separation
 from vllm_acceptance.lab import build_model as bm
 from vllm_acceptance.scenarios import load_scenario
 
+from support.accept import run_accept
+
 pytestmark = pytest.mark.lab
 
 SCENARIO = load_scenario("ops-agent")
@@ -124,19 +126,9 @@ def test_accept_pipeline_on_the_k3_profile_chosen_on_the_command_line(k3_lab_ser
     fact: it must still be read as a name), attached to the K3 lab server: judged release. The K3
     template renders tool declarations before the system prompt, so every cold cache request shares
     that head; the cold baseline allows exactly that head."""
-    import ansible_runner
-
-    reports = tmp_path / "reports"
-    (tmp_path / "runner").mkdir()
-    env = {"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
-    result = ansible_runner.run(
-        private_data_dir=str(tmp_path / "runner"), project_dir=str(REPO), playbook=str(REPO / "accept.yml"),
-        inventory=str(REPO / "inventories" / "lab"), envvars=env, quiet=True,
-        extravars={"acceptance_profile": "cpu-lab-k3", "vllm_serve_mode": "attach",
-                   "vllm_base_url": k3_lab_server.base_url, "vllm_serve_pid": k3_lab_server.pid,
-                   "vllm_serve_startup_log": str(k3_lab_server.log_path), "acceptance_reports_dir": str(reports)})
-    assert result.status == "successful", "".join(e.get("stdout", "") for e in result.events)[-4000:]
-    run = (reports / "lab" / "latest").resolve()
+    run = run_accept(tmp_path, {"acceptance_profile": "cpu-lab-k3", "vllm_serve_mode": "attach",
+                                "vllm_base_url": k3_lab_server.base_url, "vllm_serve_pid": k3_lab_server.pid,
+                                "vllm_serve_startup_log": str(k3_lab_server.log_path)})
     report = json.loads((run / "report.json").read_text())
     bad = {f["check"]: f["status"] for f in report["findings"] if f["status"] not in ("pass", "not_applicable")}
     assert report["profile"] == "cpu-lab-k3" and report["verdict"] == "release", bad

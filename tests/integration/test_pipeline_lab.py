@@ -13,11 +13,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import ansible_runner
 import jsonschema
 import pytest
 
 from vllm_acceptance.profile import load_schema
+
+from support.accept import run_accept
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.lab
@@ -25,21 +26,9 @@ pytestmark = pytest.mark.lab
 
 @pytest.fixture(scope="module")
 def lab_run(lab_server, tmp_path_factory) -> Path:
-    reports = tmp_path_factory.mktemp("reports")
-    env = {"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
-           "VLLM_API_KEY": ""}
-    result = ansible_runner.run(
-        private_data_dir=str(tmp_path_factory.mktemp("runner")), project_dir=str(REPO),
-        playbook=str(REPO / "accept.yml"),
-        inventory=str(REPO / "inventories" / "lab"), envvars=env, quiet=True,
-        extravars={"vllm_serve_mode": "attach", "vllm_base_url": lab_server.base_url,
-                   "vllm_serve_pid": lab_server.pid, "vllm_serve_startup_log": str(lab_server.log_path),
-                   "acceptance_reports_dir": str(reports),
-                   })
-    assert result.status == "successful", "".join(e.get("stdout", "") for e in result.events)[-4000:]
-    latest = reports / "lab" / "latest"
-    assert latest.is_symlink()
-    return latest.resolve()
+    return run_accept(tmp_path_factory.mktemp("accept"), {
+        "vllm_serve_mode": "attach", "vllm_base_url": lab_server.base_url, "vllm_serve_pid": lab_server.pid,
+        "vllm_serve_startup_log": str(lab_server.log_path)}, env={"VLLM_API_KEY": ""})
 
 
 def test_report_contract(lab_run: Path) -> None:
@@ -87,18 +76,10 @@ def test_secrets_never_reach_evidence_or_reports(lab_server_factory, tmp_path: P
     """A server that requires an API key, and an HF token in the environment: the run works with the
     key, and neither value appears in any file the run wrote."""
     server = lab_server_factory(f"--api-key {SECRET_KEY}", port=8026)
-    env = {"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
-           "VLLM_API_KEY": SECRET_KEY, "HF_TOKEN": HF_SECRET}
-    reports = tmp_path / "reports"
-    (tmp_path / "runner").mkdir()
-    result = ansible_runner.run(
-        private_data_dir=str(tmp_path / "runner"), project_dir=str(REPO), playbook=str(REPO / "accept.yml"),
-        inventory=str(REPO / "inventories" / "lab"), envvars=env, quiet=True,
-        extravars={"vllm_serve_mode": "attach", "vllm_base_url": server.base_url, "vllm_serve_pid": server.pid,
-                   "vllm_serve_startup_log": str(server.log_path), "acceptance_reports_dir": str(reports),
-                   "acceptance_probes": ["cache", "agent"]})
-    assert result.status == "successful", "".join(e.get("stdout", "") for e in result.events)[-4000:]
-    run_dir = (reports / "lab" / "latest").resolve()
+    run_dir = run_accept(tmp_path, {
+        "vllm_serve_mode": "attach", "vllm_base_url": server.base_url, "vllm_serve_pid": server.pid,
+        "vllm_serve_startup_log": str(server.log_path), "acceptance_probes": ["cache", "agent"]},
+        env={"VLLM_API_KEY": SECRET_KEY, "HF_TOKEN": HF_SECRET})
     report = json.loads((run_dir / "report.json").read_text())
     statuses = {f["check"]: f["status"] for f in report["findings"]}
     assert statuses["cache.hot_reuse"] == "pass"  # the key was used: the server answered
@@ -120,16 +101,8 @@ def test_launch_mode_starts_judges_and_stops_the_lab_server(tmp_path: Path) -> N
     reason = lab_skip_reason()
     if reason:
         pytest.skip(reason)
-    reports = tmp_path / "reports"
-    (tmp_path / "runner").mkdir()
-    env = {"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
-    result = ansible_runner.run(
-        private_data_dir=str(tmp_path / "runner"), project_dir=str(REPO), playbook=str(REPO / "accept.yml"),
-        inventory=str(REPO / "inventories" / "lab"), envvars=env, quiet=True,
-        extravars={"acceptance_reports_dir": str(reports), "acceptance_probes": ["cache"], "vllm_serve_port": 8027,
-                   "vllm_serve_state_dir": str(tmp_path / "server")})
-    assert result.status == "successful", "".join(e.get("stdout", "") for e in result.events)[-4000:]
-    run_dir = (reports / "lab" / "latest").resolve()
+    run_dir = run_accept(tmp_path, {"acceptance_probes": ["cache"], "vllm_serve_port": 8027,
+                                     "vllm_serve_state_dir": str(tmp_path / "server")})
     serve = {f["check"]: f for f in json.loads((run_dir / "findings" / "serve.json").read_text())}
     assert serve["capacity.model_load"]["status"] == "pass" and serve["capacity.model_load"]["observed"]["ready_s"] > 0
     assert serve["compat.startup_log"]["status"] in ("pass", "warn")

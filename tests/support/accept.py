@@ -1,0 +1,29 @@
+"""Run accept.yml on the lab inventory through ansible-runner, as the pipeline tests do."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import ansible_runner
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_accept(workdir: Path, extravars: dict[str, Any], env: dict[str, str] | None = None) -> Path:
+    """accept.yml with these extra vars, reports under workdir/reports; asserts the run succeeded
+    (printing the playbook's tail if not) and returns the run directory `latest` points at."""
+    reports = workdir / "reports"
+    runner = workdir / "runner"
+    runner.mkdir(parents=True, exist_ok=True)
+    envvars = {"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+               **(env or {})}
+    result = ansible_runner.run(
+        private_data_dir=str(runner), project_dir=str(REPO), playbook=str(REPO / "accept.yml"),
+        inventory=str(REPO / "inventories" / "lab"), envvars=envvars, quiet=True,
+        extravars={"acceptance_reports_dir": str(reports), **extravars})
+    assert result.status == "successful", "".join(e.get("stdout", "") for e in result.events)[-4000:]
+    latest = reports / "lab" / "latest"
+    assert latest.is_symlink()
+    return latest.resolve()
