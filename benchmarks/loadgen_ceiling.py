@@ -31,8 +31,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from vllm_acceptance.loadgen import RequestSpec, run_load
-from vllm_acceptance.loadstats import summarize
+from vllm_acceptance.load.engine import RequestSpec, run_load
+from vllm_acceptance.load.stats import summarize
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent

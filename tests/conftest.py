@@ -87,7 +87,8 @@ def lab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
         yield LabServer(base_url="http://127.0.0.1:8011/v1", model="tiny-agent",
                         pid=int((state / "vllm.pid").read_text()), log_path=state / "vllm.log", state_dir=state)
         return
-    server = start_lab(tmp_path_factory.mktemp("lab-server"), port=int(os.environ.get("LAB_TEST_PORT", "8021")))
+    port = int(os.environ.get("LAB_TEST_PORT", "8021")) + int(os.environ.get("LAB_PORT_OFFSET", "0"))
+    server = start_lab(tmp_path_factory.mktemp("lab-server"), port=port)
     yield server
     stop_lab(server)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 try:
-    from vllm_acceptance.redact import redact_obj, redact_text
+    from vllm_acceptance.core.redact import redact_obj, redact_text
 except ImportError as exc:  # the controller venv lacks the package: say how to fix it
     IMPORT_ERROR: ImportError | None = exc
 else:

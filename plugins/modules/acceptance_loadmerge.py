@@ -114,8 +114,8 @@ def main() -> None:
     if not run_dir.is_dir():
         module.fail_json(msg=f"run_dir {run_dir} does not exist: run the validate stage (or create it) first")
     try:
-        from vllm_acceptance.loadmerge import merge_stage
-        from vllm_acceptance.profile import ConfigError
+        from vllm_acceptance.core.profile import ConfigError
+        from vllm_acceptance.load.merge import merge_stage
     except ImportError as exc:
         module.fail_json(msg=f"vllm_acceptance is not importable ({exc}); run ansible-playbook from the project venv")
     try:

@@ -104,8 +104,8 @@ def main() -> None:
         supports_check_mode=True,
     )
     try:
-        from vllm_acceptance import monitoring
-        from vllm_acceptance.profile import ConfigError, load_profile
+        from vllm_acceptance.core.profile import ConfigError, load_profile
+        from vllm_acceptance.monitoring import generate as monitoring
     except ImportError as exc:
         module.fail_json(msg=f"vllm_acceptance is not importable ({exc}); run ansible-playbook from the project venv")
     p = module.params

@@ -129,10 +129,10 @@ from pathlib import Path
 from ansible.module_utils.basic import AnsibleModule
 
 try:
-    from vllm_acceptance.findings import write_findings
-    from vllm_acceptance.preflight import NodeStream, judge, save_node_streams, unreachable
-    from vllm_acceptance.profile import ConfigError, load_profile
-    from vllm_acceptance.run import update_run
+    from vllm_acceptance.core.findings import write_findings
+    from vllm_acceptance.core.profile import ConfigError, load_profile
+    from vllm_acceptance.core.rundir import update_run
+    from vllm_acceptance.preflight.stage import NodeStream, judge, save_node_streams, unreachable
 except ImportError:
     IMPORT_TRACE = traceback.format_exc()
 else:

@@ -116,9 +116,9 @@ def main() -> None:
     if module.check_mode:
         module.exit_json(changed=False, status="skipped", msg=f"check mode: the {p['kind']} probe sends no traffic")
     try:
-        from vllm_acceptance.client import ServerUnreachable
+        from vllm_acceptance.core.profile import ConfigError
+        from vllm_acceptance.probes.client import ServerUnreachable
         from vllm_acceptance.probes.stage import run_probe_stage
-        from vllm_acceptance.profile import ConfigError
     except ImportError as exc:
         module.fail_json(msg=f"vllm_acceptance is not importable ({exc}); run ansible-playbook from the project venv")
     try:

@@ -165,8 +165,8 @@ def main() -> None:
         supports_check_mode=True,
     )
     try:
+        from vllm_acceptance.core.redact import redact_text
         from vllm_acceptance.lab import server
-        from vllm_acceptance.redact import redact_text
     except ImportError as exc:
         module.fail_json(msg=f"vllm_acceptance is not importable ({exc}); run ansible-playbook from the project venv")
     p = module.params

@@ -1,5 +1,5 @@
 #!/usr/bin/python
-"""Ansible module: remediation decisions (thin wrapper over vllm_acceptance.remediation)."""
+"""Ansible module: remediation decisions (thin wrapper over vllm_acceptance.rebuild.remediation)."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ options:
     description: Anything that explains the step (C(record), C(start)).
     type: raw
   site_facts:
-    description: The site's facts for the route choice (C(route)); see vllm_acceptance.remediation.choose_route.
+    description: The site's facts for the route choice (C(route)); see vllm_acceptance.rebuild.remediation.choose_route.
     type: dict
     default: {}
   base_profile_path:
@@ -182,9 +182,9 @@ try:
     import yaml
 
     from vllm_acceptance import remediation as rem
-    from vllm_acceptance.evidence import atomic_write
-    from vllm_acceptance.findings import read_findings
-    from vllm_acceptance.profile import ConfigError, load_profile
+    from vllm_acceptance.core.evidence import atomic_write
+    from vllm_acceptance.core.findings import read_findings
+    from vllm_acceptance.core.profile import ConfigError, load_profile
 except ImportError:
     IMPORT_TRACE = traceback.format_exc()
 else:

@@ -72,10 +72,10 @@ def main() -> None:
     if module.check_mode:
         module.exit_json(changed=False, verdict="incomplete", reasons=["check mode: nothing was measured"])
     try:
-        from vllm_acceptance.profile import ConfigError, load_profile
+        from vllm_acceptance.core.profile import ConfigError, load_profile
+        from vllm_acceptance.core.rundir import update_run
         from vllm_acceptance.report.build import build_report, point_latest
         from vllm_acceptance.report.write import write_reports
-        from vllm_acceptance.run import update_run
     except ImportError as exc:
         module.fail_json(msg=f"vllm_acceptance is not importable ({exc}); run ansible-playbook from the project venv")
     p = module.params

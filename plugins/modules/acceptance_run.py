@@ -87,8 +87,8 @@ def main() -> None:
         supports_check_mode=True,
     )
     try:
-        from vllm_acceptance.profile import ConfigError, load_profile
-        from vllm_acceptance.run import open_run, resolve_profile_path, validate_inventory_vars
+        from vllm_acceptance.core.profile import ConfigError, load_profile
+        from vllm_acceptance.core.rundir import open_run, resolve_profile_path, validate_inventory_vars
     except ImportError as exc:
         module.fail_json(msg=f"the vllm_acceptance package is not importable by {module._name}'s python ({exc}); "
                              "run the controller from the project venv (`make venv`, then .venv/bin/ansible-playbook)")

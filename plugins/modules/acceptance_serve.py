@@ -100,8 +100,8 @@ def main() -> None:
     if module.check_mode:
         module.exit_json(changed=False, statuses={})
     try:
-        from vllm_acceptance.profile import ConfigError, load_profile
-        from vllm_acceptance.serve import ServeFacts, judge_serve
+        from vllm_acceptance.core.profile import ConfigError, load_profile
+        from vllm_acceptance.serve.stage import ServeFacts, judge_serve
     except ImportError as exc:
         module.fail_json(msg=f"vllm_acceptance is not importable ({exc}); run ansible-playbook from the project venv")
     p = module.params

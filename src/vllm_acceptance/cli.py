@@ -11,9 +11,9 @@ import os
 import sys
 from pathlib import Path
 
-from .client import ServerUnreachable
+from .core.profile import ConfigError, load_profile
+from .probes.client import ServerUnreachable
 from .probes.result import EXIT_USAGE, exit_code
-from .profile import ConfigError, load_profile
 
 
 def _add_probe(sub: argparse._SubParsersAction, kind: str, help_text: str) -> None:
@@ -145,7 +145,7 @@ def cmd_lab(args: argparse.Namespace) -> int:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    from .diff import RunNotFound, diff_runs, render_diff_text
+    from .report.diff import RunNotFound, diff_runs, render_diff_text
 
     try:
         print(render_diff_text(diff_runs(args.run_a, args.run_b)))

@@ -12,7 +12,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
-from .findings import Consequence, Finding, Status
+from .core.findings import Consequence, Finding, Status
 
 IMMEDIATE_ACTION = {
     "release": "Allow the planned traffic at the contracted profile; enable the generated monitoring.",

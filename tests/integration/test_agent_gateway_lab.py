@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from vllm_acceptance.findings import Finding, Status
+from vllm_acceptance.core.findings import Finding, Status
 from vllm_acceptance.verdict import decide
 
 pytestmark = pytest.mark.lab

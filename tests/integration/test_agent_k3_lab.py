@@ -15,8 +15,8 @@ import jsonschema
 import pytest
 from conftest import LAB_PROFILE_K3, REPO
 
-from vllm_acceptance.agentcheck import check_separation
 from vllm_acceptance.lab import build_model as bm
+from vllm_acceptance.rules.agent import check_separation
 from vllm_acceptance.scenarios import load_scenario
 
 from support.accept import run_accept

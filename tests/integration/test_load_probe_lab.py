@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_acceptance.findings import Finding
+from vllm_acceptance.core.findings import Finding
 from vllm_acceptance.verdict import decide
 
 REPO = Path(__file__).resolve().parents[2]

@@ -19,12 +19,12 @@ import httpx
 import pytest
 import yaml
 
-from vllm_acceptance.evidence import EvidenceStore
-from vllm_acceptance.loadgen import RequestSpec, run_closed_loop_sync
-from vllm_acceptance.metrics import DirectMetrics
-from vllm_acceptance.monitoring import RULES_FILE, generate_rules
+from vllm_acceptance.core.evidence import EvidenceStore
+from vllm_acceptance.core.profile import load_profile
+from vllm_acceptance.load.engine import RequestSpec, run_closed_loop_sync
+from vllm_acceptance.monitoring.generate import RULES_FILE, generate_rules
 from vllm_acceptance.probes.load import LoadProbeConfig, filler, run_load_probe
-from vllm_acceptance.profile import load_profile
+from vllm_acceptance.probes.metrics import DirectMetrics
 
 from support.prom import Prometheus
 

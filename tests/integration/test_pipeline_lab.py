@@ -16,7 +16,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from vllm_acceptance.profile import load_schema
+from vllm_acceptance.core.profile import load_schema
 
 from support.accept import run_accept
 

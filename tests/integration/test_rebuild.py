@@ -178,7 +178,7 @@ def test_three_node_roll_upgrades_every_node_in_order(rolled: dict[str, Any]) ->
 
 def test_roll_leaves_evidence_per_node(rolled: dict[str, Any]) -> None:
     run_dir: Path = rolled["run_dir"]
-    from vllm_acceptance.remediation import load_capture
+    from vllm_acceptance.rebuild.remediation import load_capture
 
     for h in HOSTS:
         before = load_capture(run_dir / "evidence" / "rebuild" / h / "before")

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vllm_acceptance.findings import Finding, Status
+from vllm_acceptance.core.findings import Finding, Status
+from vllm_acceptance.core.profile import load_profile
 from vllm_acceptance.lab.nshosts import HostSpec
-from vllm_acceptance.profile import load_profile
 from vllm_acceptance.verdict import decide
 
 from support.hosts import REPO, ClusterFactory, ansible_bin, ansible_env

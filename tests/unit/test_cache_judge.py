@@ -3,7 +3,7 @@ unclean measurements and hybrid first-session misses are handled as the spec say
 
 from __future__ import annotations
 
-from vllm_acceptance.findings import Status
+from vllm_acceptance.core.findings import Status
 from vllm_acceptance.probes.cache import CacheProbeConfig, Measurement, expected_hits, judge_reuse
 
 BLOCK = 128

@@ -6,10 +6,10 @@ import datetime as dt
 import json
 from pathlib import Path
 
-from vllm_acceptance.findings import Consequence, Status
+from vllm_acceptance.core.findings import Consequence, Status
+from vllm_acceptance.core.profile import Profile, load_profile
 from vllm_acceptance.parsers.node_evidence import load_node_evidence
 from vllm_acceptance.parsers.startup_log import scan_startup_log
-from vllm_acceptance.profile import Profile, load_profile
 from vllm_acceptance.rules.compat import (
     NodeContext,
     check_actual_config,

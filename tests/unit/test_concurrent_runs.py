@@ -10,17 +10,17 @@ from pathlib import Path
 
 import jsonschema
 
-from vllm_acceptance.profile import load_schema
+from vllm_acceptance.core.profile import load_schema
 
 REPO = Path(__file__).resolve().parents[2]
 
 WORKER = r"""
 import sys
 from pathlib import Path
-from vllm_acceptance.findings import Finding, Status, write_findings
+from vllm_acceptance.core.findings import Finding, Status, write_findings
 from vllm_acceptance.report.build import build_report, point_latest
 from vllm_acceptance.report.write import write_reports
-from vllm_acceptance.run import open_run
+from vllm_acceptance.core.rundir import open_run
 
 repo, reports = Path(sys.argv[1]), Path(sys.argv[2])
 for i in range(int(sys.argv[3])):

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from vllm_acceptance.diff import RunNotFound, diff_runs, render_diff_text
+from vllm_acceptance.report.diff import RunNotFound, diff_runs, render_diff_text
 
 SAMPLES_PATH = Path(__file__).resolve().parents[1] / "fixtures" / "reports" / "samples.py"
 _spec = importlib.util.spec_from_file_location("report_samples_diff", SAMPLES_PATH)

@@ -10,7 +10,9 @@ import json
 
 import pytest
 
-from vllm_acceptance.agentcheck import (
+from vllm_acceptance.lab.gateway import MODES, STAND_IN_REASONING, Corruptor, drop_path, main
+from vllm_acceptance.probes.client import assemble_stream
+from vllm_acceptance.rules.agent import (
     arguments_diff,
     call_signature,
     check_separation,
@@ -18,8 +20,6 @@ from vllm_acceptance.agentcheck import (
     client_library_problems,
     structure_diff,
 )
-from vllm_acceptance.client import assemble_stream
-from vllm_acceptance.lab.gateway import MODES, STAND_IN_REASONING, Corruptor, drop_path, main
 
 TOOLS = [{"type": "function", "function": {"name": "get_node_status", "parameters": {
     "type": "object", "properties": {"node": {"type": "string"}, "include": {"enum": ["gpus", "all"]}},

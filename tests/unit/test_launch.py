@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_acceptance.launch import layout, main, node_commands
-from vllm_acceptance.profile import ConfigError, load_profile
+from vllm_acceptance.core.profile import ConfigError, load_profile
+from vllm_acceptance.serve.launch import layout, main, node_commands
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "fixtures" / "launch_golden"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vllm_acceptance.findings import Consequence, Finding, Status
+from vllm_acceptance.core.findings import Consequence, Finding, Status
 from vllm_acceptance.probes.load import LoadProbeConfig, judge_soak_gpu_memory, knee_of, meets_slo
 
 

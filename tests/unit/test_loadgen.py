@@ -11,9 +11,9 @@ from collections.abc import Iterator
 import pytest
 from aiohttp import web
 
-from vllm_acceptance import loadgen
-from vllm_acceptance.loadgen import Record, RequestSpec, chat_url, run_load
-from vllm_acceptance.loadstats import arrival_offsets, percentile, summarize
+from vllm_acceptance.load import engine as loadgen
+from vllm_acceptance.load.engine import Record, RequestSpec, chat_url, run_load
+from vllm_acceptance.load.stats import arrival_offsets, percentile, summarize
 
 KEY = "sk-test-5ecret-value-123"
 USAGE_EXTRA = 1000  # the server reports completion_tokens = max_tokens + this: never a chunk count

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from vllm_acceptance.findings import Status, read_findings
-from vllm_acceptance.loadgen import Record
-from vllm_acceptance.loadgen_cli import build_parser, host_seed, meta_path, validate
-from vllm_acceptance.loadmerge import CHECK, clock_check, merge_stage, read_host_runs
+from vllm_acceptance.core.findings import Status, read_findings
+from vllm_acceptance.load.engine import Record
+from vllm_acceptance.load.merge import CHECK, clock_check, merge_stage, read_host_runs
+from vllm_acceptance.load.worker import build_parser, host_seed, meta_path, validate
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILE = str(REPO / "profiles" / "cpu-lab.yml")

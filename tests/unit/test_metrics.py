@@ -8,7 +8,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vllm_acceptance.metrics import MetricsError, cache_config, canonical, delta, missing_families, parse_exposition
+from vllm_acceptance.probes.metrics import (
+    MetricsError,
+    cache_config,
+    canonical,
+    delta,
+    missing_families,
+    parse_exposition,
+)
 
 TEXT = """# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.
 # TYPE vllm:prefix_cache_hits_total counter

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
-from vllm_acceptance import monitoring as mon
-from vllm_acceptance.profile import Profile, load_profile
+from vllm_acceptance.core.profile import Profile, load_profile
+from vllm_acceptance.monitoring import generate as mon
 from vllm_acceptance.verdict import ROLLBACK_TRIGGERS
 
 REPO = Path(__file__).resolve().parents[2]

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from vllm_acceptance.findings import Status
+from vllm_acceptance.core.findings import Status
+from vllm_acceptance.core.profile import load_profile
 from vllm_acceptance.parsers.node_evidence import load_node_evidence
-from vllm_acceptance.preflight import NodeStream, judge, save_node_streams, split_stream, unreachable
-from vllm_acceptance.profile import load_profile
+from vllm_acceptance.preflight.stage import NodeStream, judge, save_node_streams, split_stream, unreachable
 from vllm_acceptance.verdict import decide
 
 from nodefixtures import CASES, MAP, NODES, build_evidence

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vllm_acceptance.profile import ConfigError, load_profile
-from vllm_acceptance.run import open_run, validate_inventory_vars
+from vllm_acceptance.core.profile import ConfigError, load_profile
+from vllm_acceptance.core.rundir import open_run, validate_inventory_vars
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vllm_acceptance.redact import REDACTED, redact_obj, redact_text
+from vllm_acceptance.core.redact import REDACTED, redact_obj, redact_text
 
 
 def test_env_and_flags_and_headers() -> None:

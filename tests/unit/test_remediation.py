@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from vllm_acceptance import remediation as rem
-from vllm_acceptance.findings import Consequence, Finding, Status
-from vllm_acceptance.profile import ConfigError, load_profile, validate_document
+from vllm_acceptance.core.findings import Consequence, Finding, Status
+from vllm_acceptance.core.profile import ConfigError, load_profile, validate_document
+from vllm_acceptance.rebuild import remediation as rem
 from vllm_acceptance.verdict import decide
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,10 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vllm_acceptance.findings import Consequence, Finding, Status, write_findings
-from vllm_acceptance.profile import load_profile
-from vllm_acceptance.serve import ServeFacts, judge_serve
-from vllm_acceptance.triage import (
+from vllm_acceptance.core.findings import Consequence, Finding, Status, write_findings
+from vllm_acceptance.core.profile import load_profile
+from vllm_acceptance.rules.launch_triage import (
     CHECK_EVIDENCE,
     CHECK_TRIAGE,
     CHECK_TRIAGE_CAPACITY,
@@ -20,6 +19,7 @@ from vllm_acceptance.triage import (
     evidence_groups,
     launch_findings,
 )
+from vllm_acceptance.serve.stage import ServeFacts, judge_serve
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "launch_failures"

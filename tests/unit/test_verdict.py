@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_acceptance.findings import Consequence, Finding, Status
+from vllm_acceptance.core.findings import Consequence, Finding, Status
 from vllm_acceptance.verdict import decide, traffic_gates
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from ..redact import redact_text
+from ..core.redact import redact_text
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """One node's preflight evidence as the role saved it on the controller.
 
-Layout (written by roles/preflight through vllm_acceptance.preflight.save_node_streams):
+Layout (written by roles/preflight through vllm_acceptance.preflight.stage.save_node_streams):
 `<run_dir>/evidence/preflight/<host>/<name>.txt` holds the raw stdout of one stock command, byte for
 byte, `<name>.json` its meta: {"cmd", "rc", "stderr", "missing", "timed_out"} where `missing` is true
 when the binary was absent (rc 127) and `timed_out` when the node's `timeout` stopped it. `inputs` is

@@ -14,7 +14,9 @@ from typing import Any
 
 import jsonschema
 
-from ..agentcheck import (
+from ..core.evidence import EvidenceStore
+from ..core.findings import Consequence, Finding, Status
+from ..rules.agent import (
     ToolExecutor,
     arguments_diff,
     call_signature,
@@ -24,10 +26,8 @@ from ..agentcheck import (
     message_of,
     structure_diff,
 )
-from ..client import Exchange, OpenAIClient
-from ..evidence import EvidenceStore
-from ..findings import Consequence, Finding, Status
 from ..scenarios import tool_schema_problems
+from .client import Exchange, OpenAIClient
 
 WRITE_TOOLS = {"create_ticket"}
 # Checks judged over repeated runs: a hung run is left out of the rates, the answered runs still judged.

@@ -24,11 +24,11 @@ from typing import Any
 
 import httpx
 
-from ..client import OpenAIClient
-from ..evidence import EvidenceStore
-from ..findings import Consequence, Finding, Status, missing
+from ..core.evidence import EvidenceStore
+from ..core.findings import Consequence, Finding, Status, missing
 from ..lab.server import rss_bytes, tail_lines
-from ..metrics import (
+from .client import OpenAIClient
+from .metrics import (
     MetricsError,
     MetricsSource,
     PrometheusMetrics,

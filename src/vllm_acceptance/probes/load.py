@@ -18,13 +18,13 @@ from typing import Any
 
 import httpx
 
-from ..evidence import EvidenceStore
-from ..findings import Consequence, Finding, Status, missing
+from ..core.evidence import EvidenceStore
+from ..core.findings import Consequence, Finding, Status, missing
+from ..core.profile import Profile
 from ..lab.server import rss_bytes, tail_lines
-from ..loadgen import Record, RequestSpec, run_closed_loop_sync
-from ..loadstats import summarize
-from ..metrics import MetricsError, MetricsSource, Snapshot, delta, histogram_delta
-from ..profile import Profile
+from ..load.engine import Record, RequestSpec, run_closed_loop_sync
+from ..load.stats import summarize
+from .metrics import MetricsError, MetricsSource, Snapshot, delta, histogram_delta
 
 OOM_MARKERS = ("out of memory", "outofmemoryerror", "cuda error: out of memory", "killed process",
                "oom-kill", "cannot allocate memory")

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..evidence import EvidenceStore
-from ..findings import Finding, Status
+from ..core.evidence import EvidenceStore
+from ..core.findings import Finding, Status
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_INCONCLUSIVE = 0, 1, 2, 3
 

@@ -7,12 +7,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..client import OpenAIClient, ServerUnreachable
-from ..evidence import EvidenceStore
-from ..findings import Consequence, Finding, missing
-from ..metrics import metrics_source
-from ..profile import ConfigError, Profile, load_profile
+from ..core.evidence import EvidenceStore
+from ..core.findings import Consequence, Finding, missing
+from ..core.profile import ConfigError, Profile, load_profile
 from ..scenarios import load_scenario
+from .client import OpenAIClient, ServerUnreachable
+from .metrics import metrics_source
 from .result import write_result
 
 PROBES = ("cache", "agent", "load")

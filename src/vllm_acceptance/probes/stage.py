@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..evidence import EvidenceStore
-from ..findings import write_findings
-from ..profile import load_profile
+from ..core.evidence import EvidenceStore
+from ..core.findings import write_findings
+from ..core.profile import load_profile
 from .result import rebase_evidence
 from .run import ProbeOptions, run_probe
 

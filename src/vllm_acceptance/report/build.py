@@ -15,12 +15,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..findings import Consequence, Finding, Status, missing, read_findings
-from ..monitoring import monitoring_summary
+from ..core.findings import Consequence, Finding, Status, missing, read_findings
+from ..core.profile import Profile
+from ..monitoring.generate import monitoring_summary
 from ..parsers.gpu_memory import memory_rows
 from ..probes.load import judge_soak_gpu_memory
-from ..profile import Profile
-from ..remediation import isolated_environment_record, route_for_report
+from ..rebuild.remediation import isolated_environment_record, route_for_report
 from ..verdict import IMMEDIATE_ACTION, REOPEN_TRIGGERS, ROLLBACK_TRIGGERS, annotate, decide
 from .environment import environment_summary, node_facts
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..preflight import node_contexts
-from ..profile import Profile
+from ..core.profile import Profile
+from ..preflight.stage import node_contexts
 from ..rules.compat import host_driver_version
 
 

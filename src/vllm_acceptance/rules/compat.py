@@ -15,7 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..findings import Consequence, Finding, Status, missing, not_applicable
+from ..core.findings import Consequence, Finding, Status, missing, not_applicable
+from ..core.profile import Profile
+from ..core.rundir import PROFILE_EVIDENCE  # the profile copy every run holds (run.record_profile)
 from ..parsers.base import version_at_least
 from ..parsers.container import ImageInspect, Probe, parse_image_inspect, parse_probe, parse_runtime_info
 from ..parsers.driver import branch_of, parse_fabricmanager_version, parse_proc_version
@@ -26,8 +28,6 @@ from ..parsers.node_evidence import CommandRecord, NodeEvidence
 from ..parsers.nvidia_smi import GpuList, parse_query_csv, parse_table, parse_xml
 from ..parsers.rdma import parse_ibv_devinfo, parse_rdma_link
 from ..parsers.startup_log import StartupScan
-from ..profile import Profile
-from ..run import PROFILE_EVIDENCE  # the profile copy every run holds (run.record_profile)
 
 # The rebuild routes of SPEC "Remediation playbooks" (source 001), named in every action.
 ROUTE_DRIVER = ("upgrade the host driver (rolling, one node out of the scheduler at a time, state saved, "

@@ -9,7 +9,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from ..profile import ConfigError
+from ..core.profile import ConfigError
 
 
 def load_scenario(name_or_path: str) -> dict[str, Any]:

@@ -8,14 +8,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .client import OpenAIClient, ServerUnreachable
-from .evidence import EvidenceStore
-from .findings import Consequence, Finding, Status, missing, write_findings
-from .metrics import DirectMetrics, MetricsError, cache_config, server_root
-from .parsers.startup_log import scan_startup_log
-from .profile import Profile
-from .rules.compat import check_actual_config, check_startup_log
-from .triage import launch_findings
+from ..core.evidence import EvidenceStore
+from ..core.findings import Consequence, Finding, Status, missing, write_findings
+from ..core.profile import Profile
+from ..parsers.startup_log import scan_startup_log
+from ..probes.client import OpenAIClient, ServerUnreachable
+from ..probes.metrics import DirectMetrics, MetricsError, cache_config, server_root
+from ..rules.compat import check_actual_config, check_startup_log
+from ..rules.launch_triage import launch_findings
 
 
 @dataclass

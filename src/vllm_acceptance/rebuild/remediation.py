@@ -16,7 +16,7 @@ auth, image or layout problem is not fixed by a driver).
 The playbooks are thin: every decision (entry conditions, which route, did a node come back
 healthy) is a function here, called by plugins/modules/acceptance_remediation.py.
 
-    from vllm_acceptance.remediation import choose_route, route_for_report
+    from vllm_acceptance.rebuild.remediation import choose_route, route_for_report
     route = choose_route(read_findings(Path("run/findings/preflight.json")), {"cluster_managed": True})
 """
 
@@ -31,13 +31,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .evidence import atomic_write
-from .findings import Finding, Status
-from .parsers.base import version_at_least
-from .parsers.driver import branch_of, parse_fabricmanager_version, parse_proc_version
-from .parsers.lsmod import parse_lsmod
-from .parsers.nvidia_smi import parse_query_csv
-from .profile import ConfigError, Profile, validate_document
+from ..core.evidence import atomic_write
+from ..core.findings import Finding, Status
+from ..core.profile import ConfigError, Profile, validate_document
+from ..parsers.base import version_at_least
+from ..parsers.driver import branch_of, parse_fabricmanager_version, parse_proc_version
+from ..parsers.lsmod import parse_lsmod
+from ..parsers.nvidia_smi import parse_query_csv
 
 DRIVER_UPGRADE = "driver_upgrade"
 SELF_BUILT_IMAGE = "self_built_image"

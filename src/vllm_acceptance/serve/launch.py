@@ -22,8 +22,8 @@ single-node container launch does, so secrets never reach a command line or the 
 
 CLI for the role (prints JSON; exit 2 with the reason on bad input):
 
-    python -m vllm_acceptance.launch plan --profile profiles/kimi-k3.yml --facts '{"head": "a01", ...}'
-    python -m vllm_acceptance.launch evidence --run-dir RUN a01=/path/a01.log a02=/path/a02.log
+    python -m vllm_acceptance.serve.launch plan --profile profiles/kimi-k3.yml --facts '{"head": "a01", ...}'
+    python -m vllm_acceptance.serve.launch evidence --run-dir RUN a01=/path/a01.log a02=/path/a02.log
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .evidence import EvidenceStore
-from .profile import ConfigError, Profile, load_profile
+from ..core.evidence import EvidenceStore
+from ..core.profile import ConfigError, Profile, load_profile
 
 DEFAULT_CONTAINER_EXTRA = ["--gpus", "all", "--ipc", "host", "--network", "host"]
 DEFAULT_MASTER_PORT = 29501          # vLLM's ParallelConfig.master_port default
@@ -264,7 +264,7 @@ def save_node_logs(run_dir: Path, logs: dict[str, Path], secrets: list[str] | No
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vllm_acceptance.launch")
+    parser = argparse.ArgumentParser(prog="python -m vllm_acceptance.serve.launch")
     sub = parser.add_subparsers(dest="command", required=True)
     plan_cmd = sub.add_parser("plan", help="print the multi-node launch plan as JSON")
     plan_cmd.add_argument("--profile", required=True)

@@ -29,10 +29,10 @@ from typing import Any
 
 import yaml
 
-from .evidence import atomic_write
-from .parsers.startup_log import _NCCL_ERROR, _OOM
-from .profile import Profile
-from .verdict import ROLLBACK_TRIGGERS
+from ..core.evidence import atomic_write
+from ..core.profile import Profile
+from ..parsers.startup_log import _NCCL_ERROR, _OOM
+from ..verdict import ROLLBACK_TRIGGERS
 
 FORMS = ("vllm:", "vllm_")
 AGG = "job, instance, model_name"

@@ -5,7 +5,7 @@ framed answers of all nodes to `save_node_streams` (module acceptance_preflight,
 which writes the evidence layout of parsers/node_evidence.py. The judge only reads those files.
 Usable without Ansible:
 
-    from vllm_acceptance.preflight import judge
+    from vllm_acceptance.preflight.stage import judge
     findings = judge(Path("reports/site/run"), load_profile("profiles/kimi-k3.yml"), ["gpu-01", "gpu-02"])
 """
 
@@ -18,14 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .evidence import atomic_write
-from .findings import Finding
-from .parsers.node_evidence import host_dir, load_node_evidence
-from .parsers.startup_log import StartupScan
-from .profile import Profile
-from .redact import redact_obj, redact_text
-from .rules.compat import NODE_RULES, NodeContext, check_image_uniform, check_recipe_record, check_topology
-from .run import record_profile
+from ..core.evidence import atomic_write
+from ..core.findings import Finding
+from ..core.profile import Profile
+from ..core.redact import redact_obj, redact_text
+from ..core.rundir import record_profile
+from ..parsers.node_evidence import host_dir, load_node_evidence
+from ..parsers.startup_log import StartupScan
+from ..rules.compat import NODE_RULES, NodeContext, check_image_uniform, check_recipe_record, check_topology
 
 FINDINGS_NAME = "preflight.json"
 # Evidence and host directory names: no path separators, no hidden or parent entries.

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .findings import Consequence, Finding, Status, missing, read_findings
-from .profile import Profile
+from ..core.findings import Consequence, Finding, Status, missing, read_findings
+from ..core.profile import Profile
 
 ENVIRONMENT, CAPACITY, CONFIGURATION, INTERCONNECT = "environment", "capacity", "configuration", "interconnect"
 CHECK_TRIAGE = "compat.launch_triage"

@@ -1,9 +1,9 @@
 """One load generator host's share of a distributed load stage (SPEC "Capacity under load").
 
 Every host of the inventory group ``loadgen`` runs this at once (playbooks/loadgen.yml), each
-writing its own records as JSONL; the controller merges them (:mod:`vllm_acceptance.loadmerge`).
+writing its own records as JSONL; the controller merges them (:mod:`vllm_acceptance.load.merge`).
 
-    python -m vllm_acceptance.loadgen_cli run --base-url URL --model M --concurrency C \
+    python -m vllm_acceptance.load.worker run --base-url URL --model M --concurrency C \
         --requests N --prompt-tokens P --output-tokens O --out FILE.jsonl [--start-at EPOCH]
 
 Why a shared ``--start-at``: the hosts must load the server together, not one after the other as
@@ -45,7 +45,7 @@ def host_seed(host: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m vllm_acceptance.loadgen_cli",
+    parser = argparse.ArgumentParser(prog="python -m vllm_acceptance.load.worker",
                                      description=(__doc__ or "").split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="send this host's share of the load, records to --out")
@@ -85,7 +85,7 @@ def wait_until(epoch: float) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Send the load; returns the meta written beside the records."""
-    from vllm_acceptance.loadgen import RecordSink, now, run_closed_loop_sync
+    from vllm_acceptance.load.engine import RecordSink, now, run_closed_loop_sync
     from vllm_acceptance.probes.load import spec
 
     host = args.host or socket.gethostname()

@@ -1,6 +1,6 @@
 """Pure analysis for the load engine: arrival schedules, percentiles, stage summaries.
 
-Kept apart from :mod:`vllm_acceptance.loadgen` (the network side) so it can be unit-tested and used
+Kept apart from :mod:`vllm_acceptance.load.engine` (the network side) so it can be unit-tested and used
 on records read back from JSONL without importing aiohttp.
 
 Every latency is measured from a record's ``scheduled`` time, not from when the request actually

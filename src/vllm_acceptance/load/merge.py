@@ -1,7 +1,7 @@
 """Merge the records of several load generator hosts into one judged step (``capacity.distributed``).
 
-Input: ``<dir>/<host>.jsonl`` (records, :class:`vllm_acceptance.loadgen.RecordSink`) and
-``<dir>/<host>.meta.json`` (:mod:`vllm_acceptance.loadgen_cli`) for every host of the group
+Input: ``<dir>/<host>.jsonl`` (records, :class:`vllm_acceptance.load.engine.RecordSink`) and
+``<dir>/<host>.meta.json`` (:mod:`vllm_acceptance.load.worker`) for every host of the group
 ``loadgen``, fetched by playbooks/loadgen.yml.
 
 Raw records merge exactly: every latency (TTFT, ITL, end-to-end) is a difference of two times
@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .findings import Consequence, Finding, Status, write_findings
-from .loadgen import Record, read_records
-from .loadstats import summarize
-from .probes.load import LoadProbeConfig, meets_slo, step_row
+from ..core.findings import Consequence, Finding, Status, write_findings
+from ..probes.load import LoadProbeConfig, meets_slo, step_row
+from .engine import Record, read_records
+from .stats import summarize
 
 CHECK = "capacity.distributed"
 DEFAULT_TOLERANCE_S = 2.0
@@ -144,7 +144,7 @@ def judge(runs: list[HostRun], expected_hosts: list[str], clock: dict[str, Any],
 
 def preemption_delta(before: Path | None, after: Path | None) -> float | None:
     """``vllm:num_preemptions`` after - before, from two saved /metrics texts (None if either is absent)."""
-    from .metrics import MetricsError, delta, parse_exposition
+    from ..probes.metrics import MetricsError, delta, parse_exposition
 
     if before is None or after is None or not before.is_file() or not after.is_file():
         return None
@@ -160,8 +160,8 @@ def merge_stage(run_dir: Path, *, profile_path: str | None, expected_hosts: list
                 records_dir: str = "probes/load-distributed", metrics_before: Path | None = None,
                 metrics_after: Path | None = None, stage: str = "load-distributed") -> tuple[Finding, dict[str, Any]]:
     """Merge, judge, and file ``findings/<stage>.json`` and ``stages/<stage>.json`` in the run."""
-    from .evidence import EvidenceStore
-    from .profile import load_profile
+    from ..core.evidence import EvidenceStore
+    from ..core.profile import load_profile
 
     profile = load_profile(profile_path) if profile_path else None
     cfg = LoadProbeConfig.from_profile(profile, {}, model="")

@@ -42,8 +42,8 @@ from typing import Any, Literal
 
 import aiohttp
 
-from vllm_acceptance.loadstats import Arrival, arrival_offsets, summarize
-from vllm_acceptance.redact import redact_text
+from vllm_acceptance.core.redact import redact_text
+from vllm_acceptance.load.stats import Arrival, arrival_offsets, summarize
 
 __all__ = [
     "RequestSpec", "Record", "run_closed_loop", "run_open_loop", "run_closed_loop_sync",
