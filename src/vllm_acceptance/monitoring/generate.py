@@ -279,16 +279,16 @@ def build_alerts(report: dict[str, Any], profile: Profile, thresholds: dict[str,
                 source=t[key].source, fire=_hist_series(hist, thr, True, minutes),
                 quiet=_hist_series(hist, thr, False, minutes), test_minutes=minutes))
 
-    latency("queue", "request_queue_time_seconds", "Queue time", "VllmQueueTime", "capacity.queue_time")
-    latency("ttft", "time_to_first_token_seconds", "Time to first token", "VllmTtft", "capacity.ttft")
-    latency("e2e", "e2e_request_latency_seconds", "End-to-end latency", "VllmE2eLatency", "capacity.e2e_latency")
-    latency("itl", "inter_token_latency_seconds", "Inter-token latency", "VllmInterTokenLatency", "capacity.itl")
+    latency("queue", "request_queue_time_seconds", "Queue time", "VllmQueueTime", "capacity.ramp")
+    latency("ttft", "time_to_first_token_seconds", "Time to first token", "VllmTtft", "capacity.ramp")
+    latency("e2e", "e2e_request_latency_seconds", "End-to-end latency", "VllmE2eLatency", "capacity.ramp")
+    latency("itl", "inter_token_latency_seconds", "Inter-token latency", "VllmInterTokenLatency", "capacity.ramp")
 
     if "waiting_max" in t:
         thr = t["waiting_max"].value
         alerts.append(AlertSpec(
             name="VllmRequestsWaiting", expr=f"({q_sum('num_requests_waiting', m)}) > {_fmt(thr)}", for_s=for_s,
-            severity="warning", check="capacity.waiting",
+            severity="warning", check="capacity.ramp",
             summary=f"Requests waiting above the accepted peak ({_fmt(thr)})",
             description="More requests wait for scheduling than at the accepted step: the queue grows. "
                         "Check the client concurrency cap and KV usage; sustained growth means expand capacity.",
@@ -299,7 +299,7 @@ def build_alerts(report: dict[str, Any], profile: Profile, thresholds: dict[str,
         limited = bool((report.get("limits") or {}).get("max_num_seqs"))
         alerts.append(AlertSpec(
             name="VllmRunningAboveAccepted", expr=f"({q_sum('num_requests_running', m)}) > {_fmt(thr)}",
-            for_s=for_s, severity="critical" if limited else "warning", check="capacity.concurrency",
+            for_s=for_s, severity="critical" if limited else "warning", check="capacity.ramp",
             summary=f"Running requests above the accepted concurrency ({_fmt(thr)})",
             description=("The run was accepted only up to this concurrency (limited observation): enforce the "
                          "cap (--max-num-seqs, client concurrency) now." if limited else
@@ -311,7 +311,7 @@ def build_alerts(report: dict[str, Any], profile: Profile, thresholds: dict[str,
         thr = t["kv_usage_max"].value
         alerts.append(AlertSpec(
             name="VllmKvCacheUsageHigh", expr=f"({q_sum('kv_cache_usage_perc', m, 'max')}) > {_fmt(thr)}",
-            for_s=for_s, severity="warning", check="capacity.kv_usage",
+            for_s=for_s, severity="warning", check="capacity.ramp",
             summary=f"KV cache usage above {_fmt(thr)}",
             description="KV cache usage is beyond what the accepted load needed; preemptions follow near 1.0. "
                         "Adjust context/concurrency limits or retention before adding GPUs.",
@@ -321,7 +321,7 @@ def build_alerts(report: dict[str, Any], profile: Profile, thresholds: dict[str,
         thr = t["preemptions_max"].value
         alerts.append(AlertSpec(
             name="VllmPreemptions", expr=f"({q_increase('num_preemptions_total', m, w)}) > {_fmt(thr)}",
-            for_s=0, severity="warning", check="capacity.preemptions",
+            for_s=0, severity="warning", check="capacity.ramp",
             summary=f"Preemptions above the accepted {_fmt(thr)} per {w}",
             description="The scheduler evicts running requests for lack of KV blocks: the load exceeds what "
                         "was accepted. Repeated at nominal load it is expand_capacity.",
@@ -333,7 +333,7 @@ def build_alerts(report: dict[str, Any], profile: Profile, thresholds: dict[str,
         errors = q_rate("request_success_total", m, w, 'finished_reason="error"')
         alerts.append(AlertSpec(
             name="VllmRequestErrors", expr=f"{q_ratio(errors, q_rate('request_success_total', m, w))} > {_fmt(thr)}",
-            for_s=for_s, severity="critical", check="capacity.errors",
+            for_s=for_s, severity="critical", check="capacity.ramp",
             summary=f"Request error ratio above {_fmt(thr)}",
             description="Requests finish with finished_reason=error beyond the contracted error rate.",
             source=t["error_ratio"].source,
@@ -343,7 +343,7 @@ def build_alerts(report: dict[str, Any], profile: Profile, thresholds: dict[str,
                    'request_success_total{finished_reason="stop"}': f"0+10x{minutes}"}, test_minutes=minutes))
     alerts.append(AlertSpec(
         name="VllmAdmissionRejections", expr=f"({q_increase('admission_rejections_total', m, w)}) > 0",
-        for_s=0, severity="warning", check="capacity.admission",
+        for_s=0, severity="warning", check="capacity.context_contract",
         summary="Requests rejected by a queue limit",
         description="vLLM refused requests at admission (max_num_queued_reqs/tokens): clients see errors.",
         source="any rejection: the acceptance admits every request at the contracted load",
@@ -357,7 +357,7 @@ def build_alerts(report: dict[str, Any], profile: Profile, thresholds: dict[str,
         acc = t["hit_ratio_accepted"].value
         alerts.append(AlertSpec(
             name="VllmPrefixCacheHitRatioLow", expr=f"{ratio} < {_fmt(floor)}", for_s=for_s * 2,
-            severity="warning", check="cache.hit_ratio",
+            severity="warning", check="cache.hot_reuse",
             summary=f"Prefix-cache hit ratio below {_fmt(floor)} (accepted hot ratio {_fmt(acc)})",
             description="The accepted ratio is that of requests repeating the shared prefix; mixed traffic sits "
                         "lower. Far below it, the shared prefix is no longer byte-identical or is evicted.",
@@ -372,7 +372,7 @@ def build_alerts(report: dict[str, Any], profile: Profile, thresholds: dict[str,
         alerts.append(AlertSpec(
             name="VllmPrefixCacheHitRatioCollapse",
             expr=f"({ratio}) < {HIT_RATIO_COLLAPSE_FACTOR} * ({before})", for_s=for_s, severity="critical",
-            check="cache.hit_ratio_collapse", rollback=True,
+            check="cache.hot_reuse", rollback=True,
             summary=f"Prefix-cache hit ratio fell below {HIT_RATIO_COLLAPSE_FACTOR} x its value an hour ago",
             description="A collapse of the hit ratio (typically after a system-prompt or tool-schema change) is a "
                         "rollback trigger: pause the ramp-up, restore the previous prompt or image.",
@@ -397,7 +397,7 @@ def build_alerts(report: dict[str, Any], profile: Profile, thresholds: dict[str,
     # A restart stays visible for at least 10 minutes, whatever the rate window.
     restart = f"changes({_sel('process_start_time_seconds', m)}[{_duration(max(window_s, 600))}]) > 0"
     alerts.append(AlertSpec(
-        name="VllmRestarted", expr=restart, for_s=0, severity="critical", check="capacity.restarts", rollback=True,
+        name="VllmRestarted", expr=restart, for_s=0, severity="critical", check="capacity.soak", rollback=True,
         summary="vLLM server restarted",
         description="The server process started again. OOM kills and NCCL errors are log-based (vLLM exports no "
                     "metric for them): read the previous start's log for the patterns in the rollback triggers. "
@@ -408,7 +408,7 @@ def build_alerts(report: dict[str, Any], profile: Profile, thresholds: dict[str,
         alert_labels=("job", "instance")))
     alerts.append(AlertSpec(
         name="VllmTargetDown", expr=f"{_sel('up', m)} == 0", for_s=min(for_s, 60), severity="critical",
-        check="capacity.availability", rollback=False,
+        check="compat.serve", rollback=False,
         summary="vLLM metrics endpoint down",
         description="Prometheus cannot scrape the server: it died (OOM kill, NCCL abort) or hangs. Check the log.",
         source="scrape health", fire={"up": f"0x{minutes}"}, quiet={"up": f"1x{minutes}"}, test_minutes=minutes,
