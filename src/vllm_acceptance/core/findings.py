@@ -92,17 +92,18 @@ class Finding:
             _READING.reset(token)
 
 
-def missing(check: str, host: str | None, why: str, consequence: Consequence = Consequence.REBUILD,
+def missing(check: str, host: str | None, why: str, consequence: Consequence | None = None,
             evidence: list[str] | None = None) -> Finding:
-    """A required check whose evidence could not be had: never a pass."""
-    return Finding(check=check, status=Status.MISSING, host=host, observed=None, expected="evidence",
-                   reason=why, consequence=consequence, evidence=evidence or [],
-                   action="collect the missing evidence and re-run acceptance")
+    """A required check whose evidence could not be had: never a pass (the catalog's consequence by default)."""
+    from ..rules.registry import get
+
+    return get(check).missing(host, why, evidence=evidence or [], consequence=consequence)
 
 
 def not_applicable(check: str, host: str | None, why: str) -> Finding:
-    return Finding(check=check, status=Status.NOT_APPLICABLE, host=host, reason=why,
-                   action="none")
+    from ..rules.registry import get
+
+    return get(check).not_applicable(host, why)
 
 
 def write_findings(path: Path, findings: list[Finding]) -> None:
