@@ -8,8 +8,8 @@ DOCUMENTATION = r"""
 module: acceptance_probe
 short_description: Run a cache, agent or load probe against a running vLLM server
 description:
-  - The same code as C(vllm-acceptance probe KIND). Writes C(probes/KIND/result.json) and its evidence under
-    the run directory, then C(findings/KIND.json) and C(stages/KIND.json) for the report.
+  - The same code as C(vllm-acceptance probe KIND). Writes its evidence under C(probes/KIND/) in the run
+    directory, its findings to C(findings/KIND.json) and its details to C(stages/KIND.json), as every stage does.
   - A probe that finds a defect does not fail the task; the verdict is decided by the report stage. The task
     fails only on bad input or an unreachable server, with a message naming the URL or field.
   - In check mode nothing is sent (probes generate traffic).
@@ -77,7 +77,7 @@ statuses:
   returned: success
   type: dict
 result:
-  description: Path of result.json.
+  description: Path of the stage's details (C(stages/KIND.json)).
   returned: success
   type: str
 """

@@ -149,9 +149,9 @@ class RunDir:
     def stage_path(self, stage: str) -> Path:
         return self.path / "stages" / f"{stage}.json"
 
-    def write_stage(self, stage: str, details: dict[str, Any]) -> Path:
+    def write_stage(self, stage: str, details: dict[str, Any], secrets: list[str] | None = None) -> Path:
         path = self.stage_path(stage)
-        atomic_write(path, json.dumps(redact_obj(details), indent=2, default=str) + "\n")
+        atomic_write(path, json.dumps(redact_obj(details, secrets), indent=2, default=str) + "\n")
         return path
 
     def stage(self, stage: str) -> dict[str, Any] | None:

@@ -3,7 +3,7 @@
 Layout of a run directory (reports/<inventory>/<run-id>/):
   run.json                  run metadata written at start (inventory, profile, run_id, started, hosts)
   findings/<stage>.json     findings of each stage, written when the stage ends
-  stages/<stage>.json       details of each stage for tables and plots (probe result.json copies)
+  stages/<stage>.json       details of each stage for tables and plots
   evidence/...              raw evidence; findings point here
 """
 

@@ -7,8 +7,6 @@ from ..core.findings import Finding, Status, missing, not_applicable
 from ..parsers.base import version_at_least
 from ..parsers.driver import branch_of, parse_fabricmanager_version, parse_proc_version
 from ..parsers.nvidia_smi import parse_query_csv, parse_table, parse_xml
-
-# The rebuild routes of SPEC "Remediation playbooks" (source 001), named in every action.
 from .context import ROUTE_DRIVER, ROUTE_ISOLATED, ROUTE_SELF_BUILT, NodeContext, finding, gpu_profile_na, why_missing
 
 # --- compat.driver_branch -------------------------------------------------------------------

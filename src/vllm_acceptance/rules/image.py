@@ -7,8 +7,6 @@ from typing import Any
 
 from ..core.findings import Consequence, Finding, Status, missing, not_applicable
 from ..parsers.base import version_at_least
-
-# The rebuild routes of SPEC "Remediation playbooks" (source 001), named in every action.
 from .context import ROUTE_IMAGE, ROUTE_SELF_BUILT, NodeContext, finding, why_missing
 
 # --- compat.container_cuda ------------------------------------------------------------------

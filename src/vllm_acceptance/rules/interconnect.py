@@ -9,8 +9,6 @@ from ..parsers.env import comm_env
 from ..parsers.nccl_tests import parse_all_reduce_perf
 from ..parsers.rdma import parse_ibv_devinfo, parse_rdma_link
 from ..parsers.startup_log import StartupScan
-
-# The rebuild routes of SPEC "Remediation playbooks" (source 001), named in every action.
 from .context import NodeContext, finding, gpu_profile_na, why_missing
 
 

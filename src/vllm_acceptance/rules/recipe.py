@@ -8,9 +8,6 @@ from ..core.findings import Consequence, Finding, Status, missing
 from ..core.profile import Profile
 from ..core.rundir import PROFILE_EVIDENCE  # the profile copy every run holds (run.record_profile)
 
-# The rebuild routes of SPEC "Remediation playbooks" (source 001), named in every action.
-
-
 # --- compat.recipe_record -------------------------------------------------------------------
 
 

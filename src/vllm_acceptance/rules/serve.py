@@ -9,8 +9,6 @@ from ..core.findings import Consequence, Finding, Status, missing
 from ..core.profile import Profile
 from ..parsers.base import version_at_least
 from ..parsers.startup_log import StartupScan
-
-# The rebuild routes of SPEC "Remediation playbooks" (source 001), named in every action.
 from .context import ROUTE_DRIVER, ROUTE_IMAGE, ROUTE_ISOLATED, ROUTE_SELF_BUILT
 from .topology import world_size
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 from ..core.findings import Finding, Status, missing
 from ..core.profile import Profile
 from ..parsers.container import parse_runtime_info
-
-# The rebuild routes of SPEC "Remediation playbooks" (source 001), named in every action.
 from .context import NodeContext, finding, why_missing
 
 # --- compat.state_snapshot ------------------------------------------------------------------

@@ -7,8 +7,6 @@ import math
 
 from ..core.findings import Consequence, Finding, Status, missing, not_applicable
 from ..core.profile import Profile
-
-# The rebuild routes of SPEC "Remediation playbooks" (source 001), named in every action.
 from .context import NodeContext, finding, gpu_profile_na, why_missing
 
 # --- compat.gpu_visibility / compat.topology ------------------------------------------------
