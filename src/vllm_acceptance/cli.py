@@ -1,4 +1,4 @@
-"""vllm-acceptance: the command line (ARCHITECTURE contract 3), sharing the modules' code.
+"""vllm-acceptance: the command line (docs/acceptance.md "Contracts", 3), sharing the modules' code.
 
 Exit codes: 0 pass, 1 fail, 3 inconclusive, 2 usage or set-up error.
 """

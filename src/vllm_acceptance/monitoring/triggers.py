@@ -13,7 +13,7 @@ from .thresholds import Threshold, derive_thresholds
 
 def rollback_triggers(report: dict[str, Any], profile: Profile,
                       thresholds: dict[str, Threshold] | None = None) -> list[dict[str, Any]]:
-    """SPEC's rollback triggers made concrete for this run: the signal, the alert or log pattern, the action."""
+    """The rollback triggers of docs/acceptance.md, concrete for this run: signal, alert or log pattern, action."""
     t = thresholds if thresholds is not None else derive_thresholds(report, profile)
     signoff = report.get("signoff") or {}
     lineage = report.get("lineage") or {}

@@ -34,7 +34,6 @@ from ..rules.compat import (
     host_driver_version,
 )
 
-FINDINGS_NAME = "preflight.json"
 # Evidence and host directory names: no path separators, no hidden or parent entries.
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:@-]*")
 

@@ -1,6 +1,6 @@
 """Checklist coverage: every checklist line of the four source articles, mapped to check ids.
 
-The sources (SPEC.md, `seeds/`) each end in a checklist meant to be attached to a change request
+The four source articles (docs/acceptance.md) each end in a checklist meant to be attached to a change request
 (000: "Сводная чек-лист-приёмка", 001: "Чек-лист выбора маршрута", 003: the Chinese go-live
 table, 004: the French list). The report shows, line by line, which check ids of this run answer
 it and with what status, so a reviewer sees what the run proved and what it did not.
