@@ -164,10 +164,10 @@ def check_image_uniform(contexts: list[NodeContext]) -> Finding:
     rule = "one image ID on every GPU node of the run"
     expected = "1 image ID"
     if len(groups) == 1:
-        return Finding(check=check, status=Status.PASS, host=None, observed=groups, expected=expected, rule=rule,
+        return finding(check, Status.PASS, None, observed=groups, expected=expected, rule=rule,
                        evidence=evidence, consequence=Consequence.REBUILD, action="none")
     odd = sorted((hosts for hosts in groups.values()), key=len)[:-1]
-    return Finding(check=check, status=Status.FAIL, host=None, observed=groups, expected=expected, rule=rule,
+    return finding(check, Status.FAIL, None, observed=groups, expected=expected, rule=rule,
                    evidence=evidence, consequence=Consequence.REBUILD,
                    reason=f"{len(groups)} different images under one reference; the odd nodes: "
                           + ", ".join(h for hosts in odd for h in hosts),

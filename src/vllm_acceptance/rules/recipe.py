@@ -7,6 +7,7 @@ import datetime as dt
 from ..core.findings import Consequence, Finding, Status, missing
 from ..core.profile import Profile
 from ..core.rundir import PROFILE_EVIDENCE  # the profile copy every run holds (run.record_profile)
+from .context import finding
 
 # --- compat.recipe_record -------------------------------------------------------------------
 
@@ -30,10 +31,10 @@ def check_recipe_record(profile: Profile, today: dt.date | None = None) -> Findi
     period = int(profile.get("review.period_days", 30) or 30)
     expected = {"recorded": True, "max_age_days_if_pre_release": period}
     if recipe["status"] in ("pre-release", "experimental") and age > period:
-        return Finding(check="compat.recipe_record", status=Status.WARN, host=None, observed=observed,
+        return finding("compat.recipe_record", Status.WARN, None, observed=observed,
                        expected=expected, rule=rule, consequence=Consequence.LIMIT, evidence=[PROFILE_EVIDENCE],
                        reason=f"{recipe['status']} recipe last checked {age} days ago (> {period})",
                        action=f"re-check {recipe['source']} and update profiles/{profile.name}.yml "
                               "(a changed recipe reopens acceptance)")
-    return Finding(check="compat.recipe_record", status=Status.PASS, host=None, observed=observed,
+    return finding("compat.recipe_record", Status.PASS, None, observed=observed,
                    expected=expected, rule=rule, action="none", evidence=[PROFILE_EVIDENCE])
