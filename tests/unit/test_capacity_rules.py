@@ -237,3 +237,19 @@ def test_queue_p95_from_histogram_bucket_deltas() -> None:
     assert histogram_quantile_delta(before, after, "vllm:request_queue_time_seconds", 0.5) == 1.0
     assert histogram_quantile_delta(before, after, "vllm:request_queue_time_seconds", 0.95) == float("inf")
     assert histogram_quantile_delta(before, before, "vllm:request_queue_time_seconds", 0.95) is None
+
+
+def test_memory_peaks_by_stage_start_at_model_load() -> None:
+    rows = [{"t": t, "series": "gpu0@n1", "bytes": b} for t, b in ((1, 10), (5, 70), (9, 40), (12, 60), (15, 90))]
+    bounds = [{"stage": "ramp_c1", "start": 10, "end": 13}, {"stage": "ramp_c2", "start": 14, "end": 16}]
+    assert rules.stage_peaks(rows, 9.5, bounds) == {"model_load": {"gpu0@n1": 70}, "ramp_c1": {"gpu0@n1": 60},
+                                                    "ramp_c2": {"gpu0@n1": 90}}
+    assert "model_load" not in rules.stage_peaks(rows, None, bounds)
+
+
+def test_a_verified_limit_carries_its_serving_flags() -> None:
+    proposed = [{"kind": "context", "max_num_seqs": 4, "client_concurrency": 4, "context_tokens": 704,
+                 "max_model_len": 768}]
+    _, limit = rules.judge_verified_limit(proposed, [{"setting": proposed[0], "held": True, "breaches": []}],
+                                          evidence=[])
+    assert limit["serving_flags"] == "--max-num-seqs 4 --max-model-len 768"

@@ -280,6 +280,10 @@ def judge_verified_limit(proposed: Sequence[dict[str, Any]], attempts: Sequence[
         limit = {k: v for k, v in held["setting"].items() if k != "kind"}
         limit["reason"] = (f"verified: {held['setting']['kind']} limit held at concurrency "
                            f"{held['setting']['client_concurrency']}, context {held['setting']['context_tokens']}")
+        flags = [f"--max-num-seqs {held['setting']['max_num_seqs']}"]
+        if held["setting"].get("max_model_len"):
+            flags.append(f"--max-model-len {held['setting']['max_model_len']}")
+        limit["serving_flags"] = " ".join(flags)  # the serving config snippet; the alerts read max_num_seqs
         return check.passed(observed=observed, expected="a limited run that holds", evidence=evidence, rule=rule,
                             reason=limit["reason"]), limit
     if not attempts:
@@ -467,3 +471,27 @@ OOM_RECORD_FIELDS = (
 def record_gaps(record: dict[str, Any]) -> list[str]:
     """Fields of the OOM record that are absent (None is stated, absence is a gap)."""
     return [f for f in OOM_RECORD_FIELDS if f not in record]
+
+
+def stage_peaks(rows: Sequence[dict[str, Any]], ready_at: float | None,
+                bounds: Sequence[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """Peak memory per series (per GPU) by stage: model load (from the sampler's start, before the launch,
+    to the serve stage right after ready), then each load-probe stage window (ramp steps one by one)."""
+    out: dict[str, dict[str, int]] = {}
+
+    def peak(start: float | None, end: float | None) -> dict[str, int]:
+        got: dict[str, int] = {}
+        for r in rows:
+            if (start is None or r["t"] >= start) and (end is None or r["t"] <= end):
+                got[r["series"]] = max(got.get(r["series"], 0), r["bytes"])
+        return got
+
+    if ready_at is not None:
+        out["model_load"] = peak(None, ready_at)
+    for b in bounds:
+        got = peak(b["start"], b["end"])
+        if got:
+            merged = out.setdefault(b["stage"], {})
+            for series, value in got.items():
+                merged[series] = max(merged.get(series, 0), value)
+    return {k: v for k, v in out.items() if v}
