@@ -1,4 +1,4 @@
-"""Capacity under load (README "Capacity under load"): staged, each stage with its own evidence.
+"""Capacity under load (docs/acceptance.md "Capacity under load"): staged, each stage with its own evidence.
 
 Stages, in order: the KV cache readout against the contract (no traffic), one long prompt at the
 contracted context (prefill vs decode memory), the context contract (at it succeeds, just over it is
@@ -324,7 +324,7 @@ class LoadRun:
             "unresponsive (attached server: process state not observable)"
 
     def crash_record(self, stage: str, records: list[Record], start: float, concurrency: int) -> dict[str, Any]:
-        """The OOM record of the README: what is known at the moment the server stopped answering."""
+        """The OOM record of docs/acceptance.md: what is known at the moment the server stopped answering."""
         state = self.process_state()
         log = tail_lines(_path(self.cfg.server_log), 40)
         oom = [line for line in log.splitlines() if any(m in line.lower() for m in OOM_MARKERS)]

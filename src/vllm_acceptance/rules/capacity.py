@@ -1,4 +1,4 @@
-"""Capacity under load: the pure judgement of the load stages (README "Capacity under load").
+"""Capacity under load: the pure judgement of the load stages (docs/acceptance.md "Capacity under load").
 
 The probe (probes/load.py) sends the traffic and measures; every decision is here, one small
 function per check id, so that each can be tested on recorded numbers:
@@ -440,8 +440,8 @@ def kv_trend(samples: Sequence[dict[str, Any]]) -> str:
 
 def classify_oom_stage(model_loaded: bool, probe_stage: str, concurrency: int,
                        in_flight: Sequence[dict[str, Any]], trend: str) -> tuple[str, str]:
-    """The SPEC stage of an OOM or crash (load, long prefill, decode, concurrency, KV growth over time),
-    with the evidence that placed it there."""
+    """The stage of an OOM or crash (docs/acceptance.md: load, long prefill, decode, concurrency, KV growth
+    over time), with the evidence that placed it there."""
     if not model_loaded:
         return "load", "the model never finished loading (no ready line, no answered request)"
     if probe_stage.startswith(("soak", "mixed")) and trend.startswith("rising"):
