@@ -22,8 +22,10 @@ from ..core.evidence import EvidenceStore
 from ..core.findings import Consequence, Finding, Status, missing
 from ..core.profile import Profile
 from ..lab.server import rss_bytes, tail_lines
-from ..load.engine import Record, RequestSpec, run_closed_loop_sync
-from ..load.stats import summarize
+from ..load.engine import Record, RequestSpec, run_load
+from ..load.stats import client_summary, summarize
+from ..rules import loadgen as loadgen_rules
+from ..rules.loadgen import ClientLimits
 from .metrics import MetricsError, MetricsSource, Snapshot, delta, histogram_delta
 
 OOM_MARKERS = ("out of memory", "outofmemoryerror", "cuda error: out of memory", "killed process",
@@ -53,6 +55,7 @@ class LoadProbeConfig:
     server_pid: int | None = None
     server_log: str | None = None
     sample_interval_s: float = 0.25
+    client: ClientLimits = field(default_factory=ClientLimits)  # the load generator's self-check
 
     @classmethod
     def from_profile(cls, profile: Profile | None, overrides: dict[str, Any], **kw: Any) -> LoadProbeConfig:
@@ -76,7 +79,8 @@ class LoadProbeConfig:
             slo=dict(get("contract.slo", {})),
             max_preemptions=int(get("thresholds.max_preemptions", 0)),
             memory_growth_pct=float(get("thresholds.memory_growth_pct", 20)),
-            sample_interval_s=float(get("load.sample_interval_s", 0.25)), **kw)
+            sample_interval_s=float(get("load.sample_interval_s", 0.25)),
+            client=ClientLimits.from_profile(get), **kw)
 
 
 def filler(n_words: int, seed: int) -> str:
@@ -161,6 +165,10 @@ class LoadRun:
         self.sampler = Sampler(source, store, cfg)
         self.bounds: list[dict[str, Any]] = []
         self.crashed: dict[str, Any] | None = None
+        # The client's self-check per send: (label, judged check); see rules/loadgen.py.
+        self.client_checks: list[tuple[str, dict[str, Any]]] = []
+        self.last_client: dict[str, Any] = {}
+        self.chunks_per_session_s: float | None = None  # streamed chunks/s per request in flight, measured
 
     def snapshot(self) -> Snapshot | None:
         """A metrics snapshot, or None when the server stopped answering (judged by `send`)."""
@@ -180,16 +188,40 @@ class LoadRun:
     def send(self, stage: str, specs: list[RequestSpec], concurrency: int) -> tuple[list[Record], float, float]:
         self.sampler.stage = stage
         start = time.time()
-        records = run_closed_loop_sync(
-            self.base_url, self.cfg.model, specs, concurrency, timeout_s=self.cfg.request_timeout_s,
-            stage_deadline_s=self.cfg.stage_timeout_s, api_key=self.cfg.api_key,
+        checks: list[dict[str, Any]] = []
+        records = run_load(
+            self.base_url, self.cfg.model, specs, mode="closed", concurrency=concurrency,
+            processes=self.workers(concurrency), timeout_s=self.cfg.request_timeout_s,
+            stage_deadline_s=self.cfg.stage_timeout_s, api_key=self.cfg.api_key, selfcheck=checks,
             on_record=lambda r: self.store.append_jsonl(f"records/{stage}.jsonl", r.to_dict()))
         end = time.time()
         self.bounds.append({"stage": stage, "start": start, "end": end})
+        self.check_client(stage, concurrency, records, checks)
         self.sampler.take()
         if any(r.status != "ok" for r in records) and not self.healthy():
             self.crashed = self.crash_record(stage, records, start)
         return records, start, end
+
+    def workers(self, concurrency: int) -> int:
+        """Worker processes for a step, sized from the chunk rate and per-chunk cost measured so far."""
+        import os
+
+        rate = self.chunks_per_session_s * concurrency if self.chunks_per_session_s else None
+        return loadgen_rules.workers_for(rate, self.last_client.get("chunk_us"), self.cfg.client, os.cpu_count() or 1)
+
+    def check_client(self, stage: str, concurrency: int, records: list[Record], checks: list[dict[str, Any]]) -> None:
+        """Judge the client's self-check of this send and learn its per-chunk cost for sizing the next."""
+        client = loadgen_rules.judge_client(client_summary(checks, records), self.cfg.client, self.cfg.slo)
+        labels = {label for label, _ in self.client_checks}
+        label, n = stage, 1
+        while label in labels:
+            n += 1
+            label = f"{stage}#{n}"
+        self.client_checks.append((label, client))
+        self.last_client = client
+        s = summarize(records)
+        if s["chunks_per_s"]:
+            self.chunks_per_session_s = s["chunks_per_s"] / max(1, concurrency)
 
     def crash_record(self, stage: str, records: list[Record], start: float) -> dict[str, Any]:
         """The OOM record of docs/acceptance.md: what is known at the moment the server stopped answering."""
@@ -303,6 +335,9 @@ def run_load_probe(base_url: str, source: MetricsSource, cfg: LoadProbeConfig, s
             if check not in done:
                 findings.append(missing(check, None, f"not run: the server died in stage {run.crashed['stage']}",
                                         Consequence.EXPAND))
+    findings = [saturated_overrule(f, run, steps) for f in findings]
+    client_ev = store.write_json("client.json", [{"label": label, **c} for label, c in run.client_checks])
+    findings.append(loadgen_rules.loadgen_finding(run.client_checks, [client_ev]))
     knee = knee_of(steps)
     limits = {}
     if knee is not None and knee < cfg.contract_concurrency:
@@ -311,8 +346,23 @@ def run_load_probe(base_url: str, source: MetricsSource, cfg: LoadProbeConfig, s
     details = {"contract_concurrency": cfg.contract_concurrency, "knee": knee, "steps": steps,
                "memory_timeline": run.sampler.memory, "stage_bounds": run.bounds, "limits": limits,
                "samples": len(run.sampler.samples), "crash": run.crashed,
-               "initial_preemptions": first.value("vllm:num_preemptions")}
+               "initial_preemptions": first.value("vllm:num_preemptions"),
+               "client": {label: c for label, c in run.client_checks}}
     return findings, details
+
+
+STAGE_LABELS = {"capacity.long_prompt": "long_prompt", "capacity.ramp": "ramp_c", "capacity.mixed": "mixed",
+                "capacity.soak": "soak"}
+
+
+def saturated_overrule(finding: Finding, run: LoadRun, steps: list[dict[str, Any]]) -> Finding:
+    """A stage whose client was saturated is inconclusive (rules/loadgen.py), never a capacity verdict."""
+    prefix = STAGE_LABELS.get(finding.check)
+    if prefix is None:
+        return finding
+    checks = [(label, c) for label, c in run.client_checks if label.startswith(prefix)]
+    trusted = finding.check == "capacity.ramp" and loadgen_rules.first_break_trusted(steps)
+    return loadgen_rules.overrule(finding, checks, trusted_failure=trusted)
 
 
 def stage_long_prompt(run: LoadRun) -> list[Finding]:
@@ -368,6 +418,7 @@ def stage_ramp(run: LoadRun) -> tuple[list[dict[str, Any]], list[Finding]]:
         after = run.snapshot()
         preempted = delta(before, after, "vllm:num_preemptions") if before and after else None
         row = step_row(concurrency, records, run.sampler.window(start, end), preempted, cfg)
+        row["client"] = run.last_client
         # Counters are exact where sampled gauges can miss a short peak: the queue-time histogram shows
         # waiting, and a preemption happens only when no KV block can be allocated (the cache is full).
         count, total = histogram_delta(before, after, "vllm:request_queue_time_seconds") if before and after \
@@ -436,6 +487,7 @@ def stage_mixed(run: LoadRun, windows: int = 3) -> Finding:
         queries = delta(before, after, "vllm:prefix_cache_queries") if before and after else None
         samples = run.sampler.window(start, end)
         rows.append({"window": w + 1, "requests": len(records), "errors": sum(r.status != "ok" for r in records),
+                     "client_saturated": run.last_client.get("saturated"),
                      **hung_requests(records),
                      "hit_ratio": (hits / queries) if hits is not None and queries else None,
                      "max_waiting": max((x["waiting"] or 0) for x in samples) if samples else None})
