@@ -96,3 +96,34 @@ def test_server_killed_mid_ramp(lab_server_factory, tmp_path: Path) -> None:
     assert any(r["status"] == "ok" for r in kept)  # what was measured before the kill is on disk
     findings = [Finding.from_dict(f) for f in result["findings"]]
     assert decide(findings).verdict != "release"
+
+
+def test_saturated_load_generator_makes_capacity_inconclusive(lab_server, tmp_path: Path) -> None:
+    """The client self-check against the real server: with the profile's CPU limit at 0 every step's
+    client counts as saturated (deterministic), so no capacity stage may pass or fail on its figures;
+    with limits a healthy client cannot miss, the same run's self-check passes."""
+    small = ["--set", "load.ramp=[1,4]", "--set", "load.requests_per_step=4", "--set", "load.output_tokens=8",
+             "--set", "load.soak_s=2"]
+    proc = subprocess.run(cli("--base-url", lab_server.base_url, "--out", str(tmp_path / "sat"), *small,
+                              "--set", "loadgen.max_cpu_pct=0"), cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 3, proc.stdout + proc.stderr  # inconclusive
+    result = result_of(tmp_path / "sat")
+    by_check = {f["check"]: f for f in result["findings"]}
+    for check in ("capacity.ramp", "capacity.mixed", "capacity.soak", "capacity.long_prompt"):
+        assert by_check[check]["status"] == "inconclusive", by_check[check]
+        assert by_check[check]["reason"].startswith("load generator saturated"), by_check[check]
+        assert "worker processes" in by_check[check]["action"]
+    assert by_check["capacity.loadgen"]["status"] == "inconclusive"
+    assert all(s["client"]["saturated"] for s in result["details"]["steps"])
+    assert decide([Finding.from_dict(f) for f in result["findings"]]).verdict == "incomplete"
+    # The same probe with limits no healthy client reaches: the self-check passes on measured figures.
+    lenient = ["--set", "loadgen.max_cpu_pct=100", "--set", "loadgen.max_loop_lag_p99_s=10",
+               "--set", "loadgen.max_send_lag_p99_s=10", "--set", "loadgen.send_lag_ttft_fraction=1"]
+    subprocess.run(cli("--base-url", lab_server.base_url, "--out", str(tmp_path / "ok"), *small, *lenient),
+                   cwd=REPO, capture_output=True, text=True, timeout=600)
+    ok = result_of(tmp_path / "ok")
+    loadgen = next(f for f in ok["findings"] if f["check"] == "capacity.loadgen")
+    assert loadgen["status"] == "pass", loadgen
+    assert all(0 < s["client"]["max_cpu_pct"] <= 100 for s in ok["details"]["steps"])
+    assert all(s["client"]["processes"][0]["chunks"] > 0 for s in ok["details"]["steps"])
