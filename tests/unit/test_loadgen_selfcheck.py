@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from test_loadgen import StreamServer, server, specs  # noqa: F401 - the module's real streaming server
 
 from vllm_acceptance.core.findings import Consequence, Finding, Status
 from vllm_acceptance.load import engine as loadgen
@@ -15,8 +16,6 @@ from vllm_acceptance.load.stats import client_summary
 from vllm_acceptance.rules import loadgen as rules
 from vllm_acceptance.rules.loadgen import ClientLimits
 from vllm_acceptance.verdict import decide
-
-from test_loadgen import StreamServer, server, specs  # noqa: F401 - the module's real streaming server
 
 SLO = {"ttft_p95_s": 5.0}
 LENIENT = ClientLimits(max_cpu_pct=100, max_send_lag_p99_s=10, send_lag_ttft_fraction=1, max_loop_lag_p99_s=10)
