@@ -827,6 +827,8 @@ class _Sender(threading.Thread):
         self.stop = threading.Event()
         self.pending_spares = 0
         self.priority = "normal"
+        self.connect_s = 0.001     # running estimate of a TCP handshake, to fit spares between sends
+        self.spares_after = 0.0    # no spare connects before this time (after a refused one)
 
     def run(self) -> None:
         loop, perf, off = self.client.loop, time.perf_counter, _EPOCH_OFFSET
@@ -851,18 +853,24 @@ class _Sender(threading.Thread):
             loop.call_soon_threadsafe(self.finished)
 
     def _wait(self, until: float) -> None:
-        """Sleep until `until`, connecting spare sockets while there is time for it."""
+        """Sleep until `until`, connecting spare sockets while there is time for a handshake."""
         client = self.client
         while True:
             rem = until - now()
             if rem <= 0 or self.stop.is_set():
                 return
-            if self.direct and rem > 0.002 and len(client.idle) + self.pending_spares < self.spares:
-                with contextlib.suppress(OSError):
+            if (self.direct and rem > 2 * self.connect_s + 0.001 and now() >= self.spares_after
+                    and len(client.idle) + self.pending_spares < self.spares):
+                t0 = now()
+                try:
                     sock = client.connect_blocking(min(self.connect_timeout_s, max(rem, 0.05)))
-                    self.pending_spares += 1
-                    conn = _Conn(client, sock)
-                    client.loop.call_soon_threadsafe(self._spare_ready, conn, sock)
+                except OSError:  # the server refuses or is away: the sends will record it; retry later
+                    self.spares_after = now() + 0.2
+                    continue
+                self.connect_s = 0.8 * self.connect_s + 0.2 * (now() - t0)
+                self.pending_spares += 1
+                conn = _Conn(client, sock)
+                client.loop.call_soon_threadsafe(self._spare_ready, conn, sock)
                 continue
             time.sleep(min(rem, 0.05))
 
@@ -1002,7 +1010,7 @@ async def _open(base_url: str, model: str, items: Sequence[Item], offsets: Seque
         client.close_all()
         sender.exchanges = ()  # the run's closures and exchanges: no cycle left for the collector
     if selfcheck is not None:
-        selfcheck.append(meter.result(client, records))
+        selfcheck.append({**meter.result(client, records), "sender_priority": sender.priority})
     if first_error:
         raise first_error[0]
     return records
