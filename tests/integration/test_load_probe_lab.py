@@ -43,6 +43,12 @@ def test_normal_lab_ramp_has_no_preemption(lab_server, tmp_path: Path) -> None:
     statuses = {f["check"]: f["status"] for f in result["findings"]}
     assert statuses["capacity.context_contract"] == "pass", proc.stdout
     assert (tmp_path / "samples.jsonl").stat().st_size > 0 and (tmp_path / "records" / "ramp_c4.jsonl").exists()
+    # Every step carries the client's own measured self-check (its verdict depends on this shared machine).
+    for step in steps:
+        (worker,) = step["client"]["processes"]
+        assert worker["cpu_s"] > 0 and worker["chunks"] > 0 and worker["loop_lag_s"]["count"] > 0
+        assert step["client"]["send_lag_s"]["count"] == step["requests"]
+    assert "capacity.loadgen" in statuses and (tmp_path / "client.json").is_file()
 
 
 PRESSURE = ["--set", "load.prompt_tokens=690", "--set", "load.output_tokens=600",
@@ -100,8 +106,9 @@ def test_server_killed_mid_ramp(lab_server_factory, tmp_path: Path) -> None:
 
 def test_saturated_load_generator_makes_capacity_inconclusive(lab_server, tmp_path: Path) -> None:
     """The client self-check against the real server: with the profile's CPU limit at 0 every step's
-    client counts as saturated (deterministic), so no capacity stage may pass or fail on its figures;
-    with limits a healthy client cannot miss, the same run's self-check passes."""
+    client counts as saturated (deterministic), so no capacity stage may pass or fail on its figures.
+    (The passing side: test_normal_lab_ramp_has_no_preemption measures the same self-check with the
+    profile's limits; tests/unit/test_loadgen_selfcheck.py judges a client that kept up.)"""
     small = ["--set", "load.ramp=[1,4]", "--set", "load.requests_per_step=4", "--set", "load.output_tokens=8",
              "--set", "load.soak_s=2"]
     proc = subprocess.run(cli("--base-url", lab_server.base_url, "--out", str(tmp_path / "sat"), *small,
@@ -117,13 +124,3 @@ def test_saturated_load_generator_makes_capacity_inconclusive(lab_server, tmp_pa
     assert by_check["capacity.loadgen"]["status"] == "inconclusive"
     assert all(s["client"]["saturated"] for s in result["details"]["steps"])
     assert decide([Finding.from_dict(f) for f in result["findings"]]).verdict == "incomplete"
-    # The same probe with limits no healthy client reaches: the self-check passes on measured figures.
-    lenient = ["--set", "loadgen.max_cpu_pct=100", "--set", "loadgen.max_loop_lag_p99_s=10",
-               "--set", "loadgen.max_send_lag_p99_s=10", "--set", "loadgen.send_lag_ttft_fraction=1"]
-    subprocess.run(cli("--base-url", lab_server.base_url, "--out", str(tmp_path / "ok"), *small, *lenient),
-                   cwd=REPO, capture_output=True, text=True, timeout=600)
-    ok = result_of(tmp_path / "ok")
-    loadgen = next(f for f in ok["findings"] if f["check"] == "capacity.loadgen")
-    assert loadgen["status"] == "pass", loadgen
-    assert all(0 < s["client"]["max_cpu_pct"] <= 100 for s in ok["details"]["steps"])
-    assert all(s["client"]["processes"][0]["chunks"] > 0 for s in ok["details"]["steps"])

@@ -135,6 +135,13 @@ def test_failure_on_a_step_the_client_carried_stands() -> None:
     assert not rules.first_break_trusted(steps)
 
 
+def test_a_stage_inconclusive_anyway_names_the_saturation_first() -> None:
+    f = rules.overrule(ramp_finding(Status.INCONCLUSIVE), [("soak", judged(True))])
+    assert f.reason.startswith("load generator saturated in soak") and "inconclusive on its own" in f.reason
+    gone = Finding(check="capacity.soak", status=Status.MISSING, reason="not run: the server died")
+    assert rules.overrule(gone, [("soak", judged(True))]).reason == "not run: the server died"
+
+
 def test_client_that_kept_up_changes_nothing() -> None:
     f = rules.overrule(ramp_finding(Status.PASS), [("ramp_c1", judged(False))])
     assert f.status == Status.PASS

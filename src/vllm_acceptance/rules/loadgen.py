@@ -119,12 +119,12 @@ def overrule(finding: Finding, checks: list[tuple[str, Mapping[str, Any]]], *, t
     on a step that the client carried (see :func:`first_break_trusted`), so it stands.
     """
     bad = [(label, c) for label, c in checks if c.get("saturated")]
-    if not bad or finding.status in (Status.MISSING, Status.NOT_APPLICABLE, Status.INCONCLUSIVE):
+    if not bad or finding.status in (Status.MISSING, Status.NOT_APPLICABLE):
         return finding
     if finding.status == Status.FAIL and trusted_failure:
         finding.reason += f"; ({SATURATED} only above the failing step: {', '.join(label for label, _ in bad)})"
         return finding
-    was = f"{finding.status.value}{': ' + finding.reason if finding.reason else ''}"
+    was = f"{finding.status.value}{': ' + finding.reason if finding.reason else ' on its own'}"
     finding.status = Status.INCONCLUSIVE
     finding.reason = (f"{SATURATED} in {', '.join(label for label, _ in bad)}: "
                       + "; ".join(r for _, c in bad for r in c.get("reasons", [])[:3])
