@@ -10,6 +10,7 @@ crash/OOM record and the remaining stages are reported `missing`.
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
@@ -204,8 +205,6 @@ class LoadRun:
 
     def workers(self, concurrency: int) -> int:
         """Worker processes for a step, sized from the chunk rate and per-chunk cost measured so far."""
-        import os
-
         rate = self.chunks_per_session_s * concurrency if self.chunks_per_session_s else None
         return loadgen_rules.workers_for(rate, self.last_client.get("chunk_us"), self.cfg.client, os.cpu_count() or 1)
 
