@@ -1,4 +1,4 @@
-"""Was the load generator itself the bottleneck? (README "Capacity under load")
+"""Was the load generator itself the bottleneck? (docs/acceptance.md, "Capacity under load")
 
 A capacity figure is the server's only when the client kept up: a worker process at the top of its
 core, an event loop that wakes late, or sends that leave after their scheduled time all add
