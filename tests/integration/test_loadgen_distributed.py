@@ -3,7 +3,12 @@
 The hosts live in their own network namespaces, so they cannot reach the root namespace's
 127.0.0.1: this test starts its own lab server bound to 0.0.0.0 and points the hosts at the
 cluster bridge's address. The server's access log then proves the requests really came from
-both host addresses; the merge must count exactly what the hosts recorded.
+both host addresses; the merge must count exactly what the hosts recorded, and keeps each host's
+client self-check. A second run with one host down must name it `missing`.
+
+The self-check's limits here are ones no healthy client reaches (a profile copy with lenient
+`loadgen` limits): this machine is shared, and whether its other work saturates a client is not
+what these tests decide; tests/unit/test_loadmerge.py covers a saturated host.
 """
 
 from __future__ import annotations
@@ -71,12 +76,16 @@ def loadgen_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterF
     yield from cluster_factory(tmp_path_factory)
 
 
-@pytest.fixture(scope="module")
-def distributed_run(open_lab: tuple[int, Path], loadgen_hosts: ClusterFactory,
-                    tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    port, log = open_lab
-    cluster = loadgen_hosts([HostSpec(h) for h in HOSTS], name="loadgen-hosts")
-    work = tmp_path_factory.mktemp("loadgen-run")
+def lenient_profile(work: Path) -> Path:
+    profile = yaml.safe_load((REPO / "profiles" / "cpu-lab.yml").read_text())
+    profile["loadgen"].update({"max_cpu_pct": 100, "max_loop_lag_p99_s": 10, "max_send_lag_p99_s": 10,
+                               "send_lag_ttft_fraction": 1})
+    path = work / "cpu-lab-lenient-loadgen.yml"
+    path.write_text(yaml.safe_dump(profile))
+    return path
+
+
+def run_loadgen(port: int, cluster: Any, work: Path) -> tuple[subprocess.CompletedProcess[str], Path]:
     data = cluster.inventory_data(group="loadgen")
     # The controller itself, for the plan and merge plays (its own venv, local connection).
     data["all"]["hosts"] = {"localhost": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}}
@@ -86,7 +95,7 @@ def distributed_run(open_lab: tuple[int, Path], loadgen_hosts: ClusterFactory,
     run_dir.mkdir()
     extra = {
         "acceptance_run_dir": str(run_dir),
-        "acceptance_profile_path": str(REPO / "profiles" / "cpu-lab.yml"),
+        "acceptance_profile_path": str(lenient_profile(work)),
         "loadgen_base_url": f"http://{cluster.controller_address}:{port}/v1",
         "vllm_metrics_url": f"http://127.0.0.1:{port}/metrics",
         "loadgen_model": "tiny-agent",
@@ -98,7 +107,26 @@ def distributed_run(open_lab: tuple[int, Path], loadgen_hosts: ClusterFactory,
     }
     proc = subprocess.run([ansible_bin(), "-i", str(inventory), "playbooks/loadgen.yml", "-e", json.dumps(extra)],
                           cwd=REPO, env=ansible_env(), capture_output=True, text=True, timeout=600, check=False)
+    return proc, run_dir
+
+
+@pytest.fixture(scope="module")
+def distributed_run(open_lab: tuple[int, Path], loadgen_hosts: ClusterFactory,
+                    tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    port, log = open_lab
+    cluster = loadgen_hosts([HostSpec(h) for h in HOSTS], name="loadgen-hosts")
+    work = tmp_path_factory.mktemp("loadgen-run")
+    proc, run_dir = run_loadgen(port, cluster, work)
     return {"proc": proc, "run_dir": run_dir, "cluster": cluster, "log": log}
+
+
+@pytest.fixture(scope="module")
+def one_host_down(open_lab: tuple[int, Path], loadgen_hosts: ClusterFactory,
+                  tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    port, _ = open_lab
+    cluster = loadgen_hosts([HostSpec("lg2"), HostSpec("lg3", reachable=False)], name="loadgen-down")
+    proc, run_dir = run_loadgen(port, cluster, tmp_path_factory.mktemp("loadgen-down"))
+    return {"proc": proc, "run_dir": run_dir}
 
 
 def test_both_hosts_records_arrive_and_merge(distributed_run: dict[str, Any]) -> None:
@@ -112,6 +140,12 @@ def test_both_hosts_records_arrive_and_merge(distributed_run: dict[str, Any]) ->
     assert merged["summary"]["overall"]["count"] == sum(len(r) for r in per_host.values())
     assert merged["row"]["concurrency"] == 4 and merged["clock"]["ok"] is True
     assert merged["preemptions"] == 0
+    # Each host's client self-check is kept beside the merge: its worker process, its figures.
+    for host in HOSTS:
+        client = merged["clients"][host]
+        assert client["saturated"] is False and client["send_lag_s"]["count"] == PER_HOST_REQUESTS
+        (worker,) = client["processes"]
+        assert worker["host"] == host and worker["requests"] == PER_HOST_REQUESTS and worker["cpu_s"] > 0
 
 
 def test_requests_came_from_both_namespace_hosts(distributed_run: dict[str, Any]) -> None:
@@ -137,3 +171,12 @@ def test_finding_is_filed_for_the_report(distributed_run: dict[str, Any]) -> Non
     assert stage["hosts"] == HOSTS
     # The hosts started together: every first request within the tolerance of the shared start.
     assert stage["clock"]["start_spread_s"] < stage["clock"]["tolerance_s"]
+
+
+def test_a_loadgen_host_down_is_named_missing_never_a_smaller_load(one_host_down: dict[str, Any]) -> None:
+    run_dir = one_host_down["run_dir"]
+    assert "lg3" in one_host_down["proc"].stdout and "UNREACHABLE" in one_host_down["proc"].stdout
+    (finding,) = json.loads((run_dir / "findings" / "load-distributed.json").read_text())
+    assert finding["check"] == "capacity.distributed" and finding["status"] == "missing", finding
+    assert finding["reason"] == "no records from: lg3"
+    assert finding["observed"]["hosts"] == {"lg2": PER_HOST_REQUESTS}  # what came is kept, not judged alone

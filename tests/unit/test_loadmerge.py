@@ -29,7 +29,7 @@ def records(host: str, n: int, start: float, e2e: float = 0.5, status: str = "ok
 
 
 def write_host(run_dir: Path, host: str, recs: list[Record], concurrency: int = 2, asked: int | None = None,
-               torn: bool = False) -> None:
+               torn: bool = False, cpu_pct: float | None = 20.0) -> None:
     d = run_dir / "probes" / "load-distributed"
     d.mkdir(parents=True, exist_ok=True)
     text = "".join(json.dumps(r.to_dict()) + "\n" for r in recs)
@@ -37,6 +37,9 @@ def write_host(run_dir: Path, host: str, recs: list[Record], concurrency: int = 
         text += '{"request_id": "cut-mid-wri'
     (d / f"{host}.jsonl").write_text(text)
     meta = {"host": host, "concurrency": concurrency, "requests": len(recs) if asked is None else asked}
+    if cpu_pct is not None:  # the worker's client self-check, as load/worker.py writes it
+        meta["selfcheck"] = [{"process": 0, "host": host, "cpu_pct": cpu_pct, "loop_lag_s": {"p99": 0.002},
+                              "chunks": sum(r.chunks for r in recs), "read_busy_s": 0.01}]
     (d / f"{host}.meta.json").write_text(json.dumps(meta))
 
 
@@ -139,3 +142,20 @@ def test_cli_arguments() -> None:
     assert validate(args) is None
     assert meta_path(Path("/d/h.jsonl")) == Path("/d/h.meta.json")
     assert host_seed("lg0") != host_seed("lg1")
+
+
+def test_a_saturated_loadgen_host_makes_the_merged_step_inconclusive(tmp_path: Path) -> None:
+    write_host(tmp_path, "lg0", records("lg0", 8, START + 0.2))
+    write_host(tmp_path, "lg1", records("lg1", 8, START + 0.3), cpu_pct=99.0)  # its client was the bottleneck
+    finding, details = merge(tmp_path, ["lg0", "lg1"])
+    assert finding.status == Status.INCONCLUSIVE
+    assert finding.reason.startswith("load generator saturated on lg1: lg1 worker process 0 used 99% of a core")
+    assert "loadgen hosts" in finding.action and finding.observed["saturated_hosts"] == ["lg1"]
+    assert details["clients"]["lg0"]["saturated"] is False  # per-host self-checks are kept
+
+
+def test_a_host_without_a_self_check_cannot_pass(tmp_path: Path) -> None:
+    write_host(tmp_path, "lg0", records("lg0", 8, START + 0.2))
+    write_host(tmp_path, "lg1", records("lg1", 8, START + 0.3), cpu_pct=None)  # an older worker, or a lost meta
+    finding, _ = merge(tmp_path, ["lg0", "lg1"])
+    assert finding.status == Status.INCONCLUSIVE and "no load generator self-check" in finding.reason

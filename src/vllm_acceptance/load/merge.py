@@ -10,7 +10,9 @@ Only the merged window (throughput, "the hosts loaded the server together") depe
 clocks agreeing; :func:`clock_check` bounds that: each host's first request must fall within
 ``tolerance_s`` of the shared ``start_at`` and every record inside the controller's window
 ``[start_at, window_end]``. A host off by more than the tolerance makes the finding
-inconclusive, never a pass.
+inconclusive, never a pass. Each host's client self-check (from its meta) is kept and judged
+(``rules/loadgen.py``): one saturated host makes the merged step inconclusive, since its client
+time is in the pooled latencies.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from typing import Any
 
 from ..core.findings import Consequence, Finding, Status, write_findings
 from ..probes.load import LoadProbeConfig, meets_slo, step_row
+from ..rules import loadgen as loadgen_rules
 from .engine import Record, read_records
-from .stats import summarize
+from .stats import client_summary, summarize
 
 CHECK = "capacity.distributed"
 DEFAULT_TOLERANCE_S = 2.0
@@ -107,6 +110,12 @@ def expected_shortfall(runs: list[HostRun]) -> list[str]:
     return out
 
 
+def host_clients(runs: list[HostRun], cfg: LoadProbeConfig) -> dict[str, dict[str, Any]]:
+    """Each host's judged client self-check (worker processes from its meta, send lag from its records)."""
+    return {run.host: loadgen_rules.judge_client(client_summary((run.meta or {}).get("selfcheck") or [], run.records),
+                                                 cfg.client, cfg.slo) for run in runs}
+
+
 def judge(runs: list[HostRun], expected_hosts: list[str], clock: dict[str, Any], row: dict[str, Any],
           evidence: list[str], cfg: LoadProbeConfig) -> Finding:
     """The finding ``capacity.distributed`` from the merged step row and the checks around it."""
@@ -129,6 +138,12 @@ def judge(runs: list[HostRun], expected_hosts: list[str], clock: dict[str, Any],
         why = "; ".join(clock["problems"]) or "the shared start time is unknown"
         return Finding(status=Status.INCONCLUSIVE, reason=f"clocks or start not aligned: {why}",
                        action="synchronise the loadgen hosts' clocks (chrony/NTP) and re-run", **common)
+    clients = host_clients(runs, cfg)
+    observed["saturated_hosts"] = sorted(h for h, c in clients.items() if c["saturated"])
+    if observed["saturated_hosts"]:
+        why = "; ".join(f"{h}: {', '.join(clients[h]['reasons'][:2])}" for h in observed["saturated_hosts"])
+        return Finding(status=Status.INCONCLUSIVE, reason=f"{loadgen_rules.SATURATED} on {why}",
+                       action=loadgen_rules.RECOMMENDATION, **common)
     shortfall = expected_shortfall(runs)
     if row["meets_slo"] and not shortfall:
         return Finding(status=Status.PASS, action="none", **common)
@@ -175,7 +190,7 @@ def merge_stage(run_dir: Path, *, profile_path: str | None, expected_hosts: list
     store = EvidenceStore(run_dir, records_dir)
     details = {"hosts": sorted(run.host for run in runs), "expected_hosts": expected_hosts, "row": row,
                "summary": summary, "clock": clock, "meta": {run.host: run.meta for run in runs},
-               "preemptions": preempt}
+               "preemptions": preempt, "clients": host_clients(runs, cfg)}
     merged = store.write_json("merged.json", details)
     evidence = [merged] + [p for run in runs for p in run.evidence]
     for name in (metrics_before, metrics_after):

@@ -140,3 +140,25 @@ def summarize(records: Iterable[Any]) -> dict[str, Any]:
         "e2e_s": distribution(e2e),
         "send_lag_s": distribution(lag),
     }
+
+
+def client_summary(processes: Sequence[Mapping[str, Any]], records: Iterable[Any]) -> dict[str, Any]:
+    """The load generator's self-check for one step: per worker process (CPU, event-loop lag, read
+    cost, from :mod:`vllm_acceptance.load.engine`) and the step's send lag (sent - scheduled).
+
+    ``cpu_pct`` is of one core: a Python worker process runs its event loop on one core at a time
+    (the GIL), so 100% is its ceiling whatever the host has.
+    """
+    procs = [dict(p) for p in processes]
+    lag = []
+    for r in records:
+        sent, sched = _get(r, "sent"), _get(r, "scheduled")
+        if sent is not None and sched is not None:
+            lag.append(sent - sched)
+    cpu = [p["cpu_pct"] for p in procs if p.get("cpu_pct") is not None]
+    loop_p99 = [p["loop_lag_s"]["p99"] for p in procs if (p.get("loop_lag_s") or {}).get("p99") is not None]
+    busy = sum(p.get("read_busy_s") or 0.0 for p in procs)
+    chunks = sum(p.get("chunks") or 0 for p in procs)
+    return {"processes": procs, "workers": len(procs), "send_lag_s": distribution(lag),
+            "max_cpu_pct": max(cpu) if cpu else None, "max_loop_lag_p99_s": max(loop_p99) if loop_p99 else None,
+            "chunk_us": busy / chunks * 1e6 if chunks else None}

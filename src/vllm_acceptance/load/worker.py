@@ -12,8 +12,10 @@ merge checks the clocks agreed (every host's first request near ``start_at``). T
 read from ``VLLM_API_KEY`` only: a command line is visible to every user of the node.
 
 Next to ``FILE.jsonl`` it writes ``FILE.meta.json``: host, parameters (no key), the planned and
-actual start, and the counts, so the merge can tell a host that sent less from one that
-never ran. Exit status: 0 ran (request failures are data, not an exit status), 2 usage.
+actual start, the counts, and this host's client self-check (CPU and event-loop lag per worker
+process, read cost; ``rules/loadgen.py`` judges it in the merge), so the merge can tell a host
+that sent less from one that never ran, and a saturated host from a slow server. Exit status:
+0 ran (request failures are data, not an exit status), 2 usage.
 """
 
 from __future__ import annotations
@@ -60,12 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--host", default=None, help="name in the records (default: this host's name)")
     run.add_argument("--request-timeout-s", type=float, default=60.0)
     run.add_argument("--stage-timeout-s", type=float, default=300.0)
+    run.add_argument("--processes", type=int, default=1, help="worker processes on this host (one core each)")
     return parser
 
 
 def validate(args: argparse.Namespace) -> str | None:
     """What is wrong with the arguments, or None."""
-    for name in ("concurrency", "requests", "prompt_tokens", "output_tokens"):
+    for name in ("concurrency", "requests", "prompt_tokens", "output_tokens", "processes"):
         if getattr(args, name) < 1:
             return f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}"
     if args.start_at is not None and args.start_at - time.time() > MAX_START_WAIT_S:
@@ -85,7 +88,7 @@ def wait_until(epoch: float) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Send the load; returns the meta written beside the records."""
-    from vllm_acceptance.load.engine import RecordSink, now, run_closed_loop_sync
+    from vllm_acceptance.load.engine import RecordSink, now, run_load
     from vllm_acceptance.probes.load import spec
 
     host = args.host or socket.gethostname()
@@ -97,15 +100,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.start_at is not None:
         wait_until(args.start_at)
     started = now()
+    checks: list[dict[str, Any]] = []
     with RecordSink(args.out) as sink:
-        records = run_closed_loop_sync(
-            args.base_url, args.model, specs, args.concurrency, timeout_s=args.request_timeout_s,
-            stage_deadline_s=args.stage_timeout_s, api_key=os.environ.get("VLLM_API_KEY") or None,
-            on_record=sink, run_id=f"{host}")
+        records = run_load(
+            args.base_url, args.model, specs, mode="closed", concurrency=args.concurrency,
+            processes=args.processes, timeout_s=args.request_timeout_s, stage_deadline_s=args.stage_timeout_s,
+            api_key=os.environ.get("VLLM_API_KEY") or None, on_record=sink, run_id=f"{host}", selfcheck=checks)
     meta = {"host": host, "base_url": args.base_url, "model": args.model, "concurrency": args.concurrency,
             "requests": args.requests, "prompt_tokens": args.prompt_tokens, "output_tokens": args.output_tokens,
             "launched": launched, "start_at": args.start_at, "started": started, "finished": now(),
-            "records": len(records), "ok": sum(r.status == "ok" for r in records)}
+            "records": len(records), "ok": sum(r.status == "ok" for r in records),
+            "selfcheck": [{**c, "host": host} for c in checks]}
     meta_path(args.out).write_text(json.dumps(meta, indent=2) + "\n")
     return meta
 

@@ -14,6 +14,7 @@ classified, and the remaining stages are reported `missing`. All judgement is in
 from __future__ import annotations
 
 import math
+import os
 import random
 import threading
 import time
@@ -27,11 +28,13 @@ from ..core.evidence import EvidenceStore
 from ..core.findings import Finding, Status
 from ..core.profile import Profile
 from ..lab.server import rss_bytes, tail_lines
-from ..load.engine import Record, RequestSpec, run_closed_loop_sync
-from ..load.stats import summarize
+from ..load.engine import Record, RequestSpec, run_load
+from ..load.stats import client_summary, summarize
 from ..parsers.startup_log import StartupScan, scan_startup_log
 from ..rules import capacity as rules
+from ..rules import loadgen as loadgen_rules
 from ..rules import registry
+from ..rules.loadgen import ClientLimits
 from .metrics import (
     MetricsError,
     MetricsSource,
@@ -78,6 +81,7 @@ class LoadProbeConfig:
     nodes: int | None = None
     interconnect: str | None = None
     parallel: dict[str, Any] = field(default_factory=dict)
+    client: ClientLimits = field(default_factory=ClientLimits)  # the load generator's self-check
 
     @property
     def ramp_bound(self) -> int:
@@ -113,7 +117,8 @@ class LoadProbeConfig:
             sample_interval_s=float(get("load.sample_interval_s", 0.25)),
             verify_limit=bool(get("load.verify_limit", True)),
             nodes=get("hardware.min_nodes", None), interconnect=get("hardware.interconnect", None),
-            parallel=dict(get("parallel", {}) or {}), **kw)
+            parallel=dict(get("parallel", {}) or {}),
+            client=ClientLimits.from_profile(get), **kw)
 
 
 def filler(n_words: int, seed: int) -> str:
@@ -276,6 +281,10 @@ class LoadRun:
         self.cache_cfg: dict[str, str] | None = None
         self.healthy_at_start = False
         self.readout = rules.KvReadout()
+        # The client's self-check per send: (label, judged check); see rules/loadgen.py.
+        self.client_checks: list[tuple[str, dict[str, Any]]] = []
+        self.last_client: dict[str, Any] = {}
+        self.chunks_per_session_s: float | None = None  # streamed chunks/s per request in flight, measured
 
     def snapshot(self) -> Snapshot | None:
         """A metrics snapshot, or None when the server stopped answering (judged by `send`)."""
@@ -301,16 +310,38 @@ class LoadRun:
     def send(self, stage: str, specs: list[RequestSpec], concurrency: int) -> tuple[list[Record], float, float]:
         self.sampler.stage = stage
         start = time.time()
-        records = run_closed_loop_sync(
-            self.base_url, self.cfg.model, specs, concurrency, timeout_s=self.cfg.request_timeout_s,
-            stage_deadline_s=self.cfg.stage_timeout_s, api_key=self.cfg.api_key,
+        checks: list[dict[str, Any]] = []
+        records = run_load(
+            self.base_url, self.cfg.model, specs, mode="closed", concurrency=concurrency,
+            processes=self.workers(concurrency), timeout_s=self.cfg.request_timeout_s,
+            stage_deadline_s=self.cfg.stage_timeout_s, api_key=self.cfg.api_key, selfcheck=checks,
             on_record=lambda r: self.store.append_jsonl(f"records/{stage}.jsonl", r.to_dict()))
         end = time.time()
         self.bounds.append({"stage": stage, "start": start, "end": end, "concurrency": concurrency})
+        self.check_client(stage, concurrency, records, checks)
         self.sampler.take()
         if any(r.status != "ok" for r in records) and not self.healthy():
             self.crashed = self.crash_record(stage, records, start, concurrency)
         return records, start, end
+
+    def workers(self, concurrency: int) -> int:
+        """Worker processes for a step, sized from the chunk rate and per-chunk cost measured so far."""
+        rate = self.chunks_per_session_s * concurrency if self.chunks_per_session_s else None
+        return loadgen_rules.workers_for(rate, self.last_client.get("chunk_us"), self.cfg.client, os.cpu_count() or 1)
+
+    def check_client(self, stage: str, concurrency: int, records: list[Record], checks: list[dict[str, Any]]) -> None:
+        """Judge the client's self-check of this send and learn its per-chunk cost for sizing the next."""
+        client = loadgen_rules.judge_client(client_summary(checks, records), self.cfg.client, self.cfg.slo)
+        labels = {label for label, _ in self.client_checks}
+        label, n = stage, 1
+        while label in labels:
+            n += 1
+            label = f"{stage}#{n}"
+        self.client_checks.append((label, client))
+        self.last_client = client
+        s = summarize(records)
+        if s["chunks_per_s"]:
+            self.chunks_per_session_s = s["chunks_per_s"] / max(1, concurrency)
 
     def process_state(self) -> str:
         """After the server stopped answering: recovered (healthy again within ~10 s), exited, stuck."""
@@ -498,6 +529,9 @@ def run_load_probe(base_url: str, source: MetricsSource, cfg: LoadProbeConfig, s
     ev_samples = [p for p in ("samples.jsonl", "memory.jsonl") if store.path(p).exists()]
     if run.crashed:
         findings += crash_findings(run, findings, ev_samples)
+    findings = [saturated_overrule(f, run, steps) for f in findings]
+    client_ev = store.write_json("client.json", [{"label": label, **c} for label, c in run.client_checks])
+    findings.append(loadgen_rules.loadgen_finding(run.client_checks, [client_ev]))
     details = {"contract_concurrency": cfg.contract_concurrency, "knee": summary.get("knee"),
                "headroom": summary.get("headroom"), "broke_on": summary.get("broke_on"),
                "knee_text": summary.get("text"), "ramp_summary": summary, "steps": steps,
@@ -505,7 +539,8 @@ def run_load_probe(base_url: str, source: MetricsSource, cfg: LoadProbeConfig, s
                "memory_timeline": run.sampler.memory, "stage_bounds": run.bounds, "limits": limit,
                "samples": len(run.sampler.samples), "crash": run.crashed, "seconds": round(time.time() - t0, 1),
                "initial_preemptions": first.value("vllm:num_preemptions"),
-               "workload": {"tokenize": run.prompts.available, "contract_share": cfg.contract_share}}
+               "workload": {"tokenize": run.prompts.available, "contract_share": cfg.contract_share},
+               "client": {label: c for label, c in run.client_checks}}
     return findings, details
 
 
@@ -534,6 +569,20 @@ def memory_split(run: LoadRun, rec: Record | None) -> dict[str, int | None]:
     pre = run.sampler.memory_window(rec.sent, cut)
     dec = [m["bytes"] for m in run.sampler.memory if cut <= m["t"] <= (rec.end or cut)]
     return {"prefill_peak_bytes": max(pre) if pre else None, "decode_peak_bytes": max(dec) if dec else None}
+
+
+STAGE_LABELS = {"capacity.long_prompt": "long_prompt", "capacity.ramp": "ramp_c", "capacity.mixed": "mixed",
+                "capacity.soak": "soak"}
+
+
+def saturated_overrule(finding: Finding, run: LoadRun, steps: list[dict[str, Any]]) -> Finding:
+    """A stage whose client was saturated is inconclusive (rules/loadgen.py), never a capacity verdict."""
+    prefix = STAGE_LABELS.get(finding.check)
+    if prefix is None:
+        return finding
+    checks = [(label, c) for label, c in run.client_checks if label.startswith(prefix)]
+    trusted = finding.check == "capacity.ramp" and loadgen_rules.first_break_trusted(steps)
+    return loadgen_rules.overrule(finding, checks, trusted_failure=trusted)
 
 
 def stage_long_prompt(run: LoadRun) -> list[Finding]:
@@ -611,6 +660,7 @@ def run_step(run: LoadRun, stage: str, concurrency: int, context: int, seed0: in
                    queue_time_mean_s=(total / count) if count and total is not None else None, **sat,
                    peak_memory_bytes=max(mem) if mem else None, context_tokens=context, stage=stage,
                    seconds=round(end - start, 2))
+    row["client"] = run.last_client
     return row
 
 
@@ -687,7 +737,9 @@ def stage_mixed(run: LoadRun, concurrency: int, context: int, windows: int = 3) 
         count, total = histogram_delta(before, after, "vllm:request_queue_time_seconds") if before and after \
             else (None, None)
         samples = run.sampler.window(start, end)
+        client_saturated = run.last_client.get("saturated")
         row = {"window": w + 1, "requests": len(records), "errors": sum(r.status != "ok" for r in records),
+               "client_saturated": client_saturated,
                **hung_requests(records), "queue_time_mean_s": (total / count) if count and total is not None else None,
                "max_waiting": max((x["waiting"] or 0) for x in samples) if samples else None}
         if not run.crashed:

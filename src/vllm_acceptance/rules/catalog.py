@@ -391,3 +391,12 @@ register("capacity.distributed", stage="loadgen", consequence=EXPAND,
               "SLO with no preemption",
          evidence="probes/load-distributed/*",
          source="000: one client host cannot always saturate a multi-node deployment")
+register("capacity.loadgen", stage="loadgen", consequence=EXPAND,
+         title="The load generator kept up with every load step",
+         rule="per step: CPU of each worker process <= loadgen.max_cpu_pct of a core, event-loop lag p99 <= "
+              "loadgen.max_loop_lag_p99_s, send lag p99 <= min(loadgen.max_send_lag_p99_s, "
+              "loadgen.send_lag_ttft_fraction x SLO TTFT p95); a saturated step is inconclusive, never a "
+              "capacity verdict",
+         evidence="probes/load/client.json, the client self-check of every step in the load stage details",
+         source="product rule (README, load generator self-check): a client that is its own bottleneck "
+                "must not blame the server; 000: the load stages it guards")
