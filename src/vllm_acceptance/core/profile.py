@@ -73,7 +73,6 @@ def example_of(schema: dict[str, Any]) -> str | None:
 
 
 def describe_allowed(error: jsonschema.ValidationError) -> str:
-    schema = error.schema if isinstance(error.schema, dict) else {}
     if error.validator == "additionalProperties":
         allowed = sorted((error.schema.get("properties") or {}).keys())
         return "known fields: " + ", ".join(allowed)

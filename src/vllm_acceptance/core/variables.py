@@ -169,8 +169,9 @@ def option_errors(variables: Mapping[str, Any], declared: Mapping[str, Declared]
         if spec is None or spec.type == "schema":
             continue
         if not type_matches(value, spec.type):
-            errors.append(f"{source}: field `{name}`: got {describe(value)}; expected {_TYPE_WORDS.get(spec.type, spec.type)}"
-                          f", e.g. {name}: {_EXAMPLES.get(spec.type, '...')} (declared in {spec.source})")
+            expected = _TYPE_WORDS.get(spec.type, spec.type)
+            errors.append(f"{source}: field `{name}`: got {describe(value)}; expected {expected}, "
+                          f"e.g. {name}: {_EXAMPLES.get(spec.type, '...')} (declared in {spec.source})")
         elif spec.type == "list" and isinstance(value, list) and spec.elements in ("str", "path"):
             bad = [v for v in value if isinstance(v, list | dict)]
             if bad:
