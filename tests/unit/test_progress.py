@@ -19,7 +19,8 @@ PROFILE = {"name": "p", "launch": {"ready_timeout_s": 900}, "load": {"request_ti
 def test_stage_is_read_from_module_role_file_and_probe_name() -> None:
     assert stage_of(TaskInfo("Open the run", action="acceptance_run")) == "validate"
     assert stage_of(TaskInfo("x", action="vllm.acceptance.acceptance_report")) == "report"
-    assert stage_of(TaskInfo("Read /v1/models", action="ansible.builtin.uri", role="vllm.acceptance.vllm_serve")) == "serve"
+    serve = TaskInfo("Read /v1/models", action="ansible.builtin.uri", role="vllm.acceptance.vllm_serve")
+    assert stage_of(serve) == "serve"
     assert stage_of(TaskInfo("Run the probe: load", action="acceptance_probe")) == "load"
     assert stage_of(TaskInfo("Stop", action="acceptance_process", path="/p/playbooks/report.yml:40")) == "report"
     assert stage_of(TaskInfo("Show it", action="ansible.builtin.debug")) is None
@@ -79,7 +80,8 @@ PLAYBOOK = """
         content: '[{"status": "pass"}, {"status": "warn"}]'
         mode: "0644"
     - name: Wait for /health (bounded)
-      ansible.builtin.shell: "echo x >> {{ acceptance_run_dir }}/tries; test $(wc -l < {{ acceptance_run_dir }}/tries) -ge 3"
+      ansible.builtin.shell: >-
+        echo x >> {{ acceptance_run_dir }}/tries; test $(wc -l < {{ acceptance_run_dir }}/tries) -ge 3
       register: wait
       until: wait.rc == 0
       retries: 4
