@@ -121,7 +121,7 @@ findings:
 import traceback
 from pathlib import Path
 
-from ansible.module_utils.acceptance_base import AcceptanceModule
+from ansible_collections.vllm.acceptance.plugins.module_utils.acceptance_base import AcceptanceModule
 
 try:
     from vllm_acceptance.preflight.stage import NodeStream, judge, save_node_streams, stage_details, unreachable

@@ -84,7 +84,7 @@ result:
 
 import traceback
 
-from ansible.module_utils.acceptance_base import AcceptanceModule
+from ansible_collections.vllm.acceptance.plugins.module_utils.acceptance_base import AcceptanceModule
 
 try:
     from vllm_acceptance.probes.stage import run_probe_stage

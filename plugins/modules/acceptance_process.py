@@ -139,7 +139,7 @@ import time
 import traceback
 from pathlib import Path
 
-from ansible.module_utils.acceptance_base import AcceptanceModule
+from ansible_collections.vllm.acceptance.plugins.module_utils.acceptance_base import AcceptanceModule
 
 try:
     from vllm_acceptance.core.redact import redact_text

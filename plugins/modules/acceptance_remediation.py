@@ -176,7 +176,7 @@ import json
 import traceback
 from pathlib import Path
 
-from ansible.module_utils.acceptance_base import AcceptanceModule
+from ansible_collections.vllm.acceptance.plugins.module_utils.acceptance_base import AcceptanceModule
 
 try:
     import yaml

@@ -51,7 +51,7 @@ report:
 
 import traceback
 
-from ansible.module_utils.acceptance_base import AcceptanceModule
+from ansible_collections.vllm.acceptance.plugins.module_utils.acceptance_base import AcceptanceModule
 
 try:
     from vllm_acceptance.report.build import build_report, point_latest

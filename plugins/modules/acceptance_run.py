@@ -25,9 +25,17 @@ options:
     type: str
     required: true
   variables:
-    description: The inventory variables to validate (C(acceptance_*), C(vllm_*), C(prometheus_*)).
+    description:
+      - The inventory variables to validate, those with a product prefix (C(acceptance_), C(vllm_), C(preflight_),
+        C(rebuild_), C(loadgen_), ...; the list is C(vllm_acceptance.core.variables.PREFIXES)).
+      - A name declared neither in the inventory schema nor in a role's C(meta/argument_specs.yml) fails with the
+        closest declared name; a wrong type names the expected type and an example.
     type: dict
     required: true
+  host_variables:
+    description: Per-host variables with a product prefix (host_vars), checked the same way, per host.
+    type: dict
+    default: {}
   hosts:
     description: The GPU nodes of this inventory.
     type: list
@@ -45,7 +53,8 @@ EXAMPLES = r"""
     project_dir: "{{ playbook_dir }}/.."
     reports_dir: "{{ playbook_dir }}/../reports"
     inventory: lab
-    variables: "{{ hostvars['localhost'] }}"
+    variables: "{{ hostvars['localhost'] | dict2items | selectattr('key', 'match', '^(acceptance|vllm|preflight)_')
+      | items2dict }}"
     hosts: "{{ groups['gpu_nodes'] }}"
 """
 
@@ -72,7 +81,7 @@ import tempfile
 import traceback
 from pathlib import Path
 
-from ansible.module_utils.acceptance_base import AcceptanceModule
+from ansible_collections.vllm.acceptance.plugins.module_utils.acceptance_base import AcceptanceModule
 
 try:
     from vllm_acceptance.core.profile import load_profile
@@ -92,7 +101,8 @@ def check_mode_run(module: AcceptanceModule, project: Path) -> None:
     """Validate as a real run does, in a scratch directory (reports/ is left untouched) that holds the
     frozen profile, so that the read-only stages judge exactly as they would."""
     params = module.params
-    validate_inventory_vars(params["variables"], f"inventory {params['inventory']}")
+    validate_inventory_vars(params["variables"], f"inventory {params['inventory']}", project,
+                            params["host_variables"])
     profile = load_profile(resolve_profile_path(str(params["variables"]["acceptance_profile"]), project))
     scratch = Path(tempfile.mkdtemp(prefix="vllm-acceptance-check-"))
     frozen = scratch / record_profile(scratch, profile)
@@ -107,6 +117,7 @@ def main() -> None:
             "reports_dir": {"type": "path", "required": True},
             "inventory": {"type": "str", "required": True},
             "variables": {"type": "dict", "required": True},
+            "host_variables": {"type": "dict", "default": {}},
             "hosts": {"type": "list", "elements": "str", "default": []},
             "run_id": {"type": "str"},
         },
@@ -118,7 +129,8 @@ def main() -> None:
         module.guard(check_mode_run, module, project)
     run_dir, profile = module.guard(open_run, project_dir=project, reports_dir=Path(params["reports_dir"]),
                                     inventory=params["inventory"], variables=params["variables"],
-                                    hosts=params["hosts"], run_id=params["run_id"])
+                                    hosts=params["hosts"], run_id=params["run_id"],
+                                    host_variables=params["host_variables"])
     # Every later stage judges the run's frozen copy of the profile (evidence/profile.yml).
     module.exit_json(changed=True, run_dir=str(run_dir), run_id=run_dir.name, profile=profile.data,
                      profile_path=str(run_dir / record_profile(run_dir, profile)))

@@ -71,7 +71,7 @@ statuses:
 import traceback
 from pathlib import Path
 
-from ansible.module_utils.acceptance_base import AcceptanceModule
+from ansible_collections.vllm.acceptance.plugins.module_utils.acceptance_base import AcceptanceModule
 
 try:
     from vllm_acceptance.serve.stage import ServeFacts, judge_serve

@@ -1,6 +1,8 @@
 """vllm-acceptance: the command line (docs/acceptance.md "Contracts", 3), sharing the modules' code.
 
-Exit codes: 0 pass, 1 fail, 3 inconclusive, 2 usage or set-up error.
+Probe exit codes: 0 pass, 1 fail, 3 inconclusive, 2 usage or set-up error.
+`run` exit codes (one per verdict, README "From CI"): 0 release, 10 limited_observation, 20 expand_capacity,
+30 rebuild_environment, 40 incomplete; 2 inputs refused; 1 the run failed before a verdict; --check: 0 ok.
 """
 
 from __future__ import annotations
@@ -70,6 +72,15 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--state-dir", default=".lab", type=Path)
     up.add_argument("--extra-args", default="", help="extra vLLM flags (LAB_ARGS)")
     up.add_argument("--port", type=int)
+    run = sub.add_parser("run", help="the whole acceptance (ansible-runner), with progress; exit code per verdict")
+    run.add_argument("-i", "--inventory", required=True, type=Path, help="inventory file or directory")
+    run.add_argument("--check", action="store_true", help="read-only dry run (what would be launched and probed)")
+    run.add_argument("-e", "--extra-vars", action="append", default=[], metavar="KEY=VALUE|@FILE|JSON",
+                     help="extra variables, as ansible-playbook -e takes them (repeatable)")
+    run.add_argument("--playbook", help="playbook path or FQCN (default accept.yml / vllm.acceptance.accept)")
+    run.add_argument("--project-dir", type=Path, help="checkout or installed collection (default this checkout)")
+    run.add_argument("--reports-dir", type=Path, help="where run directories go")
+    run.add_argument("--json", action="store_true", help="print the result as JSON last")
     down = lab_sub.add_parser("down", help="stop the lab server")
     down.add_argument("--state-dir", default=".lab", type=Path)
     return parser
@@ -171,6 +182,47 @@ def cmd_diff(args: argparse.Namespace) -> int:
     return 0
 
 
+def parse_extra_vars(items: list[str]) -> dict[str, object]:
+    """ansible-playbook's -e forms: KEY=VALUE pairs (strings), @FILE (YAML/JSON), or inline JSON/YAML."""
+    import shlex
+
+    import yaml
+
+    out: dict[str, object] = {}
+    for item in items:
+        if item.startswith("@"):
+            data = yaml.safe_load(Path(item[1:]).read_text())
+        elif item.lstrip().startswith("{"):
+            data = yaml.safe_load(item)
+        else:
+            data = {}
+            for pair in shlex.split(item):
+                if "=" not in pair:
+                    raise ConfigError(f"-e {item!r}: expected KEY=VALUE, @FILE or JSON")
+                key, value = pair.split("=", 1)
+                data[key] = value
+        if not isinstance(data, dict):
+            raise ConfigError(f"-e {item!r}: must give a mapping of variables")
+        out.update(data)
+    return out
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .api import accept
+
+    result = accept(args.inventory, check=args.check, extra_vars=parse_extra_vars(args.extra_vars),
+                    playbook=args.playbook, project_dir=args.project_dir, reports_dir=args.reports_dir,
+                    on_line=lambda line: print(line, flush=True))
+    print(f"verdict: {result.verdict or ('none (check mode)' if result.check else 'none')}")
+    print(f"run: {result.run_dir or '-'}")
+    if result.reason:
+        print(f"why: {result.reason}")
+    print(f"exit: {result.exit_code}")
+    if args.json:
+        print(json.dumps(result.to_dict()))
+    return result.exit_code
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -188,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_lab(args)
         if args.command == "checks":
             return cmd_checks(args)
+        if args.command == "run":
+            return cmd_run(args)
     except (ConfigError, ServerUnreachable) as exc:
         print(f"vllm-acceptance: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -69,7 +69,7 @@ def test_inventory_vars_are_validated() -> None:
 
 def test_open_run_makes_unique_directories_and_names_unknown_profiles(tmp_path: Path) -> None:
     variables = {"acceptance_profile": "cpu-lab", "acceptance_owner": "me", "vllm_serve_mode": "launch",
-                 "vllm_api_key": "sk-secret-1234"}
+                 "vllm_serve_api_key": "sk-secret-1234"}
     a, _ = open_run(project_dir=REPO, reports_dir=tmp_path, inventory="lab", variables=variables, hosts=["h"])
     b, _ = open_run(project_dir=REPO, reports_dir=tmp_path, inventory="lab", variables=variables, hosts=["h"])
     assert a != b and (a / "run.json").is_file()

@@ -25,29 +25,98 @@ def field_path(error: jsonschema.ValidationError) -> str:
     return ".".join(str(p) for p in error.absolute_path) or "(top level)"
 
 
-def describe_allowed(error: jsonschema.ValidationError) -> str:
-    schema = error.schema if isinstance(error.schema, dict) else {}
+_TYPE_NAMES = {"string": "a string", "integer": "an integer", "number": "a number", "boolean": "a boolean",
+               "array": "a list", "object": "a mapping", "null": "null"}
+_TYPE_EXAMPLES = {"string": '"text"', "integer": "30", "number": "2.5", "boolean": "true", "array": "[a, b]",
+                  "object": "{key: value}", "null": "null"}
+
+
+def describe_schema(schema: dict[str, Any]) -> str:
+    """A subschema in words: "an integer 1..365", "a string matching ^sha256:...", "one of 'a', 'b'"."""
     if "enum" in schema:
         return "one of " + ", ".join(repr(v) for v in schema["enum"])
+    if "const" in schema:
+        return f"exactly {schema['const']!r}"
+    if "anyOf" in schema or "oneOf" in schema:
+        return " or ".join(describe_schema(s) for s in schema.get("anyOf") or schema.get("oneOf") or [])
+    types = schema.get("type")
+    words = " or ".join(_TYPE_NAMES.get(t, t) for t in (types if isinstance(types, list) else [types])) \
+        if types else "a value"
+    if "minimum" in schema or "maximum" in schema:
+        words += f" {schema.get('minimum', '')}..{schema.get('maximum', '')}"
+    if "exclusiveMinimum" in schema:
+        words += f" above {schema['exclusiveMinimum']}"
+    if "pattern" in schema:
+        words += f" matching {schema['pattern']}"
+    if "minLength" in schema:
+        words += f" of at least {schema['minLength']} character(s)"
+    if "minItems" in schema:
+        words += f" of at least {schema['minItems']} item(s)"
+    return words
+
+
+def example_of(schema: dict[str, Any]) -> str | None:
+    """The schema's own example (`examples`), else one for its first type."""
+    if schema.get("examples"):
+        return json.dumps(schema["examples"][0])
+    if "enum" in schema:
+        return json.dumps(schema["enum"][0])
+    for sub in schema.get("anyOf") or schema.get("oneOf") or []:
+        found = example_of(sub)
+        if found:
+            return found
+    types = schema.get("type")
+    first = types[0] if isinstance(types, list) else types
+    if first == "integer" and "minimum" in schema:
+        return str(schema["minimum"])
+    return _TYPE_EXAMPLES.get(first) if isinstance(first, str) else None
+
+
+def describe_allowed(error: jsonschema.ValidationError) -> str:
     if error.validator == "additionalProperties":
         allowed = sorted((error.schema.get("properties") or {}).keys())
         return "known fields: " + ", ".join(allowed)
     if error.validator == "required":
         return "add the field"
-    parts = []
-    for key in ("type", "pattern", "minimum", "maximum", "exclusiveMinimum", "minItems", "const"):
-        if key in schema:
-            parts.append(f"{key} {schema[key]}")
-    return ", ".join(parts) or str(error.validator)
+    # A type, anyOf, enum, pattern or range error: name the expected type(s) and an example, from the
+    # field's own subschema (the error's schema is a branch of anyOf when jsonschema descends into it).
+    field = _field_schema(error)
+    words = describe_schema(field)
+    example = example_of(field)
+    return f"expected {words}" + (f", e.g. {example}" if example else "")
+
+
+def _field_schema(error: jsonschema.ValidationError) -> dict[str, Any]:
+    schema = error.schema if isinstance(error.schema, dict) else {}
+    parent = error.parent
+    while parent is not None:
+        if isinstance(parent.schema, dict):
+            schema = parent.schema
+        parent = parent.parent
+    return schema
+
+
+def validate_errors(data: Any, schema_name: str, source: str, *, partial: bool = False) -> list[str]:
+    """Every violation as one line: file, field, what is wrong, what is allowed (with an example).
+    `partial`: only the fields present are checked (per-host variables; required fields are global)."""
+    schema = load_schema(schema_name)
+    if partial:
+        schema = {k: v for k, v in schema.items() if k not in ("required", "allOf")}
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path))
+    return [f"{source}: field `{field_path(e)}`: {_message(e)} (allowed: {describe_allowed(e)})" for e in errors]
+
+
+def _message(error: jsonschema.ValidationError) -> str:
+    if error.validator in ("anyOf", "oneOf", "type"):
+        return f"got {error.instance!r}"
+    return error.message
 
 
 def validate_document(data: Any, schema_name: str, source: str) -> None:
-    validator = jsonschema.Draft202012Validator(load_schema(schema_name))
-    errors = sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path))
-    if errors:
-        lines = [f"{source}: field `{field_path(e)}`: {e.message} (allowed: {describe_allowed(e)})"
-                 for e in errors[:10]]
-        raise ConfigError("invalid " + schema_name + ":\n  " + "\n  ".join(lines))
+    lines = validate_errors(data, schema_name, source)
+    if lines:
+        raise ConfigError("invalid " + schema_name + ":\n  " + "\n  ".join(lines[:10]))
 
 
 @dataclass(frozen=True)

@@ -21,10 +21,11 @@ from typing import Any
 
 from .evidence import EvidenceStore, atomic_write
 from .findings import Finding, read_findings, write_findings
-from .profile import ConfigError, Profile, load_profile, validate_document
+from .profile import ConfigError, Profile, load_profile
 from .redact import redact_obj
+from .variables import PREFIXES, validate_variables
 
-INVENTORY_KEYS = ("acceptance_", "vllm_", "prometheus_", "isolated_env_")
+INVENTORY_KEYS = PREFIXES
 
 
 def resolve_profile_path(name_or_path: str, project_dir: Path) -> Path:
@@ -40,9 +41,11 @@ def resolve_profile_path(name_or_path: str, project_dir: Path) -> Path:
     return path
 
 
-def validate_inventory_vars(variables: dict[str, Any], source: str) -> None:
-    relevant = {k: v for k, v in variables.items() if k.startswith(INVENTORY_KEYS)}
-    validate_document(relevant, "inventory", source)
+def validate_inventory_vars(variables: dict[str, Any], source: str, project_dir: Path | None = None,
+                            host_variables: dict[str, dict[str, Any]] | None = None) -> None:
+    """Every product variable declared and well typed (core/variables.py): a typo stops the run with the
+    closest declared name. `project_dir` holds roles/*/meta/argument_specs.yml (the role options)."""
+    validate_variables(variables, source, project_dir, host_variables)
 
 
 def new_run_id() -> str:
@@ -50,8 +53,9 @@ def new_run_id() -> str:
 
 
 def open_run(*, project_dir: Path, reports_dir: Path, inventory: str, variables: dict[str, Any],
-             hosts: list[str], run_id: str | None = None) -> tuple[Path, Profile]:
-    validate_inventory_vars(variables, f"inventory {inventory} (group_vars)")
+             hosts: list[str], run_id: str | None = None,
+             host_variables: dict[str, dict[str, Any]] | None = None) -> tuple[Path, Profile]:
+    validate_inventory_vars(variables, f"inventory {inventory} (group_vars)", project_dir, host_variables)
     profile = load_profile(resolve_profile_path(str(variables["acceptance_profile"]), project_dir))
     run_id = run_id or new_run_id()
     run_dir = (reports_dir / inventory / run_id).resolve()

@@ -1,0 +1,211 @@
+"""Inventory variables: every one the product reads is declared, so a typo stops the run.
+
+Two places declare them (README "Inventory variables"):
+- `schemas/inventory.schema.json`: the variables the playbooks read (acceptance_*, vllm_*, loadgen_*, ...),
+  each with its type and an example;
+- `roles/<role>/meta/argument_specs.yml`: the options of each role (preflight_*, vllm_serve_*, ...).
+
+A variable that carries one of the product's prefixes but is declared nowhere stops validation with the
+closest declared name ("did you mean `vllm_serve_stop_at_end`?"), because Ansible itself would run as if
+it were absent. A site variable that only shares a prefix is listed in `acceptance_unchecked_vars`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .profile import ConfigError, load_schema, validate_errors
+
+# The prefixes of the product's variables (playbooks/validate.yml passes exactly these to acceptance_run).
+PREFIXES: tuple[str, ...] = (
+    "acceptance_", "vllm_", "prometheus_", "preflight_", "rebuild_", "rollback_", "loadgen_", "monitoring_",
+    "build_image_", "isolated_env_", "gpu_memory_sampler_", "node_state_", "driver_upgrade_", "scheduler_hook_",
+)
+UNCHECKED = "acceptance_unchecked_vars"
+
+# Ansible's boolean spellings (ansible.module_utils.parsing.convert_bool.BOOLEANS).
+_BOOL_STRINGS = {"yes", "no", "true", "false", "on", "off", "1", "0", "y", "n", "t", "f"}
+
+_EXAMPLES: dict[str, str] = {
+    "str": '"text"', "path": "/abs/path", "int": "30", "float": "2.5", "bool": "true",
+    "list": "[a, b]", "dict": "{key: value}", "raw": "any value",
+}
+_TYPE_WORDS: dict[str, str] = {
+    "str": "a string", "path": "a path (string)", "int": "an integer", "float": "a number", "bool": "a boolean",
+    "list": "a list", "dict": "a mapping", "raw": "any value",
+}
+
+
+@dataclass(frozen=True)
+class Declared:
+    """One declared variable: where it is declared, its type, and (for role options) its choices."""
+
+    name: str
+    source: str
+    type: str = "raw"
+    choices: tuple[Any, ...] = ()
+    elements: str | None = None
+
+
+def is_product_variable(name: str) -> bool:
+    return name.startswith(PREFIXES)
+
+
+def roles_dirs(project_dir: Path | None) -> list[Path]:
+    """The roles whose argument specs declare options: the project's (checkout or installed collection)."""
+    if project_dir is None:
+        return []
+    return sorted(p for p in (Path(project_dir) / "roles").glob("*") if p.is_dir())
+
+
+def _load_yaml(path: Path) -> Any:
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_constructor("!unsafe", lambda loader, node: loader.construct_scalar(node))
+    return yaml.load(path.read_text(), Loader=Loader)  # noqa: S506 - SafeLoader subclass, one tag added
+
+
+def role_options(project_dir: Path | None) -> dict[str, Declared]:
+    """Every option of every entry point in roles/*/meta/argument_specs.yml."""
+    declared: dict[str, Declared] = {}
+    for role in roles_dirs(project_dir):
+        spec_file = role / "meta" / "argument_specs.yml"
+        if not spec_file.is_file():
+            continue
+        specs = (_load_yaml(spec_file) or {}).get("argument_specs") or {}
+        for entry, spec in specs.items():
+            for name, opt in ((spec or {}).get("options") or {}).items():
+                declared.setdefault(name, Declared(
+                    name=name, source=f"roles/{role.name}/meta/argument_specs.yml ({entry})",
+                    type=str(opt.get("type", "str")), choices=tuple(opt.get("choices") or ()),
+                    elements=opt.get("elements")))
+    return declared
+
+
+def schema_variables() -> dict[str, Declared]:
+    props = load_schema("inventory").get("properties") or {}
+    return {name: Declared(name=name, source="schemas/inventory.schema.json", type="schema") for name in props}
+
+
+def declared_variables(project_dir: Path | None) -> dict[str, Declared]:
+    """Schema first (it carries the stricter rule), then the roles' options."""
+    return {**role_options(project_dir), **schema_variables()}
+
+
+def closest(name: str, known: list[str]) -> str | None:
+    matches = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+    return matches[0] if matches else None
+
+
+def unknown_variable_errors(names: list[str], declared: Mapping[str, Declared], source: str,
+                            unchecked: set[str]) -> list[str]:
+    known = sorted(declared)
+    errors = []
+    for name in sorted(n for n in names if is_product_variable(n) and n not in declared and n not in unchecked):
+        guess = closest(name, known)
+        hint = (f"did you mean `{guess}`?" if guess else
+                "no vllm-acceptance variable is close to it (declared in schemas/inventory.schema.json and "
+                "roles/*/meta/argument_specs.yml).")
+        errors.append(f"{source}: unknown variable `{name}`: {hint} As written it would be ignored; "
+                      f"if it belongs to something else, list it in {UNCHECKED}")
+    return errors
+
+
+def _is_int(value: Any) -> bool:
+    return (isinstance(value, int) and not isinstance(value, bool)) or (
+        isinstance(value, str) and value.strip().lstrip("-").isdigit())
+
+
+def _is_float(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int | float):
+        return True
+    try:
+        float(str(value))
+    except ValueError:
+        return False
+    return True
+
+
+def type_matches(value: Any, type_name: str) -> bool:
+    """What Ansible's argument-spec validation would accept for this type (it converts digit strings,
+    boolean words and comma-separated strings), never a list where a string is expected."""
+    if value is None or type_name == "raw":
+        return True
+    checks = {
+        "str": lambda v: isinstance(v, str | int | float) and not isinstance(v, bool),
+        "path": lambda v: isinstance(v, str),
+        "int": _is_int,
+        "float": _is_float,
+        "bool": lambda v: isinstance(v, bool) or (isinstance(v, str | int) and str(v).lower() in _BOOL_STRINGS),
+        "list": lambda v: isinstance(v, list) or (isinstance(v, str) and not v.lstrip().startswith("{")),
+        "dict": lambda v: isinstance(v, dict) or (isinstance(v, str) and v.lstrip().startswith("{")),
+    }
+    check = checks.get(type_name)
+    return True if check is None else bool(check(value))
+
+
+def describe(value: Any) -> str:
+    kind = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
+            dict: "a mapping"}.get(type(value), type(value).__name__)
+    text = json.dumps(value, default=str)
+    return f"{kind} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def option_errors(variables: Mapping[str, Any], declared: Mapping[str, Declared], source: str) -> list[str]:
+    """Type and choice errors of role options, each naming the expected type and an example."""
+    errors = []
+    for name, value in sorted(variables.items()):
+        spec = declared.get(name)
+        if spec is None or spec.type == "schema":
+            continue
+        if not type_matches(value, spec.type):
+            expected = _TYPE_WORDS.get(spec.type, spec.type)
+            errors.append(f"{source}: field `{name}`: got {describe(value)}; expected {expected}, "
+                          f"e.g. {name}: {_EXAMPLES.get(spec.type, '...')} (declared in {spec.source})")
+        elif spec.type == "list" and isinstance(value, list) and spec.elements in ("str", "path"):
+            bad = [v for v in value if isinstance(v, list | dict)]
+            if bad:
+                errors.append(f"{source}: field `{name}`: items must be strings, got {describe(bad[0])}; e.g. "
+                              f"{name}: [--flag, value] (declared in {spec.source})")
+        elif spec.choices and value not in spec.choices:
+            errors.append(f"{source}: field `{name}`: got {describe(value)}; expected one of "
+                          f"{', '.join(repr(c) for c in spec.choices)}, e.g. {name}: {spec.choices[0]} "
+                          f"(declared in {spec.source})")
+    return errors
+
+
+def check_variables(variables: Mapping[str, Any], source: str, project_dir: Path | None = None,
+                    *, schema: bool = True) -> list[str]:
+    """Every error of these variables: unknown names (with the closest declared one), schema violations,
+    role-option types. `schema=False` for per-host variables: only the fields present are checked (the
+    schema's required fields are global)."""
+    relevant = {k: v for k, v in variables.items() if is_product_variable(k)}
+    declared = declared_variables(project_dir)
+    unchecked = {str(n) for n in (relevant.get(UNCHECKED) or []) if isinstance(relevant.get(UNCHECKED), list)}
+    errors = unknown_variable_errors(list(relevant), declared, source, unchecked)
+    known = {k: v for k, v in relevant.items() if k in declared}
+    errors.extend(validate_errors(known, "inventory", source, partial=not schema))
+    errors.extend(option_errors(known, declared, source))
+    return errors
+
+
+def validate_variables(variables: Mapping[str, Any], source: str, project_dir: Path | None = None,
+                       host_variables: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+    """Raise ConfigError naming every bad variable (global ones, then per host), at most 20 lines."""
+    errors = check_variables(variables, source, project_dir)
+    for host, host_vars in sorted((host_variables or {}).items()):
+        own = {k: v for k, v in host_vars.items() if k not in variables or variables[k] != v}
+        errors.extend(check_variables(own, f"{source}, host {host}", project_dir, schema=False))
+    if errors:
+        raise ConfigError("invalid inventory:\n  " + "\n  ".join(errors[:20])
+                          + (f"\n  ... and {len(errors) - 20} more" if len(errors) > 20 else ""))

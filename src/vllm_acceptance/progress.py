@@ -1,0 +1,346 @@
+"""Progress a person can follow, and the same as JSON lines: the logic behind the `progress` callback.
+
+The callback (plugins/callback/progress.py) hands Ansible's events to `Progress`; it answers with lines for
+the terminal and appends events to `<run dir>/events.jsonl` (README "Following a run"):
+
+    [00:03] preflight | started (bound: none from the profile)
+    [00:41] serve     | waiting for /health: 45 s of at most 300 s
+    [01:02] serve     | findings: 7 pass, 1 warn (findings/serve.json)
+    [01:02] serve     | done in 21 s
+    [03:10] report    | verdict release: .../report.html
+
+The stage is read from what Ansible already says (the task's role, its playbook file, the module, the
+probe named in the task name), so the playbooks need no markers. Bounds come from the run's profile.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+EVENTS_FILE = "events.jsonl"
+PIPELINE = ("validate", "preflight", "serve", "cache", "agent", "load", "report")
+PROBES = ("cache", "agent", "load")
+
+# Where a task belongs, from the evidence Ansible gives: its module, role, or playbook file.
+MODULE_STAGES = {"acceptance_run": "validate", "acceptance_preflight": "preflight", "acceptance_serve": "serve",
+                 "acceptance_report": "report", "acceptance_monitoring": "report",
+                 "acceptance_loadmerge": "load"}
+ROLE_STAGES = {"preflight": "preflight", "vllm_serve": "serve"}
+FILE_STAGES = {"validate": "validate", "preflight": "preflight", "serve": "serve", "probes": "probes",
+               "report": "report", "loadgen": "load", "monitoring": "monitoring", "rebuild": "rebuild",
+               "rollback": "rollback", "rebuild_node": "rebuild", "build_image": "build_image"}
+_PROBE_IN_NAME = re.compile(r"\bprobe\b[^:]*:\s*(cache|agent|load)\b", re.IGNORECASE)
+_WAITED_ON = re.compile(r"(/[A-Za-z0-9_./-]*[A-Za-z0-9_])")
+
+
+@dataclass
+class TaskInfo:
+    """What the callback knows about a task when it starts or ends."""
+
+    name: str
+    action: str = ""
+    role: str | None = None
+    path: str | None = None
+
+
+def module_name(action: str) -> str:
+    return action.rsplit(".", 1)[-1]
+
+
+def stage_of(task: TaskInfo) -> str | None:
+    """The pipeline stage a task belongs to, or None when it says nothing new (e.g. a debug line)."""
+    probe = _PROBE_IN_NAME.search(task.name or "")
+    if probe:
+        return probe.group(1).lower()
+    if module_name(task.action) in MODULE_STAGES:
+        return MODULE_STAGES[module_name(task.action)]
+    if task.role and task.role.rsplit(".", 1)[-1] in ROLE_STAGES:
+        return ROLE_STAGES[task.role.rsplit(".", 1)[-1]]
+    if task.path:
+        stem = Path(task.path.split(":", 1)[0]).stem
+        if stem in FILE_STAGES:
+            return FILE_STAGES[stem]
+    return None
+
+
+def stage_bounds(profile: Mapping[str, Any] | None) -> dict[str, str]:
+    """Each stage's bound, in words, from the profile's timeouts (README "Following a run")."""
+    if not profile:
+        return {}
+
+    def get(dotted: str) -> Any:
+        node: Any = profile
+        for part in dotted.split("."):
+            if not isinstance(node, Mapping) or part not in node:
+                return None
+            node = node[part]
+        return node
+
+    bounds: dict[str, str] = {}
+    ready = get("launch.ready_timeout_s")
+    if ready is not None:
+        bounds["serve"] = f"ready within {fmt_s(float(ready))} (launch.ready_timeout_s)"
+    load_req = get("load.request_timeout_s")
+    for kind in ("cache", "agent"):
+        own = get(f"{kind}.request_timeout_s")
+        value, source = (own, f"{kind}.request_timeout_s") if own is not None else (load_req, "load.request_timeout_s")
+        if value is not None:
+            bounds[kind] = f"each request at most {fmt_s(float(value))} ({source})"
+    step, soak = get("load.stage_timeout_s"), get("load.soak_s")
+    if step is not None:
+        ramp = get("load.ramp") or []
+        bounds["load"] = (f"each step at most {fmt_s(float(step))} (load.stage_timeout_s)"
+                          + (f", {len(ramp)} ramp steps" if ramp else "")
+                          + (f", soak {fmt_s(float(soak))} (load.soak_s)" if soak is not None else ""))
+    return bounds
+
+
+def wait_bound(attempts: int, retries: int, delay: float, waited: float, per_attempt_s: float | None) -> float | None:
+    """The most a bounded wait takes: `retries` attempts with `delay` between them. An attempt's own time is
+    the module's `wait_s` when it has one, else what the attempts so far took (counted when over a second)."""
+    if retries <= 0:
+        return None
+    run = per_attempt_s
+    if run is None and attempts > 0:
+        measured = (waited - (attempts - 1) * delay) / attempts
+        run = measured if measured > 1 else 0.0
+    bound = (retries - 1) * delay + retries * (run or 0.0)
+    return bound if bound > 0 else None
+
+
+def fmt_s(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    minutes, sec = divmod(int(round(seconds)), 60)
+    if minutes < 120:
+        return f"{minutes} min {sec} s" if sec else f"{minutes} min"
+    return f"{minutes // 60} h {minutes % 60} min"
+
+
+def clock_label(seconds: float) -> str:
+    minutes, sec = divmod(int(seconds), 60)
+    return f"{minutes:02d}:{sec:02d}" if minutes < 60 else f"{minutes // 60}:{minutes % 60:02d}:{sec:02d}"
+
+
+def first_line(text: Any, limit: int = 300) -> str:
+    """The one line that says why: the first non-empty line of a module's msg (or its stderr)."""
+    for line in str(text or "").splitlines():
+        line = line.strip()
+        if line and line not in ("invalid inventory:", "invalid profile:"):
+            return line if len(line) <= limit else line[: limit - 3] + "..."
+    return ""
+
+
+def failure_reason(result: Mapping[str, Any]) -> str:
+    for key in ("msg", "stderr", "reason", "exception"):
+        line = first_line(result.get(key))
+        if line:
+            return line
+    return "failed without a message (run with -v for the full result)"
+
+
+def count_statuses(findings: Any) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for item in findings if isinstance(findings, list) else []:
+        if isinstance(item, Mapping):
+            status = str(item.get("status", "unknown"))
+            counts[status] = counts.get(status, 0) + 1
+    return counts
+
+
+STATUS_ORDER = ("fail", "missing", "inconclusive", "warn", "pass", "not_applicable")
+
+
+def format_counts(counts: Mapping[str, int]) -> str:
+    order = [s for s in STATUS_ORDER if s in counts] + sorted(s for s in counts if s not in STATUS_ORDER)
+    return ", ".join(f"{counts[s]} {s}" for s in order) or "none"
+
+
+@dataclass
+class Progress:
+    """Turns Ansible's events into progress lines and JSON events (one instance per playbook run)."""
+
+    write: Callable[[str], None]
+    events_path: Path | None = None          # a second copy of the events (the Python entry point reads it)
+    clock: Callable[[], float] = time.monotonic
+    started: float = field(default=0.0)
+    stage: str | None = None
+    stage_started: float = 0.0
+    run_dir: Path | None = None
+    bounds: dict[str, str] = field(default_factory=dict)
+    verdict: str | None = None
+    report: str | None = None
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    _seen: dict[str, tuple[float, int]] = field(default_factory=dict)
+    _pending: list[dict[str, Any]] = field(default_factory=list)
+    _task_started: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.started = self.clock()
+
+    # --- output ---------------------------------------------------------------------------------------
+    def elapsed(self) -> float:
+        return self.clock() - self.started
+
+    def say(self, text: str, stage: str | None = None) -> None:
+        label = stage or self.stage or "run"
+        self.write(f"[{clock_label(self.elapsed())}] {label:<9} | {text}")
+
+    def emit(self, event: str, **data: Any) -> None:
+        record = {"time": dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+                  "elapsed_s": round(self.elapsed(), 3), "event": event, "stage": self.stage, **data}
+        line = json.dumps(record, default=str)
+        if self.events_path is not None:
+            _append(self.events_path, line)
+        if self.run_dir is None:
+            self._pending.append(record)
+        else:
+            _append(self.run_dir / EVENTS_FILE, line)
+
+    # --- run directory ----------------------------------------------------------------------------------
+    def attach_run(self, run_dir: str | Path, profile: Mapping[str, Any] | None = None) -> None:
+        """The run directory is known (acceptance_run's result, or -e acceptance_run_dir)."""
+        if self.run_dir is not None and Path(run_dir) == self.run_dir:
+            return
+        self.run_dir = Path(run_dir)
+        if profile is None:
+            profile = _read_profile(self.run_dir)
+        self.bounds = stage_bounds(profile)
+        pending, self._pending = self._pending, []
+        for record in pending:
+            _append(self.run_dir / EVENTS_FILE, json.dumps(record, default=str))
+        self.emit("run", run_dir=str(self.run_dir), profile=(profile or {}).get("name"))
+
+    def scan_findings(self) -> None:
+        """Counts by status of each findings/<stage>.json that is new or changed since the last look."""
+        if self.run_dir is None or not (self.run_dir / "findings").is_dir():
+            return
+        for path in sorted((self.run_dir / "findings").glob("*.json")):
+            try:
+                stat = path.stat()
+                mark = (stat.st_mtime, stat.st_size)
+                if self._seen.get(path.name) == mark:
+                    continue
+                counts = count_statuses(json.loads(path.read_text()))
+            except (OSError, ValueError):
+                continue                      # being replaced right now: the next look reads it
+            self._seen[path.name] = mark
+            self.say(f"findings: {format_counts(counts)} (findings/{path.name})", stage=path.stem)
+            self.emit("findings", file=f"findings/{path.name}", findings_stage=path.stem, counts=counts)
+
+    # --- Ansible's events -------------------------------------------------------------------------------
+    def task_start(self, task: TaskInfo) -> None:
+        stage = stage_of(task)
+        if stage == "probes" and self.stage in PROBES:
+            return                            # the memory sampler's collection after the probes: same stage
+        if stage and stage != self.stage:
+            self.enter(stage)
+
+    def enter(self, stage: str) -> None:
+        if self.stage is not None:
+            took = self.clock() - self.stage_started
+            self.say(f"done in {fmt_s(took)}")
+            self.emit("stage_end", took_s=round(took, 3))
+        self.stage, self.stage_started = stage, self.clock()
+        bound = self.bounds.get(stage)
+        self.say("started" + (f"; bound: {bound}" if bound else ""))
+        self.emit("stage_start", bound=bound)
+
+    def host_start(self, host: str, task_uuid: str) -> None:
+        self._task_started[f"{host}/{task_uuid}"] = self.clock()
+
+    def ok(self, host: str, task: TaskInfo, result: Mapping[str, Any]) -> None:
+        module = module_name(task.action)
+        if module == "acceptance_run" and result.get("run_dir"):
+            self.attach_run(result["run_dir"], result.get("profile") if isinstance(result.get("profile"), Mapping)
+                            else None)
+            self.say(f"run {result.get('run_id')}: profile {(result.get('profile') or {}).get('name')}, "
+                     f"evidence in {result['run_dir']}")
+        if module == "acceptance_report" and result.get("verdict"):
+            self.verdict, self.report = str(result["verdict"]), result.get("report")
+            reasons = result.get("reasons") or []
+            self.say(f"verdict {self.verdict}" + (f": {first_line(reasons[0])}" if reasons else "")
+                     + (f" - report {self.report}" if self.report else ""))
+            self.emit("verdict", verdict=self.verdict, report=self.report, reasons=reasons[:5])
+        self.scan_findings()
+
+    def failed(self, host: str, task: TaskInfo, result: Mapping[str, Any], ignored: bool = False,
+               unreachable: bool = False) -> None:
+        reason = failure_reason(result)
+        kind = "unreachable" if unreachable else ("failed (ignored)" if ignored else "failed")
+        self.say(f"{kind} on {host}: {task.name}: {reason}")
+        record = {"host": host, "task": task.name, "reason": reason, "unreachable": unreachable, "ignored": ignored}
+        if not ignored:
+            self.failures.append({**record, "stage": self.stage})
+        self.emit("failed", **record)
+        self.scan_findings()
+
+    def retry(self, host: str, task: TaskInfo, task_uuid: str, attempts: int, retries: int, delay: float,
+              per_attempt_s: float | None = None) -> None:
+        """A bounded wait in words instead of "FAILED - RETRYING": what, how long so far, the most it takes."""
+        began = self._task_started.get(f"{host}/{task_uuid}")
+        waited = self.clock() - began if began is not None else attempts * (delay + (per_attempt_s or 0))
+        bound = wait_bound(attempts, retries, delay, waited, per_attempt_s)
+        target = _WAITED_ON.search(task.name or "")
+        what = target.group(1) if target else (task.name or "the task")
+        text = f"waiting for {what}: {fmt_s(waited)}" + (f" of at most {fmt_s(bound)}" if bound else "") \
+            + f" (attempt {attempts} of {retries}, {host})"
+        self.say(text)
+        self.emit("waiting", host=host, task=task.name, waited_s=round(waited, 1), bound_s=bound,
+                  attempt=attempts, attempts=retries)
+
+    def end(self, failed_hosts: list[str]) -> None:
+        self.scan_findings()
+        if self.stage is not None:
+            took = self.clock() - self.stage_started
+            self.say(f"done in {fmt_s(took)}")
+            self.emit("stage_end", took_s=round(took, 3))
+        total = fmt_s(self.elapsed())
+        if failed_hosts and self.failures:
+            why = self.failures[-1]
+            self.say(f"stopped after {total} in stage {why['stage'] or 'run'}: {why['reason']}", stage="end")
+        elif self.verdict:
+            self.say(f"finished in {total}: verdict {self.verdict}", stage="end")
+        else:
+            self.say(f"finished in {total}", stage="end")
+        self.emit("end", verdict=self.verdict, report=self.report, failed_hosts=failed_hosts,
+                  run_dir=str(self.run_dir) if self.run_dir else None)
+        self.stage = None        # ansible-playbook A.yml B.yml: the next playbook goes on in the same run
+
+
+def _append(path: Path, line: str) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as handle:
+            handle.write(line + "\n")
+    except OSError:
+        pass                                  # progress never breaks a run
+
+
+def _read_profile(run_dir: Path) -> dict[str, Any] | None:
+    import yaml
+
+    try:
+        data = yaml.safe_load((run_dir / "evidence" / "profile.yml").read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    events = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                continue
+    return events

@@ -1,0 +1,121 @@
+"""The progress callback: stages, bounds, findings as they land, bounded waits in words, the one line that
+says why, and the same as JSON lines. A real ansible-playbook run with the callback, plus its pure logic."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from vllm_acceptance.progress import Progress, TaskInfo, stage_bounds, stage_of, wait_bound
+
+REPO = Path(__file__).resolve().parents[2]
+PROFILE = {"name": "p", "launch": {"ready_timeout_s": 900}, "load": {"request_timeout_s": 60, "stage_timeout_s": 300,
+                                                                     "soak_s": 20, "ramp": [1, 2, 4]}}
+
+
+def test_stage_is_read_from_module_role_file_and_probe_name() -> None:
+    assert stage_of(TaskInfo("Open the run", action="acceptance_run")) == "validate"
+    assert stage_of(TaskInfo("x", action="vllm.acceptance.acceptance_report")) == "report"
+    serve = TaskInfo("Read /v1/models", action="ansible.builtin.uri", role="vllm.acceptance.vllm_serve")
+    assert stage_of(serve) == "serve"
+    assert stage_of(TaskInfo("Run the probe: load", action="acceptance_probe")) == "load"
+    assert stage_of(TaskInfo("Stop", action="acceptance_process", path="/p/playbooks/report.yml:40")) == "report"
+    assert stage_of(TaskInfo("Show it", action="ansible.builtin.debug")) is None
+
+
+def test_bounds_come_from_the_profile() -> None:
+    bounds = stage_bounds(PROFILE)
+    assert bounds["serve"] == "ready within 15 min (launch.ready_timeout_s)"
+    assert bounds["cache"] == "each request at most 60 s (load.request_timeout_s)"
+    assert "each step at most 5 min (load.stage_timeout_s), 3 ramp steps, soak 20 s" in bounds["load"]
+    assert stage_bounds({**PROFILE, "cache": {"request_timeout_s": 30}})["cache"].endswith("(cache.request_timeout_s)")
+
+
+def test_wait_bound_of_the_readiness_loops() -> None:
+    # process runtime: 60 attempts of a 15 s module wait, no delay; container: 91 attempts 10 s apart
+    assert wait_bound(3, 60, 0, 45.0, 15) == 900
+    assert wait_bound(4, 91, 10, 30.2, None) == 900
+    assert wait_bound(1, 0, 0, 1.0, None) is None
+
+
+def test_findings_counts_and_events_land_in_the_run_dir(tmp_path: Path) -> None:
+    lines: list[str] = []
+    now = [0.0]
+    progress = Progress(write=lines.append, clock=lambda: now[0])
+    progress.task_start(TaskInfo("Open", action="acceptance_run"))
+    now[0] = 2.0
+    progress.ok("localhost", TaskInfo("Open", action="acceptance_run"),
+                {"run_dir": str(tmp_path), "run_id": "r1", "profile": PROFILE})
+    progress.task_start(TaskInfo("Judge", action="acceptance_serve"))
+    (tmp_path / "findings").mkdir()
+    (tmp_path / "findings" / "serve.json").write_text(json.dumps(
+        [{"status": "pass"}, {"status": "pass"}, {"status": "fail"}]))
+    now[0] = 47.0
+    progress.host_start("localhost", "u1")
+    now[0] = 92.0
+    progress.retry("localhost", TaskInfo("Wait for /health (bounded)"), "u1", 3, 60, 0, 15)
+    progress.ok("localhost", TaskInfo("Judge", action="acceptance_serve"), {})
+    progress.end([])
+    text = "\n".join(lines)
+    assert "[00:02] serve     | started; bound: ready within 15 min (launch.ready_timeout_s)" in text
+    assert "waiting for /health: 45 s of at most 15 min (attempt 3 of 60, localhost)" in text
+    assert "findings: 1 fail, 2 pass (findings/serve.json)" in text
+    events = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
+    kinds = [e["event"] for e in events]
+    assert kinds[:2] == ["stage_start", "run"] and "waiting" in kinds and kinds[-1] == "end"
+    assert next(e for e in events if e["event"] == "findings")["counts"] == {"pass": 2, "fail": 1}
+
+
+PLAYBOOK = """
+- name: Progress demo
+  hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Judge the serve stage (writes findings, as acceptance_serve does)
+      ansible.builtin.copy:
+        dest: "{{ acceptance_run_dir }}/findings/serve.json"
+        content: '[{"status": "pass"}, {"status": "warn"}]'
+        mode: "0644"
+    - name: Wait for /health (bounded)
+      ansible.builtin.shell: >-
+        echo x >> {{ acceptance_run_dir }}/tries; test $(wc -l < {{ acceptance_run_dir }}/tries) -ge 3
+      register: wait
+      until: wait.rc == 0
+      retries: 4
+      delay: 1
+      changed_when: false
+    - name: Stop for a reason
+      ansible.builtin.fail:
+        msg: "the server exited before it was ready: CUDA error\\nsecond line"
+"""
+
+
+def test_a_real_playbook_run_shows_stages_waits_findings_and_why(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    (run_dir / "findings").mkdir(parents=True)
+    (run_dir / "evidence").mkdir()
+    (run_dir / "evidence" / "profile.yml").write_text(json.dumps(PROFILE))
+    book = tmp_path / "serve.yml"                      # the file name says the stage, as playbooks/serve.yml
+    book.write_text(PLAYBOOK)
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_STDOUT_CALLBACK": "progress",
+           "ANSIBLE_NOCOLOR": "1", "VLLM_ACCEPTANCE_EVENTS": str(tmp_path / "copy.jsonl"),
+           "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+    proc = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local",
+                           "-e", f"acceptance_run_dir={run_dir}", "-e", f"ansible_python_interpreter={sys.executable}",
+                           str(book)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    out = proc.stdout
+    assert proc.returncode == 2, out + proc.stderr
+    assert "serve     | started; bound: ready within 15 min (launch.ready_timeout_s)" in out
+    assert "findings: 1 warn, 1 pass (findings/serve.json)" in out
+    assert "waiting for /health:" in out and "(attempt 2 of 5, localhost)" in out
+    assert "FAILED - RETRYING" not in out and "TASK [" not in out
+    assert "failed on localhost: Stop for a reason: the server exited before it was ready: CUDA error" in out
+    assert "stopped after" in out and "in stage serve: the server exited before it was ready" in out
+    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events] == [json.loads(x)["event"] for x in
+                                            (tmp_path / "copy.jsonl").read_text().splitlines()]
+    assert {"stage_start", "findings", "waiting", "failed", "end"} <= {e["event"] for e in events}

@@ -1,0 +1,141 @@
+"""Typo-proof inventory variables: every variable the product reads is declared; an undeclared one with a
+product prefix stops validation with the closest declared name; type errors name the type and an example."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vllm_acceptance.core.profile import ConfigError
+from vllm_acceptance.core.rundir import validate_inventory_vars
+from vllm_acceptance.core.variables import PREFIXES, declared_variables
+
+REPO = Path(__file__).resolve().parents[2]
+BASE = {"acceptance_profile": "cpu-lab", "acceptance_owner": "me", "vllm_serve_mode": "launch"}
+
+
+def _error(extra: dict, host_vars: dict | None = None) -> str:
+    with pytest.raises(ConfigError) as exc:
+        validate_inventory_vars({**BASE, **extra}, "inventory lab", REPO, host_vars)
+    return str(exc.value)
+
+
+def test_a_misspelled_variable_stops_with_the_closest_name() -> None:
+    message = _error({"vllm_serv_stop_at_end": True})
+    assert "unknown variable `vllm_serv_stop_at_end`" in message
+    assert "did you mean `vllm_serve_stop_at_end`?" in message
+    # the correct spelling passes: the check is not a blanket refusal
+    validate_inventory_vars({**BASE, "vllm_serve_stop_at_end": True}, "inventory lab", REPO)
+
+
+@pytest.mark.parametrize(("typo", "meant"), [
+    ("preflight_comand_timeout_s", "preflight_command_timeout_s"),      # a role option (argument_specs)
+    ("rebuild_maintenance_windw", "rebuild_maintenance_window"),        # a playbook input (schema)
+    ("acceptance_reviwer", "acceptance_reviewer"),
+    ("loadgen_concurency", "loadgen_concurrency"),
+])
+def test_typos_in_every_family_name_the_declared_variable(typo: str, meant: str) -> None:
+    assert f"did you mean `{meant}`?" in _error({typo: "x"})
+
+
+def test_a_typo_in_host_vars_names_the_host() -> None:
+    message = _error({}, {"gpu-01": {"preflight_path_prefx": "/opt/bin"}})
+    assert "host gpu-01" in message and "did you mean `preflight_path_prefix`?" in message
+
+
+def test_foreign_variables_sharing_a_prefix_can_be_listed_as_unchecked() -> None:
+    assert "unknown variable `vllm_cluster_name`" in _error({"vllm_cluster_name": "east"})
+    validate_inventory_vars({**BASE, "vllm_cluster_name": "east", "acceptance_unchecked_vars": ["vllm_cluster_name"]},
+                            "inventory lab", REPO)
+
+
+@pytest.mark.parametrize(("extra", "expected"), [
+    ({"vllm_serve_stop_at_end": "maybe"}, "expected a boolean, e.g. true"),
+    ({"acceptance_review_period_days": "monthly"}, "expected an integer 1..365 or a string matching ^[0-9]+$, e.g. 30"),
+    ({"preflight_command_timeout_s": "ten"}, "expected an integer, e.g. preflight_command_timeout_s: 30"),
+    ({"preflight_launch_args": {"a": 1}}, "expected a list, e.g. preflight_launch_args: [a, b]"),
+    ({"vllm_serve_runtime": "kubernetes"}, "expected one of 'process', 'docker', 'podman'"),
+    ({"loadgen_concurrency": "many"}, "expected an integer 1.. or a string matching ^[0-9]+$, e.g. 4"),
+])
+def test_type_errors_name_the_expected_type_and_an_example(extra: dict, expected: str) -> None:
+    message = _error(extra)
+    assert next(iter(extra)) in message and expected in message
+    assert "anyOf" not in message
+
+
+def test_values_ansible_would_convert_are_accepted() -> None:
+    validate_inventory_vars({**BASE, "preflight_command_timeout_s": "120", "preflight_pull_image": "yes",
+                             "vllm_serve_port": "8000", "vllm_serve_extra_args": ["--max-num-seqs", "8"]},
+                            "inventory lab", REPO)
+
+
+class _Loader(yaml.SafeLoader):
+    pass
+
+
+_Loader.add_constructor("!unsafe", lambda loader, node: loader.construct_scalar(node))
+PATTERN = re.compile(r"\b(?:" + "|".join(p.rstrip("_") for p in PREFIXES) + r")_[a-z0-9_]+")
+# Names with a product prefix that are not variables: modules, filters, roles, groups, the package, a task file.
+NOT_VARIABLES = {"acceptance_run", "acceptance_preflight", "acceptance_serve", "acceptance_probe", "acceptance_process",
+                 "acceptance_report", "acceptance_monitoring", "acceptance_loadmerge", "acceptance_remediation",
+                 "acceptance_redact", "acceptance_redact_obj", "vllm_acceptance", "vllm_serve", "vllm_head",
+                 "vllm_workers", "rebuild_node", "rollback_image", "rollback_triggers", "rollback_versions"}
+
+
+def _reads_and_definitions() -> tuple[set[str], set[str]]:
+    reads, defined = set(), set()
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "vars" and isinstance(value, dict):
+                    defined.update(value)
+                if key in ("ansible.builtin.set_fact", "set_fact") and isinstance(value, dict):
+                    defined.update(value)
+                if key in ("register", "loop_var") and isinstance(value, str):
+                    defined.add(value)
+                walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+        elif isinstance(node, str):
+            reads.update(PATTERN.findall(node))
+
+    for path in [REPO / "accept.yml", *REPO.glob("playbooks/**/*.yml"), *REPO.glob("roles/*/tasks/*.yml")]:
+        walk(yaml.load(path.read_text(), Loader=_Loader))  # noqa: S506 - SafeLoader subclass
+    for path in REPO.glob("roles/*/templates/*"):
+        reads.update(PATTERN.findall(path.read_text()))
+    for path in [*REPO.glob("roles/*/defaults/*.yml"), *REPO.glob("roles/*/vars/*.yml")]:
+        data = yaml.load(path.read_text(), Loader=_Loader) or {}  # noqa: S506
+        defined.update(data)
+        walk(data)
+    return reads, defined
+
+
+def test_every_variable_the_product_reads_is_declared() -> None:
+    """Grep the playbooks, roles and templates: whatever they read with a product prefix and do not define
+    themselves (vars, set_fact, register) is an input, and must be declared in the schema or a role's spec."""
+    reads, defined = _reads_and_definitions()
+    inputs = reads - defined - NOT_VARIABLES
+    declared = set(declared_variables(REPO))
+    assert inputs, "the scan found no inputs: it is broken"
+    assert sorted(inputs - declared) == []
+    # role defaults are inputs too: each is a declared option of its role
+    for defaults in REPO.glob("roles/*/defaults/main.yml"):
+        names = set(yaml.load(defaults.read_text(), Loader=_Loader) or {})  # noqa: S506
+        assert sorted(n for n in names if n not in declared) == [], defaults
+
+
+def test_validate_yml_passes_exactly_the_product_prefixes() -> None:
+    play = yaml.safe_load((REPO / "playbooks" / "validate.yml").read_text())[0]
+    assert play["vars"]["product_var_prefixes"] == [p.rstrip("_") for p in PREFIXES]
+
+
+def test_the_collection_playbook_runs_the_same_stages_as_accept_yml() -> None:
+    root = [i["ansible.builtin.import_playbook"] for i in yaml.safe_load((REPO / "accept.yml").read_text())]
+    collection = [i["ansible.builtin.import_playbook"]
+                  for i in yaml.safe_load((REPO / "playbooks" / "accept.yml").read_text())]
+    assert [Path(p).name for p in root] == collection
