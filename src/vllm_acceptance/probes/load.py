@@ -311,7 +311,15 @@ def run_load_probe(base_url: str, source: MetricsSource, cfg: LoadProbeConfig, s
     details = {"contract_concurrency": cfg.contract_concurrency, "knee": knee, "steps": steps,
                "memory_timeline": run.sampler.memory, "stage_bounds": run.bounds, "limits": limits,
                "samples": len(run.sampler.samples), "crash": run.crashed,
-               "initial_preemptions": first.value("vllm:num_preemptions")}
+               "initial_preemptions": first.value("vllm:num_preemptions"),
+               # For the report's KV / queue timeline plot; the full rows are evidence (samples.jsonl).
+               "metrics_timeline": [{k: s.get(k) for k in ("t", "stage", "running", "waiting", "kv_usage",
+                                                            "preemptions")} for s in run.sampler.samples],
+               # The workload actually sent, beside the contract it stands for (the report flags differences).
+               "workload": {"ramp": cfg.ramp, "requests_per_step": cfg.requests_per_step,
+                            "prompt_tokens": cfg.prompt_tokens, "output_tokens": cfg.output_tokens,
+                            "long_prompt_tokens": cfg.long_prompt_tokens, "context_tokens": cfg.context_tokens,
+                            "soak_s": cfg.soak_s}}
     return findings, details
 
 

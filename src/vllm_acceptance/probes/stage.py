@@ -19,6 +19,8 @@ def run_probe_stage(run_dir: Path, kind: str, *, profile_path: str, base_url: st
                         profile=load_profile(profile_path), **options)
     status, findings, details = run_probe(opts)
     rebase_evidence(findings, f"probes/{kind}")
+    if isinstance(details, dict):
+        details.setdefault("evidence_root", f"probes/{kind}")  # evidence paths inside details are relative to it
     write_findings(run_dir / "findings" / f"{kind}.json", findings)
     EvidenceStore(run_dir, "stages", secrets=[opts.api_key] if opts.api_key else []).write_json(f"{kind}.json", details)
     return status, {f"{f.check}@{f.host}" if f.host else f.check: f.status.value for f in findings}, \
