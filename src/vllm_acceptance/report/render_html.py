@@ -445,8 +445,18 @@ def context(report: dict[str, Any]) -> dict[str, Any]:
         "no_gpu": views.no_gpu(report),
         "contract_rows": views.contract_rows(report),
         "observed": {finding_id(f): views.observed_view(f) for f in report.get("findings") or []},
+        "expected": {finding_id(f): views.observed_view({"observed": f.get("expected")})
+                     for f in report.get("findings") or []},
         "lineage": report.get("lineage") if isinstance(report.get("lineage"), dict) else None,
     }
+
+
+def brief(f: dict[str, Any], limit: int = 100) -> str:
+    """One line for a finding in a family list: a scalar observed value, else its title or reason."""
+    value = f.get("observed")
+    if views.scalar(value) and value not in (None, ""):
+        return short_text(value, limit)
+    return short_text(f.get("title") or f.get("reason") or "", limit) if (f.get("title") or f.get("reason")) else ""
 
 
 def hosts_text(report: dict[str, Any]) -> str:
@@ -465,6 +475,7 @@ def environment() -> jinja2.Environment:
     env.filters["href"] = evidence_href
     env.filters["fid"] = finding_id
     env.filters["evpath"] = evidence_path
+    env.filters["brief"] = brief
     return env
 
 

@@ -66,8 +66,8 @@ def summarise(value: Any) -> Any:
         return f"{len(value)} items"
     if isinstance(value, dict):
         simple = [(k, v) for k, v in value.items() if scalar(v)]
-        if len(simple) == len(value) and len(value) <= 4:
-            return ", ".join(f"{k}={v}" for k, v in simple) or "none"
+        if len(simple) == len(value) and len(value) <= 8:
+            return ", ".join(f"{k}={round(v, 4) if isinstance(v, float) else v}" for k, v in simple) or "none"
         return f"{len(value)} fields"
     return str(value)
 
