@@ -296,7 +296,7 @@ def _absent_is_fine(pattern: str, findings: list[dict[str, Any]]) -> str | None:
         return None
     ran, why = CONDITIONAL[pattern]
     ran_ok = [f for f in findings if any(fnmatch.fnmatchcase(str(f.get("check", "")), p) for p in ran)
-              and f.get("status") in ("pass", "warn")]
+              and f.get("status") in ("pass", "warn", "fail")]
     return f"{why} (load stages ran: {', '.join(sorted({str(f['check']) for f in ran_ok}))})" if ran_ok else None
 
 
