@@ -49,6 +49,7 @@ def build_story(lab_server: Any, lab_accept_run: Path, root: Path) -> dict[str, 
         "acceptance_profile": str(changed_profile(root / "cpu-lab-changed.yml")), "vllm_serve_mode": "attach",
         "vllm_base_url": lab_server.base_url, "vllm_serve_pid": lab_server.pid,
         "vllm_serve_startup_log": str(lab_server.log_path)}, env={"VLLM_API_KEY": ""})
+    (root / "runner-rehearsal").mkdir(exist_ok=True)
     rehearsal = ansible_runner.run(
         private_data_dir=str(root / "runner-rehearsal"), project_dir=str(REPO),
         playbook=str(REPO / "playbooks" / "restore_rehearsal.yml"), inventory=str(REPO / "inventories" / "lab"),

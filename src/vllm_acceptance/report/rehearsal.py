@@ -71,7 +71,7 @@ def accepted_profile(run_dir: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def plan(reports_dir: Path, inventory: str, port: int | None = None) -> dict[str, Any]:
+def plan(reports_dir: Path, inventory: str, port: int | None = None, project_dir: Path | None = None) -> dict[str, Any]:
     found = last_signed_acceptance(reports_dir / inventory)
     if not found:
         raise RehearsalError(f"no signed acceptance (release or limited_observation) of inventory {inventory!r} "
@@ -99,6 +99,11 @@ def plan(reports_dir: Path, inventory: str, port: int | None = None) -> dict[str
             raise RehearsalError(f"{run_dir.name}: no evidence/serve/process-args.json: the accepted server's argv "
                                  "was not recorded, so its launch cannot be repeated exactly")
         parts = split_argv([str(a) for a in argv])
+        model_path = parts.get("model")
+        # The accepted server resolved a relative model path against the directory it started in (the
+        # project's); the relaunch starts elsewhere.
+        if model_path and not Path(model_path).is_absolute() and project_dir and (project_dir / model_path).exists():
+            parts["model"] = str((project_dir / model_path).resolve())
         out.update(python=parts["python"], model=parts.get("model"), host=parts.get("host") or "127.0.0.1",
                    args=parts["args"], served_model_name=parts.get("served_model_name") or out["served_model_name"])
         out["relaunched"] = f"the accepted lab launch: {parts.get('model')} with {' '.join(parts['args'])}"
@@ -145,13 +150,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reports-dir", required=True, type=Path)
     p.add_argument("--inventory", required=True)
     p.add_argument("--port", type=int)
+    p.add_argument("--project-dir", type=Path, help="where the accepted server started (relative model paths)")
     r = sub.add_parser("record")
     r.add_argument("--plan", required=True, help="the plan's JSON")
     r.add_argument("--result", required=True, help="the playbook's result JSON (ready, smoke, error, log_tail)")
     args = parser.parse_args(argv)
     try:
         if args.command == "plan":
-            print(json.dumps(plan(args.reports_dir, args.inventory, args.port)))
+            print(json.dumps(plan(args.reports_dir, args.inventory, args.port, args.project_dir)))
         else:
             print(record(json.loads(args.plan), json.loads(args.result)))
     except RehearsalError as exc:
