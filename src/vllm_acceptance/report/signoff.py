@@ -93,9 +93,10 @@ def build_signoff(run_dir: Path, report: dict[str, Any], *, reviewer: str, decis
                           "another person (an SRE or platform lead)")
     override = bool(override_reason and override_reason.strip())
     if more_permissive(decision, verdict) and not override:
+        instead = f"sign {verdict!r} or a stricter decision" if verdict in DECISIONS else \
+            "collect the missing evidence and re-run, or sign a decision that lets no traffic through"
         raise SignRefused(f"decision {decision!r} lets more traffic through than the run's verdict {verdict!r}; "
-                          f"sign {verdict if verdict in DECISIONS else 'rebuild_environment'!r} or a stricter "
-                          "decision, or give --override-reason (recorded and shown in red)")
+                          f"{instead}, or give --override-reason (recorded and shown in red)")
     limits = [x.strip() for x in limits or [] if x.strip()]
     if decision == "limited_observation" and not limits:
         limits = [f"{k}={v}" for k, v in sorted((report.get("limits") or {}).items())
