@@ -59,6 +59,7 @@ def measure(page: Path, work: Path, width: int = 1280, height: int = 900) -> dic
         proc = _run([f"--window-size={width},{height}", "--dump-dom", target.resolve().as_uri()], work / "profile-m")
     finally:
         target.unlink()
+        shutil.rmtree(work / "profile-m", ignore_errors=True)
     found = re.search(r'<pre id="vllm-acceptance-measure">(.*?)</pre>', proc.stdout, re.S)
     assert found, f"chromium printed no measurement (rc {proc.returncode}): {proc.stderr[-1500:]}"
     text = found.group(1).replace("&lt;", "<").replace("&gt;", ">").replace("&quot;", '"').replace("&amp;", "&")
