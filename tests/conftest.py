@@ -125,3 +125,22 @@ def lab_server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     yield factory
     for server in started:
         stop_lab(server)
+
+
+@pytest.fixture(scope="session")
+def lab_accept_run(lab_server: LabServer, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """accept.yml once per session on the lab inventory, attached to the session's lab server: the run
+    directory. Tests that change the run (sign it, run more runs beside it) work on a copy."""
+    from support.accept import run_accept
+
+    return run_accept(tmp_path_factory.mktemp("accept"), {
+        "vllm_serve_mode": "attach", "vllm_base_url": lab_server.base_url, "vllm_serve_pid": lab_server.pid,
+        "vllm_serve_startup_log": str(lab_server.log_path)}, env={"VLLM_API_KEY": ""})
+
+
+@pytest.fixture(scope="session")
+def lab_signoff_story(lab_server: LabServer, lab_accept_run: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Run A signed, run B accepted under a changed contract, the restore rehearsed (tests/support/story.py)."""
+    from support.story import build_story
+
+    return build_story(lab_server, lab_accept_run, tmp_path_factory.mktemp("signoff"))

@@ -63,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     checks = sub.add_parser("checks", help="list the check catalog (every check id, its rule and consequence)")
     checks.add_argument("--format", choices=("table", "json", "md"), default="table")
     checks.add_argument("--family", choices=FAMILIES, help="only this family")
+    _add_sign(sub)
 
     lab = sub.add_parser("lab", help="the embedded lab: real vLLM on CPU")
     lab_sub = lab.add_subparsers(dest="lab_command", required=True)
@@ -84,6 +85,45 @@ def build_parser() -> argparse.ArgumentParser:
     down = lab_sub.add_parser("down", help="stop the lab server")
     down.add_argument("--state-dir", default=".lab", type=Path)
     return parser
+
+
+def _add_sign(sub: argparse._SubParsersAction) -> None:
+    from .report.signoff import CONFIRM_FIELDS, DECISIONS
+
+    sign = sub.add_parser("sign", help="record the reviewer's signed decision (signoff.json) and re-render the report")
+    sign.add_argument("run_dir", type=Path, help="the run directory (reports/<inventory>/<run-id> or .../latest)")
+    sign.add_argument("--reviewer", required=True, help="the SRE or platform lead who reviewed the run")
+    sign.add_argument("--decision", required=True, choices=DECISIONS)
+    sign.add_argument("--limit", action="append", default=[], metavar="CAP",
+                      help="a traffic cap signed with the decision, e.g. max_num_seqs=48 (repeatable)")
+    sign.add_argument("--note", help="free text recorded with the decision")
+    sign.add_argument("--override-reason", help="required for a decision more permissive than the verdict; "
+                                                "recorded and shown in red")
+    sign.add_argument("--deployment-engineer", help="who ran the acceptance (default: the run's owner)")
+    sign.add_argument("--monitoring-owner", help="who owns the generated monitoring after release")
+    sign.add_argument("--confirm", action="append", default=[], metavar="FIELD=TEXT",
+                      help="an item a person confirms at sign-off; FIELD one of " + ", ".join(CONFIRM_FIELDS))
+    sign.add_argument("--replace", action="store_true", help="sign again over an existing signoff.json")
+
+
+def cmd_sign(args: argparse.Namespace) -> int:
+    from .report.signoff import SignRefused, parse_confirmations, sign_run
+
+    try:
+        record = sign_run(args.run_dir, replace=args.replace, reviewer=args.reviewer, decision=args.decision,
+                          limits=args.limit, note=args.note, override_reason=args.override_reason,
+                          deployment_engineer=args.deployment_engineer, monitoring_owner=args.monitoring_owner,
+                          confirmations=parse_confirmations(args.confirm))
+    except SignRefused as exc:
+        print(f"vllm-acceptance sign: refused: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if record["override"]:
+        print(f"OVERRIDE: decision {record['decision']} over verdict {record['verdict']}: {record['override_reason']}")
+    print(f"signed: {record['decision']} by {record['reviewer']} at {record['signed_at']} "
+          f"(report.json sha256 {record['report_sha256'][:16]}...)")
+    print(f"signoff: {args.run_dir / 'signoff.json'}")
+    print(f"report: {args.run_dir / 'report.html'}")
+    return 0
 
 
 def parse_overrides(items: list[str]) -> dict[str, object]:
@@ -242,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_checks(args)
         if args.command == "run":
             return cmd_run(args)
+        if args.command == "sign":
+            return cmd_sign(args)
     except (ConfigError, ServerUnreachable) as exc:
         print(f"vllm-acceptance: {exc}", file=sys.stderr)
         return EXIT_USAGE

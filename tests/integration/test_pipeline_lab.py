@@ -25,10 +25,8 @@ pytestmark = pytest.mark.lab
 
 
 @pytest.fixture(scope="module")
-def lab_run(lab_server, tmp_path_factory) -> Path:
-    return run_accept(tmp_path_factory.mktemp("accept"), {
-        "vllm_serve_mode": "attach", "vllm_base_url": lab_server.base_url, "vllm_serve_pid": lab_server.pid,
-        "vllm_serve_startup_log": str(lab_server.log_path)}, env={"VLLM_API_KEY": ""})
+def lab_run(lab_accept_run: Path) -> Path:
+    return lab_accept_run  # one accept.yml run per session (conftest), shared with the report tests
 
 
 def test_report_contract(lab_run: Path) -> None:

@@ -1,4 +1,10 @@
-"""report.html in a real browser (Debian chromium, headless): it renders, and it fetches nothing.
+"""report.html in a real browser (Debian chromium, headless): it renders, fits, and it fetches nothing.
+
+At 1280 px (a laptop screen), the lab report (real vLLM, signed with an override, reopened, restore
+rehearsed: tests/support/story.py) and a 64-host sample report must not overflow horizontally
+(`scrollWidth <= innerWidth`), must hold every section, and must draw every plot (matplotlib inline
+SVG with drawn paths). Screenshots are kept under reports/screenshots/ (ignored by git; set
+REPORT_SCREENSHOTS_DIR to move them); each test prints where.
 
 Chromium's own background traffic (component updater, time sync, account list) shows in the
 net log with initiator "not an origin"; a request made by the page carries the page's origin
@@ -10,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -19,12 +26,17 @@ import pytest
 
 from vllm_acceptance.report.write import write_reports
 
+from support.browser import measure
+from support.browser import screenshot as browser_screenshot
+
 pytestmark = pytest.mark.chromium
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
 if CHROMIUM is None:
     pytest.skip("Debian chromium is not installed (apt-get install -y chromium)", allow_module_level=True)
 
+REPO = Path(__file__).resolve().parents[2]
+SHOTS = Path(os.environ.get("REPORT_SCREENSHOTS_DIR") or REPO / "reports" / "screenshots")
 SAMPLES_PATH = Path(__file__).resolve().parents[1] / "fixtures" / "reports" / "samples.py"
 _spec = importlib.util.spec_from_file_location("report_samples_chromium", SAMPLES_PATH)
 assert _spec and _spec.loader
@@ -105,3 +117,47 @@ def test_report_renders_and_fetches_nothing(work: Path, kind: str) -> None:
         f"verdict banner colour {want} not in the screenshot"
     # Keep the picture for a human look: the report's own directory, beside report.html.
     shutil.copy(png, run_dir / "report-screenshot.png")
+
+
+SECTIONS = ["verdict", "first-screen", "gates", "compat", "findings", "capacity", "cache", "agent", "checklist",
+            "environment", "after-release", "signoff"]
+
+
+def check_in_browser(page: Path, name: str, plots: list[str]) -> dict[str, Any]:
+    """Measure at 1280 px, assert the layout, keep a first-screen and a full-page screenshot."""
+    m = measure(page, SHOTS / name)
+    assert m["innerWidth"] == 1280
+    assert m["scrollWidth"] <= m["innerWidth"], f"horizontal overflow: {m['overflowing']}"
+    missing = [s for s in SECTIONS if s not in m["sections"]]
+    assert not missing, f"sections missing: {missing}"
+    drawn = {p["name"]: p for p in m["plots"]}
+    for plot in plots:
+        assert plot in drawn, f"plot {plot} not in the page ({sorted(drawn)})"
+        assert drawn[plot]["width"] > 600 and drawn[plot]["height"] > 150 and drawn[plot]["paths"] > 10, drawn[plot]
+    first = browser_screenshot(page, SHOTS / name / "first-screen.png")
+    full = browser_screenshot(page, SHOTS / name / "full-page.png", height=min(m["scrollHeight"], 16000))
+    print(f"screenshots of {page}: {first} {full}")
+    return m
+
+
+def test_fleet_of_64_hosts_fits_1280_px(work: Path) -> None:
+    run_dir, report = samples.build("fleet64", work / "runs")
+    write_reports(run_dir, report)
+    m = check_in_browser(run_dir / "report.html", "fleet64", ["latency", "queue", "kv", "memory", "cache", "agent"])
+    html = (run_dir / "report.html").read_text()
+    # 64 nodes: the alike ones share one row; the three deviating nodes come first, each named.
+    assert "61 nodes alike" in html
+    groups = html[html.index('<table class="matrix">'):html.index("</table>", html.index('<table class="matrix">'))]
+    order = [groups.index(n) for n in (samples.FLEET_R575, samples.FLEET_SEVEN, samples.FLEET_DOWN, "61 nodes alike")]
+    assert order[-1] == max(order)
+    assert "compat.driver_branch" in m["firstScreenText"] and samples.FLEET_DOWN in m["firstScreenText"]
+
+
+@pytest.mark.lab
+def test_lab_report_fits_1280_px_and_shows_the_record(lab_signoff_story: dict[str, Any]) -> None:
+    run_b = lab_signoff_story["b"]
+    m = check_in_browser(run_b / "report.html", "lab", ["latency", "queue", "kv", "memory", "cache", "agent"])
+    first = m["firstScreenText"]
+    assert "OVERRIDE of the verdict" in first and "Acceptance reopened" in first
+    assert "context limit or concurrency" in first and "recipe record" in first
+    assert "CPU lab" in first and "not provable" in first.lower()

@@ -17,6 +17,7 @@ from vllm_acceptance.report import checklist
 from vllm_acceptance.report.render_html import render_html
 from vllm_acceptance.report.render_junit import render_junit
 from vllm_acceptance.report.render_md import render_markdown
+from vllm_acceptance.report.signoff import CONFIRM_FIELDS
 from vllm_acceptance.report.write import ReportInvalid, report_errors, validate_report, write_reports
 
 SAMPLES_PATH = Path(__file__).resolve().parents[1] / "fixtures" / "reports" / "samples.py"
@@ -140,8 +141,11 @@ def test_html_limited_shows_gates_limits_plots_and_tables(built: dict) -> None:
     html = built["limited"][2]
     assert "OPEN, limited" in html  # agent gate open under the retry policy
     assert "max_num_seqs" in html and "48" in html
-    assert html.count('<svg role="img" class="plot"') == 4  # latency, queue, memory, cache
-    assert "Memory timeline with stage boundaries" in html and "long prompt" in html
+    # latency, queue per step, KV / queue over time, memory, cache, agent rates
+    assert html.count('<svg role="img" class="plot"') == 6
+    for name in ("latency", "queue", "kv", "memory", "cache", "agent"):
+        assert f'<figure data-plot="{name}"><svg role="img" class="plot"' in html, name
+    assert "Memory timeline per GPU, load stages as bands" in html and "long prompt" in html
     assert "hot a" in html and "control" in html  # cache per-request table
     assert "99.4%" in html  # agent schema accuracy
     assert "layer: <strong>model</strong>" in html
@@ -351,7 +355,8 @@ def test_checklist_has_every_source_line() -> None:
         per_source[item.source] = per_source.get(item.source, 0) + 1
         for pattern in item.checks:
             assert pattern.startswith(("compat.", "capacity.", "cache.", "agent.", "interconnect.")) \
-                or pattern in checklist.REPORT_CHECKS, pattern
+                or pattern in checklist.REPORT_CHECKS \
+                or pattern.removeprefix("confirm:") in CONFIRM_FIELDS, pattern
     # 000: 19 lines, 001: 10, 003: 14, 004: 16 (counted in seeds/).
     assert per_source == {"000": 19, "001": 10, "003": 14, "004": 16}
 
@@ -360,9 +365,10 @@ def test_checklist_statuses(built: dict) -> None:
     rows = {r.item.ref: r for r in checklist.coverage(built["rebuild"][1])}
     assert rows["000#4"].status == "fail"  # R575 on node2: one failing node fails the line
     assert "compat.driver_branch@gb300-node2" in rows["000#4"].matched
-    assert rows["001#2"].status == "not_covered"
+    # A maintenance window is confirmed by a person at sign-off, never by the tool.
+    assert (rows["001#2"].status, rows["001#2"].category) == ("to_confirm", "person")
     assert rows["000#11"].status == "missing"  # mapped, but no soak finding: never a pass
-    assert rows["000#19"].status == "missing"  # unsigned
+    assert (rows["000#19"].status, rows["000#19"].category) == ("to_confirm", "person")  # unsigned
     signed = {r.item.ref: r for r in checklist.coverage(built["release"][1])}
     assert signed["000#19"].status == "pass"
     assert signed["004#16"].status == "pass"  # rollback rehearsal recorded in the sign-off

@@ -685,13 +685,14 @@ class _LoopLag:
         self.interval_s = interval_s
         self.samples: list[float] = []
         self.task: asyncio.Task[None] | None = None
+        self.t0: float | None = None
 
     async def _run(self) -> None:
         perf, interval, samples = time.perf_counter, self.interval_s, self.samples
         while True:
-            t0 = perf()
+            self.t0 = perf()
             await asyncio.sleep(interval)
-            samples.append(max(0.0, perf() - t0 - interval))
+            samples.append(max(0.0, perf() - self.t0 - interval))
 
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(self._run())
@@ -699,6 +700,10 @@ class _LoopLag:
     def stop(self) -> None:
         if self.task is not None:
             self.task.cancel()
+            # The cycle under way counts too (how overdue it is so far): a run shorter than one
+            # interval still has a measured lag, never an empty one.
+            if self.t0 is not None:
+                self.samples.append(max(0.0, time.perf_counter() - self.t0 - self.interval_s))
 
 
 class _Meter:

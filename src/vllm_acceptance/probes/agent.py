@@ -67,6 +67,21 @@ def _finding(check: str, status: Status, layer: str | None, ev: list[str], **kw:
                    consequence=kw.pop("consequence", Consequence.BLOCK_AGENT), **kw)
 
 
+def exchange_row(case: str, ex: Exchange, parsed: Any, decision: dict[str, Any], path: str) -> dict[str, Any]:
+    """One request of the probe as the report's agent table shows it: answer shape and the client's decision."""
+    choices = (ex.body or {}).get("choices") if isinstance(ex.body, dict) else None
+    first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+    calls = (parsed or {}).get("tool_calls") if isinstance(parsed, dict) else None
+    names = [str((c.get("function") or {}).get("name")) for c in calls or [] if isinstance(c, dict)]
+    problems = decision.get("problems") if isinstance(decision.get("problems"), list) else []
+    valid = decision.get("valid")
+    if valid is None and "problems" in decision:
+        valid = not problems
+    return {"case": case, "http_status": ex.status, "finish_reason": first.get("finish_reason"),
+            "calls": len(names), "names": names, "valid": valid, "problems": len(problems),
+            "timed_out": bool(ex.timed_out), "evidence": path}
+
+
 class AgentProbe:
     def __init__(self, client: OpenAIClient, cfg: AgentProbeConfig, store: EvidenceStore,
                  direct: OpenAIClient | None = None) -> None:
@@ -78,14 +93,17 @@ class AgentProbe:
         self.n = 0
         self.rates: dict[str, Any] = {}
         self.hung: list[dict[str, Any]] = []
+        self.exchanges: list[dict[str, Any]] = []  # one row per request sent, for the report's case table
         # Direct-server references per check kind (only with --direct-url): (clean, detail, evidence).
         self._refs: dict[str, tuple[bool, str, list[str]]] = {}
 
     def keep(self, name: str, ex: Exchange, decision: dict[str, Any]) -> str:
         self.n += 1
+        parsed = message_of(ex.body)
         path = self.store.write_json(f"cases/{self.n:02d}-{name}.json", {
             **ex.evidence(), "max_tokens": ex.request.get("max_tokens"), "temperature": ex.request.get("temperature"),
-            "parsed": message_of(ex.body), "decision": decision})
+            "parsed": parsed, "decision": decision})
+        self.exchanges.append(exchange_row(f"{self.n:02d}-{name}", ex, parsed, decision, path))
         if ex.timed_out:
             self.hung.append({"case": f"{self.n:02d}-{name}", "evidence": path, "url": ex.url,
                               "timeout_s": ex.timeout_s, "waited_s": round(ex.end - ex.sent, 2),
@@ -126,7 +144,7 @@ class AgentProbe:
             findings.append(self._timeouts(findings))
         return findings, {"cases": [{"id": f.check, "check": f.check, "status": f.status.value, "layer": f.layer,
                                      "evidence": f.evidence} for f in findings], "rates": self.rates,
-                          "timeouts": self.hung}
+                          "timeouts": self.hung, "exchanges": self.exchanges}
 
     def _judge_hangs(self, f: Finding) -> Finding:
         """A request that got no complete answer in time is no evidence of correctness: the check it

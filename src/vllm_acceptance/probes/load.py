@@ -539,7 +539,18 @@ def run_load_probe(base_url: str, source: MetricsSource, cfg: LoadProbeConfig, s
                "memory_timeline": run.sampler.memory, "stage_bounds": run.bounds, "limits": limit,
                "samples": len(run.sampler.samples), "crash": run.crashed, "seconds": round(time.time() - t0, 1),
                "initial_preemptions": first.value("vllm:num_preemptions"),
-               "workload": {"tokenize": run.prompts.available, "contract_share": cfg.contract_share},
+               # For the report's KV / queue timeline plot; the full rows are evidence (samples.jsonl).
+               "metrics_timeline": [{k: s.get(k) for k in ("t", "stage", "running", "waiting", "kv_usage",
+                                                            "preemptions")} for s in run.sampler.samples],
+               # The workload actually sent, beside the contract it stands for (the report flags differences):
+               # the contract's share of every step at the contracted context and maximum output.
+               "workload": {"tokenize": run.prompts.available, "contract_share": cfg.contract_share,
+                            "ramp": cfg.ramp, "requests_per_step": cfg.requests_per_step,
+                            "prompt_tokens": cfg.prompt_tokens,
+                            "ramp_context_tokens": cfg.context_tokens if cfg.contract_share > 0 else cfg.prompt_tokens,
+                            "output_tokens": cfg.max_output_tokens if cfg.contract_share > 0 else cfg.output_tokens,
+                            "long_prompt_tokens": cfg.long_prompt_tokens, "context_tokens": cfg.context_tokens,
+                            "soak_s": cfg.soak_s},
                "client": {label: c for label, c in run.client_checks}}
     return findings, details
 

@@ -19,6 +19,8 @@ def run_probe_stage(run_dir: Path, kind: str, *, profile_path: str, base_url: st
                         profile=load_profile(profile_path), **options)
     status, findings, details = run_probe(opts, write_result_json=False)
     rebase_evidence(findings, f"probes/{kind}")
+    if isinstance(details, dict):
+        details.setdefault("evidence_root", f"probes/{kind}")  # evidence paths inside details are relative to it
     run.write_findings(kind, findings)
     stage = run.write_stage(kind, {"status": status, **details}, [opts.api_key] if opts.api_key else None)
     return status, {f"{f.check}@{f.host}" if f.host else f.check: f.status.value for f in findings}, stage

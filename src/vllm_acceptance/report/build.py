@@ -24,6 +24,8 @@ from ..rebuild.remediation import isolated_environment_record, route_for_report
 from ..rules.capacity import stage_peaks
 from ..verdict import IMMEDIATE_ACTION, REOPEN_TRIGGERS, ROLLBACK_TRIGGERS, annotate, decide
 from .environment import environment_summary
+from .reopen import reopen_status
+from .signoff import attachments
 
 SCHEMA_VERSION = "1.0"
 
@@ -150,6 +152,10 @@ def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
         report["monitoring"] = monitoring_summary(report, profile)
     except Exception as exc:  # noqa: BLE001 - a report is written whatever the monitoring derivation hits
         report["monitoring"] = {"error": f"{type(exc).__name__}: {exc}"}
+    # Against the inventory's last signed acceptance: which reopen triggers fired (report/reopen.py).
+    report["reopen"] = reopen_status(run_dir, report)
+    # Recorded beside report.json after a run: sign-off and restore rehearsal (report/signoff.py).
+    report.update(attachments(run_dir))
     return report
 
 

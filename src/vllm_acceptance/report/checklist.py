@@ -20,7 +20,7 @@ from typing import Any
 
 # Worst first: the aggregate status of a checklist line is the worst status among its findings,
 # so one failing node makes the line fail, and missing evidence is never hidden behind a pass.
-STATUS_ORDER = ("fail", "missing", "inconclusive", "warn", "pass", "not_applicable")
+STATUS_ORDER = ("fail", "missing", "inconclusive", "to_confirm", "warn", "pass", "not_applicable")
 NOT_COVERED = "not_covered"
 NO_FINDING = "missing"
 
@@ -56,7 +56,8 @@ SOURCES = {
     "004": "French article, acceptance checklist",
 }
 
-REMEDIATION = "entry condition of playbooks/rebuild.yml (remediation route), not an acceptance check"
+REMEDIATION = "a person confirms it at sign-off (vllm-acceptance sign --confirm FIELD=TEXT); also an entry " \
+    "condition of playbooks/rebuild.yml"
 
 CHECKLIST: list[ChecklistItem] = [
     *_items("000", [
@@ -91,13 +92,15 @@ CHECKLIST: list[ChecklistItem] = [
         ("The log confirms a CUDA 13 / R575 driver incompatibility, not a model or authorisation error",
          ("compat.startup_log*", "compat.driver*", "compat.launch_triage*", "capacity.launch_triage*"),
          "answered by the driver and startup-log findings: pass means there is no incompatibility to confirm"),
-        ("A maintenance window agreed for the driver upgrade", (), REMEDIATION),
-        ("A separate node available for the first test", (), REMEDIATION),
+        ("A maintenance window agreed for the driver upgrade", ("confirm:maintenance_window",), REMEDIATION),
+        ("A separate node available for the first test", ("confirm:spare_node",), REMEDIATION),
         ("Image, vLLM version, nvidia-smi output and full logs saved",
          ("compat.image*", "compat.state_snapshot*", "compat.preflight", "compat.launch_evidence*")),
-        ("A way to roll back the driver or recreate the node recorded", (), REMEDIATION),
-        ("At least one previous workload can be re-checked after the change", (), REMEDIATION),
-        ("An isolated compatible environment prepared if the shared cluster cannot change", (), REMEDIATION),
+        ("A way to roll back the driver or recreate the node recorded", ("confirm:rollback_plan",), REMEDIATION),
+        ("At least one previous workload can be re-checked after the change", ("confirm:regression_workload",),
+         REMEDIATION),
+        ("An isolated compatible environment prepared if the shared cluster cannot change",
+         ("confirm:isolated_environment",), REMEDIATION),
         ("If a cu129 build is chosen: a dependency owner and an exit date assigned", ("report:lineage",)),
         ("Repeatable requests with an identical prefix prepared for prefix caching", ("cache.hot*", "cache.reuse*")),
         ("Agent tests for tools, structured output and loop correctness defined",
@@ -126,7 +129,7 @@ CHECKLIST: list[ChecklistItem] = [
          ("agent.tool_schema*", "agent.multi_turn*", "agent.structured*", "agent.tool_failure*")),
         ("Model, parser, gateway and caller failures recorded separately", ("agent.*",)),
         ("Post-release monitoring owner, rate-limit policy and rollback triggers designated",
-         ("report:rollback_triggers", "report:monitoring_owner")),
+         ("report:rollback_triggers", "report:monitoring_owner", "confirm:rate_limit_policy")),
         ("Every result has test conditions, time, log location and a reviewer",
          ("report:evidence", "report:signoff")),
     ]),
@@ -154,12 +157,28 @@ CHECKLIST: list[ChecklistItem] = [
         ("The operator knows the context and concurrency limits and the rollback signal",
          ("report:rollback_triggers", "report:signoff")),
         ("A restore to the previous image rehearsed", ("report:rollback_rehearsed",),
-         "recorded in the sign-off (signoff.rollback_rehearsed)"),
+         "playbooks/restore_rehearsal.yml records it beside the run; the sign-off shows it"),
     ]),
 ]
 
 
-# --- lines the report itself answers -------------------------------------------------------------
+# --- lines the report itself answers, and lines a person confirms at sign-off ----------------------
+
+TO_CONFIRM = "to_confirm"
+# Lines answered by the sign-off (a person), not by a measurement of this run.
+PERSON_CHECKS = ("report:signoff", "report:monitoring_owner", "report:rollback_rehearsed")
+# A line about a failure that did not happen: no finding is right when the stages that would have
+# met it ran (an OOM record needs an OOM).
+CONDITIONAL = {
+    "capacity.crash*": (("capacity.ramp*", "capacity.soak*", "capacity.concurren*"),
+                        "no OOM or crash occurred in this run"),
+}
+
+
+def signed(report: dict[str, Any]) -> dict[str, Any]:
+    record = report.get("signed")
+    return record if isinstance(record, dict) else {}
+
 
 def _report_owners(report: dict[str, Any]) -> tuple[str, str]:
     open_risks = [f for f in report.get("findings") or [] if f.get("status") not in ("pass", "not_applicable")]
@@ -170,12 +189,15 @@ def _report_owners(report: dict[str, Any]) -> tuple[str, str]:
 
 
 def _report_signoff(report: dict[str, Any]) -> tuple[str, str]:
-    signoff = report.get("signoff") or {}
-    needed = ("deployment_engineer", "reviewer", "decision", "date")
-    absent = [k for k in needed if not signoff.get(k)]
-    if absent:
-        return "missing", "to be signed: " + ", ".join(absent)
-    return "pass", f"signed: {signoff.get('decision')} by {signoff.get('reviewer')}"
+    record = signed(report)
+    if record:
+        if record.get("report_intact") is False:
+            return "fail", "signed, but report.json changed after signing: sign again"
+        return "pass", f"signed: {record.get('decision')} by {record.get('reviewer')} at {record.get('signed_at')}"
+    legacy = report.get("signoff") or {}
+    if all(legacy.get(k) for k in ("reviewer", "decision", "date")):
+        return "pass", f"signed: {legacy.get('decision')} by {legacy.get('reviewer')}"
+    return TO_CONFIRM, "to be signed: vllm-acceptance sign RUN_DIR --reviewer NAME --decision DECISION"
 
 
 def _report_rollback(report: dict[str, Any]) -> tuple[str, str]:
@@ -184,8 +206,9 @@ def _report_rollback(report: dict[str, Any]) -> tuple[str, str]:
 
 
 def _report_monitoring_owner(report: dict[str, Any]) -> tuple[str, str]:
-    owner = (report.get("signoff") or {}).get("monitoring_owner")
-    return ("pass", f"monitoring owner: {owner}") if owner else ("missing", "no monitoring owner named")
+    owner = signed(report).get("monitoring_owner") or (report.get("signoff") or {}).get("monitoring_owner")
+    return ("pass", f"monitoring owner: {owner}") if owner else (TO_CONFIRM, "monitoring owner named at sign-off "
+                                                                             "(sign --monitoring-owner)")
 
 
 def _report_evidence(report: dict[str, Any]) -> tuple[str, str]:
@@ -206,10 +229,22 @@ def _report_lineage(report: dict[str, Any]) -> tuple[str, str]:
 
 
 def _report_rollback_rehearsed(report: dict[str, Any]) -> tuple[str, str]:
+    rehearsal = report.get("restore_rehearsal")
+    if isinstance(rehearsal, dict) and rehearsal.get("status"):
+        status = "pass" if rehearsal.get("status") == "passed" else "fail"
+        return status, f"restore rehearsal {rehearsal.get('status')}: relaunched {rehearsal.get('relaunched')} " \
+                       f"(accepted in run {rehearsal.get('from_run')}) at {rehearsal.get('finished')}"
     value = (report.get("signoff") or {}).get("rollback_rehearsed")
     if value:
         return "pass", str(value)
-    return "missing", "not recorded in the sign-off"
+    return TO_CONFIRM, "not rehearsed yet: ansible-playbook -i inventories/<site> playbooks/restore_rehearsal.yml"
+
+
+def _confirmed(field_name: str, report: dict[str, Any]) -> tuple[str, str]:
+    value = (signed(report).get("confirmations") or {}).get(field_name)
+    if value:
+        return "pass", f"confirmed at sign-off: {value}"
+    return TO_CONFIRM, f"a person confirms at sign-off: --confirm {field_name}=..."
 
 
 REPORT_CHECKS: dict[str, Callable[[dict[str, Any]], tuple[str, str]]] = {
@@ -222,6 +257,12 @@ REPORT_CHECKS: dict[str, Callable[[dict[str, Any]], tuple[str, str]]] = {
     "report:rollback_rehearsed": _report_rollback_rehearsed,
 }
 
+CATEGORIES = {
+    "run": "Checked by this run",
+    "not_provable": "Not provable here",
+    "person": "A person confirms at sign-off",
+}
+
 
 @dataclass
 class Coverage:
@@ -229,6 +270,7 @@ class Coverage:
     status: str
     matched: list[str] = field(default_factory=list)   # finding ids (check@host) or report:* names
     detail: str = ""
+    category: str = "run"   # run | not_provable | person (CATEGORIES)
 
 
 def worst(statuses: list[str]) -> str:
@@ -241,6 +283,22 @@ def finding_id(finding: dict[str, Any]) -> str:
     return f"{finding.get('check')}@{host}" if host else str(finding.get("check"))
 
 
+def _answer(name: str, report: dict[str, Any]) -> tuple[str, str]:
+    if name.startswith("confirm:"):
+        return _confirmed(name.split(":", 1)[1], report)
+    return REPORT_CHECKS[name](report)
+
+
+def _absent_is_fine(pattern: str, findings: list[dict[str, Any]]) -> str | None:
+    """Why no finding for this pattern is right in this run, or None when it is missing evidence."""
+    if pattern not in CONDITIONAL:
+        return None
+    ran, why = CONDITIONAL[pattern]
+    ran_ok = [f for f in findings if any(fnmatch.fnmatchcase(str(f.get("check", "")), p) for p in ran)
+              and f.get("status") in ("pass", "warn", "fail")]
+    return f"{why} (load stages ran: {', '.join(sorted({str(f['check']) for f in ran_ok}))})" if ran_ok else None
+
+
 def cover(item: ChecklistItem, report: dict[str, Any]) -> Coverage:
     """Status of one checklist line in this run: the worst of its findings, or why it has none."""
     if not item.checks:
@@ -248,24 +306,42 @@ def cover(item: ChecklistItem, report: dict[str, Any]) -> Coverage:
     statuses: list[str] = []
     matched: list[str] = []
     details: list[str] = []
-    patterns = [p for p in item.checks if not p.startswith("report:")]
-    for name in (p for p in item.checks if p.startswith("report:")):
-        status, detail = REPORT_CHECKS[name](report)
+    findings = list(report.get("findings") or [])
+    patterns = [p for p in item.checks if ":" not in p]
+    answered = [p for p in item.checks if ":" in p]
+    for name in answered:
+        status, detail = _answer(name, report)
         statuses.append(status)
         matched.append(name)
         details.append(detail)
-    for finding in report.get("findings") or []:
+    found_statuses: list[str] = []
+    for finding in findings:
         check = str(finding.get("check", ""))
         if any(fnmatch.fnmatchcase(check, p) for p in patterns):
-            statuses.append(str(finding.get("status")))
+            found_statuses.append(str(finding.get("status")))
             matched.append(finding_id(finding))
-    if patterns and not any(fnmatch.fnmatchcase(m.split("@")[0], p) for m in matched for p in patterns):
-        # Mapped, but this run produced no such finding: that is missing evidence, not a pass.
-        statuses.append(NO_FINDING)
-        details.append("no finding for " + ", ".join(patterns) + " in this run")
+    statuses += found_statuses
+    if patterns and not found_statuses:
+        fine = [_absent_is_fine(p, findings) for p in patterns]
+        if all(fine):
+            statuses.append("not_applicable")
+            details.append("; ".join(sorted({x for x in fine if x})))
+        else:
+            # Mapped, but this run produced no such finding: that is missing evidence, not a pass.
+            statuses.append(NO_FINDING)
+            details.append("no finding for " + ", ".join(patterns) + " in this run")
     if item.note:
         details.insert(0, item.note)
-    return Coverage(item, worst(statuses), matched, "; ".join(details))
+    status = worst(statuses)
+    if any(p.startswith("confirm:") or p in PERSON_CHECKS for p in answered):
+        category = "person"
+    elif status == "not_applicable" and found_statuses and set(found_statuses) == {"not_applicable"}:
+        category = "not_provable"
+        reasons = sorted({str(f.get("reason")) for f in findings if finding_id(f) in matched and f.get("reason")})
+        details += reasons[:2]
+    else:
+        category = "run"
+    return Coverage(item, status, matched, "; ".join(details), category)
 
 
 def coverage(report: dict[str, Any]) -> list[Coverage]:
@@ -277,3 +353,12 @@ def coverage_summary(rows: list[Coverage]) -> dict[str, int]:
     for row in rows:
         counts[row.status] = counts.get(row.status, 0) + 1
     return counts
+
+
+def coverage_groups(rows: list[Coverage]) -> list[dict[str, Any]]:
+    """The three groups the sign-off needs apart, each with its rows and status counts."""
+    groups = []
+    for key, title in CATEGORIES.items():
+        members = [r for r in rows if r.category == key]
+        groups.append({"key": key, "title": title, "rows": members, "counts": coverage_summary(members)})
+    return groups

@@ -3,9 +3,11 @@
     vllm-acceptance diff RUN_A RUN_B
 
 RUN_A / RUN_B are run directories (or their report.json, or an inventory's `latest` link).
-What changed: the verdict and gates, versions and environment (driver, CUDA, image, vLLM,
-launch command, cache config, recipe), findings whose status changed (added, removed,
-changed), and figures (knee, per-step p95s, errors, preemptions, cache hits, agent rates).
+What changed: the reopen triggers that fired from A to B (image digest, driver, topology,
+context limit, recipe record: the same comparison a run makes with the inventory's last signed
+acceptance, report/reopen.py), the verdict and gates, versions and environment (driver, CUDA,
+image, vLLM, launch command, cache config, recipe), findings whose status changed (added,
+removed, changed), and figures (knee, per-step p95s, errors, preemptions, cache hits, agent rates).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
+
+from .reopen import fired_triggers
 
 FIGURE_KEYS = ("ttft_p95", "itl_p95", "e2e_p95", "errors", "preemptions", "max_waiting", "max_kv_usage")
 
@@ -137,6 +141,7 @@ def diff_runs(a: Path, b: Path) -> dict[str, Any]:
         "a": run_ref(path_a, ra),
         "b": run_ref(path_b, rb),
         "verdict": {"a": ra.get("verdict"), "b": rb.get("verdict"), "changed": ra.get("verdict") != rb.get("verdict")},
+        "reopen": fired_triggers(ra, rb),
         "gates": gates,
         "environment": changed(environment(ra), environment(rb)),
         "findings": diff_findings(ra, rb),
@@ -159,6 +164,13 @@ def render_diff_text(d: dict[str, Any]) -> str:
     a, b = d["a"], d["b"]
     lines = [f"A: {a['inventory']}/{a['run_id']}  profile {a['profile']}  ({a['path']})",
              f"B: {b['inventory']}/{b['run_id']}  profile {b['profile']}  ({b['path']})", ""]
+    fired = d.get("reopen") or []
+    if fired:
+        lines.append(f"reopen triggers fired: {len(fired)} (acceptance must be redone)")
+        for t in fired:
+            lines.append(f"  ! {t['title']}: " + "; ".join(t["changed"]))
+    else:
+        lines.append("reopen triggers fired: none (image, driver, topology, context limit, recipe record unchanged)")
     v = d["verdict"]
     lines.append(f"verdict: {v['a']} -> {v['b']}" if v["changed"] else f"verdict: {v['a']} (unchanged)")
     for name, gate in d["gates"].items():

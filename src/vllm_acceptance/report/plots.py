@@ -169,15 +169,45 @@ def queue_svg(load: dict[str, Any] | None) -> str | None:
         return to_svg(fig, "queue")
 
 
+def stage_bands(bounds: Any) -> list[tuple[str, float, float]]:
+    """Stage bounds with consecutive runs of one stage merged (the soak writes one bound per request batch)."""
+    rows = sorted(((str(b.get("stage", "")), float(b["start"]), float(b["end"])) for b in bounds or []
+                   if isinstance(b, dict) and _num(b.get("start")) is not None and _num(b.get("end")) is not None),
+                  key=lambda r: r[1])
+    merged: list[tuple[str, float, float]] = []
+    for name, start, end in rows:
+        if merged and merged[-1][0] == name:
+            merged[-1] = (name, merged[-1][1], max(merged[-1][2], end))
+        else:
+            merged.append((name, start, end))
+    return merged
+
+
+def _draw_bands(ax: Any, bands: list[tuple[str, float, float]], t0: float) -> None:
+    shades = ["#f1f3f5", "#e7f5ff"]
+    for i, (name, start, end) in enumerate(bands):
+        ax.axvspan(start - t0, end - t0, color=shades[i % 2], zorder=0)
+        ax.axvline(start - t0, color="#adb5bd", linewidth=0.7, zorder=1)
+        # Three label heights: short stages side by side would overlap.
+        ax.text(start - t0, (0.98, 0.90, 0.82)[i % 3], " " + name.replace("_", " "),
+                transform=ax.get_xaxis_transform(), va="top", ha="left", fontsize=7.5, color="#495057")
+
+
+MAX_SERIES = 8
+
+
 def memory_svg(load: dict[str, Any] | None) -> str | None:
-    """Memory per GPU (or process RSS in the lab) over the run, with stage boundaries shaded."""
+    """Memory per GPU (or process RSS in the lab) over the run, with the load stages as bands.
+
+    Up to MAX_SERIES series are drawn one by one; a fleet (64 nodes x 8 GPUs) is drawn as the min-max
+    envelope and median of all series, plus the series that deviates most from the median.
+    """
     samples = [m for m in (load or {}).get("memory_timeline") or []
                if isinstance(m, dict) and _num(m.get("t")) is not None and _num(m.get("bytes")) is not None]
     if not samples:
         return None
-    bounds = [b for b in (load or {}).get("stage_bounds") or []
-              if isinstance(b, dict) and _num(b.get("start")) is not None and _num(b.get("end")) is not None]
-    t0 = min([float(m["t"]) for m in samples] + [float(b["start"]) for b in bounds])
+    bands = stage_bands((load or {}).get("stage_bounds"))
+    t0 = min([float(m["t"]) for m in samples] + [b[1] for b in bands])
     series: dict[str, list[tuple[float, float]]] = {}
     labels: dict[str, str] = {}
     for m in sorted(samples, key=lambda m: float(m["t"])):
@@ -187,23 +217,139 @@ def memory_svg(load: dict[str, Any] | None) -> str | None:
             labels[name] = str(m["label"])
     with matplotlib.rc_context(RC):
         fig, (ax,) = _figure(11, 3.4)
-        shades = ["#f1f3f5", "#e7f5ff"]
-        for i, b in enumerate(sorted(bounds, key=lambda b: float(b["start"]))):
-            start, end = float(b["start"]) - t0, float(b["end"]) - t0
-            ax.axvspan(start, end, color=shades[i % 2], zorder=0)
-            ax.axvline(start, color="#adb5bd", linewidth=0.7, zorder=1)
-            # Alternate label heights: short stages side by side would overlap.
-            ax.text(start, 0.98 if i % 2 == 0 else 0.90, " " + str(b.get("stage", "")),
-                    transform=ax.get_xaxis_transform(), va="top", ha="left", fontsize=8, color="#495057")
-        for (name, pts), color in zip(sorted(series.items()), itertools.cycle(SERIES_COLORS)):
-            label = f"{name} ({labels[name]})" if name in labels else name
-            ax.plot(*zip(*pts, strict=True), color=color, linewidth=1.3, label=label, zorder=2)
+        _draw_bands(ax, bands, t0)
+        if len(series) <= MAX_SERIES:
+            for (name, pts), color in zip(sorted(series.items()), itertools.cycle(SERIES_COLORS)):
+                label = f"{name} ({labels[name]})" if name in labels else name
+                ax.plot(*zip(*pts, strict=True), color=color, linewidth=1.3, label=label, zorder=2)
+            title = "Memory timeline per GPU, load stages as bands"
+        else:
+            _envelope(ax, series)
+            title = f"Memory timeline of {len(series)} series (envelope), load stages as bands"
         ax.set_xlabel("seconds since first sample")
         ax.set_ylabel("GiB")
-        ax.set_ylim(0, max(y for pts in series.values() for _, y in pts) * 1.18 or 1)
-        ax.set_title("Memory timeline with stage boundaries")
+        ax.set_ylim(0, max(y for pts in series.values() for _, y in pts) * 1.25 or 1)
+        ax.set_title(title)
         ax.legend(loc="lower right", ncols=min(4, len(series)))  # series is never empty here
         return to_svg(fig, "memory")
+
+
+def _envelope(ax: Any, series: dict[str, list[tuple[float, float]]]) -> None:
+    """Min-max band and median per time bucket, and the series farthest from the median."""
+    times = sorted({round(t, 1) for pts in series.values() for t, _ in pts})
+    buckets: dict[float, list[float]] = {t: [] for t in times}
+    for pts in series.values():
+        for t, y in pts:
+            buckets[round(t, 1)].append(y)
+    lo = [min(buckets[t]) for t in times]
+    hi = [max(buckets[t]) for t in times]
+    med = [sorted(buckets[t])[len(buckets[t]) // 2] for t in times]
+    ax.fill_between(times, lo, hi, color="#a5d8ff", alpha=0.6, label="min-max of all series", zorder=2)
+    ax.plot(times, med, color="#1864ab", linewidth=1.3, label="median", zorder=3)
+    median_at = dict(zip(times, med, strict=True))
+
+    def distance(pts: list[tuple[float, float]]) -> float:
+        return max(abs(y - median_at[round(t, 1)]) for t, y in pts)
+
+    name, pts = max(series.items(), key=lambda kv: distance(kv[1]))
+    ax.plot(*zip(*pts, strict=True), color="#e03131", linewidth=1.1, label=f"farthest from median: {name}", zorder=4)
+
+
+def kv_timeline_svg(load: dict[str, Any] | None) -> str | None:
+    """KV-cache usage and waiting requests over time (the load probe's /metrics samples), stages as bands."""
+    rows = [r for r in (load or {}).get("metrics_timeline") or []
+            if isinstance(r, dict) and _num(r.get("t")) is not None]
+    if not rows:
+        return None
+    bands = stage_bands((load or {}).get("stage_bounds"))
+    t0 = min([float(r["t"]) for r in rows] + [b[1] for b in bands])
+    rows.sort(key=lambda r: float(r["t"]))
+    with matplotlib.rc_context(RC):
+        fig, (ax,) = _figure(11, 3.2)
+        _draw_bands(ax, bands, t0)
+        xs = [float(r["t"]) - t0 for r in rows]
+        for key, label, color in (("waiting", "waiting requests", COLORS["waiting"]),
+                                  ("running", "running requests", COLORS["running"])):
+            ys = [_num(r.get(key)) for r in rows]
+            pts = [(x, y) for x, y in zip(xs, ys, strict=True) if y is not None]
+            if pts:
+                ax.step(*zip(*pts, strict=True), where="post", color=color, linewidth=1.1, label=label, zorder=3)
+        ax.set_ylabel("requests")
+        ax.set_xlabel("seconds since first sample")
+        ax.set_ylim(bottom=0)
+        kv = ax.twinx()
+        kv.grid(False)
+        pts = [(x, (_num(r.get("kv_usage")) or 0.0) * 100) for x, r in zip(xs, rows, strict=True)
+               if _num(r.get("kv_usage")) is not None]
+        if pts:
+            kv.plot(*zip(*pts, strict=True), color=COLORS["kv"], linewidth=1.3, label="KV cache usage %", zorder=4)
+        kv.set_ylim(0, 105)
+        kv.set_ylabel("KV cache usage %")
+        kv.spines["right"].set_visible(True)
+        h1, l1 = ax.get_legend_handles_labels()
+        h2, l2 = kv.get_legend_handles_labels()
+        ax.legend(h1 + h2, l1 + l2, loc="upper right", ncols=3)
+        ax.set_title("KV-cache usage and queue over time, load stages as bands")
+        return to_svg(fig, "kvtime")
+
+
+def wilson(successes: float, n: float, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of a proportion (honest at n = 3, where the normal one is not)."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * ((p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+AGENT_RATES = (("schema_accuracy", "schema-valid calls", "triggered"),
+               ("trigger_consistency", "consistent tool triggering", "runs"),
+               ("format_error_rate", "tool-call format errors", "triggered"),
+               ("separation_error_rate", "content / reasoning separation errors", "runs"))
+
+
+def agent_rate_rows(agent: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Each agent rate with the count it is measured on and its 95% interval."""
+    rates = (agent or {}).get("rates") or {}
+    rows = []
+    for key, label, base in AGENT_RATES:
+        rate = _num(rates.get(key))
+        if rate is None:
+            continue
+        n = _num(rates.get(base)) or _num(rates.get("runs"))
+        lo, hi = wilson(rate * n, n) if n else (None, None)
+        rows.append({"key": key, "label": label, "rate": rate, "n": int(n) if n else None, "lo": lo, "hi": hi})
+    return rows
+
+
+def agent_rates_svg(agent: dict[str, Any] | None, threshold: float | None = None) -> str | None:
+    rows = agent_rate_rows(agent)
+    if not rows:
+        return None
+    with matplotlib.rc_context(RC):
+        fig, (ax,) = _figure(11, 0.55 * len(rows) + 1.0)
+        ys = list(range(len(rows)))[::-1]
+        for y, row in zip(ys, rows, strict=True):
+            bad = row["key"].endswith("error_rate")
+            color = "#e8590c" if bad else "#2f9e44"
+            ax.barh(y, row["rate"] * 100, height=0.5, color=color, alpha=0.85)
+            if row["lo"] is not None:
+                ax.errorbar(row["rate"] * 100, y, xerr=[[max(0.0, row["rate"] - row["lo"]) * 100],
+                                                        [max(0.0, row["hi"] - row["rate"]) * 100]],
+                            fmt="none", ecolor="#212529", capsize=4, linewidth=1)
+            ax.text(101, y, f"{row['rate'] * 100:.1f}%  (n={row['n'] or '?'}, 95% CI "
+                    f"{(row['lo'] or 0) * 100:.0f}-{(row['hi'] or 1) * 100:.0f}%)", va="center", fontsize=8)
+        if threshold is not None:
+            ax.axvline(threshold * 100, color="#c92a2a", linestyle="--", linewidth=1,
+                       label=f"format error threshold {threshold * 100:g}%")
+            ax.legend(loc="lower right")
+        ax.set_yticks(ys, [r["label"] for r in rows])
+        ax.set_xlim(0, 100)
+        ax.set_xlabel("% of calls or runs (bars), 95% Wilson interval (whiskers)")
+        ax.set_title("Agent interface rates with their confidence intervals")
+        return to_svg(fig, "agent")
 
 
 KIND_ORDER = ("cold", "hot_a", "hot_b", "control")
@@ -230,11 +376,22 @@ def cache_svg(cache: dict[str, Any] | None) -> str | None:
                         ys.append(value)
                 if xs:
                     ax.bar(xs, ys, width, color=COLORS[kind], label=kind.replace("_", " "))
+                if key == "hits":
+                    exp = [(i + (k - 1.5) * width, _num(m[0].get("expected_hits")))
+                           for i, session in enumerate(sessions)
+                           for m in [[r for r in requests if int(r.get("session") or 0) == session
+                                      and r.get("kind") == kind]] if m]
+                    exp = [(x, y) for x, y in exp if y is not None]
+                    if exp:
+                        ax.plot(*zip(*exp, strict=True), linestyle="none", marker="_", markersize=14,
+                                markeredgewidth=2, color="#212529",
+                                label="expected (block-aligned)" if kind == "cold" else None)
             ax.set_xticks(range(len(sessions)), [f"session {s}" for s in sessions])
             ax.set_title(title)
         expected = _num((cache or {}).get("expected_hot_hits"))
         if expected is not None:
-            axes[0].axhline(expected, color="#2b8a3e", linestyle="--", linewidth=1, label=f"expected hot {expected:g}")
+            axes[0].axhline(expected, color="#2b8a3e", linestyle="--", linewidth=1,
+                            label=f"block-aligned shared prefix {expected:g}")
         for ax in axes:
             top = ax.get_ylim()[1]
             ax.set_ylim(0, top * 1.3 if top > 0 else 1)  # headroom for the legend above the bars
@@ -243,9 +400,11 @@ def cache_svg(cache: dict[str, Any] | None) -> str | None:
         return to_svg(fig, "cache")
 
 
-def all_svgs(stages: dict[str, Any], slo: dict[str, Any] | None = None) -> dict[str, str | None]:
+def all_svgs(stages: dict[str, Any], slo: dict[str, Any] | None = None,
+             format_threshold: float | None = None) -> dict[str, str | None]:
     load = stages.get("load") if isinstance(stages.get("load"), dict) else None
     cache = stages.get("cache") if isinstance(stages.get("cache"), dict) else None
-    return {"latency": latency_svg(load, slo), "queue": queue_svg(load), "memory": memory_svg(load),
-            "cache": cache_svg(cache)}
+    agent = stages.get("agent") if isinstance(stages.get("agent"), dict) else None
+    return {"latency": latency_svg(load, slo), "queue": queue_svg(load), "kv": kv_timeline_svg(load),
+            "memory": memory_svg(load), "cache": cache_svg(cache), "agent": agent_rates_svg(agent, format_threshold)}
 

@@ -16,8 +16,9 @@ from urllib.parse import quote
 
 import jinja2
 
-from . import plots
-from .checklist import SOURCES, coverage, coverage_summary
+from . import plots, views
+from .checklist import SOURCES, coverage, coverage_groups, coverage_summary
+from .signoff import CONFIRM_FIELDS
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -28,7 +29,7 @@ VERDICT_TITLES = {
     "expand_capacity": "Expand capacity",
     "incomplete": "Incomplete: no decision can be signed",
 }
-STATUS_RANK = {"fail": 0, "missing": 1, "inconclusive": 2, "warn": 3, "pass": 4, "not_applicable": 5}
+STATUS_RANK = {"fail": 0, "missing": 1, "inconclusive": 2, "to_confirm": 3, "warn": 3, "pass": 4, "not_applicable": 5}
 FAMILIES = ("compat", "interconnect", "capacity", "cache", "agent")
 SIGNOFF_FIELDS = [
     ("deployment_engineer", "Deployment engineer (ran the acceptance)"),
@@ -40,6 +41,8 @@ SIGNOFF_FIELDS = [
     ("container", "Container (image and digest)"),
     ("monitoring_owner", "Monitoring owner"),
     ("rollback_rehearsed", "Restore to previous image rehearsed"),
+    ("limits", "Limits signed (traffic cap)"),
+    ("note", "Note"),
 ]
 # A scheme ("http:", "javascript:", "c:") or a protocol-relative "//": never a link in this report.
 _SCHEME = re.compile(r"^\s*([A-Za-z][A-Za-z0-9+.-]*:|//|\\\\)")
@@ -100,31 +103,89 @@ def host_names(report: dict[str, Any]) -> list[str]:
     return names
 
 
+CELL_MARK = {"pass": "✓", "fail": "✗", "warn": "!", "missing": "?", "inconclusive": "?", "not_applicable": "n/a",
+             "none": "—"}
+DEVIATING = ("fail", "missing", "inconclusive", "warn")
+
+
+def compat_findings(report: dict[str, Any]) -> list[dict[str, Any]]:
+    return [f for f in report.get("findings") or [] if str(f.get("check", "")).startswith(("compat.", "interconnect."))]
+
+
+def matrix_cell(found: list[dict[str, Any]]) -> dict[str, str]:
+    if not found:
+        return {"status": "none", "text": CELL_MARK["none"], "title": "no finding for this node"}
+    worst = min(found, key=lambda f: STATUS_RANK.get(str(f.get("status")), 9))
+    status = str(worst.get("status"))
+    title = (f"{status}\nobserved: {short_text(worst.get('observed'), 300)}"
+             f"\nexpected: {short_text(worst.get('expected'), 200)}")
+    if worst.get("reason"):
+        title += f"\n{worst['reason']}"
+    return {"status": status, "text": CELL_MARK.get(status, status), "title": title}
+
+
 def compat_matrix(report: dict[str, Any]) -> dict[str, Any]:
-    """Nodes x compatibility checks; run-wide compat findings (no host) form their own row."""
-    compat = [f for f in report.get("findings") or []
-              if str(f.get("check", "")).startswith(("compat.", "interconnect."))]
+    """Nodes x compatibility checks, readable for 1 to 64+ nodes at 1280 px.
+
+    Nodes with the same status in every column form one row ("62 nodes"); rows with a deviating cell
+    come first, then the rest by size. Every deviating cell is also listed with observed and expected.
+    The full per-node grid is kept, folded. Run-wide compat findings (no host) form their own row.
+    """
+    compat = compat_findings(report)
     checks = sorted({str(f["check"]) for f in compat})
-    rows = []
     unreachable = set(report.get("unreachable_hosts") or [])
-    names = host_names(report)
+    names: list[str | None] = list(host_names(report))
     if any(not f.get("host") for f in compat):
-        names = [*names, None]  # type: ignore[list-item]
+        names.append(None)
+    by_key: dict[tuple[str | None, str], list[dict[str, Any]]] = {}
+    for f in compat:
+        by_key.setdefault((f.get("host"), str(f["check"])), []).append(f)
+    rows, deviations = [], []
     for host in names:
-        cells = []
-        for check in checks:
-            found = [f for f in compat if f.get("check") == check and f.get("host") == host]
-            if not found:
-                cells.append({"status": "none", "text": "—", "title": "no finding for this node"})
-                continue
-            worst = min(found, key=lambda f: STATUS_RANK.get(str(f.get("status")), 9))
-            title = f"observed: {fmt(worst.get('observed'))}\nexpected: {fmt(worst.get('expected'))}"
-            if worst.get("reason"):
-                title += f"\n{worst['reason']}"
-            cells.append({"status": str(worst.get("status")), "text": str(worst.get("status")).replace("_", " "),
-                          "title": title})
-        rows.append({"host": host or "(run-wide)", "unreachable": host in unreachable, "cells": cells})
-    return {"checks": checks, "rows": rows}
+        cells = [matrix_cell(by_key.get((host, c), [])) for c in checks]
+        label = host or "(run-wide)"
+        rows.append({"host": label, "unreachable": host in unreachable, "cells": cells})
+        for check, cell in zip(checks, cells, strict=True):
+            if cell["status"] in DEVIATING:
+                worst = min(by_key[(host, check)], key=lambda f: STATUS_RANK.get(str(f.get("status")), 9))
+                deviations.append({"host": label, "check": check, "status": cell["status"],
+                                   "observed": short_text(worst.get("observed"), 160),
+                                   "expected": short_text(worst.get("expected"), 120),
+                                   "action": worst.get("action"), "fid": finding_id(worst)})
+    groups: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for row in rows:
+        key = (row["unreachable"], tuple(c["status"] for c in row["cells"]))
+        group = groups.setdefault(key, {"hosts": [], "cells": row["cells"], "unreachable": row["unreachable"]})
+        group["hosts"].append(row["host"])
+    grouped = []
+    for group in groups.values():
+        bad = sum(1 for c in group["cells"] if c["status"] in DEVIATING) + (1 if group["unreachable"] else 0)
+        hosts = group["hosts"]
+        grouped.append({**group, "deviating": bad > 0, "count": len(hosts),
+                        "label": hosts[0] if len(hosts) == 1 else f"{len(hosts)} nodes alike",
+                        "members": host_range(hosts)})
+    grouped.sort(key=lambda g: (not g["deviating"], g["count"] if g["deviating"] else -g["count"], g["label"]))
+    rows.sort(key=lambda r: (not (r["unreachable"] or any(c["status"] in DEVIATING for c in r["cells"])), r["host"]))
+    deviations.sort(key=lambda d: (STATUS_RANK.get(d["status"], 9), d["check"], d["host"]))
+    return {"checks": checks, "columns": [matrix_column(c) for c in checks], "groups": grouped, "rows": rows,
+            "deviations": deviations, "nodes": len([n for n in names if n])}
+
+
+def matrix_column(check: str) -> dict[str, str]:
+    fam, _, name = check.partition(".")
+    return {"id": check, "fam": fam, "name": name.replace("_", " ").replace(".", " · ")}
+
+
+def host_range(hosts: list[str], limit: int = 12) -> str:
+    """'node01 … node62' style summary of many names; all of them up to `limit`."""
+    if len(hosts) <= limit:
+        return ", ".join(hosts)
+    return ", ".join(hosts[: limit - 2]) + f", … ({len(hosts) - limit + 1} more) …, " + hosts[-1]
+
+
+def short_text(value: Any, limit: int = 120) -> str:
+    text = fmt(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def checklist_chips(row: Any, report: dict[str, Any]) -> list[dict[str, str]]:
@@ -163,27 +224,59 @@ def family_findings(report: dict[str, Any], prefix: str) -> list[dict[str, Any]]
 
 
 def signoff_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """Given values, else what the run's evidence says (marked so), else an empty line to sign."""
-    given = report.get("signoff") or {}
-    derived = {"topology": derive_topology(report), "container": derive_container(report),
-               "scenario_version": report.get("profile")}
+    """The signed record's values, else the run's preset values, else what the evidence says (marked so),
+    else an empty line to sign. The items a person confirms at sign-off are fields here too."""
+    record = report.get("signed") if isinstance(report.get("signed"), dict) else {}
+    given = {**(report.get("signoff") or {}), **{k: v for k, v in record.items() if v}}
+    if record:
+        given["date"] = record.get("signed_at")
+        if record.get("limits"):
+            given["limits"] = ", ".join(record["limits"])
+    rehearsal = report.get("restore_rehearsal") if isinstance(report.get("restore_rehearsal"), dict) else None
+    if rehearsal:
+        given["rollback_rehearsed"] = rehearsal_text(rehearsal)
+    derived = {"topology": derive_topology(report), "container": derive_container(report)}
+    confirmations = record.get("confirmations") or {}
     rows = []
     for key, label in SIGNOFF_FIELDS:
         if given.get(key):
-            rows.append({"label": label, "value": fmt(given[key]), "derived": False})
-        elif derived.get(key) and key in ("topology", "container"):
-            rows.append({"label": label, "value": derived[key], "derived": True})
+            rows.append({"key": key, "label": label, "value": fmt(given[key]), "derived": False})
+        elif derived.get(key):
+            rows.append({"key": key, "label": label, "value": derived[key], "derived": True})
         else:
-            rows.append({"label": label, "value": "", "derived": False})
+            rows.append({"key": key, "label": label, "value": "", "derived": False})
+    for key, label in CONFIRM_FIELDS.items():
+        rows.append({"key": key, "label": f"Confirmed by a person: {label}", "value": confirmations.get(key, ""),
+                     "derived": False, "confirm": True})
     return rows
+
+
+def rehearsal_text(rehearsal: dict[str, Any]) -> str:
+    text = f"{rehearsal.get('status')}: relaunched {rehearsal.get('relaunched')} (accepted in run " \
+           f"{rehearsal.get('from_run')}) at {rehearsal.get('finished')}"
+    smoke = rehearsal.get("smoke") if isinstance(rehearsal.get("smoke"), dict) else {}
+    if smoke:
+        text += f"; smoke probe {smoke.get('status')}"
+        if smoke.get("ready_s") is not None:
+            text += f", ready in {smoke['ready_s']} s"
+    return text
 
 
 def derive_topology(report: dict[str, Any]) -> str | None:
     hosts = (stage(report, "preflight") or {}).get("hosts") or {}
+    env = report.get("environment") if isinstance(report.get("environment"), dict) else {}
+    if env.get("topology"):
+        return str(env["topology"])
+    if views.no_gpu(report):
+        names = host_names(report)
+        return f"{len(names)} node(s) ({', '.join(names[:4])}): CPU only, no GPU (CPU lab): GPU topology not " \
+               "provable here"
     if not isinstance(hosts, dict) or not hosts:
-        return (report.get("environment") or {}).get("topology") if isinstance(report.get("environment"), dict) \
-            else None
-    gpus = {f"{h.get('gpu_count', '?')} x {h.get('gpu_name', '?')}" for h in hosts.values() if isinstance(h, dict)}
+        return None
+    gpus = {f"{h.get('gpu_count')} x {h.get('gpu_name')}" for h in hosts.values()
+            if isinstance(h, dict) and h.get("gpu_count")}
+    if not gpus:
+        return f"{len(hosts)} node(s): GPU model and count not recorded"
     return f"{len(hosts)} node(s): " + ", ".join(sorted(gpus))
 
 
@@ -191,7 +284,12 @@ def derive_container(report: dict[str, Any]) -> str | None:
     hosts = (stage(report, "preflight") or {}).get("hosts") or {}
     images = {f"{h.get('image')}@{h.get('image_digest')}" if h.get("image_digest") else str(h.get("image"))
               for h in hosts.values() if isinstance(h, dict) and h.get("image")} if isinstance(hosts, dict) else set()
-    return ", ".join(sorted(images)) or None
+    if images:
+        return ", ".join(sorted(images))
+    serve = stage(report, "serve") or {}
+    if serve.get("version") or serve.get("model"):
+        return f"no container (process runtime): vLLM {serve.get('version') or '?'}, model {serve.get('model') or '?'}"
+    return None
 
 
 def env_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
@@ -221,14 +319,20 @@ def node_cell(column: str, value: Any) -> dict[str, str]:
 
 
 def preflight_rows(report: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]]]:
+    """Per-node versions; nodes with identical values form one row ("62 nodes"), deviating rows first."""
     hosts = (stage(report, "preflight") or {}).get("hosts") or {}
     cols = ["driver_version", "driver_branch", "gpu_count", "gpu_name", "cuda_runtime", "vllm_version",
             "torch_version", "image", "image_digest", "fabric_manager"]
-    rows = []
+    groups: dict[tuple[str, ...], list[str]] = {}
     if isinstance(hosts, dict):
         for host, data in sorted(hosts.items()):
             data = data if isinstance(data, dict) else {}
-            rows.append({"host": host, "cells": [node_cell(c, data.get(c)) for c in cols]})
+            groups.setdefault(tuple(fmt(data.get(c)) for c in cols), []).append(str(host))
+    rows = []
+    for values, members in sorted(groups.items(), key=lambda kv: (len(kv[1]), kv[1][0])):
+        label = members[0] if len(members) == 1 else f"{len(members)} nodes alike"
+        rows.append({"host": label, "members": host_range(members) if len(members) > 1 else "",
+                     "cells": [node_cell(c, v) for c, v in zip(cols, values, strict=True)]})
     return cols, rows
 
 
@@ -238,9 +342,14 @@ def load_view(report: dict[str, Any]) -> dict[str, Any] | None:
         return None
     steps = []
     for s in plots._steps(load):  # sorted, concurrency present
+        queue = s.get("queue_p95") if s.get("queue_p95") is not None else s.get("queue_time_mean_s")
         steps.append({k: fmt(s.get(k)) for k in s} | {"max_kv_usage": fmt_pct(s.get("max_kv_usage")),
-                                                       "meets_slo": s.get("meets_slo")})
-    return {"contract": fmt(load.get("contract_concurrency")), "knee": fmt(load.get("knee")), "steps": steps}
+                                                       "meets_slo": s.get("meets_slo"), "queue": fmt(queue),
+                                                       "queue_kind": "p95" if s.get("queue_p95") is not None
+                                                       else "mean"})
+    kinds = {s["queue_kind"] for s in steps}
+    return {"contract": fmt(load.get("contract_concurrency")), "knee": fmt(load.get("knee")), "steps": steps,
+            "queue_label": "Queue p95" if kinds == {"p95"} else "Queue mean"}
 
 
 def cache_view(report: dict[str, Any]) -> dict[str, Any] | None:
@@ -250,7 +359,8 @@ def cache_view(report: dict[str, Any]) -> dict[str, Any] | None:
     reqs = sorted([r for r in cache.get("requests") or [] if isinstance(r, dict)],
                   key=lambda r: (r.get("session") or 0, plots.KIND_ORDER.index(r["kind"])
                                  if r.get("kind") in plots.KIND_ORDER else 9))
-    rows = [{k: fmt(r.get(k)) for k in ("session", "kind", "prompt_tokens", "queries", "hits", "cached_tokens",
+    rows = [{k: fmt(r.get(k)) for k in ("session", "kind", "prompt_tokens", "queries", "expected_hits", "hits",
+                                          "cached_tokens",
                                           "prefill_computed_tokens", "prefill_time_s", "ttft_s")}
             | {"clean": r.get("clean")} for r in reqs]
     return {"block_size": fmt(cache.get("block_size")), "shared": fmt(cache.get("shared_prefix_tokens")),
@@ -264,9 +374,19 @@ def agent_view(report: dict[str, Any]) -> dict[str, Any] | None:
     rates = agent.get("rates") or {}
     cases = [c for c in agent.get("cases") or [] if isinstance(c, dict)]
     return {"cases": sorted(cases, key=lambda c: (STATUS_RANK.get(str(c.get("status")), 9), str(c.get("id")))),
+            "exchanges": views.agent_case_rows(report), "root": str(agent.get("evidence_root") or ""),
+            "rate_rows": plots.agent_rate_rows(agent),
             "rates": [("schema accuracy", fmt_pct(rates.get("schema_accuracy"))),
                       ("trigger consistency", fmt_pct(rates.get("trigger_consistency"))),
                       ("format error rate", fmt_pct(rates.get("format_error_rate")))]}
+
+
+def evidence_path(root: str, path: Any) -> str:
+    """Stage details keep evidence relative to their probe directory; links are relative to the run."""
+    text = str(path)
+    if root and not text.startswith((root.rstrip("/") + "/", "evidence/", "probes/")):
+        return f"{root.rstrip('/')}/{text}"
+    return text
 
 
 def limit_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
@@ -287,6 +407,8 @@ def context(report: dict[str, Any]) -> dict[str, Any]:
     verdict = str(report.get("verdict") or "incomplete")
     rows = coverage(report)
     limits = report.get("limits") if isinstance(report.get("limits"), dict) else {}
+    signed = report.get("signed") if isinstance(report.get("signed"), dict) else None
+    reopen = report.get("reopen") if isinstance(report.get("reopen"), dict) else None
     return {
         "r": report,
         "verdict": verdict,
@@ -299,19 +421,50 @@ def context(report: dict[str, Any]) -> dict[str, Any]:
         "env": env_rows(report),
         "preflight": preflight_rows(report),
         "serve": stage(report, "serve"),
+        "startup": views.startup_view(report),
         "load": load_view(report),
         "cache": cache_view(report),
         "agent": agent_view(report),
         "svgs": plots.all_svgs(report.get("stages") or {}, report.get("slo") or (limits or {}).get("slo")),
         "families": {fam: family_findings(report, fam + ".") for fam in FAMILIES},
-        "checklist": [{"item": row.item, "status": row.status, "detail": row.detail,
-                       "chips": checklist_chips(row, report)} for row in rows],
-        "host_count": len([h for h in host_names(report)]),
+        "checklist_groups": [{"key": g["key"], "title": g["title"], "counts": g["counts"],
+                              "rows": [{"item": row.item, "status": row.status, "detail": row.detail,
+                                        "chips": checklist_chips(row, report)} for row in g["rows"]]}
+                             for g in coverage_groups(rows)],
+        "host_count": len(host_names(report)),
+        "hosts_text": hosts_text(report),
         "checklist_counts": coverage_summary(rows),
         "sources": SOURCES,
         "signoff": signoff_rows(report),
+        "signed": signed,
+        "reopen": reopen,
+        "rehearsal": report.get("restore_rehearsal") if isinstance(report.get("restore_rehearsal"), dict) else None,
+        "blockers": views.blockers(report),
+        "unproven": views.unproven(report),
+        "not_provable": views.not_provable(report),
+        "no_gpu": views.no_gpu(report),
+        "contract_rows": views.contract_rows(report),
+        "observed": {finding_id(f): views.observed_view(f) for f in report.get("findings") or []},
+        "expected": {finding_id(f): views.observed_view({"observed": f.get("expected")})
+                     for f in report.get("findings") or []},
         "lineage": report.get("lineage") if isinstance(report.get("lineage"), dict) else None,
     }
+
+
+def brief(f: dict[str, Any], limit: int = 100) -> str:
+    """One line for a finding in a family list: a scalar observed value, else its title or reason."""
+    value = f.get("observed")
+    if views.scalar(value) and value not in (None, ""):
+        return short_text(value, limit)
+    return short_text(f.get("title") or f.get("reason") or "", limit) if (f.get("title") or f.get("reason")) else ""
+
+
+def hosts_text(report: dict[str, Any]) -> str:
+    names = host_names(report)
+    text = f"{len(names)}"
+    if views.no_gpu(report):
+        text += " (CPU lab: no GPU)" if len(names) == 1 else " (no GPU)"
+    return text
 
 
 def environment() -> jinja2.Environment:
@@ -321,6 +474,8 @@ def environment() -> jinja2.Environment:
     env.filters["pct"] = fmt_pct
     env.filters["href"] = evidence_href
     env.filters["fid"] = finding_id
+    env.filters["evpath"] = evidence_path
+    env.filters["brief"] = brief
     return env
 
 

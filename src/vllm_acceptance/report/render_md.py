@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .checklist import coverage, coverage_summary
+from . import views
+from .checklist import coverage, coverage_groups, coverage_summary
 from .render_html import (
     VERDICT_TITLES,
     evidence_href,
@@ -61,6 +62,7 @@ def render_markdown(report: dict[str, Any]) -> str:
                 f"base profile: {fmt(lineage.get('base_profile'))}.", ""]
     out += [f"- Profile: `{report.get('profile')}`; started {fmt(report.get('started'))}; "
             f"finished {fmt(report.get('finished'))}"]
+    out += first_screen(report)
     out += ["", "## Reasons", ""] + [f"- {r}" for r in report.get("verdict_reasons") or ["(none given)"]]
     if report.get("missing"):
         out += ["", "**Missing:** " + ", ".join(f"`{m}`" for m in report["missing"])]
@@ -91,10 +93,15 @@ def render_markdown(report: dict[str, Any]) -> str:
     counts = coverage_summary(rows)
     out += ["", "## Checklist coverage (source articles)", "",
             ", ".join(f"{n} {s.replace('_', ' ')}" for s, n in counts.items()), ""]
-    gaps = [r for r in rows if r.status not in ("pass", "not_applicable")]
-    if gaps:
-        out += ["| Line | Checklist item | Status |", "| --- | --- | --- |"]
-        out += [f"| {r.item.ref} | {cell(r.item.text)} | {r.status.replace('_', ' ')} |" for r in gaps]
+    for group in coverage_groups(rows):
+        shown = [r for r in group["rows"] if group["key"] != "run" or r.status not in ("pass", "not_applicable")]
+        out += ["", f"### {group['title']} ({len(group['rows'])})", ""]
+        if not shown:
+            out.append("All passed." if group["rows"] else "None.")
+            continue
+        out += ["| Line | Checklist item | Status | Detail |", "| --- | --- | --- | --- |"]
+        out += [f"| {r.item.ref} | {cell(r.item.text)} | {r.status.replace('_', ' ')} | {cell(r.detail, 160)} |"
+                for r in shown]
     out += ["", "## Reopen acceptance on", ""] + [f"- {t}" for t in report.get("reopen_triggers") or []]
     out += ["", "## Rollback triggers", ""] + [f"- {t}" for t in report.get("rollback_triggers") or []]
     out += ["", "## Sign-off", "", "| Field | Value |", "| --- | --- |"]
@@ -106,3 +113,51 @@ def render_markdown(report: dict[str, Any]) -> str:
     out.append(f"| Test time | {fmt(report.get('started'))} → {fmt(report.get('finished'))} |")
     out += ["", "Evidence paths are relative to this report's directory; `report.json` is the record.", ""]
     return "\n".join(out)
+
+
+def first_screen(report: dict[str, Any]) -> list[str]:
+    """Sign-off state, reopen check, what blocks, the contract tested, what could not be proved."""
+    out: list[str] = [""]
+    signed = report.get("signed") if isinstance(report.get("signed"), dict) else None
+    if signed:
+        out.append(f"**Signed:** {signed.get('decision')} by {signed.get('reviewer')} at {signed.get('signed_at')}"
+                   + (f"; limits {', '.join(signed['limits'])}" if signed.get("limits") else ""))
+        if signed.get("override"):
+            out.append(f"> **OVERRIDE** of the verdict {signed.get('verdict')}: {signed.get('override_reason')}")
+        if not signed.get("report_intact"):
+            out.append("> **report.json changed after signing**: this signature no longer covers it; sign again.")
+    else:
+        out.append("**Not signed yet.** `vllm-acceptance sign RUN_DIR --reviewer NAME --decision DECISION`")
+    reopen = report.get("reopen") if isinstance(report.get("reopen"), dict) else None
+    out.append("")
+    if reopen and reopen.get("fired"):
+        base = reopen.get("baseline") or {}
+        out.append(f"**Acceptance reopened:** since the last signed acceptance {base.get('run_id')} "
+                   f"({base.get('decision')} by {base.get('reviewer')}):")
+        out += [f"- **{t['title']}**: {'; '.join(t['changed'])}" for t in reopen["fired"]]
+    elif reopen and reopen.get("status") == "unchanged":
+        out.append(f"**No reopen trigger fired** since the last signed acceptance "
+                   f"{(reopen.get('baseline') or {}).get('run_id')}.")
+    elif reopen:
+        out.append(f"**Reopen check:** {reopen.get('note')}")
+    blockers = views.blockers(report)
+    out += ["", f"## What blocks release ({len(blockers)})", ""]
+    out += [f"- **{b['status']}** `{b['id']}`: {cell(b['observed'], 120)}; action: {cell(b['action'], 160)}; "
+            f"owner {cell(b['owner'])}, re-check {cell(b['recheck'])}" for b in blockers] or ["Nothing."]
+    rows = views.contract_rows(report)
+    if rows:
+        out += ["", "## Contract tested", "", "| What | Profile | Tested | |", "| --- | --- | --- | --- |"]
+        out += [f"| {c['item']} | {cell(c['profile'])} | {cell(c['tested'])} | "
+                f"{'as contracted' if c['ok'] else ('**differs**: ' + c['note'] if c['ok'] is False else '—')} |"
+                for c in rows]
+    unproven, na = views.unproven(report), views.not_provable(report)
+    out += ["", "## What this run could not prove", ""]
+    if views.no_gpu(report):
+        out.append("CPU lab: no GPU, driver, CUDA or interconnect here; every GPU check is not provable here, "
+                   "never a pass.")
+        out.append("")
+    out += [f"- evidence {u['status']}: `{u['id']}` {cell(u['reason'], 140)}" for u in unproven]
+    out += [f"- not provable here: {cell(g['reason'], 140)}: {', '.join(g['checks'])}" for g in na]
+    if not unproven and not na:
+        out.append("Nothing.")
+    return out
