@@ -107,6 +107,11 @@ def _dispatch(opts: ProbeOptions, client: OpenAIClient, store: EvidenceStore
             temperature=float(_get(opts, "agent.temperature", 0.0)),
             max_tokens=int(_get(opts, "agent.max_tokens", 256)),
             format_error_threshold=float(_get(opts, "thresholds.tool_format_error_rate", 0.01)),
+            schema_accuracy_min=float(_get(opts, "thresholds.schema_accuracy_min", 0.99)),
+            turn_budget=int(_get(opts, "agent.turn_budget", 1000)),
+            concurrency=int(_get(opts, "agent.concurrency", 8)),
+            retry_attempts=int(_get(opts, "agent.retry_attempts", 1)),
+            reasoning_parser=_get(opts, "model.reasoning_parser", None) or None,
             images=bool(_get(opts, "agent.images", False)))
         direct = OpenAIClient(opts.direct_url, api_key=opts.api_key, timeout_s=client.timeout_s) \
             if opts.direct_url else None
