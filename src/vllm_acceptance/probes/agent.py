@@ -29,6 +29,7 @@ from ..rules import registry
 from ..rules.agent import (
     CallCheck,
     Rate,
+    _arg,
     arguments_diff,
     call_signature,
     channel_diff,
@@ -307,7 +308,8 @@ class AgentProbe:
             "retry": {"policy": f"re-send the same request, up to {self.cfg.retry_attempts} time(s), validate",
                       "errors": len(retries), "recovered": recovered},
         }
-        out = [self._judge_format(fmt, checks, retries, evs), self._judge_accuracy(acc, evs)]
+        out = [self._judge_format(fmt, checks, retries, evs), self._judge_accuracy(
+            acc, evs, Counter(la for c in checks for la, _ in c.problems).most_common(1)[0][0] if errors else None)]
         out.append(self._judge_trigger(checks, signatures, evs))
         out.append(self._judge_separation(sep_rate, seps, retries, evs))
         return out
@@ -364,12 +366,13 @@ class AgentProbe:
             "attribute by layer: model (same input, illegal format repeatedly), parser (markup in content, no "
             "tool_calls); a retry with validation only below the threshold")
 
-    def _judge_accuracy(self, acc: Rate, evs: list[str]) -> Finding:
+    def _judge_accuracy(self, acc: Rate, evs: list[str], layer: str | None = None) -> Finding:
         observed = {"rate": acc.to_dict()}
         expected = f"95 % lower bound of valid calls / calls >= {acc.threshold:g}"
         rule = "schema accuracy = valid calls / calls with finish_reason tool_calls, judged on its 95 % lower bound"
         if not acc.n:
-            return _finding("agent.schema_accuracy", Status.FAIL, "model", evs, observed=observed, expected=expected,
+            return _finding("agent.schema_accuracy", Status.FAIL, layer or "model", evs, observed=observed,
+                            expected=expected,
                             rule=rule, reason="no turn ended with finish_reason tool_calls",
                             action="fix tool calling first (agent.tool_call)")
         verdict = acc.verdict()
@@ -420,13 +423,14 @@ class AgentProbe:
         ev = [self.keep("stream-plain", plain, {"signature": a}),
               self.keep("stream-streamed", streamed, {"signature": b, "separation": leak, "diffs": diffs,
                                                       "structure": structure})]
-        self.collect_calls("stream-plain", plain.body)
-        self.collect_calls("stream-streamed", streamed.body)
+        self.collect_calls("stream-plain", plain.body, group="required-tool")
+        self.collect_calls("stream-streamed", streamed.body, group="required-tool")
         same = plain.ok and streamed.ok and bool(a) and not diffs
         status = Status.PASS if same and not leak else Status.FAIL
+        named = [layer for ex in (plain, streamed) for layer, _ in check_tool_call(ex.body, self.tools).problems]
         layer = None if status == Status.PASS else (
-            leak[0][0] if leak else "parser" if plain.ok and streamed.ok and a and not b else
-            "gateway" if not (plain.ok and streamed.ok) else "model")
+            leak[0][0] if leak else "gateway" if not (plain.ok and streamed.ok) else
+            "parser" if (a and not b) else named[0] if named else "model")
         reason = ""
         if status == Status.FAIL:
             layer, reason, ref_ev = self._attribute(layer, "stream")
@@ -619,13 +623,22 @@ class AgentProbe:
         """Every tool call the deployment returned in this run through the reference client."""
         records, unsafe, retry = execute_real_calls(self.real_calls, self.tools, self.write_tools)
         ev = [self.store.write_json("executor.json", {"write_tools": self.write_tools, "calls": records})]
-        executed = sum(1 for r in records if r["outcome"].get("executed"))
+        executed = sum(r["executions"] for r in records)
+        keys: dict[Any, set[str]] = {}
+        for item, r in zip(self.real_calls, records, strict=True):
+            name = r["call"]["function"].get("name")
+            if name in self.write_tools and isinstance(r["outcome"], dict):
+                key = _arg(r["call"], self.write_tools[name].get("idempotency_key", "request_id"))
+                keys.setdefault(json.dumps(key), set()).add(item.get("retry_group") or item["case"])
         refused = [r for r in records if not r["outcome"].get("executed") and not r["outcome"].get("deduplicated")]
         observed = {"calls": len(records), "executed": executed, "refused": len(refused),
                     "invalid": sum(1 for r in records if not r["valid"]),
                     "writes": sum(1 for r in records if r["call"]["function"].get("name") in self.write_tools),
                     "refusals": Counter(r["outcome"].get("error") for r in refused).most_common(5),
-                    "unsafe": unsafe[:10], "retry": retry[:10]}
+                    "unsafe": unsafe[:10], "retry": retry[:10],
+                    # One key across different operations: the later write is suppressed as a duplicate
+                    # (a lost write, not a double one): shown, since the key should come from the client.
+                    "key_shared_across_operations": {k: sorted(v) for k, v in keys.items() if len(v) > 1}}
         expected = ("every invalid call refused with a predictable error; every valid read executed; a write runs "
                     "once per idempotency key, also when the deployment answers one operation twice")
         if not records:
@@ -644,7 +657,7 @@ class AgentProbe:
         first = self.client.chat(self.base(self.required_call_messages(), tools=self.tools, tool_choice="auto"))
         calls = message_of(first.body).get("tool_calls") or []
         evs = [self.keep("multi-turn-1", first, {"tool_calls": len(calls)})]
-        self.collect_calls("multi-turn-1", first.body)
+        self.collect_calls("multi-turn-1", first.body, group="required-tool")
         if not calls:
             problems = check_tool_call(first.body if first.ok else None, self.tools).problems
             layer, reason, _ = self._attribute(problems[0][0] if problems else "model", "tool")
@@ -696,7 +709,7 @@ class AgentProbe:
         diffs = structure_diff(direct.body, via.body) + arguments_diff(direct.body, via.body) \
             if direct.ok and via.ok else [f"direct {direct.status}/{direct.error}, gateway {via.status}/{via.error}"]
         ev = [self.keep("gateway-via", via, {}), self.keep("gateway-direct", direct, {"diffs": diffs})]
-        self.collect_calls("gateway-via", via.body)
+        self.collect_calls("gateway-via", via.body, group="required-tool")
         return _finding("agent.gateway", Status.FAIL if diffs else Status.PASS, "gateway" if diffs else None, ev,
                         observed=diffs or "identical structure", expected="identical structure",
                         rule="direct and gateway responses have the same fields and types",
