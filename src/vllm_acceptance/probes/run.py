@@ -35,6 +35,7 @@ class ProbeOptions:
     api_key: str | None = None
     server_pid: int | None = None
     server_log: str | None = None
+    restart_command: str | None = None
     overrides: dict[str, Any] = field(default_factory=dict)
 
 
@@ -97,7 +98,10 @@ def _dispatch(opts: ProbeOptions, client: OpenAIClient, store: EvidenceStore
             relies_on_reuse=bool(_get(opts, "cache.capacity_relies_on_reuse", True)),
             tolerance_blocks=int(_get(opts, "thresholds.cache_hit_tolerance_blocks", 1)),
             min_prefill_drop=float(_get(opts, "cache.min_prefill_drop", 0.0)),
-            server_pid=opts.server_pid, server_log=opts.server_log)
+            server_pid=opts.server_pid, server_log=opts.server_log,
+            retention_interval=_get(opts, "cache.retention_interval", None),
+            rounds=int(_get(opts, "cache.rounds", 3)), restart_command=opts.restart_command,
+            restart_timeout_s=float(_get(opts, "launch.ready_timeout_s", 600)))
         return run_cache_probe(client, source, cfg, store)
     if opts.kind == "agent":
         from .agent import AgentProbe, AgentProbeConfig
