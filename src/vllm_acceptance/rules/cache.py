@@ -323,12 +323,17 @@ def judge_source(hots: list[Measurement], ev: list[str], consequence: Consequenc
     if not hots:
         return check.inconclusive(observed=observed, expected=expected, evidence=ev, consequence=consequence,
                                   reason="no clean hot measurement", action=action)
+    tiers = any(m.cached_by_source for m in hots)
+    if (external or tier_external) and not (tier_local if tiers else local_hits):
+        return check.fail(observed=observed, expected=expected, evidence=ev, consequence=consequence,
+                          reason="the hits come only from an external KV connector: no local reuse", action=action)
     if mismatch:
         return check.inconclusive(observed=observed, expected=expected, evidence=ev, consequence=consequence,
                                   reason="the cache counters disagree with each other", action=action)
-    if (external or tier_external) and not (local_hits or tier_local):
-        return check.fail(observed=observed, expected=expected, evidence=ev, consequence=consequence,
-                          reason="the hits come only from an external KV connector: no local reuse", action=action)
+    if tiers and tier_local != local_hits:
+        return check.inconclusive(observed=observed, expected=expected, evidence=ev, consequence=consequence,
+                                  reason=f"the local tiers ({tier_local:g}) do not account for the local hits "
+                                         f"({local_hits:g})", action=action)
     if not reported:
         return check.not_applicable(None, "prompt_tokens_cached(_by_source) not exported by this vLLM")
     if not local_hits and not tier_local:
