@@ -37,6 +37,7 @@ from ..rules.agent import (
     check_tool_call,
     client_library_problems,
     execute_real_calls,
+    finish_of,
     judge_fallback_step,
     message_of,
     rate_lower_bound,
@@ -370,17 +371,28 @@ class AgentProbe:
         observed = {"rate": acc.to_dict()}
         expected = f"95 % lower bound of valid calls / calls >= {acc.threshold:g}"
         rule = "schema accuracy = valid calls / calls with finish_reason tool_calls, judged on its 95 % lower bound"
+        if not acc.n and not any(finish_of(b) for b in self.required_bodies if b):
+            return _finding("agent.schema_accuracy", Status.INCONCLUSIVE, None, evs, observed=observed,
+                            expected=expected, rule=rule,
+                            reason="no turn carries a finish_reason: the accuracy over finish_reason tool_calls "
+                                   "cannot be computed (see agent.client_library / agent.gateway)",
+                            action="keep finish_reason in the answers (server, gateway)")
         if not acc.n:
-            return _finding("agent.schema_accuracy", Status.FAIL, layer or "model", evs, observed=observed,
-                            expected=expected,
-                            rule=rule, reason="no turn ended with finish_reason tool_calls",
+            layer, why, ref = self._attribute(layer or "model", "tool")
+            return _finding("agent.schema_accuracy", Status.FAIL, layer, evs + ref, observed=observed,
+                            expected=expected, rule=rule,
+                            reason="; ".join(x for x in ("no turn ended with finish_reason tool_calls", why) if x),
                             action="fix tool calling first (agent.tool_call)")
         verdict = acc.verdict()
         status = {"pass": Status.PASS, "fail": Status.FAIL}.get(verdict, Status.INCONCLUSIVE)
         reason = "" if status == Status.PASS else (
             f"{acc.events} of {acc.n} valid, 95 % lower bound {acc.bound:.4f} vs minimum {acc.threshold:g}"
             + ("" if status == Status.FAIL else f"; {self._resolution(acc.n)}"))
-        layer = "model" if status == Status.FAIL else None
+        layer = (layer or "model") if status == Status.FAIL else None
+        if status == Status.FAIL:
+            layer, why, ref = self._attribute(layer, "tool")
+            reason = "; ".join(x for x in (reason, why) if x)
+            evs = evs + ref
         return _finding("agent.schema_accuracy", status, layer, evs, observed=observed, expected=expected, rule=rule,
                         reason=reason, action="see agent.tool_call; raise agent.turn_budget when unresolved")
 
@@ -446,8 +458,10 @@ class AgentProbe:
                              reason="no complete stream to judge", expected="a complete stream",
                              action="see agent.stream_consistency")
         elif not b:
-            shape = _finding("agent.stream_structure", Status.FAIL, "parser", ev, observed="no tool-call deltas",
-                             expected="tool-call deltas with index, id, name", reason="the stream carries no tool call",
+            shape_layer, why, ref_ev = self._attribute("parser", "stream")
+            shape = _finding("agent.stream_structure", Status.FAIL, shape_layer, ev + ref_ev,
+                             observed="no tool-call deltas", expected="tool-call deltas with index, id, name",
+                             reason="; ".join(x for x in ("the stream carries no tool call", why) if x),
                              action="check the parser's streaming path")
         else:
             shape_layer, shape_reason = (None, "")
