@@ -106,7 +106,10 @@ def test_every_agent_check_passes_through_the_kimi_k3_parsers(k3_lab_server, tmp
     assert rc == 0 and result["status"] == "pass", statuses
     rates = result["details"]["rates"]
     assert rates["schema_accuracy"] == 1.0 and rates["format_error_rate"] == 0.0
-    assert rates["finish_tool_calls"] == rates["runs"] == 3
+    assert rates["finish_tool_calls"] == rates["runs"] >= 299  # the 1 % threshold resolved
+    # With the profile's reasoning parser, the assembled stream carries the non-streamed reasoning too.
+    stream = next(f for f in result["findings"] if f["check"] == "agent.stream_consistency")
+    assert stream["observed"]["compared"] == "reasoning, content, tool calls" and not stream["observed"]["diffs"]
 
 
 def test_k3_output_behind_the_wrong_tool_parser_is_a_parser_fault(lab_server_factory, tmp_path: Path) -> None:
