@@ -51,7 +51,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MODES = ("passthrough", "markup_in_content", "drop_stream_tool_calls", "reasoning_into_content",
-         "change_arg_types", "drop_field", "markup_one_in_five", "stall_nth", "shift_stream_index", "stamp_system")
+         "change_arg_types", "drop_field", "markup_one_in_five", "stall_nth", "shift_stream_index", "stamp_system",
+         "strip_images")
 DEFAULT_DROP_FIELD = "choices.*.finish_reason"
 STAND_IN_REASONING = "The user asks about live node state, so I must call a tool before answering."
 HOP_BY_HOP = {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "content-encoding"}
@@ -152,9 +153,23 @@ class Corruptor:
         self.corrupted += hit
         return hit
 
+    def _strip_images(self, data: bytes) -> bytes:
+        try:
+            body = json.loads(data)
+        except ValueError:
+            return data
+        for message in body.get("messages") or []:
+            if isinstance(message.get("content"), list):
+                kept = [p for p in message["content"] if not str(p.get("type", "")).startswith("image")]
+                self.corrupted += len(message["content"]) - len(kept)
+                message["content"] = kept
+        return json.dumps(body).encode()
+
     def rewrite_request(self, data: bytes) -> bytes:
         """stamp_system: a timestamp in front of the system message of the chosen requests (counted by
         stall_this, which runs first)."""
+        if self.mode == "strip_images":
+            return self._strip_images(data)
         if self.mode != "stamp_system" or (0 not in self.nth and self.chat_requests not in self.nth):
             return data
         try:
@@ -183,7 +198,8 @@ class Corruptor:
         if self.mode == "drop_field":
             drop_path(body, self.drop_field)
             return body
-        if self.mode in ("stall_nth", "shift_stream_index", "stamp_system"):
+        if self.mode in ("stall_nth", "shift_stream_index", "stamp_system",
+         "strip_images"):
             return body
         has_calls = any((c.get("message") or {}).get("tool_calls") for c in choices)
         markup = self.mode == "markup_in_content" or (
@@ -223,7 +239,7 @@ class StreamRewriter:
         if self.mode == "drop_field":
             drop_path(chunk, self.corruptor.drop_field)
             return chunk
-        if self.mode in ("stall_nth", "stamp_system"):
+        if self.mode in ("stall_nth", "stamp_system", "strip_images"):
             return chunk
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta")
@@ -322,7 +338,7 @@ def make_app(upstream: str, corruptor: Corruptor) -> Any:
         session: aiohttp.ClientSession = request.app["session"]
         data = await request.read()
         chat = request.method == "POST" and request.path.rstrip("/") == "/v1/chat/completions"
-        rewrite = chat and corruptor.mode not in ("passthrough", "stall_nth", "stamp_system")
+        rewrite = chat and corruptor.mode not in ("passthrough", "stall_nth", "stamp_system", "strip_images")
         streamed = False
         if rewrite or chat:
             try:

@@ -85,6 +85,7 @@ class AgentProbeConfig:
     concurrency: int = 8
     retry_attempts: int = 1
     images: bool = False
+    image_tokens: int | None = None  # prompt tokens one probe image adds, where the profile states it
     reasoning_parser: str | None = None
 
 
@@ -695,25 +696,50 @@ class AgentProbe:
                         action="check the chat template's tool-message rendering")
 
     def multimodal(self) -> Finding:
-        """An image request, where the profile says the service takes images."""
+        """An image request, where the profile says the service takes images: the image must reach the
+        model, so the prompt with it is longer than the same prompt without it (by `agent.image_tokens`
+        exactly, when the profile states it)."""
         if not self.cfg.images:
             return _finding("agent.multimodal", Status.NOT_APPLICABLE, None, [],
                             reason="the profile says this service takes no images (agent.images: false)",
                             action="none")
-        content = [{"type": "text", "text": "What colour is this image? Answer in one word."},
-                   {"type": "image_url", "image_url": {"url": "data:image/png;base64," + solid_png_base64()}}]
-        ex = self.client.chat(self.base([{"role": "user", "content": content}]))
+        question = {"type": "text", "text": "What colour is this image? Answer in one word."}
+        image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + solid_png_base64()}}
+        ex = self.client.chat(self.base([{"role": "user", "content": [question, image]}]))
+        bare = self.client.chat(self.base([{"role": "user", "content": [question]}]))
         msg = message_of(ex.body)
-        ok = ex.ok and msg.get("role") == "assistant" and bool(msg.get("content"))
-        ev = [self.keep("multimodal-image", ex, {"ok": ok})]
-        layer = None if ok else ("gateway" if ex.status >= 500 else "model")
-        return _finding("agent.multimodal", Status.PASS if ok else Status.FAIL, layer, ev,
+        with_image = ((ex.body or {}).get("usage") or {}).get("prompt_tokens") if ex.ok else None
+        without = ((bare.body or {}).get("usage") or {}).get("prompt_tokens") if bare.ok else None
+        added = with_image - without if with_image is not None and without is not None else None
+        want = self.cfg.image_tokens
+        answered = ex.ok and msg.get("role") == "assistant" and bool(msg.get("content"))
+        reached = added is not None and added > 0 and (want is None or added == want)
+        ok = answered and reached
+        ev = [self.keep("multimodal-image", ex, {"ok": ok, "prompt_tokens": with_image}),
+              self.keep("multimodal-no-image", bare, {"prompt_tokens": without})]
+        reason = ""
+        if not answered:
+            layer = "gateway" if ex.status >= 500 else "model"
+            reason = f"the image request was not answered: HTTP {ex.status} {ex.error or ''}".strip()
+        elif added is None:
+            layer, reason = "gateway", "no usage.prompt_tokens to tell whether the image reached the model"
+        elif added <= 0:
+            layer = "gateway"
+            reason = (f"the image never reached the model: {with_image} prompt tokens with it, {without} without "
+                      "(something between the client and the model drops it)")
+        elif not reached:
+            layer = "model"
+            reason = f"the image added {added} prompt tokens, the profile says {want} (agent.image_tokens)"
+        else:
+            layer = None
+        return _finding("agent.multimodal", Status.PASS if ok else Status.FAIL, layer, ev, reason=reason,
                         observed={"status": ex.status, "content": (msg.get("content") or "")[:200],
-                                  "error": ex.error},
-                        expected="HTTP 200 and an assistant answer to an image request",
-                        rule="a multimodal request where the service takes images",
-                        action="check the model's multimodal support, --limit-mm-per-prompt and the "
-                               "image pre-processing in the image")
+                                  "prompt_tokens_with_image": with_image, "prompt_tokens_without": without,
+                                  "image_tokens": added, "error": ex.error},
+                        expected="HTTP 200, an assistant answer, and the image's tokens in the prompt"
+                                 + (f" ({want})" if want is not None else ""),
+                        action="check the model's multimodal support, --limit-mm-per-prompt, the image "
+                               "pre-processing and any gateway that rewrites message content")
 
     def gateway_compare(self) -> Finding:
         """Direct vs through the gateway: a difference in structure is the gateway's."""

@@ -116,7 +116,8 @@ def _dispatch(opts: ProbeOptions, client: OpenAIClient, store: EvidenceStore
             concurrency=int(_get(opts, "agent.concurrency", 8)),
             retry_attempts=int(_get(opts, "agent.retry_attempts", 1)),
             reasoning_parser=_get(opts, "model.reasoning_parser", None) or None,
-            images=bool(_get(opts, "agent.images", False)))
+            images=bool(_get(opts, "agent.images", False)),
+            image_tokens=_get(opts, "agent.image_tokens", None))
         direct = OpenAIClient(opts.direct_url, api_key=opts.api_key, timeout_s=client.timeout_s) \
             if opts.direct_url else None
         try:
