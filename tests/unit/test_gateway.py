@@ -189,3 +189,11 @@ def test_stamp_system_changes_only_the_chosen_requests_system_prompt() -> None:
     every.stall_this()
     assert json.loads(every.rewrite_request(request))["messages"][0]["content"] != "You are ops."
     assert Corruptor("passthrough").rewrite_request(request) == request
+
+
+def test_strip_images_removes_image_parts_and_keeps_the_text() -> None:
+    request = json.dumps({"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What colour?"}, {"type": "image_url", "image_url": {"url": "data:,"}}]}]}).encode()
+    corruptor = Corruptor("strip_images")
+    out = json.loads(corruptor.rewrite_request(request))
+    assert out["messages"][0]["content"] == [{"type": "text", "text": "What colour?"}] and corruptor.corrupted == 1
