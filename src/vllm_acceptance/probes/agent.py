@@ -657,8 +657,11 @@ class AgentProbe:
         expected = ("every invalid call refused with a predictable error; every valid read executed; a write runs "
                     "once per idempotency key, also when the deployment answers one operation twice")
         if not records:
-            return _finding("agent.executor_safety", Status.INCONCLUSIVE, None, ev, observed=observed,
-                            expected=expected, reason="the deployment returned no tool call in this run",
+            # Nothing reached the reference client. Never a pass; not applicable rather than unknown, since
+            # a run without a single tool call already fails agent.tool_call (agents stay blocked).
+            return _finding("agent.executor_safety", Status.NOT_APPLICABLE, None, ev, observed=observed,
+                            expected=expected, reason="the deployment returned no tool call in this run: nothing "
+                                                      "reached the reference client (see agent.tool_call)",
                             action="fix tool calling first (agent.tool_call)")
         status = Status.FAIL if unsafe or retry else Status.PASS
         layer = "executor" if unsafe else "retry" if retry else None
