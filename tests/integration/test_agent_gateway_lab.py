@@ -155,9 +155,14 @@ def test_each_fault_fails_its_checks_on_its_layer(lab_server, gateway, tmp_path:
         assert executor["invalid"] > 0 and executor["refusals"][0][0] == "schema_violation"
     if mode == "shift_stream_index":
         assert any("carries no id" in p for p in by_check["agent.stream_structure"].observed)
-    # Plain text is not the agent's business: the verdict blocks agent traffic only.
+    # Plain text is not the agent's business: the verdict blocks agent traffic only -- except where the
+    # fault leaves a check without evidence: without finish_reason the schema accuracy (defined over
+    # finish_reason tool_calls) cannot be computed, so that run is incomplete.
     decision = decide(findings)
-    assert decision.verdict == "limited_observation" and decision.gates["agent"]["open"] is False
+    assert decision.gates["agent"]["open"] is False
+    assert decision.verdict == ("incomplete" if mode == "drop_field" else "limited_observation")
+    if mode == "drop_field":
+        assert by_check["agent.schema_accuracy"].status == Status.INCONCLUSIVE
 
 
 def test_markup_one_in_five_gives_the_rate_and_the_threshold_verdict(lab_server, gateway, tmp_path: Path) -> None:
@@ -168,13 +173,17 @@ def test_markup_one_in_five_gives_the_rate_and_the_threshold_verdict(lab_server,
     bound = rates["bounds"]["format_error_rate"]
     assert 0.15 < rates["format_error_rate"] < 0.25 and bound["verdict"] == "fail"
     assert rates["runs"] < rates["turn_target"]  # stopped early: more turns cannot mend it
-    assert rc == 1 and failing(findings) == {"agent.tool_call": "parser", "agent.separation": "parser"}
+    # The rates fail; any single-request check whose answer lands on a fifth response fails too (which
+    # ones depends on the count of responses before it), always on the parser's signature.
+    failed = failing(findings)
+    assert rc == 1 and {"agent.tool_call": "parser", "agent.separation": "parser"}.items() <= failed.items()
+    assert set(failed.values()) == {"parser"}
     by_check = {f.check: f for f in findings}
     assert (by_check["agent.trigger_consistency"].status, by_check["agent.trigger_consistency"].layer) == (
         Status.WARN, "parser")
     strict = decide(findings)
     assert strict.verdict == "limited_observation" and strict.gates["agent"]["open"] is False
-    assert any("agent traffic blocked: agent.separation, agent.tool_call" in r for r in strict.reasons)
+    assert any(r.startswith("agent traffic blocked:") and "agent.tool_call" in r for r in strict.reasons)
 
 
 def test_rare_errors_the_retry_recovers_are_a_limited_observation(lab_server, gateway, tmp_path: Path) -> None:

@@ -611,6 +611,15 @@ class AgentProbe:
             problems.append(f"a cut body arrived with finish_reason {cut_finish!r}, not 'length': the client cannot "
                             "tell a truncated answer")
             cut_layer = "gateway"
+            if self.direct is not None:
+                direct_cut = self.direct.chat({**body, "max_tokens": int(task.get("truncate_max_tokens", 3))})
+                direct_finish = (direct_cut.body or {}).get("choices", [{}])[0].get("finish_reason") \
+                    if direct_cut.ok else None
+                self.keep("direct-structured-output-cut", direct_cut, {"finish_reason": direct_finish})
+                if direct_finish == "length":
+                    problems.append(GATEWAY_REASON.format(detail="its cut body carries finish_reason length"))
+                else:
+                    cut_layer = "parser"
         ev = [self.keep("structured-output", ex, {"problems": problems, "validation": valid_error or "valid"}),
               self.keep("structured-output-cut", cut, broken)]
         finish = (ex.body or {}).get("choices", [{}])[0].get("finish_reason") if ex.ok else None
