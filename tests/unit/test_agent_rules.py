@@ -150,3 +150,16 @@ def test_a_pack_that_names_undeclared_tools_or_keys_is_refused_with_the_field(tm
     path = path.rename(tmp_path / "bad.yaml")
     with pytest.raises(ConfigError, match="cache_questions.hot_b_call"):
         load_scenario(str(path))
+
+
+def test_an_invalid_tool_schema_fails_before_any_request_is_sent(tmp_path) -> None:
+    """A bad scenario: a tool whose parameters are no JSON Schema. The probe stops at agent.tool_schemas
+    (layer client) without touching the server (no client is given: any request would raise)."""
+    from vllm_acceptance.core.evidence import EvidenceStore
+    from vllm_acceptance.probes.agent import AgentProbe, AgentProbeConfig
+
+    bad = json.loads(json.dumps(OPS))
+    bad["tools"][0]["function"]["parameters"] = {"type": "object", "properties": {"node": {"type": "strnig"}}}
+    findings, _ = AgentProbe(None, AgentProbeConfig(model="m", scenario=bad), EvidenceStore(tmp_path)).run()
+    assert [(f.check, f.status.value, f.layer) for f in findings] == [("agent.tool_schemas", "fail", "client")]
+    assert "get_node_status" in findings[0].observed[0]
