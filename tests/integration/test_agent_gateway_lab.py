@@ -182,8 +182,13 @@ def test_markup_one_in_five_gives_the_rate_and_the_threshold_verdict(lab_server,
     assert (by_check["agent.trigger_consistency"].status, by_check["agent.trigger_consistency"].layer) == (
         Status.WARN, "parser")
     strict = decide(findings)
-    assert strict.verdict == "limited_observation" and strict.gates["agent"]["open"] is False
-    assert any(r.startswith("agent traffic blocked:") and "agent.tool_call" in r for r in strict.reasons)
+    assert strict.gates["agent"]["open"] is False
+    # Stopped as soon as the format-error rate was certain to fail: the schema accuracy (52-odd valid calls)
+    # is then unresolved against 0.99, so the run says what it could not establish instead of passing it.
+    accuracy = by_check["agent.schema_accuracy"].status
+    assert accuracy in (Status.PASS, Status.INCONCLUSIVE)
+    assert strict.verdict == ("incomplete" if accuracy == Status.INCONCLUSIVE else "limited_observation")
+    assert any("agent.tool_call" in r for r in strict.reasons)
 
 
 def test_rare_errors_the_retry_recovers_are_a_limited_observation(lab_server, gateway, tmp_path: Path) -> None:
