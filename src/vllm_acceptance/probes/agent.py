@@ -1,6 +1,6 @@
-"""Agent interface conformance (SPEC "Agent interface" in the README's terms): tool calls, separation,
-streaming, multi-turn, the planned fallback, structured output, the reference client on the real calls;
-every defect attributed to a layer.
+"""Agent interface conformance (docs/acceptance.md "Agent interface"): tool calls, separation, streaming,
+multi-turn, the planned fallback, structured output, the reference client on the real calls; every
+defect attributed to a layer.
 
 This module sends and records; the judgement is in ``rules/agent.py``. Every exchange is kept as
 evidence (request body, raw response, parsed result, decision). Every scenario detail (tools, tasks,
