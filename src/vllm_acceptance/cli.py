@@ -36,6 +36,9 @@ def _add_probe(sub: argparse._SubParsersAction, kind: str, help_text: str) -> No
         p.add_argument("--server-pid", type=int, help="the server's pid: tells an exited server from a hung one "
                                                       "(load: its RSS is the lab memory series)")
         p.add_argument("--server-log", help="server log, its last lines kept when the server dies mid-probe")
+        if kind == "cache":
+            p.add_argument("--restart-command", help="shell command that restarts the server; give it only when "
+                                                     "this run launched the server (hot A again after a restart)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a profile field for this probe, e.g. --set load.ramp=[1,2]")
 
@@ -146,7 +149,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
         profile=resolve_profile(args.profile), metrics_url=args.metrics_url, prometheus_url=args.prometheus_url,
         prometheus_instance=args.prometheus_instance, direct_url=getattr(args, "direct_url", None),
         api_key=os.environ.get(args.api_key_env) or None, server_pid=getattr(args, "server_pid", None),
-        server_log=getattr(args, "server_log", None), overrides=parse_overrides(args.set))
+        server_log=getattr(args, "server_log", None), restart_command=getattr(args, "restart_command", None),
+        overrides=parse_overrides(args.set))
     status, findings, _ = run_probe(opts)
     for f in findings:
         print(f"{f.status.value:>14}  {f.check}" + (f"  [{f.layer}]" if f.layer else "") +

@@ -100,13 +100,23 @@ def _probe_agent(server: Any, out: Path) -> tuple[int, dict[str, Any]]:
     return proc.returncode, json.loads((out / "result.json").read_text())
 
 
-def test_every_agent_check_passes_through_the_kimi_k3_parsers(k3_lab_server, tmp_path: Path) -> None:
+def test_every_agent_check_through_the_kimi_k3_parsers(k3_lab_server, tmp_path: Path) -> None:
+    """Every check passes through the kimi_k3 parsers but the planned fallback: asked for the pack's ticket
+    by name, the K3 lab model (which writes one canned get_node_status call) leaves out the ticket's
+    required `details`, and K3's grammar does not enforce `required` (README, the K3 lab model): the
+    deployment cannot produce the plan's write, a real defect the reference client refuses."""
     rc, result = _probe_agent(k3_lab_server, tmp_path)
     statuses = {f["check"]: f["status"] for f in result["findings"]}
-    assert rc == 0 and result["status"] == "pass", statuses
+    fallback = next(f for f in result["findings"] if f["check"] == "agent.tool_failure_fallback")
+    assert statuses.pop("agent.tool_failure_fallback") == "fail" and fallback["layer"] == "model"
+    assert "'details' is a required property" in fallback["reason"]
+    assert set(statuses.values()) == {"pass", "not_applicable"} and rc == 1, statuses
     rates = result["details"]["rates"]
     assert rates["schema_accuracy"] == 1.0 and rates["format_error_rate"] == 0.0
-    assert rates["finish_tool_calls"] == rates["runs"] == 3
+    assert rates["finish_tool_calls"] == rates["runs"] >= 59  # the K3 lab profile's 5 % threshold resolved
+    # With the profile's reasoning parser, the assembled stream carries the non-streamed reasoning too.
+    stream = next(f for f in result["findings"] if f["check"] == "agent.stream_consistency")
+    assert stream["observed"]["compared"] == "reasoning, content, tool calls" and not stream["observed"]["diffs"]
 
 
 def test_k3_output_behind_the_wrong_tool_parser_is_a_parser_fault(lab_server_factory, tmp_path: Path) -> None:
@@ -123,7 +133,7 @@ def test_k3_output_behind_the_wrong_tool_parser_is_a_parser_fault(lab_server_fac
 
 def test_accept_pipeline_on_the_k3_profile_chosen_on_the_command_line(k3_lab_server, tmp_path: Path) -> None:
     """accept.yml with `-e acceptance_profile=cpu-lab-k3` (extra vars outrank the validated profile
-    fact: it must still be read as a name), attached to the K3 lab server: judged release. The K3
+    fact: it must still be read as a name), attached to the K3 lab server: judged from real evidence. The K3
     template renders tool declarations before the system prompt, so every cold cache request shares
     that head; the cold baseline allows exactly that head."""
     run = run_accept(tmp_path, {"acceptance_profile": "cpu-lab-k3", "vllm_serve_mode": "attach",
@@ -131,7 +141,9 @@ def test_accept_pipeline_on_the_k3_profile_chosen_on_the_command_line(k3_lab_ser
                                 "vllm_serve_startup_log": str(k3_lab_server.log_path)})
     report = json.loads((run / "report.json").read_text())
     bad = {f["check"]: f["status"] for f in report["findings"] if f["status"] not in ("pass", "not_applicable")}
-    assert report["profile"] == "cpu-lab-k3" and report["verdict"] == "release", bad
+    # Agents blocked by the one ticket the K3 lab model cannot write (see the test above), text open.
+    assert report["profile"] == "cpu-lab-k3" and report["verdict"] == "limited_observation", bad
+    assert bad == {"agent.tool_failure_fallback": "fail"}
     cache = json.loads((run / "stages" / "cache.json").read_text())
     head = cache["template_head_tokens"]
     assert head and head % cache["block_size"] == 0

@@ -1,5 +1,7 @@
 """The agent probe straight against the real lab vLLM: every check passes (hermes parser, strict
-tool grammar); an image request to this text-only model fails and is attributed, never passed."""
+tool grammar) over enough turns to resolve the profile's thresholds, on either scenario pack; each
+check fails on real behaviour: an image request to this text-only model, a fallback the model must
+choose but ignores, a write whose idempotency key a sampling model writes anew on every retry."""
 
 from __future__ import annotations
 
@@ -33,11 +35,25 @@ def test_every_agent_check_passes_on_the_lab(lab_server, tmp_path: Path) -> None
     assert statuses["agent.multimodal"] == "not_applicable"  # cpu-lab: agent.images false, said so
     rates = result["details"]["rates"]
     assert rates["schema_accuracy"] == 1.0 and rates["format_error_rate"] == 0.0
+    # The turn count follows from the 1 % threshold: zero errors in 299 turns bound the rate at <= 1 %.
+    assert rates["runs"] >= 299 and rates["bounds"]["format_error_rate"]["upper_95"] <= 0.01
+    assert rates["bounds"]["schema_accuracy"]["lower_95"] >= 0.99  # thresholds.schema_accuracy_min
+    assert "agent.turn_budget=600 buys" in rates["resolution"]
+    found = {f["check"]: f for f in result["findings"]}
+    # The reference client saw every real call of the run; the planned fallback was walked step by step;
+    # the structured-output rejection ran on a body the server really cut.
+    executor = found["agent.executor_safety"]["observed"]
+    assert executor["calls"] >= rates["runs"] and executor["writes"] and not executor["unsafe"]
+    steps = [s["step"] for s in found["agent.tool_failure_fallback"]["observed"]["steps"]]
+    assert steps == ["answer", "ticket", "ticket-resent", "final"]
+    broken = found["agent.structured_output"]["observed"]["broken_body"]
+    assert broken["finish_reason"] == "length" and broken["client_validation"] != "accepted"
+    assert found["agent.stream_structure"]["status"] == "pass"
 
 
 @pytest.mark.lab
 def test_image_request_to_a_text_model_fails_with_a_layer(lab_server, tmp_path: Path) -> None:
-    rc, result = run_agent(lab_server, tmp_path, "--set", "agent.images=true", "--set", "agent.repeats=1")
+    rc, result = run_agent(lab_server, tmp_path, "--set", "agent.images=true", "--set", "agent.turn_budget=8")
     mm = next(f for f in result["findings"] if f["check"] == "agent.multimodal")
     assert rc == 1 and mm["status"] == "fail" and mm["layer"] == "model"
     assert mm["evidence"] and (tmp_path / mm["evidence"][0]).is_file()
@@ -46,3 +62,57 @@ def test_image_request_to_a_text_model_fails_with_a_layer(lab_server, tmp_path: 
 def test_the_probe_image_is_a_real_png() -> None:
     image = Image.open(io.BytesIO(base64.b64decode(solid_png_base64(8, (1, 2, 3)))))
     assert image.size == (8, 8) and image.getpixel((4, 4)) == (1, 2, 3)
+
+
+@pytest.mark.lab
+def test_the_second_scenario_pack_runs_with_its_own_tools(lab_server, tmp_path: Path) -> None:
+    """shop-agent: other tools, another idempotency key, another ticket tool: nothing of ops-agent is
+    hard-coded in the probe."""
+    rc, result = run_agent(lab_server, tmp_path, "--set", "agent.scenario=shop-agent")
+    statuses = {f["check"]: f["status"] for f in result["findings"]}
+    assert rc == 0 and result["status"] == "pass", statuses
+    tools = {t["function"]["name"] for t in json.loads((tmp_path / "tool_schemas.json").read_text())}
+    assert tools == {"lookup_order", "check_stock", "issue_refund", "open_case"}
+    executed = json.loads((tmp_path / "executor.json").read_text())
+    # (The key names are redacted on disk: evidence redaction treats every "*key*" field as a secret.)
+    assert set(executed["write_tools"]) == {"issue_refund", "open_case"}
+    names = {c["call"]["function"]["name"] for c in executed["calls"]}
+    assert names <= tools and "open_case" in names  # the fallback's ticket is the pack's own
+
+
+def _pack(tmp_path: Path, **fallback: object) -> str:
+    import yaml
+
+    from vllm_acceptance.scenarios import load_scenario
+
+    pack = load_scenario("ops-agent")
+    pack["tasks"]["fallback"].update(fallback)
+    path = tmp_path / "ops-agent-variant.yml"
+    path.write_text(yaml.safe_dump(pack))
+    return str(path)
+
+
+@pytest.mark.lab
+def test_a_fallback_the_model_must_choose_fails_when_the_answer_ignores_the_failure(lab_server, tmp_path) -> None:
+    """The same pack with `driven_by: model`: the deployment itself must retry, open the ticket or say the
+    tool failed. The lab model answers any tool result with its canned "Done: tool result received!"."""
+    pack = _pack(tmp_path, driven_by="model")
+    rc, result = run_agent(lab_server, tmp_path / "out", "--set", f"agent.scenario={pack}",
+                           "--set", "agent.turn_budget=8")
+    fallback = next(f for f in result["findings"] if f["check"] == "agent.tool_failure_fallback")
+    assert rc == 1 and fallback["status"] == "fail" and fallback["layer"] == "model"
+    assert "ignores the failure" in fallback["reason"] and "Done: tool result received!" in fallback["reason"]
+    kept = json.loads((tmp_path / "out" / fallback["evidence"][0]).read_text())
+    assert kept["request"]["messages"][-1]["role"] == "tool" and "timeout" in kept["request"]["messages"][-1]["content"]
+
+
+@pytest.mark.lab
+def test_a_write_key_written_anew_by_a_sampling_model_runs_the_write_twice(lab_server, tmp_path: Path) -> None:
+    """At temperature 1 the model writes a fresh request_id into each create_ticket call: the reference
+    client, re-sent one operation, executes the write more than once -> executor_safety, layer retry."""
+    rc, result = run_agent(lab_server, tmp_path, "--set", "agent.temperature=1.0", "--set", "agent.turn_budget=40")
+    safety = next(f for f in result["findings"] if f["check"] == "agent.executor_safety")
+    assert rc == 1 and safety["status"] == "fail" and safety["layer"] == "retry", safety
+    assert "the key came from the model, not from the client" in safety["reason"]
+    calls = json.loads((tmp_path / "executor.json").read_text())["calls"]
+    assert sum(c["executions"] for c in calls if c["call"]["function"]["name"] == "create_ticket") > 1

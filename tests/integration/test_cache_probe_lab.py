@@ -1,5 +1,7 @@
-"""The prefix-cache probe against real vLLM: reuse proven, caching off caught, the Prometheus path
-agrees, and counters that never move can never pass."""
+"""The prefix-cache probe against real vLLM: reuse proven (on either scenario pack, over repeated
+rounds, and cleared by a real restart), caching off caught, the Prometheus path agrees, counters that
+never move can never pass, a gateway that stamps the prompt breaks the repeated rounds, and a restart
+that restarts nothing is never a pass."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import LAB_PROFILE, LAB_PYTHON
 
 from support.prom import Prometheus
 
@@ -38,7 +41,13 @@ def test_reuse_is_proven_on_the_lab(lab_server, tmp_path: Path) -> None:
     hot = [r for r in result["details"]["requests"] if r["kind"] in ("hot_a", "hot_b")]
     assert hot and all(r["hits"] == r["expected_hits"] > 0 and r["expected_hits"] % block == 0 for r in hot)
     assert all(r["hits"] == 0 for r in result["details"]["requests"] if r["kind"] in ("cold", "control"))
-    assert result["details"]["requests_sent"] <= 12
+    rounds = result["details"]["rounds"]
+    assert len(rounds) == 3 and all(r["hits"] == r["expected_hits"] > 0 for r in rounds)
+    # Local reuse, told apart from external: prompt_tokens_cached = prefix_cache_hits, device tier only.
+    source = next(f for f in result["findings"] if f["check"] == "cache.source")["observed"]
+    assert source["local_hits"] == source["prompt_tokens_cached"] == source["tier_local"] > 0
+    assert source["external_hits"] == source["tier_external"] == 0
+    assert result["details"]["requests_sent"] <= 15
     assert any(p.suffix == ".prom" for p in (tmp_path / "metrics").iterdir())  # raw snapshots kept
 
 
@@ -97,3 +106,77 @@ def test_caching_off_fails_with_the_configuration_reason(lab_server_factory, tmp
 def test_unreachable_base_url_is_a_usage_error(tmp_path: Path) -> None:
     rc, result = probe("cache", "http://127.0.0.1:9/v1", tmp_path)
     assert rc == 2 and result == {}
+
+
+def test_the_second_scenario_pack_and_a_restart_that_restarts_nothing(lab_server, tmp_path: Path) -> None:
+    """shop-agent's prefix (its own tools, history and hot B call) reuses the cache as ops-agent's does;
+    a restart command that does not restart (the process start time stays) is inconclusive, never a pass."""
+    rc, result = probe("cache", lab_server.base_url, tmp_path, "--set", "agent.scenario=shop-agent",
+                       "--set", "cache.sessions=2", "--restart-command", "true")
+    got = statuses(result)
+    assert got.pop("cache.restart") == "inconclusive" and rc == 3
+    assert set(got.values()) == {"pass"}, got
+    restart = next(f for f in result["findings"] if f["check"] == "cache.restart")
+    assert "no restart observed" in restart["reason"]
+    first = json.loads(next((tmp_path / "requests").glob("s1-hot_b-try1.json")).read_text())
+    assert first["request"]["messages"][-3]["tool_calls"][0]["function"]["name"] == "lookup_order"
+
+
+def _gateway(upstream: str, *args: str) -> tuple[subprocess.Popen, str]:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "vllm_acceptance.lab.gateway", "--upstream", upstream,
+                             "--port", str(port), *args], cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/v1"
+    for _ in range(150):
+        try:
+            if httpx.get(url + "/models", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        import time
+
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError("gateway did not start")
+
+
+def test_a_gateway_that_stamps_the_prompt_breaks_the_repeated_rounds(lab_server, tmp_path: Path) -> None:
+    """Requests 1-12 are the three sessions (untouched: hot reuse passes); rounds 2 and 3 (requests 14, 15)
+    get a timestamp in front of their system prompt on the way: their prefix never repeats."""
+    gateway, url = _gateway(lab_server.base_url, "--mode", "stamp_system", "--nth", "14,15")
+    try:
+        rc, result = probe("cache", url, tmp_path, "--metrics-url", lab_server.metrics_url)
+    finally:
+        gateway.terminate()
+    got = statuses(result)
+    assert rc == 1 and got["cache.repeat_rounds"] == "fail" and got["cache.hot_reuse"] == "pass", got
+    assert [r["hits"] > 0 for r in result["details"]["rounds"]] == [True, False, False]
+
+
+def test_hot_after_a_real_restart_has_an_empty_device_cache(lab_server, tmp_path: Path) -> None:
+    """The run launched the server, so the probe may restart it: the session lab server is restarted for
+    real (same state dir and port; the fixture's pid is updated for the tests after this one)."""
+    import os
+
+    if os.environ.get("VLLM_ACCEPTANCE_REUSE_LAB"):
+        pytest.skip("a reused developer server is not ours to restart")
+    port = lab_server.base_url.rsplit(":", 1)[1].split("/")[0]
+    cli = f"{sys.executable} -m vllm_acceptance.cli lab"
+    restart = (f"{cli} down --state-dir {lab_server.state_dir} && {cli} up --state-dir {lab_server.state_dir} "
+               f"--port {port} --python {LAB_PYTHON} --profile {LAB_PROFILE}")
+    try:
+        rc, result = probe("cache", lab_server.base_url, tmp_path, "--set", "cache.sessions=1",
+                           "--set", "cache.rounds=1", "--restart-command", restart)
+    finally:
+        lab_server.pid = int((lab_server.state_dir / "vllm.pid").read_text())
+    restart_finding = next(f for f in result["findings"] if f["check"] == "cache.restart")
+    assert rc == 0 and restart_finding["status"] == "pass", statuses(result)
+    observed = restart_finding["observed"]
+    assert observed["process_start_after"] > observed["process_start_before"] and observed["local_hits"] == 0
+    assert result["details"]["restart"]["prompt_tokens"] > 0  # the hot request was answered, cold
+    assert (tmp_path / "restart.log").is_file()

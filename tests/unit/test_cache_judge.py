@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from vllm_acceptance.core.findings import Status
 from vllm_acceptance.probes.cache import CacheProbeConfig, Measurement, expected_hits, judge_reuse
+from vllm_acceptance.rules.cache import judge_restart, judge_rounds
 
 BLOCK = 128
 
@@ -103,3 +104,55 @@ def test_cold_hits_on_a_template_head_before_the_session_id_are_allowed_and_noth
     assert got["cache.cold_baseline"] == Status.PASS
     no_head = [m(1, "cold", 512, 0)] + session(1)[1:] + session(2)
     assert statuses(judge_reuse(no_head, cfg(), BLOCK, "r"))["cache.cold_baseline"] == Status.FAIL
+
+
+def test_hybrid_hot_hits_that_only_reuse_the_template_head_fail() -> None:
+    """Kimi templates render the tool declarations first: a hybrid hot request that hits only that head
+    (which every cold request shares too) shows no reuse of the session's own prefix."""
+    head_only = session(1, hot_hits=512) + session(2, hot_hits=512) + session(3, hot_hits=512)
+    got = judge_reuse(head_only, cfg(hybrid=True), BLOCK, "r", head=512)
+    hot = next(f for f in got if f.check == "cache.hot_reuse")
+    assert hot.status == Status.FAIL and "512 < hits" in hot.expected
+    stepped = session(1, hot_hits=0) + session(2, hot_hits=1536) + session(3, hot_hits=1664)
+    assert statuses(judge_reuse(stepped, cfg(hybrid=True), BLOCK, "r", head=512))["cache.hot_reuse"] == Status.PASS
+
+
+def rounds(*hits: float, expected: int = 1664) -> list[Measurement]:
+    return [m(r, "round", h, expected) for r, h in enumerate(hits, 1)]
+
+
+def test_repeated_rounds_on_one_prefix() -> None:
+    assert judge_rounds(rounds(1664, 1664, 1664), cfg(), BLOCK, 0, ["r"]).status == Status.PASS
+    assert judge_rounds(rounds(1664, 0, 1664), cfg(), BLOCK, 0, ["r"]).status == Status.FAIL
+    # Hybrid: the first repeat may only create the retention; later rounds must hit past the head and
+    # within one retention step (retention_interval 512 here) of the shared prefix.
+    hybrid = cfg(hybrid=True, retention_interval=512)
+    assert judge_rounds(rounds(0, 1536, 1536), hybrid, BLOCK, 512, ["r"]).status == Status.PASS
+    assert judge_rounds(rounds(0, 512, 512), hybrid, BLOCK, 512, ["r"]).status == Status.FAIL
+    assert judge_rounds(rounds(0, 1024, 1024), cfg(hybrid=True), BLOCK, 0, ["r"]).status == Status.FAIL
+    unclean = rounds(1664, 1664)
+    unclean[1].clean = False
+    assert judge_rounds(unclean, cfg(), BLOCK, 0, ["r"]).status == Status.INCONCLUSIVE
+    assert judge_rounds([], cfg(), BLOCK, 0, ["r"]).status == Status.NOT_APPLICABLE
+
+
+def test_hot_after_a_restart() -> None:
+    hot = m(0, "restart", 0, 0)
+    assert judge_restart(1.0, 2.0, hot, cfg(), BLOCK, ["r"], launched=True).status == Status.PASS
+    # Local hits right after a restart: not the restarted instance's empty device cache.
+    assert judge_restart(1.0, 2.0, m(0, "restart", 1664, 0), cfg(), BLOCK, ["r"], True).status == Status.FAIL
+    # No restart seen (the start time did not move): never a pass.
+    assert judge_restart(1.0, 1.0, hot, cfg(), BLOCK, ["r"], True).status == Status.INCONCLUSIVE
+    external = m(0, "restart", 0, 0)
+    external.external_hits = 1536
+    passed = judge_restart(1.0, 2.0, external, cfg(), BLOCK, ["r"], True)
+    assert passed.status == Status.PASS and "1536 tokens from the external KV connector" in passed.observed["note"]
+    assert judge_restart(None, None, None, cfg(), BLOCK, [], launched=False).status == Status.NOT_APPLICABLE
+
+
+def test_prompt_tokens_cached_must_add_up_to_local_and_external_hits() -> None:
+    ms = session(1)
+    for x in ms:
+        x.prompt_tokens_cached = (x.hits or 0) + 128 if x.kind.startswith("hot") else x.hits
+    source = next(f for f in judge_reuse(ms, cfg(), BLOCK, "r") if f.check == "cache.source")
+    assert source.status == Status.INCONCLUSIVE and "disagree" in source.reason

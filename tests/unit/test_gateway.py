@@ -141,7 +141,7 @@ def test_client_library_keeps_raw_fields_and_refuses_a_body_without_finish_reaso
 
 
 def test_unknown_mode_and_bad_cli_are_refused() -> None:
-    assert len(MODES) == 8
+    assert len(MODES) == 11
     with pytest.raises(ValueError, match="choose one of"):
         Corruptor("eat_everything")
     with pytest.raises(SystemExit):
@@ -160,3 +160,40 @@ def test_stall_nth_holds_exactly_the_chosen_requests_and_changes_no_byte() -> No
     # Other modes count requests but never stall.
     other = Corruptor("markup_in_content", nth=(1,))
     assert not other.stall_this() and other.corrupted == 0
+
+
+def test_shift_stream_index_splits_one_streamed_call_and_the_structure_check_names_it() -> None:
+    from vllm_acceptance.rules.agent import stream_structure_problems
+
+    rewriter = Corruptor("shift_stream_index").stream()
+    out = [rewriter.rewrite(c) for c in chunks()]
+    assert stream_structure_problems(chunks()) == []
+    problems = stream_structure_problems(out)
+    assert problems and "the first delta of call 1 carries no id" in problems[0]
+    assembled = assemble_stream(out)["choices"][0]["message"]["tool_calls"]
+    assert [c["function"]["name"] for c in assembled] == ["get_node_status", ""]
+    assert Corruptor("shift_stream_index").rewrite_body(body()) == body()  # non-streamed answers untouched
+
+
+def test_stamp_system_changes_only_the_chosen_requests_system_prompt() -> None:
+    request = json.dumps({"model": "m", "messages": [{"role": "system", "content": "You are ops."},
+                                                     {"role": "user", "content": "hi"}]}).encode()
+    corruptor = Corruptor("stamp_system", nth=(2,))
+    seen = []
+    for _ in range(3):
+        corruptor.stall_this()  # counts the request, as the proxy does first
+        seen.append(json.loads(corruptor.rewrite_request(request)))
+    assert seen[0] == seen[2] == json.loads(request)
+    assert seen[1]["messages"][0]["content"].endswith("] You are ops.") and seen[1]["messages"][1]["content"] == "hi"
+    every = Corruptor("stamp_system", nth=(0,))
+    every.stall_this()
+    assert json.loads(every.rewrite_request(request))["messages"][0]["content"] != "You are ops."
+    assert Corruptor("passthrough").rewrite_request(request) == request
+
+
+def test_strip_images_removes_image_parts_and_keeps_the_text() -> None:
+    request = json.dumps({"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What colour?"}, {"type": "image_url", "image_url": {"url": "data:,"}}]}]}).encode()
+    corruptor = Corruptor("strip_images")
+    out = json.loads(corruptor.rewrite_request(request))
+    assert out["messages"][0]["content"] == [{"type": "text", "text": "What colour?"}] and corruptor.corrupted == 1

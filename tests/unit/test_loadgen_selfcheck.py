@@ -18,7 +18,8 @@ from vllm_acceptance.rules.loadgen import ClientLimits
 from vllm_acceptance.verdict import decide
 
 SLO = {"ttft_p95_s": 5.0}
-LENIENT = ClientLimits(max_cpu_pct=100, max_send_lag_p99_s=10, send_lag_ttft_fraction=1, max_loop_lag_p99_s=10)
+# max_cpu_pct is per process, over every thread (the sender thread included): it can pass 100 %.
+LENIENT = ClientLimits(max_cpu_pct=1000, max_send_lag_p99_s=10, send_lag_ttft_fraction=1, max_loop_lag_p99_s=10)
 
 
 def measured(srv: StreamServer, mode: str = "closed", on_record=None) -> tuple[list[Record], dict]:

@@ -22,6 +22,14 @@ so the agent probe can be shown to find the defect and to name the layer that ca
                                client's timeout that is a slow answer, above it a hung one; a client
                                that gave up is not forwarded afterwards. Other requests pass untouched.
 
+* `shift_stream_index`      -- streamed tool-call deltas after a call's first one get `index + 1`: a
+                               client assembling by index gets one call split in two (a nameless
+                               one carrying the arguments);
+* `stamp_system`            -- the chosen chat completion requests (`--nth`, `0` = every one) get a
+                               timestamp put in front of their system message before they are
+                               forwarded: a gateway that "personalises" the prompt breaks the
+                               byte-identical prefix, so the prefix cache cannot hit.
+
 `/metrics`, `/tokenize`, `/v1/models`, `/health` and everything else pass untouched.
 
     python -m vllm_acceptance.lab.gateway --upstream http://127.0.0.1:8011/v1 --port 8091 --mode M
@@ -37,12 +45,14 @@ import contextlib
 import copy
 import json
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 MODES = ("passthrough", "markup_in_content", "drop_stream_tool_calls", "reasoning_into_content",
-         "change_arg_types", "drop_field", "markup_one_in_five", "stall_nth")
+         "change_arg_types", "drop_field", "markup_one_in_five", "stall_nth", "shift_stream_index", "stamp_system",
+         "strip_images")
 DEFAULT_DROP_FIELD = "choices.*.finish_reason"
 STAND_IN_REASONING = "The user asks about live node state, so I must call a tool before answering."
 HOP_BY_HOP = {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "content-encoding"}
@@ -137,11 +147,42 @@ class Corruptor:
             raise ValueError(f"mode {self.mode!r}: choose one of {', '.join(MODES)}")
 
     def stall_this(self) -> bool:
-        """stall_nth: count one chat completion request; True when it is one of the chosen."""
+        """Count one chat completion request; stall_nth: True when it is one of the chosen."""
         self.chat_requests += 1
         hit = self.mode == "stall_nth" and self.chat_requests in self.nth
         self.corrupted += hit
         return hit
+
+    def _strip_images(self, data: bytes) -> bytes:
+        try:
+            body = json.loads(data)
+        except ValueError:
+            return data
+        for message in body.get("messages") or []:
+            if isinstance(message.get("content"), list):
+                kept = [p for p in message["content"] if not str(p.get("type", "")).startswith("image")]
+                self.corrupted += len(message["content"]) - len(kept)
+                message["content"] = kept
+        return json.dumps(body).encode()
+
+    def rewrite_request(self, data: bytes) -> bytes:
+        """stamp_system: a timestamp in front of the system message of the chosen requests (counted by
+        stall_this, which runs first)."""
+        if self.mode == "strip_images":
+            return self._strip_images(data)
+        if self.mode != "stamp_system" or (0 not in self.nth and self.chat_requests not in self.nth):
+            return data
+        try:
+            body = json.loads(data)
+        except ValueError:
+            return data
+        for message in body.get("messages") or []:
+            if message.get("role") == "system" and isinstance(message.get("content"), str):
+                message["content"] = f"[{time.strftime('%Y-%m-%dT%H:%M:%S')}.{time.time_ns() % 10**9:09d}] " + \
+                    message["content"]
+                self.corrupted += 1
+                break
+        return json.dumps(body).encode()
 
     def _count_tool_response(self) -> bool:
         """markup_one_in_five: count a response with tool calls; True when this one is corrupted."""
@@ -157,7 +198,8 @@ class Corruptor:
         if self.mode == "drop_field":
             drop_path(body, self.drop_field)
             return body
-        if self.mode == "stall_nth":
+        if self.mode in ("stall_nth", "shift_stream_index", "stamp_system",
+         "strip_images"):
             return body
         has_calls = any((c.get("message") or {}).get("tool_calls") for c in choices)
         markup = self.mode == "markup_in_content" or (
@@ -197,7 +239,7 @@ class StreamRewriter:
         if self.mode == "drop_field":
             drop_path(chunk, self.corruptor.drop_field)
             return chunk
-        if self.mode == "stall_nth":
+        if self.mode in ("stall_nth", "stamp_system", "strip_images"):
             return chunk
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta")
@@ -205,6 +247,13 @@ class StreamRewriter:
                 continue
             if self.mode == "drop_stream_tool_calls":
                 delta.pop("tool_calls", None)
+            elif self.mode == "shift_stream_index":
+                for call in delta.get("tool_calls") or []:
+                    index = call.get("index", 0)
+                    if index in self.calls:
+                        call["index"] = index + 1
+                    else:
+                        self.calls[index] = {}
             elif self.mode in ("markup_in_content", "markup_one_in_five"):
                 self._markup_delta(choice, delta)
             elif self.mode == "change_arg_types":
@@ -277,7 +326,10 @@ def make_app(upstream: str, corruptor: Corruptor) -> Any:
     root = upstream_root(upstream)
 
     async def on_startup(app: web.Application) -> None:
-        app["session"] = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600))
+        # One connection per request: a kept-alive upstream connection that the server closed meanwhile
+        # turned a request into a 500 ("Server disconnected") under load, a fault the test did not ask for.
+        app["session"] = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600),
+                                               connector=aiohttp.TCPConnector(force_close=True))
 
     async def on_cleanup(app: web.Application) -> None:
         await app["session"].close()
@@ -286,7 +338,7 @@ def make_app(upstream: str, corruptor: Corruptor) -> Any:
         session: aiohttp.ClientSession = request.app["session"]
         data = await request.read()
         chat = request.method == "POST" and request.path.rstrip("/") == "/v1/chat/completions"
-        rewrite = chat and corruptor.mode not in ("passthrough", "stall_nth")
+        rewrite = chat and corruptor.mode not in ("passthrough", "stall_nth", "stamp_system", "strip_images")
         streamed = False
         if rewrite or chat:
             try:
@@ -294,6 +346,8 @@ def make_app(upstream: str, corruptor: Corruptor) -> Any:
             except (ValueError, AttributeError):
                 rewrite = False  # not a JSON body: let the upstream answer the client's error
         stall = chat and corruptor.stall_this()
+        if chat:
+            data = corruptor.rewrite_request(data)
         if stall:
             how = "streamed: after its first chunk" if streamed else "no byte"
             print(f"stalling chat request #{corruptor.chat_requests} ({how}) for {corruptor.stall_s:g} s", flush=True)
@@ -375,8 +429,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drop-field", default=DEFAULT_DROP_FIELD,
                         help="dotted path removed in drop_field mode (`*` = every item)")
     parser.add_argument("--every", type=int, default=5, help="markup_one_in_five: corrupt every Nth tool response")
-    parser.add_argument("--nth", default="1", help="stall_nth: the chat completion requests held, counted from 1 "
-                                                   "(comma-separated, e.g. 2,5)")
+    parser.add_argument("--nth", default="1", help="stall_nth / stamp_system: the chat completion requests chosen, "
+                                                   "counted from 1 (comma-separated, e.g. 2,5; stamp_system: 0 = all)")
     parser.add_argument("--stall-s", type=float, default=3600.0, help="stall_nth: how long each is held")
     args = parser.parse_args(argv)
     if args.every < 1:
@@ -385,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         nth = tuple(int(x) for x in args.nth.split(","))
     except ValueError:
         parser.error(f"--nth {args.nth!r}: comma-separated request numbers, e.g. 2,5")
-    if not nth or min(nth) < 1 or args.stall_s < 0:
+    if not nth or min(nth) < (0 if args.mode == "stamp_system" else 1) or args.stall_s < 0:
         parser.error("--nth numbers must be >= 1 and --stall-s >= 0")
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve(args.upstream, args.host, args.port,

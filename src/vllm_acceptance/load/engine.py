@@ -695,6 +695,7 @@ class _LoopLag:
             samples.append(max(0.0, perf() - self.t0 - interval))
 
     def start(self) -> None:
+        self.t0 = time.perf_counter()
         self.task = asyncio.get_running_loop().create_task(self._run())
 
     def stop(self) -> None:

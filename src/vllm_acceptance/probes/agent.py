@@ -1,37 +1,56 @@
 """Agent interface conformance (docs/acceptance.md "Agent interface"): tool calls, separation, streaming,
-multi-turn, structured output, safe execution; every defect attributed to a layer.
+multi-turn, the planned fallback, structured output, the reference client on the real calls; every
+defect attributed to a layer.
 
-Every exchange is kept as evidence (request body, raw response, parsed result, decision).
+This module sends and records; the judgement is in ``rules/agent.py``. Every exchange is kept as
+evidence (request body, raw response, parsed result, decision). Every scenario detail (tools, tasks,
+the fallback plan, write tools and their idempotency keys) comes from the scenario pack.
+
+Rates resolve their threshold: the number of tool-call turns is chosen from the threshold (zero errors
+in n turns bounds the rate at about 3/n with 95 % confidence, so 1 % needs 299 turns), sent
+concurrently, bounded by ``agent.turn_budget``; each rate is reported with its 95 % bound and judged on
+the bound. A format error is retried (``agent.retry_attempts``) and validated; a limited observation
+needs every error recovered and the bound under the threshold.
 """
 
 from __future__ import annotations
 
 import json
-import uuid
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import jsonschema
 
 from ..core.evidence import EvidenceStore
-from ..core.findings import Consequence, Finding, Status
+from ..core.findings import Finding, Status
+from ..rules import registry
 from ..rules.agent import (
-    ToolExecutor,
+    CallCheck,
+    Rate,
+    _arg,
     arguments_diff,
     call_signature,
+    channel_diff,
     check_separation,
     check_tool_call,
     client_library_problems,
+    execute_real_calls,
+    finish_of,
+    judge_fallback_step,
     message_of,
+    rate_lower_bound,
+    stream_structure_problems,
     structure_diff,
+    turns_to_resolve,
 )
 from ..scenarios import tool_schema_problems
 from .client import Exchange, OpenAIClient
 
-WRITE_TOOLS = {"create_ticket"}
 # Checks judged over repeated runs: a hung run is left out of the rates, the answered runs still judged.
-REPEATED = ("agent.tool_call", "agent.trigger_consistency", "agent.separation")
+REPEATED = ("agent.tool_call", "agent.trigger_consistency", "agent.separation", "agent.schema_accuracy")
+BATCH = 64  # turns sent per round of the rate run; the run stops early once every rate is decided
 
 
 def solid_png_base64(size: int = 16, rgb: tuple[int, int, int] = (220, 30, 30)) -> str:
@@ -47,6 +66,8 @@ def solid_png_base64(size: int = 16, rgb: tuple[int, int, int] = (220, 30, 30)) 
     png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", size, size, 8, 2, 0, 0, 0))
            + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
     return base64.b64encode(png).decode()
+
+
 GATEWAY_REASON = ("the direct server (--direct-url) answers the same request cleanly ({detail}): "
                   "the defect appears between the server and the client, in the gateway")
 
@@ -55,16 +76,25 @@ GATEWAY_REASON = ("the direct server (--direct-url) answers the same request cle
 class AgentProbeConfig:
     model: str
     scenario: dict[str, Any]
-    repeats: int = 3
+    repeats: int = 3  # the fewest tool-call turns (and the direct-server reference runs)
     temperature: float = 0.0
     max_tokens: int = 256
     format_error_threshold: float = 0.01
+    schema_accuracy_min: float = 0.99
+    turn_budget: int = 1000
+    concurrency: int = 8
+    retry_attempts: int = 1
     images: bool = False
+    image_tokens: int | None = None  # prompt tokens one probe image adds, where the profile states it
+    reasoning_parser: str | None = None
 
 
 def _finding(check: str, status: Status, layer: str | None, ev: list[str], **kw: Any) -> Finding:
-    return Finding(check=check, status=status, layer=layer, evidence=ev,
-                   consequence=kw.pop("consequence", Consequence.BLOCK_AGENT), **kw)
+    return registry.get(check).result(status, layer=layer, evidence=ev, **kw)
+
+
+def _layer_of(check: CallCheck) -> str | None:
+    return check.problems[0][0] if check.problems else None
 
 
 def exchange_row(case: str, ex: Exchange, parsed: Any, decision: dict[str, Any], path: str) -> dict[str, Any]:
@@ -88,12 +118,16 @@ class AgentProbe:
         self.client, self.cfg, self.store, self.direct = client, cfg, store, direct
         self.tools = cfg.scenario["tools"]
         self.tasks = cfg.scenario["tasks"]
+        self.write_tools: dict[str, dict[str, Any]] = cfg.scenario.get("write_tools") or {}
         self.system = cfg.scenario["system_prompt"].format(
             session_id="agent-probe", environment=cfg.scenario["default_environment"])
         self.n = 0
         self.rates: dict[str, Any] = {}
         self.hung: list[dict[str, Any]] = []
         self.exchanges: list[dict[str, Any]] = []  # one row per request sent, for the report's case table
+        self.required_bodies: list[Any] = []
+        # Every tool call the deployment returned: {"case", "call", "retry_group"?} (executor_safety).
+        self.real_calls: list[dict[str, Any]] = []
         # Direct-server references per check kind (only with --direct-url): (clean, detail, evidence).
         self._refs: dict[str, tuple[bool, str, list[str]]] = {}
 
@@ -110,6 +144,10 @@ class AgentProbe:
                               "stream_chunks": len(ex.chunks), "error": ex.error})
         return path
 
+    def collect_calls(self, case: str, body: Any, group: str | None = None) -> None:
+        for call in message_of(body).get("tool_calls") or []:
+            self.real_calls.append({"case": case, "call": call, **({"retry_group": group} if group else {})})
+
     def base(self, messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         return {"model": self.cfg.model, "messages": messages, "max_tokens": self.cfg.max_tokens,
                 "temperature": self.cfg.temperature, **extra}
@@ -118,19 +156,25 @@ class AgentProbe:
         return [{"role": "system", "content": self.system},
                 {"role": "user", "content": self.tasks["required_tool"]["user"]}]
 
+    def pack_call(self, call_id: str) -> dict[str, Any]:
+        """The pack's call of the required task, as an assistant turn's tool call."""
+        call = self.tasks["required_tool"]["call"]
+        return {"id": call_id, "type": "function",
+                "function": {"name": call["name"], "arguments": json.dumps(call["arguments"])}}
+
     def run(self) -> tuple[list[Finding], dict[str, Any]]:
         findings: list[Finding] = []
         ev_schemas = self.store.write_json("tool_schemas.json", self.tools)
         problems = tool_schema_problems(self.tools)
-        findings.append(_finding("agent.tool_schemas", Status.FAIL if problems else Status.PASS,
-                                 "client" if problems else None, [ev_schemas], observed=problems or "valid",
-                                 expected="every tool's parameters are a valid JSON Schema",
-                                 rule="tool JSON Schemas validated before any request is sent",
-                                 action="fix the tool definitions"))
+        check = registry.get("agent.tool_schemas")
         if problems:
-            return findings, {}
+            return [check.fail(layer="client", evidence=[ev_schemas], observed=problems,
+                               expected="every tool's parameters are a valid JSON Schema",
+                               action="fix the tool definitions")], {}
+        findings.append(check.passed(evidence=[ev_schemas], observed="valid",
+                                     expected="every tool's parameters are a valid JSON Schema"))
         findings += self.required_tool_calls()
-        findings.append(self.stream_consistency())
+        findings += self.streaming()
         findings.append(self.multi_turn())
         findings.append(self.failed_tool_fallback())
         findings.append(self.structured_output())
@@ -172,110 +216,493 @@ class AgentProbe:
             rule="a request without a complete answer within agent.request_timeout_s decides nothing",
             action="find where the request stalls (server queue, gateway, network) and re-run the agent probe")
 
+    # --- the rate run ----------------------------------------------------------------------------------
+
+    def turn_target(self) -> int:
+        """Turns needed so that zero errors resolve both thresholds, at least `repeats`, at most the budget."""
+        need = max(self.cfg.repeats, turns_to_resolve(self.cfg.format_error_threshold),
+                   turns_to_resolve(1.0 - self.cfg.schema_accuracy_min))
+        return min(need, self.cfg.turn_budget)
+
+    def _decided(self, errors: int, misses: int, by_finish: int, n: int) -> bool:
+        """Every rate already certain on one side: the format-error rate's lower bound above its
+        threshold (a failure more turns cannot mend), or every rate's bound on the passing side."""
+        if n and rate_lower_bound(errors, n) > self.cfg.format_error_threshold:
+            return True
+        fmt = Rate("format_error", errors, n, self.cfg.format_error_threshold).verdict()
+        acc = Rate("schema_accuracy", by_finish - misses, by_finish, self.cfg.schema_accuracy_min, "min").verdict()
+        return fmt == "pass" and acc == "pass" and errors == 0
+
+    def send_turns(self, body: dict[str, Any]) -> list[Exchange]:
+        """Send the required-tool turn concurrently, in rounds, until the rates are decided or the
+        target (raised while errors leave the bound straddling the threshold) is reached."""
+        exchanges: list[Exchange] = []
+        target = self.turn_target()
+        with ThreadPoolExecutor(max_workers=max(1, self.cfg.concurrency)) as pool:
+            while len(exchanges) < target:
+                batch = min(BATCH, target - len(exchanges))
+                exchanges += list(pool.map(lambda _: self.client.chat(body), range(batch)))
+                answered = [ex for ex in exchanges if not ex.timed_out]
+                checks = [check_tool_call(ex.body if ex.ok else None, self.tools) for ex in answered]
+                errors = sum(1 for c in checks if c.problems)
+                by_finish = [c for c in checks if c.finish_reason == "tool_calls"]
+                misses = sum(1 for c in by_finish if c.problems)
+                if self._decided(errors, misses, len(by_finish), len(answered)):
+                    break
+                if len(exchanges) >= target and errors and errors / max(1, len(answered)) <= \
+                        self.cfg.format_error_threshold:
+                    target = min(self.cfg.turn_budget, turns_to_resolve(self.cfg.format_error_threshold, errors))
+        return exchanges
+
+    def validated_retry(self, body: dict[str, Any], failed: list[int]) -> list[dict[str, Any]]:
+        """The retry the policy names, for real: the same request re-sent (up to `retry_attempts`),
+        each answer validated; recovered when one passes every check."""
+        out = []
+        for turn in failed:
+            attempts = []
+            recovered = False
+            for attempt in range(1, self.cfg.retry_attempts + 1):
+                ex = self.client.chat(body)
+                check = check_tool_call(ex.body if ex.ok else None, self.tools)
+                sep = check_separation(ex.body) if ex.ok else []
+                ok = ex.ok and not check.problems and not sep
+                attempts.append({"attempt": attempt, "status": ex.status, "response": ex.body, "error": ex.error,
+                                 "problems": check.problems + sep, "valid": ok})
+                if ex.ok:
+                    self.collect_calls(f"retry-{turn}-{attempt}", ex.body, group="required-tool")
+                if ok:
+                    recovered = True
+                    break
+            out.append({"turn": turn, "recovered": recovered, "attempts": attempts})
+        return out
+
     def required_tool_calls(self) -> list[Finding]:
-        """Repeated runs of a task that must call a tool: validity, separation and rates."""
+        """The task that must call a tool, over enough turns to resolve the thresholds."""
         body = self.base(self.required_call_messages(), tools=self.tools, tool_choice="auto")
-        checks, evs, signatures = [], [], []
-        separation: list[tuple[str, str]] = []
-        separated_runs = 0
-        self.required_bodies: list[Any] = []
-        for i in range(self.cfg.repeats):
-            ex = self.client.chat(body)
-            if ex.timed_out:  # judged apart (_judge_hangs); not a format error of the answered runs
-                self.required_bodies.append(None)
-                evs.append(self.keep(f"required-tool-{i + 1}", ex, {"valid": None, "timed_out": True}))
+        exchanges = self.send_turns(body)
+        rows, checks, signatures, seps, hung_ev, bad_ev = [], [], [], [], [], []
+        failed_turns: list[int] = []
+        for i, ex in enumerate(exchanges, 1):
+            if ex.timed_out:  # judged apart (_judge_hangs); not a format error of the answered turns
+                hung_ev.append(self.keep(f"turn-{i}", ex, {"valid": None, "timed_out": True}))
                 continue
             check = check_tool_call(ex.body if ex.ok else None, self.tools)
             if not ex.ok:
                 check.problems.append(("gateway" if ex.status >= 500 else "client", f"HTTP error: {ex.error}"))
-            sep = check_separation(ex.body)
-            separation += sep
-            separated_runs += bool(sep)
-            self.required_bodies.append(ex.body if ex.ok else None)
-            evs.append(self.keep(f"required-tool-{i + 1}", ex, {"valid": check.valid, "problems": check.problems,
-                                                                 "separation": sep}))
+            sep = check_separation(ex.body) if ex.ok else []
             checks.append(check)
+            seps.append(sep)
             signatures.append(json.dumps(call_signature(ex.body), sort_keys=True))
-        triggered = [c for c in checks if c.tool_calls > 0]
+            self.required_bodies.append(ex.body if ex.ok else None)
+            self.collect_calls(f"turn-{i}", ex.body, group="required-tool")
+            if check.problems or sep:
+                failed_turns.append(i)
+                if len(bad_ev) < 10:
+                    bad_ev.append(self.keep(f"turn-{i}", ex, {"problems": check.problems, "separation": sep}))
+            rows.append({"turn": i, "status": ex.status, "error": ex.error, "response": ex.body,
+                         "seconds": round(ex.end - ex.sent, 3), "problems": check.problems, "separation": sep})
+        ev_turns = self.store.write_json("turns.json", {"request": body, "turns": rows})
+        retries = self.validated_retry(body, failed_turns)
+        ev_retry = [self.store.write_json("retries.json", retries)] if retries else []
+        evs = [ev_turns, *ev_retry, *bad_ev, *hung_ev]
+        n = len(checks)
+        errors = sum(1 for c in checks if c.problems)
         by_finish = [c for c in checks if c.finish_reason == "tool_calls"]
         valid = [c for c in by_finish if c.valid]
-        format_errors = [c for c in checks if c.problems]
+        leaks = sum(1 for s in seps if s)
+        thr, acc_min = self.cfg.format_error_threshold, self.cfg.schema_accuracy_min
+        fmt = Rate("format_error_rate", errors, n, thr)
+        acc = Rate("schema_accuracy", len(valid), len(by_finish), acc_min, "min")
+        sep_rate = Rate("separation_error_rate", leaks, n, thr)
+        recovered = sum(1 for r in retries if r["recovered"])
         self.rates = {
-            "schema_accuracy": len(valid) / len(by_finish) if by_finish else None,
-            "trigger_consistency": Counter(signatures).most_common(1)[0][1] / len(signatures) if signatures else None,
-            "format_error_rate": len(format_errors) / len(checks) if checks else None,
-            "separation_error_rate": separated_runs / len(checks) if checks else None,
-            "runs": len(checks), "triggered": len(triggered), "finish_tool_calls": len(by_finish),
+            "schema_accuracy": acc.value, "format_error_rate": fmt.value,
+            "separation_error_rate": sep_rate.value,
+            "trigger_consistency": Counter(signatures).most_common(1)[0][1] / n if n else None,
+            "runs": n, "turns_sent": len(exchanges), "turn_target": self.turn_target(),
+            "turn_budget": self.cfg.turn_budget, "concurrency": self.cfg.concurrency,
+            "triggered": sum(1 for c in checks if c.tool_calls), "finish_tool_calls": len(by_finish),
+            "bounds": {"format_error_rate": fmt.to_dict(), "schema_accuracy": acc.to_dict(),
+                       "separation_error_rate": sep_rate.to_dict()},
+            "resolution": self._resolution(n),
+            "retry": {"policy": f"re-send the same request, up to {self.cfg.retry_attempts} time(s), validate",
+                      "errors": len(retries), "recovered": recovered},
         }
-        expect = self.tasks["required_tool"]["expect_tool"]
-        out = []
-        layers = Counter(layer for c in checks for layer, _ in c.problems)
-        layer = layers.most_common(1)[0][0] if layers else None
-        status = self._rate_status(self.rates["format_error_rate"])
-        reason = ""
-        if status != Status.PASS:
-            layer, reason, ref_ev = self._attribute(layer, "tool")
-            evs = evs + ref_ev
-        out.append(_finding(
-            "agent.tool_call", status, layer, evs, reason=reason,
-            observed={"rates": self.rates, "names": [c.names for c in checks],
-                      "problems": [p for c in checks for p in c.problems][:10]},
-            expected=f"tool_calls with {expect} (or another schema tool), valid JSON arguments per schema",
-            rule=f"every run valid; format error rate <= {self.cfg.format_error_threshold} for limited use",
-            action="attribute by layer: model (same input, illegal format repeatedly), parser (markup in "
-                   "content, no tool_calls); retry with validation only below the threshold"))
-        # Model-layer consistency: the same input should trigger the same call.
-        consistency = self.rates["trigger_consistency"] or 0.0
-        trigger_status = Status.FAIL if not triggered else (Status.PASS if consistency == 1.0 else Status.WARN)
-        if not checks:
-            trigger_status = Status.INCONCLUSIVE  # no run answered: nothing to judge
-        trigger_layer, trigger_reason = None, ""
-        if trigger_status != Status.PASS:
-            trigger_layer, trigger_reason, _ = self._attribute(self._trigger_layer(checks, signatures, triggered),
-                                                               "tool")
-        out.append(_finding(
-            "agent.trigger_consistency", trigger_status, trigger_layer, evs, reason=trigger_reason,
-            observed=self.rates, expected="1.0",
-            rule="repeated runs of the same input trigger the same call",
-            action="pin temperature / review the prompt; inconsistent triggering needs a retry policy"))
-        sep_status = self._rate_status(self.rates["separation_error_rate"])
-        sep_layer, sep_reason = (separation[0][0], "") if separation else (None, "")
-        if separation:
-            sep_layer, sep_reason, _ = self._attribute(sep_layer, "tool")
-        out.append(_finding(
-            "agent.separation", sep_status, sep_layer, evs, observed=separation or "separated", reason=sep_reason,
-            expected="no tool-call or reasoning markup in content",
-            rule=f"content, reasoning, tool_calls apart; a leak rate <= {self.cfg.format_error_threshold} "
-                 "is a limited observation (validated retry)",
-            action="check the --tool-call-parser / --reasoning-parser names and the gateway"))
+        out = [self._judge_format(fmt, checks, retries, evs), self._judge_accuracy(
+            acc, evs, Counter(la for c in checks for la, _ in c.problems).most_common(1)[0][0] if errors else None)]
+        out.append(self._judge_trigger(checks, signatures, evs))
+        out.append(self._judge_separation(sep_rate, seps, retries, evs))
         return out
 
-    def stream_consistency(self) -> Finding:
+    def _resolution(self, n: int) -> str:
+        need = turns_to_resolve(self.cfg.format_error_threshold)
+        budget = self.cfg.turn_budget
+        return (f"{n} answered turns resolve a rate down to {Rate('r', 0, n, 0).resolution:.4f} (95 % bound of zero "
+                f"errors); the threshold {self.cfg.format_error_threshold:g} needs >= {need} turns; the budget "
+                f"agent.turn_budget={budget} buys {Rate('r', 0, budget, 0).resolution:.4f}")
+
+    def _rate_finding(self, check: str, rate: Rate, retries: list[dict[str, Any]], layer: str | None,
+                      evs: list[str], observed: Any, expected: str, action: str) -> Finding:
+        verdict = rate.verdict()
+        bound = rate.to_dict()
+        unrecovered = [r["turn"] for r in retries if not r["recovered"]]
+        reason = ""
+        if verdict == "pass" and not rate.events:
+            status, layer = Status.PASS, None
+        elif verdict == "pass" and not unrecovered:
+            status = Status.WARN
+            reason = (f"{rate.events} of {rate.n} turns in error, 95 % upper bound {rate.bound:.4f} <= "
+                      f"{rate.threshold:g}; the validated retry recovered every one: limited observation "
+                      "with the retry policy")
+        elif verdict == "pass":
+            status = Status.FAIL
+            reason = f"the validated retry did not recover turns {unrecovered[:10]}"
+            layer = "retry" if layer is None else layer
+        elif verdict == "fail":
+            status = Status.FAIL
+            reason = f"{rate.events} of {rate.n} turns in error: {rate.value:.4f} > {rate.threshold:g}"
+        else:
+            status, layer = Status.INCONCLUSIVE, None
+            reason = (f"unresolved: {rate.events} of {rate.n}, 95 % upper bound {rate.bound:.4f} > threshold "
+                      f"{rate.threshold:g}; {self._resolution(rate.n)}")
+        if status in (Status.FAIL, Status.WARN):
+            layer, why, ref_ev = self._attribute(layer, "tool")
+            reason = "; ".join(x for x in (reason, why) if x)
+            evs = evs + ref_ev
+        return _finding(check, status, layer, evs, reason=reason, observed={**observed, "rate": bound},
+                        expected=expected, action=action,
+                        rule=f"95 % upper bound of the rate over the turns <= {rate.threshold:g}; errors below "
+                             "it only with every one recovered by the validated retry (limited observation)")
+
+    def _judge_format(self, fmt: Rate, checks: list[CallCheck], retries: list[dict[str, Any]],
+                      evs: list[str]) -> Finding:
+        layers = Counter(layer for c in checks for layer, _ in c.problems)
+        expect = self.tasks["required_tool"]["expect_tool"]
+        return self._rate_finding(
+            "agent.tool_call", fmt, retries, layers.most_common(1)[0][0] if layers else None, evs,
+            {"names": Counter(n for c in checks for n in c.names).most_common(5),
+             "problems": [p for c in checks for p in c.problems][:10], "retry": self.rates.get("retry")},
+            f"tool_calls with {expect} (or another schema tool), valid JSON arguments per schema",
+            "attribute by layer: model (same input, illegal format repeatedly), parser (markup in content, no "
+            "tool_calls); a retry with validation only below the threshold")
+
+    def _judge_accuracy(self, acc: Rate, evs: list[str], layer: str | None = None) -> Finding:
+        observed = {"rate": acc.to_dict()}
+        expected = f"95 % lower bound of valid calls / calls >= {acc.threshold:g}"
+        rule = "schema accuracy = valid calls / calls with finish_reason tool_calls, judged on its 95 % lower bound"
+        if not acc.n and not any(finish_of(b) for b in self.required_bodies if b):
+            return _finding("agent.schema_accuracy", Status.INCONCLUSIVE, None, evs, observed=observed,
+                            expected=expected, rule=rule,
+                            reason="no turn carries a finish_reason: the accuracy over finish_reason tool_calls "
+                                   "cannot be computed (see agent.client_library / agent.gateway)",
+                            action="keep finish_reason in the answers (server, gateway)")
+        if not acc.n:
+            layer, why, ref = self._attribute(layer or "model", "tool")
+            return _finding("agent.schema_accuracy", Status.FAIL, layer, evs + ref, observed=observed,
+                            expected=expected, rule=rule,
+                            reason="; ".join(x for x in ("no turn ended with finish_reason tool_calls", why) if x),
+                            action="fix tool calling first (agent.tool_call)")
+        verdict = acc.verdict()
+        status = {"pass": Status.PASS, "fail": Status.FAIL}.get(verdict, Status.INCONCLUSIVE)
+        reason = "" if status == Status.PASS else (
+            f"{acc.events} of {acc.n} valid, 95 % lower bound {acc.bound:.4f} vs minimum {acc.threshold:g}"
+            + ("" if status == Status.FAIL else f"; {self._resolution(acc.n)}"))
+        layer = (layer or "model") if status == Status.FAIL else None
+        if status == Status.FAIL:
+            layer, why, ref = self._attribute(layer, "tool")
+            reason = "; ".join(x for x in (reason, why) if x)
+            evs = evs + ref
+        return _finding("agent.schema_accuracy", status, layer, evs, observed=observed, expected=expected, rule=rule,
+                        reason=reason, action="see agent.tool_call; raise agent.turn_budget when unresolved")
+
+    def _judge_trigger(self, checks: list[CallCheck], signatures: list[str], evs: list[str]) -> Finding:
+        triggered = [c for c in checks if c.tool_calls > 0]
+        consistency = self.rates["trigger_consistency"] or 0.0
+        status = Status.FAIL if not triggered else (Status.PASS if consistency == 1.0 else Status.WARN)
+        if not checks:
+            status = Status.INCONCLUSIVE  # no turn answered: nothing to judge
+        layer, reason = None, ""
+        if status != Status.PASS and checks:
+            layer, reason, _ = self._attribute(self._trigger_layer(checks, signatures, triggered), "tool")
+        return _finding("agent.trigger_consistency", status, layer, evs, reason=reason,
+                        observed={"consistency": self.rates["trigger_consistency"], "runs": len(checks),
+                                  "calls": Counter(signatures).most_common(3)},
+                        expected="1.0", action="pin temperature / review the prompt; inconsistent triggering needs "
+                                               "a retry policy")
+
+    def _judge_separation(self, rate: Rate, seps: list[list[tuple[str, str]]], retries: list[dict[str, Any]],
+                          evs: list[str]) -> Finding:
+        leaked = [p for s in seps for p in s]
+        return self._rate_finding(
+            "agent.separation", rate, retries, leaked[0][0] if leaked else None, evs,
+            {"problems": leaked[:10]}, "no tool-call or reasoning markup in content",
+            "check the --tool-call-parser / --reasoning-parser names and the gateway")
+
+    # --- streaming ------------------------------------------------------------------------------------
+
+    def streaming(self) -> list[Finding]:
+        """The same request non-streamed and streamed: the assembled stream carries the same tool calls
+        (with a reasoning parser: the same reasoning and content too), and its deltas are consistent."""
         body = self.base(self.required_call_messages(), tools=self.tools, tool_choice="auto")
         plain = self.client.chat(body)
         streamed = self.client.chat_stream(body)
+        reasoning = bool(self.cfg.reasoning_parser)
         a, b = call_signature(plain.body), call_signature(streamed.body)
-        same = plain.ok and streamed.ok and a == b and bool(a)
+        diffs = channel_diff(plain.body, streamed.body, reasoning) if plain.ok and streamed.ok else []
         leak = check_separation(streamed.body)
+        structure = stream_structure_problems(streamed.chunks) if streamed.ok else []
         ev = [self.keep("stream-plain", plain, {"signature": a}),
-              self.keep("stream-streamed", streamed, {"signature": b, "separation": leak})]
+              self.keep("stream-streamed", streamed, {"signature": b, "separation": leak, "diffs": diffs,
+                                                      "structure": structure})]
+        self.collect_calls("stream-plain", plain.body, group="required-tool")
+        self.collect_calls("stream-streamed", streamed.body, group="required-tool")
+        same = plain.ok and streamed.ok and bool(a) and not diffs
         status = Status.PASS if same and not leak else Status.FAIL
-        layer = None if status == Status.PASS else (leak[0][0] if leak else "parser" if a and not b else "model")
+        named = [layer for ex in (plain, streamed) for layer, _ in check_tool_call(ex.body, self.tools).problems]
+        layer = None if status == Status.PASS else (
+            leak[0][0] if leak else "gateway" if not (plain.ok and streamed.ok) else
+            "parser" if (a and not b) else named[0] if named else "model")
         reason = ""
         if status == Status.FAIL:
             layer, reason, ref_ev = self._attribute(layer, "stream")
             ev += ref_ev
-        return _finding("agent.stream_consistency", status, layer, ev, observed={"plain": a, "streamed": b},
-                        reason=reason,
-                        expected="the same tool calls, assembled from deltas",
-                        rule="streaming and non-streaming give the same structure",
-                        action="streamed tool calls lost or different: check the parser's streaming path")
+        consistency = _finding(
+            "agent.stream_consistency", status, layer, ev, reason=reason,
+            observed={"plain": a, "streamed": b, "diffs": diffs, "compared": "reasoning, content, tool calls"
+                      if reasoning else "content, tool calls"},
+            expected="the same channels, assembled from deltas",
+            action="streamed tool calls lost or different: check the parser's streaming path")
+        if not streamed.ok:
+            shape = _finding("agent.stream_structure", Status.INCONCLUSIVE, None, ev, observed=streamed.error,
+                             reason="no complete stream to judge", expected="a complete stream",
+                             action="see agent.stream_consistency")
+        elif not b:
+            shape_layer, why, ref_ev = self._attribute("parser", "stream")
+            shape = _finding("agent.stream_structure", Status.FAIL, shape_layer, ev + ref_ev,
+                             observed="no tool-call deltas", expected="tool-call deltas with index, id, name",
+                             reason="; ".join(x for x in ("the stream carries no tool call", why) if x),
+                             action="check the parser's streaming path")
+        else:
+            shape_layer, shape_reason = (None, "")
+            if structure:
+                shape_layer, shape_reason, ref_ev = self._attribute("parser", "stream")
+                ev = ev + ref_ev
+            shape = _finding("agent.stream_structure", Status.FAIL if structure else Status.PASS, shape_layer, ev,
+                             observed=structure or f"{len(b)} call(s), deltas consistent", reason=shape_reason,
+                             expected="index from 0 rising by one; id and name once per call, never changed",
+                             action="a client assembling by index gets split or merged calls: fix the parser or "
+                                    "the gateway's stream handling")
+        return [consistency, shape]
+
+    # --- the planned fallback ----------------------------------------------------------------------------
+
+    def failed_tool_fallback(self) -> Finding:
+        """Send the failed tool result and judge each answer against the pack's planned fallback."""
+        plan = self.tasks["fallback"]
+        driven = plan.get("driven_by", "client")
+        retries = int(plan.get("retries", 1))
+        ticket = plan["ticket"]
+        failed_call = self.pack_call("call_failed_1")
+        failed = {"name": failed_call["function"]["name"],
+                  "arguments": self.tasks["required_tool"]["call"]["arguments"]}
+        messages = self.required_call_messages() + [
+            {"role": "assistant", "content": None, "tool_calls": [failed_call]},
+            {"role": "tool", "tool_call_id": failed_call["id"], "content": plan["failed_result"]}]
+        steps: list[dict[str, Any]] = []
+        evs: list[str] = []
+
+        def ask(name: str, tool_choice: Any, kind: str | None = None) -> tuple[Exchange, str, bool]:
+            ex = self.client.chat(self.base(list(messages), tools=self.tools, tool_choice=tool_choice))
+            chosen = kind or self._fallback_kind(ex.body, failed["name"], ticket["tool"])
+            step = {"kind": chosen, "tool": ticket["tool"], "require": ticket.get("require") or {},
+                    "acknowledge": plan.get("acknowledge") or [], "must_not_claim": plan.get("must_not_claim") or []}
+            judged = judge_fallback_step(step, ex.body if ex.ok else None, self.tools, failed, driven)
+            if not ex.ok:
+                judged.ok, judged.layer = False, "gateway" if ex.status >= 500 or ex.status == 0 else "client"
+                judged.problems.append(f"HTTP {ex.status}: {ex.error}")
+            steps.append({"step": name, "kind": chosen, "ok": judged.ok, "layer": judged.layer,
+                          "problems": judged.problems})
+            evs.append(self.keep(f"fallback-{name}", ex, steps[-1]))
+            self.collect_calls(f"fallback-{name}", ex.body, group=f"fallback-{name}")
+            return ex, chosen, judged.ok
+
+        # The answer to the failed result. Model-driven, it must be a step of the plan (a retry of the
+        # same call, the ticket, or an answer that says the tool failed); client-driven, any of those,
+        # an answer stating none of the missing data included (the client drives the next step).
+        ex, chosen, ok = ask("answer", "auto")
+        ticket_ex: Exchange | None = None
+        if driven == "model":
+            retried = 0
+            while ok and chosen == "retry":
+                if retried >= retries:
+                    steps[-1].update(ok=False, layer="model", problems=steps[-1]["problems"] + [
+                        f"the failed call {failed['name']} is repeated past the plan's {retries} retries"])
+                    ok = False
+                    break
+                retried += 1
+                call = message_of(ex.body)["tool_calls"][0]
+                messages += [{"role": "assistant", "content": None, "tool_calls": [call]},
+                             {"role": "tool", "tool_call_id": call.get("id") or f"call_retry_{retried}",
+                              "content": plan["failed_result"]}]
+                ex, chosen, ok = ask(f"after-retry-{retried}", "auto")
+            ticket_ex = ex if ok and chosen == "ticket" else None
+        elif ok:
+            # The client retries the call itself (the retry fails too), then asks for the ticket by name,
+            # twice: one write operation re-sent, which must carry one idempotency key.
+            for r in range(retries):
+                call = self.pack_call(f"call_retry_{r + 1}")
+                messages += [{"role": "assistant", "content": None, "tool_calls": [call]},
+                             {"role": "tool", "tool_call_id": call["id"], "content": plan["failed_result"]}]
+            named = {"type": "function", "function": {"name": ticket["tool"]}}
+            ticket_ex, _, ok_first = ask("ticket", named, "ticket")
+            _, _, ok_again = ask("ticket-resent", named, "ticket")
+            self._regroup("fallback-ticket-resent", "fallback-ticket")
+            ok = ok_first and ok_again
+        calls = message_of(ticket_ex.body).get("tool_calls") or [] if ticket_ex is not None else []
+        if ok and calls:
+            messages += [{"role": "assistant", "content": None, "tool_calls": calls[:1]},
+                         {"role": "tool", "tool_call_id": calls[0].get("id") or "call_ticket",
+                          "content": ticket["result"]}]
+            ask("final", "auto", "user_error")
+        bad = [s for s in steps if not s["ok"]]
+        layer = next((s["layer"] for s in bad if s["layer"]), "model") if bad else None
+        reason = "; ".join(f"{s['step']}: {'; '.join(s['problems'])}" for s in bad)[:800]
+        if bad and layer in ("parser", "model"):
+            layer, why, ref = self._attribute(layer, "tool")
+            reason = "; ".join(x for x in (reason, why) if x)
+            evs += ref
+        return _finding("agent.tool_failure_fallback", Status.FAIL if bad else Status.PASS, layer, evs,
+                        observed={"driven_by": driven, "steps": steps}, reason=reason,
+                        expected=f"the plan: retry {failed['name']} x{retries}, then a {ticket['tool']} call, then "
+                                 "a user-facing answer without the missing data",
+                        rule=f"a failed tool result leads to the planned fallback ({driven}-driven: "
+                             + ("the client retries and asks for the ticket by name; the deployment must produce "
+                                "each step)" if driven == "client" else "the deployment must choose each step)"),
+                        action="an answer that ignores the failure: fix the prompt or the model; a step the "
+                               "deployment cannot produce: see agent.tool_call")
+
+    def _regroup(self, case: str, group: str) -> None:
+        for item in self.real_calls:
+            if item["case"] == case:
+                item["retry_group"] = group
+
+    @staticmethod
+    def _fallback_kind(body: Any, failed_tool: str, ticket_tool: str) -> str:
+        names = [(c.get("function") or {}).get("name") for c in message_of(body).get("tool_calls") or []]
+        if failed_tool in names:
+            return "retry"
+        if ticket_tool in names:
+            return "ticket"
+        return "user_error"
+
+    # --- structured output ---------------------------------------------------------------------------------
+
+    def structured_output(self) -> Finding:
+        """A valid answer accepted; a real broken body from the server (the JSON cut by max_tokens)
+        rejected by the client validation, and marked by the server (finish_reason length)."""
+        task = self.tasks["structured"]
+        schema = task["schema"]
+        body = self.base([{"role": "system", "content": self.system}, {"role": "user", "content": task["user"]}],
+                         response_format={"type": "json_schema", "json_schema": {
+                             "name": task.get("name", "structured"), "schema": schema, "strict": True}})
+        ex = self.client.chat(body)
+        content = message_of(ex.body).get("content")
+        problems: list[str] = []
+        valid_error = _validation_error(content, schema)
+        if valid_error:
+            problems.append(f"valid-path answer rejected: {valid_error}")
+        cut = self.client.chat({**body, "max_tokens": int(task.get("truncate_max_tokens", 3))})
+        cut_content = message_of(cut.body).get("content")
+        cut_finish = (cut.body or {}).get("choices", [{}])[0].get("finish_reason") if cut.ok else None
+        cut_error = _validation_error(cut_content, schema) if cut.ok else None
+        broken = {"status": cut.status, "content": cut_content, "finish_reason": cut_finish,
+                  "client_validation": cut_error or "accepted"}
+        cut_layer = None
+        if not cut.ok:
+            problems.append(f"no broken body obtained: HTTP {cut.status} {cut.error}")
+            cut_layer = "gateway" if cut.status >= 500 or cut.status == 0 else "client"
+        elif cut_error is None:
+            problems.append(f"a body cut at {task.get('truncate_max_tokens', 3)} tokens was accepted by the client "
+                            "validation")
+            cut_layer = "client"
+        elif cut_finish != "length":
+            problems.append(f"a cut body arrived with finish_reason {cut_finish!r}, not 'length': the client cannot "
+                            "tell a truncated answer")
+            cut_layer = "gateway"
+            if self.direct is not None:
+                direct_cut = self.direct.chat({**body, "max_tokens": int(task.get("truncate_max_tokens", 3))})
+                direct_finish = (direct_cut.body or {}).get("choices", [{}])[0].get("finish_reason") \
+                    if direct_cut.ok else None
+                self.keep("direct-structured-output-cut", direct_cut, {"finish_reason": direct_finish})
+                if direct_finish == "length":
+                    problems.append(GATEWAY_REASON.format(detail="its cut body carries finish_reason length"))
+                else:
+                    cut_layer = "parser"
+        ev = [self.keep("structured-output", ex, {"problems": problems, "validation": valid_error or "valid"}),
+              self.keep("structured-output-cut", cut, broken)]
+        finish = (ex.body or {}).get("choices", [{}])[0].get("finish_reason") if ex.ok else None
+        leak = check_separation(ex.body) if ex.ok else []
+        layer = "model" if valid_error and finish == "length" else (
+            leak[0][0] if valid_error and leak else "parser" if valid_error else cut_layer)
+        if not ex.ok:
+            layer = "gateway" if ex.status >= 500 else "client"
+        status = Status.FAIL if problems or not ex.ok else Status.PASS
+        reason = "; ".join(problems)
+        if status == Status.FAIL and valid_error:
+            layer, why, ref_ev = self._attribute(layer, "structured")
+            reason = "; ".join(x for x in (reason, why) if x)
+            ev += ref_ev
+        return _finding("agent.structured_output", status, layer, ev, reason=reason,
+                        observed={"content": content, "finish_reason": finish, "problems": problems,
+                                  "separation": leak, "broken_body": broken},
+                        expected="content valid per the JSON Schema; a body cut by max_tokens rejected and marked "
+                                 "finish_reason length",
+                        action="check guided decoding backend and max_tokens; keep finish_reason through the gateway")
+
+    # --- the reference client on the real calls ----------------------------------------------------------
+
+    def executor_safety(self) -> Finding:
+        """Every tool call the deployment returned in this run through the reference client."""
+        records, unsafe, retry = execute_real_calls(self.real_calls, self.tools, self.write_tools)
+        ev = [self.store.write_json("executor.json", {"write_tools": self.write_tools, "calls": records})]
+        executed = sum(r["executions"] for r in records)
+        keys: dict[Any, set[str]] = {}
+        for item, r in zip(self.real_calls, records, strict=True):
+            name = r["call"]["function"].get("name")
+            if name in self.write_tools and isinstance(r["outcome"], dict):
+                key = _arg(r["call"], self.write_tools[name].get("idempotency_key", "request_id"))
+                keys.setdefault(json.dumps(key), set()).add(item.get("retry_group") or item["case"])
+        refused = [r for r in records if not r["outcome"].get("executed") and not r["outcome"].get("deduplicated")]
+        observed = {"calls": len(records), "executed": executed, "refused": len(refused),
+                    "invalid": sum(1 for r in records if not r["valid"]),
+                    "writes": sum(1 for r in records if r["call"]["function"].get("name") in self.write_tools),
+                    "refusals": Counter(r["outcome"].get("error") for r in refused).most_common(5),
+                    "unsafe": unsafe[:10], "retry": retry[:10],
+                    # One key across different operations: the later write is suppressed as a duplicate
+                    # (a lost write, not a double one): shown, since the key should come from the client.
+                    "key_shared_across_operations": {k: sorted(v) for k, v in keys.items() if len(v) > 1}}
+        expected = ("every invalid call refused with a predictable error; every valid read executed; a write runs "
+                    "once per idempotency key, also when the deployment answers one operation twice")
+        if not records:
+            # Nothing reached the reference client. Never a pass; not applicable rather than unknown, since
+            # a run without a single tool call already fails agent.tool_call (agents stay blocked).
+            return _finding("agent.executor_safety", Status.NOT_APPLICABLE, None, ev, observed=observed,
+                            expected=expected, reason="the deployment returned no tool call in this run: nothing "
+                                                      "reached the reference client (see agent.tool_call)",
+                            action="fix tool calling first (agent.tool_call)")
+        status = Status.FAIL if unsafe or retry else Status.PASS
+        layer = "executor" if unsafe else "retry" if retry else None
+        return _finding("agent.executor_safety", status, layer, ev, observed=observed, expected=expected,
+                        reason="; ".join((unsafe + retry)[:5]),
+                        action="validate before executing; the client must hold the idempotency key (one per "
+                               "logical write, reused on retry), never take a fresh one from the model")
 
     def multi_turn(self) -> Finding:
         """user -> assistant tool call -> tool result -> assistant: roles and order kept."""
         first = self.client.chat(self.base(self.required_call_messages(), tools=self.tools, tool_choice="auto"))
         calls = message_of(first.body).get("tool_calls") or []
         evs = [self.keep("multi-turn-1", first, {"tool_calls": len(calls)})]
+        self.collect_calls("multi-turn-1", first.body, group="required-tool")
         if not calls:
             problems = check_tool_call(first.body if first.ok else None, self.tools).problems
             layer, reason, _ = self._attribute(problems[0][0] if problems else "model", "tool")
@@ -291,108 +718,58 @@ class AgentProbe:
         msg = message_of(second.body)
         ok = second.ok and msg.get("role") == "assistant" and (msg.get("content") or msg.get("tool_calls"))
         evs.append(self.keep("multi-turn-2", second, {"role": msg.get("role")}))
+        self.collect_calls("multi-turn-2", second.body)
         return _finding("agent.multi_turn", Status.PASS if ok else Status.FAIL, None if ok else "parser", evs,
                         observed={"status": second.status, "role": msg.get("role")},
                         expected="HTTP 200, an assistant message after the tool result",
                         rule="user -> assistant tool call -> tool result -> assistant",
                         action="check the chat template's tool-message rendering")
 
-    def failed_tool_fallback(self) -> Finding:
-        """A failed tool result: the server still answers, and the client takes the planned fallback."""
-        call_id = "call_failed_1"
-        messages = self.required_call_messages() + [
-            {"role": "assistant", "content": None, "tool_calls": [{"id": call_id, "type": "function", "function": {
-                "name": self.tasks["required_tool"]["expect_tool"],
-                "arguments": json.dumps({"node": "node-07", "include": "gpus"})}}]},
-            {"role": "tool", "tool_call_id": call_id, "content": self.tasks["tool_result_failed"]}]
-        ex = self.client.chat(self.base(messages, tools=self.tools, tool_choice="auto"))
-        tool_result = json.loads(self.tasks["tool_result_failed"])
-        fallback = "retry_once_then_ticket" if "error" in tool_result else "none"
-        ok = ex.ok and message_of(ex.body).get("role") == "assistant" and fallback != "none"
-        ev = [self.keep("failed-tool-result", ex, {"fallback": fallback})]
-        return _finding("agent.tool_failure_fallback", Status.PASS if ok else Status.FAIL,
-                        None if ok else "executor", ev, observed={"status": ex.status, "fallback": fallback},
-                        expected="assistant answer; planned fallback retry_once_then_ticket",
-                        rule="a failed or incomplete tool result leads to the planned fallback",
-                        action="define the client fallback for failed tools")
-
-    def structured_output(self) -> Finding:
-        task = self.tasks["structured"]
-        schema = task["schema"]
-        body = self.base([{"role": "system", "content": self.system}, {"role": "user", "content": task["user"]}],
-                         response_format={"type": "json_schema",
-                                          "json_schema": {"name": "node_health", "schema": schema, "strict": True}})
-        ex = self.client.chat(body)
-        content = message_of(ex.body).get("content")
-        problems = []
-        try:
-            jsonschema.validate(json.loads(content or ""), schema)
-        except (ValueError, jsonschema.ValidationError) as exc:
-            problems.append(f"valid-path answer rejected: {str(exc)[:200]}")
-        # The client must reject a broken answer: feed the validator a truncated copy of a real answer.
-        broken = (content or "{")[: max(1, len(content or "{") // 2)]
-        try:
-            jsonschema.validate(json.loads(broken), schema)
-            problems.append("a broken answer was accepted by the client validator")
-        except (ValueError, jsonschema.ValidationError):
-            pass
-        ev = [self.keep("structured-output", ex, {"problems": problems, "broken_probe": broken})]
-        finish = (ex.body or {}).get("choices", [{}])[0].get("finish_reason") if ex.ok else None
-        leak = check_separation(ex.body) if ex.ok else []
-        layer = "model" if problems and finish == "length" else (
-            leak[0][0] if problems and leak else "parser" if problems else None)
-        if not ex.ok:
-            layer = "gateway" if ex.status >= 500 else "client"
-        status = Status.FAIL if problems or not ex.ok else Status.PASS
-        reason = ""
-        if status == Status.FAIL:
-            layer, reason, ref_ev = self._attribute(layer, "structured")
-            ev += ref_ev
-        return _finding("agent.structured_output", status, layer, ev, reason=reason,
-                        observed={"content": content, "finish_reason": finish, "problems": problems,
-                                  "separation": leak},
-                        expected="content valid per the JSON Schema; broken answers rejected",
-                        rule="response_format json_schema: valid accepted, broken rejected, raw body kept",
-                        action="check guided decoding backend and max_tokens")
-
     def multimodal(self) -> Finding:
-        """An image request, where the profile says the service takes images."""
+        """An image request, where the profile says the service takes images: the image must reach the
+        model, so the prompt with it is longer than the same prompt without it (by `agent.image_tokens`
+        exactly, when the profile states it)."""
         if not self.cfg.images:
             return _finding("agent.multimodal", Status.NOT_APPLICABLE, None, [],
                             reason="the profile says this service takes no images (agent.images: false)",
                             action="none")
-        content = [{"type": "text", "text": "What colour is this image? Answer in one word."},
-                   {"type": "image_url", "image_url": {"url": "data:image/png;base64," + solid_png_base64()}}]
-        ex = self.client.chat(self.base([{"role": "user", "content": content}]))
+        question = {"type": "text", "text": "What colour is this image? Answer in one word."}
+        image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + solid_png_base64()}}
+        ex = self.client.chat(self.base([{"role": "user", "content": [question, image]}]))
+        bare = self.client.chat(self.base([{"role": "user", "content": [question]}]))
         msg = message_of(ex.body)
-        ok = ex.ok and msg.get("role") == "assistant" and bool(msg.get("content"))
-        ev = [self.keep("multimodal-image", ex, {"ok": ok})]
-        layer = None if ok else ("gateway" if ex.status >= 500 else "model")
-        return _finding("agent.multimodal", Status.PASS if ok else Status.FAIL, layer, ev,
+        with_image = ((ex.body or {}).get("usage") or {}).get("prompt_tokens") if ex.ok else None
+        without = ((bare.body or {}).get("usage") or {}).get("prompt_tokens") if bare.ok else None
+        added = with_image - without if with_image is not None and without is not None else None
+        want = self.cfg.image_tokens
+        answered = ex.ok and msg.get("role") == "assistant" and bool(msg.get("content"))
+        reached = added is not None and added > 0 and (want is None or added == want)
+        ok = answered and reached
+        ev = [self.keep("multimodal-image", ex, {"ok": ok, "prompt_tokens": with_image}),
+              self.keep("multimodal-no-image", bare, {"prompt_tokens": without})]
+        reason = ""
+        if not answered:
+            layer = "gateway" if ex.status >= 500 else "model"
+            reason = f"the image request was not answered: HTTP {ex.status} {ex.error or ''}".strip()
+        elif added is None:
+            layer, reason = "gateway", "no usage.prompt_tokens to tell whether the image reached the model"
+        elif added <= 0:
+            layer = "gateway"
+            reason = (f"the image never reached the model: {with_image} prompt tokens with it, {without} without "
+                      "(something between the client and the model drops it)")
+        elif not reached:
+            layer = "model"
+            reason = f"the image added {added} prompt tokens, the profile says {want} (agent.image_tokens)"
+        else:
+            layer = None
+        return _finding("agent.multimodal", Status.PASS if ok else Status.FAIL, layer, ev, reason=reason,
                         observed={"status": ex.status, "content": (msg.get("content") or "")[:200],
-                                  "error": ex.error},
-                        expected="HTTP 200 and an assistant answer to an image request",
-                        rule="a multimodal request where the service takes images",
-                        action="check the model's multimodal support, --limit-mm-per-prompt and the "
-                               "image pre-processing in the image")
-
-    def executor_safety(self) -> Finding:
-        """The harness: an invalid call never executes; a write retried with one id runs once."""
-        executor = ToolExecutor(self.tools, WRITE_TOOLS)
-        invalid = executor.execute("get_node_status", json.dumps({"node": "node-7", "include": "everything"}))
-        request_id = uuid.uuid4().hex
-        ticket = json.dumps({"request_id": request_id, "title": "GPU count low", "severity": "major",
-                             "details": {"node": "node-07"}})
-        first, retry = executor.execute("create_ticket", ticket), executor.execute("create_ticket", ticket)
-        writes = [a for n, a in executor.executed if n == "create_ticket"]
-        ok = not invalid.get("executed") and first.get("executed") and retry.get("deduplicated") and len(writes) == 1
-        ev = [self.store.write_json("executor.json", {"invalid": invalid, "first": first, "retry": retry,
-                                                      "executed": executor.executed})]
-        return _finding("agent.executor_safety", Status.PASS if ok else Status.FAIL,
-                        None if ok else ("executor" if invalid.get("executed") else "retry"), ev,
-                        observed={"invalid_executed": invalid.get("executed"), "writes": len(writes)},
-                        expected="invalid call not executed; one write per request id",
-                        rule="safe failure and idempotent retry", action="validate before executing; dedupe by id")
+                                  "prompt_tokens_with_image": with_image, "prompt_tokens_without": without,
+                                  "image_tokens": added, "error": ex.error},
+                        expected="HTTP 200, an assistant answer, and the image's tokens in the prompt"
+                                 + (f" ({want})" if want is not None else ""),
+                        action="check the model's multimodal support, --limit-mm-per-prompt, the image "
+                               "pre-processing and any gateway that rewrites message content")
 
     def gateway_compare(self) -> Finding:
         """Direct vs through the gateway: a difference in structure is the gateway's."""
@@ -402,6 +779,7 @@ class AgentProbe:
         diffs = structure_diff(direct.body, via.body) + arguments_diff(direct.body, via.body) \
             if direct.ok and via.ok else [f"direct {direct.status}/{direct.error}, gateway {via.status}/{via.error}"]
         ev = [self.keep("gateway-via", via, {}), self.keep("gateway-direct", direct, {"diffs": diffs})]
+        self.collect_calls("gateway-via", via.body, group="required-tool")
         return _finding("agent.gateway", Status.FAIL if diffs else Status.PASS, "gateway" if diffs else None, ev,
                         observed=diffs or "identical structure", expected="identical structure",
                         rule="direct and gateway responses have the same fields and types",
@@ -414,8 +792,10 @@ class AgentProbe:
         if not bodies or any(r is None for r in results):
             why = ("the openai Python library is not installed on the controller" if bodies
                    else "no successful tool-call response to parse")
-            return Finding(check="agent.client_library", status=Status.NOT_APPLICABLE, reason=why,
-                           consequence=Consequence.BLOCK_AGENT, action="install openai to check the client layer")
+            if bodies:  # openai is a runtime dependency (pyproject.toml): an install without it is broken
+                return registry.get("agent.client_library").missing(None, why)
+            return registry.get("agent.client_library").inconclusive(None, reason=why, expected="a tool-call "
+                                                                     "response to parse", action="see agent.tool_call")
         problems = sorted({p for r in results for p in r or []})
         ev = [self.store.write_json("client-library.json", {"library": "openai", "problems": problems})]
         layer, reason = (None, "")
@@ -429,13 +809,6 @@ class AgentProbe:
                         action="upgrade/pin the client library or read the raw response for the lost field")
 
     # --- layer attribution helpers ---------------------------------------------------------------
-
-    def _rate_status(self, rate: float | None) -> Status:
-        """Never seen: pass; rare, at or below the profile's threshold: warn (limited observation with a
-        validated retry); above it: fail (agent traffic blocked)."""
-        if not rate:
-            return Status.PASS
-        return Status.WARN if rate <= self.cfg.format_error_threshold else Status.FAIL
 
     @staticmethod
     def _trigger_layer(checks: list[Any], signatures: list[str], triggered: list[Any]) -> str:
@@ -487,7 +860,8 @@ class AgentProbe:
         ex = self.direct.chat(self.base(
             [{"role": "system", "content": self.system}, {"role": "user", "content": task["user"]}],
             response_format={"type": "json_schema",
-                             "json_schema": {"name": "node_health", "schema": task["schema"], "strict": True}}))
+                             "json_schema": {"name": task.get("name", "structured"), "schema": task["schema"],
+                                             "strict": True}}))
         try:
             jsonschema.validate(json.loads(message_of(ex.body).get("content") or ""), task["schema"])
             clean = ex.ok
@@ -495,3 +869,12 @@ class AgentProbe:
             clean = False
         ev = [self.keep("direct-structured-output", ex, {"valid": clean})]
         return clean, f"direct structured answer {'valid' if clean else 'invalid'}", ev
+
+
+def _validation_error(content: str | None, schema: dict[str, Any]) -> str | None:
+    """The client validation of a structured answer: None when it parses and validates."""
+    try:
+        jsonschema.validate(json.loads(content or ""), schema)
+    except (ValueError, jsonschema.ValidationError) as exc:
+        return str(exc).splitlines()[0][:200]
+    return None

@@ -15,10 +15,11 @@ names the request it died on and every reuse check is `missing` -- never a pass.
 from __future__ import annotations
 
 import copy
-import statistics
+import json
+import subprocess
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,16 @@ import httpx
 from ..core.evidence import EvidenceStore
 from ..core.findings import Consequence, Finding, Status, missing
 from ..lab.server import rss_bytes, tail_lines
+from ..rules import registry
+from ..rules.cache import (  # noqa: F401 - judge_reuse, expected_hits re-exported for callers
+    Measurement,
+    check_cache_config,
+    common_prefix,
+    expected_hits,
+    judge_restart,
+    judge_reuse,
+    judge_rounds,
+)
 from .client import OpenAIClient
 from .metrics import (
     MetricsError,
@@ -42,7 +53,6 @@ from .metrics import (
 KINDS = ("cold", "hot_a", "hot_b", "control")
 REQUIRED_FAMILIES = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:request_success",
                      "vllm:num_requests_running", "vllm:num_requests_waiting")
-LOCAL_SOURCES = ("device", "host")
 
 
 @dataclass
@@ -59,9 +69,15 @@ class CacheProbeConfig:
     idle_wait_s: float = 30.0
     server_pid: int | None = None
     server_log: str | None = None
+    retention_interval: int | None = None
+    rounds: int = 3
+    # A command that restarts the server; given only when the run launched it (hot A after a restart).
+    restart_command: str | None = None
+    restart_timeout_s: float = 600.0
 
 
-JUDGED = ("cache.cold_baseline", "cache.control", "cache.hot_reuse", "cache.prefill_gain", "cache.source")
+JUDGED = ("cache.cold_baseline", "cache.control", "cache.hot_reuse", "cache.prefill_gain", "cache.source",
+          "cache.repeat_rounds", "cache.restart")
 
 
 class ServerLost(Exception):
@@ -72,34 +88,6 @@ class ServerLost(Exception):
         self.request, self.error, self.evidence = request, error, evidence
 
 
-@dataclass
-class Measurement:
-    session: int
-    kind: str
-    prompt_tokens: int | None = None
-    token_ids: list[int] | None = None
-    hits: float | None = None
-    queries: float | None = None
-    cached_tokens_usage: int | None = None
-    cached_by_source: dict[str, float] = field(default_factory=dict)
-    prefill_computed_tokens: float | None = None
-    prefill_time_s: float | None = None
-    ttft_s: float | None = None
-    expected_hits: int | None = None
-    clean: bool = False
-    problems: list[str] = field(default_factory=list)
-    evidence: list[str] = field(default_factory=list)
-    hung: dict[str, Any] | None = None
-
-    def row(self) -> dict[str, Any]:
-        return {"session": self.session, "kind": self.kind, "prompt_tokens": self.prompt_tokens,
-                "hits": self.hits, "queries": self.queries, "expected_hits": self.expected_hits,
-                "cached_tokens": self.cached_tokens_usage, "cached_by_source": self.cached_by_source,
-                "prefill_computed_tokens": self.prefill_computed_tokens,
-                "prefill_time_s": self.prefill_time_s, "ttft_s": self.ttft_s, "clean": self.clean,
-                "problems": self.problems, "hung": self.hung}
-
-
 def build_messages(scenario: dict[str, Any], kind: str, session_id: str) -> list[dict[str, Any]]:
     """The four request kinds; everything before the last turn is the shared prefix."""
     questions = scenario["cache_questions"]
@@ -108,40 +96,19 @@ def build_messages(scenario: dict[str, Any], kind: str, session_id: str) -> list
     messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
     messages += copy.deepcopy(scenario.get("shared_history", []))
     if kind == "hot_b":
-        call_id = "call_status_1"
+        call_id = "call_hot_b_1"
+        call = questions["hot_b_call"]
         messages += [
-            {"role": "user", "content": "Status of node-07, please."},
+            {"role": "user", "content": questions["hot_b_user"]},
             {"role": "assistant", "content": None, "tool_calls": [{
                 "id": call_id, "type": "function",
-                "function": {"name": "get_node_status", "arguments": '{"node": "node-07", "include": "all"}'}}]},
+                "function": {"name": call["name"], "arguments": json.dumps(call["arguments"])}}]},
             {"role": "tool", "tool_call_id": call_id, "content": questions["hot_b_tool_data"]},
             {"role": "user", "content": questions["hot_b"]},
         ]
     else:
         messages.append({"role": "user", "content": questions[kind]})
     return messages
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-def expected_hits(ids: list[int] | None, earlier: list[list[int]], block: int) -> int | None:
-    """Whole blocks shared with any earlier prompt; an identical resend recomputes its last token."""
-    if ids is None:
-        return None
-    best = 0
-    for prev in earlier:
-        shared = common_prefix(ids, prev)
-        if shared == len(ids):
-            shared -= 1
-        best = max(best, shared)
-    return (best // block) * block
 
 
 class CacheProbe:
@@ -189,7 +156,36 @@ class CacheProbe:
         except httpx.HTTPError:
             return False
 
-    def measure(self, session: int, kind: str, session_id: str) -> Measurement:
+    def restart(self) -> tuple[float | None, float | None, str, str | None]:
+        """Run the restart command (the run launched this server), wait for /health; return the
+        process start times before and after, the log's evidence path, and an error if any."""
+        assert self.cfg.restart_command
+        before = self.source.snapshot().value("process_start_time_seconds")
+        began = time.time()
+        error = None
+        try:
+            proc = subprocess.run(self.cfg.restart_command, shell=True, capture_output=True, text=True,  # noqa: S602
+                                  timeout=self.cfg.restart_timeout_s)
+            log = f"$ {self.cfg.restart_command}\nexit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+            if proc.returncode != 0:
+                error = f"the restart command exited {proc.returncode}"
+        except subprocess.TimeoutExpired:
+            log, error = f"$ {self.cfg.restart_command}\ntimed out", "the restart command timed out"
+        while error is None and not self.alive():
+            if time.time() - began > self.cfg.restart_timeout_s:
+                error = f"the server did not answer /health within {self.cfg.restart_timeout_s:g} s of the restart"
+                break
+            time.sleep(1.0)
+        ev = self.store.write_text("restart.log", log + f"\nready after {time.time() - began:.1f} s\n")
+        after = None
+        if error is None:
+            try:
+                after = self.source.snapshot().value("process_start_time_seconds")
+            except MetricsError as exc:
+                error = f"metrics after the restart: {exc}"
+        return before, after, ev, error
+
+    def measure(self, session: int, kind: str, session_id: str, label: str | None = None) -> Measurement:
         messages = build_messages(self.cfg.scenario, kind, session_id)
         body = {"model": self.cfg.model, "messages": messages, "tools": self.tools, "tool_choice": "none",
                 "max_tokens": self.cfg.max_tokens, "temperature": 0.0}
@@ -198,10 +194,11 @@ class CacheProbe:
         m.token_ids = self.client.tokenize(self.cfg.model, messages, self.tools)
         for attempt in range(1, self.cfg.max_attempts + 1):
             m.problems = []
-            name = f"s{session}-{kind}-try{attempt}"
+            tag = label or f"s{session}-{kind}"
+            name = f"{tag}-try{attempt}"
             try:
                 self.wait_idle()
-                before, ev_before = self.snapshot(f"s{session}-{kind}-before")
+                before, ev_before = self.snapshot(f"{tag}-before")
             except MetricsError as exc:
                 raise ServerLost(name, f"metrics before the request: {exc}", m.evidence) from exc
             exchange = self.client.chat_stream(body)
@@ -211,7 +208,7 @@ class CacheProbe:
             if not exchange.ok and not self.alive():
                 raise ServerLost(name, f"request failed: {exchange.error}", m.evidence)
             try:
-                after, ev_after = self.snapshot(f"s{session}-{kind}-after")
+                after, ev_after = self.snapshot(f"{tag}-after")
             except MetricsError as exc:
                 raise ServerLost(name, f"metrics after the request: {exc}", m.evidence) from exc
             m.evidence.insert(1, ev_after)
@@ -240,11 +237,16 @@ class CacheProbe:
         m.hits = delta(before, after, "vllm:prefix_cache_hits")
         m.queries = delta(before, after, "vllm:prefix_cache_queries")
         m.ttft_s = ttft
-        for source in after.labels_of("vllm:prompt_tokens_cached_by_source"):
-            name = source.get("source", "")
-            value = delta(before, after, "vllm:prompt_tokens_cached_by_source", source=name)
-            if value:
-                m.cached_by_source[name] = m.cached_by_source.get(name, 0.0) + value
+        for family, into in (("vllm:prompt_tokens_cached_by_source", m.cached_by_source),
+                             ("vllm:prompt_tokens_by_source", m.tokens_by_source)):
+            for source in after.labels_of(family):
+                name = source.get("source", "")
+                value = delta(before, after, family, source=name)
+                if value:
+                    into[name] = into.get(name, 0.0) + value
+        m.prompt_tokens_cached = delta(before, after, "vllm:prompt_tokens_cached")
+        m.external_hits = delta(before, after, "vllm:external_prefix_cache_hits")
+        m.external_queries = delta(before, after, "vllm:external_prefix_cache_queries")
         _, m.prefill_computed_tokens = histogram_delta(before, after, "vllm:request_prefill_kv_computed_tokens")
         _, m.prefill_time_s = histogram_delta(before, after, "vllm:request_prefill_time_seconds")
         finished = delta(before, after, "vllm:request_success")
@@ -272,7 +274,7 @@ def run_cache_probe(client: OpenAIClient, source: MetricsSource, cfg: CacheProbe
                         rule="metrics must be readable to measure reuse",
                         action=f"make {source.description} readable from the controller")], {}
     findings: list[Finding] = []
-    config_finding, block = check_cache_config(snap0, [ev0], cfg)
+    config_finding, block = check_cache_config(cache_config(snap0), [ev0], cfg)
     findings.append(config_finding)
     absent = missing_families(snap0, REQUIRED_FAMILIES)
     if absent:
@@ -307,15 +309,33 @@ def run_cache_probe(client: OpenAIClient, source: MetricsSource, cfg: CacheProbe
                 measurements.append(m)
                 if m.hung:
                     break  # the rest of this session would be measured against an unknown cache state
+        rounds, restart = [], None
+        if not any(m.hung for m in measurements):
+            rounds = repeat_rounds(probe, measurements, f"{tag}-{cfg.sessions}", block)
+            if cfg.restart_command and not any(m.hung for m in rounds):
+                restart = restart_hot(probe, f"{tag}-{cfg.sessions}")
     except ServerLost as lost:
         return findings + server_lost(probe, lost, measurements, cfg, started), {
             "block_size": block, "requests": [m.row() for m in measurements], "crash": lost.request,
             "metrics_source": source.description,
             "requests_sent": len(list(store.path("requests").glob("*.json"))),
             "seconds": round(time.time() - started, 2)}
-    rows_ev = store.write_json("requests.json", [m.row() for m in measurements])
+    everything = measurements + rounds + ([restart[2]] if restart and restart[2] else [])
+    rows_ev = store.write_json("requests.json", [m.row() for m in everything])
     findings += judge_reuse(measurements, cfg, block, rows_ev, head or 0)
-    hung = [m.hung for m in measurements if m.hung]
+    findings.append(judge_rounds(rounds, cfg, block, head or 0, [rows_ev]) if rounds or not cfg.rounds else
+                    registry.get("cache.repeat_rounds").inconclusive(
+                        reason="not sent: a request of the sessions hung", evidence=[rows_ev],
+                        action="see cache.timeouts"))
+    if restart is not None and restart[3]:
+        findings.append(registry.get("cache.restart").inconclusive(
+            reason=restart[3], evidence=[rows_ev, restart[4]], observed={"error": restart[3]},
+            action="check the restart command and the server log, then re-run the cache probe"))
+    else:
+        findings.append(judge_restart(restart[0] if restart else None, restart[1] if restart else None,
+                                      restart[2] if restart else None, cfg, block,
+                                      [rows_ev, *([restart[4]] if restart else [])], bool(cfg.restart_command)))
+    hung = [m.hung for m in everything if m.hung]
     if hung:
         findings.append(Finding(
             check="cache.timeouts", status=Status.INCONCLUSIVE, observed=hung,
@@ -329,9 +349,37 @@ def run_cache_probe(client: OpenAIClient, source: MetricsSource, cfg: CacheProbe
     shared = max((m.expected_hits or 0) for m in measurements if m.kind == "hot_a")
     details = {"block_size": block, "shared_prefix_tokens": shared, "expected_hot_hits": shared,
                "template_head_tokens": head,
-               "requests": [m.row() for m in measurements], "metrics_source": source.description,
-               "requests_sent": sum(1 for m in measurements) , "seconds": round(time.time() - started, 2)}
+               "requests": [m.row() for m in measurements], "rounds": [m.row() for m in rounds],
+               "restart": restart[2].row() if restart and restart[2] else None,
+               "metrics_source": source.description,
+               "requests_sent": len(everything), "seconds": round(time.time() - started, 2)}
     return findings, details
+
+
+def repeat_rounds(probe: CacheProbe, done: list[Measurement], session_id: str, block: int) -> list[Measurement]:
+    """The last session's hot A re-sent byte for byte, `cfg.rounds` times: one hot prefix, repeated."""
+    out: list[Measurement] = []
+    earlier = [m.token_ids for m in done if m.token_ids]
+    for r in range(1, probe.cfg.rounds + 1):
+        m = probe.measure(r, "hot_a", session_id, label=f"round{r}-hot_a")
+        m.kind = "round"
+        m.expected_hits = expected_hits(m.token_ids, earlier, block)
+        out.append(m)
+        if m.hung:
+            break
+    return out
+
+
+def restart_hot(probe: CacheProbe, session_id: str
+                ) -> tuple[float | None, float | None, Measurement | None, str | None, str]:
+    """Restart the server (the run launched it), then hot A of the last session again."""
+    before, after, ev, error = probe.restart()
+    if error:
+        return before, after, None, error, ev
+    m = probe.measure(0, "hot_a", session_id, label="restart-hot_a")
+    m.kind = "restart"
+    m.expected_hits = 0  # a fresh process: nothing of it is in the device cache
+    return before, after, m, None, ev
 
 
 def server_lost(probe: CacheProbe, lost: ServerLost, done: list[Measurement], cfg: CacheProbeConfig,
@@ -370,151 +418,3 @@ def server_lost(probe: CacheProbe, lost: ServerLost, done: list[Measurement], cf
         findings.append(missing(check, None, f"not measured: the server died during {lost.request}",
                                 consequence, evidence=[ev_record]))
     return findings
-
-
-def check_cache_config(snap: Snapshot, evidence: list[str], cfg: CacheProbeConfig) -> tuple[Finding, int | None]:
-    """cache.config: prefix caching on per the running server's `vllm:cache_config_info`."""
-    info = cache_config(snap)
-    consequence = Consequence.REBUILD if cfg.relies_on_reuse else Consequence.LIMIT
-    if info is None:
-        return Finding(check="cache.config", status=Status.MISSING, observed=None,
-                       expected="vllm:cache_config_info exported", evidence=evidence, consequence=consequence,
-                       rule="the actual configuration is read from the server, not the command line",
-                       action="expose /metrics of this server to the controller"), None
-    enabled = str(info.get("enable_prefix_caching", "")).lower() == "true"
-    try:
-        block = int(float(info.get("block_size", "")))
-    except ValueError:
-        block = None
-    status = Status.PASS if enabled and block else Status.FAIL
-    return Finding(
-        check="cache.config", status=status,
-        observed={"enable_prefix_caching": info.get("enable_prefix_caching"), "block_size": info.get("block_size")},
-        expected={"enable_prefix_caching": "True"}, evidence=evidence, consequence=consequence,
-        reason="" if enabled else "configuration: prefix caching is off on the running server",
-        rule="enable_prefix_caching label of vllm:cache_config_info is True",
-        action="start vLLM with --enable-prefix-caching (the profile's launch args) and re-run acceptance",
-    ), block
-
-
-def _median(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
-
-
-def judge_reuse(ms: list[Measurement], cfg: CacheProbeConfig, block: int, rows_ev: str,
-                head: int = 0) -> list[Finding]:
-    ev = [rows_ev]
-    consequence = Consequence.REBUILD if cfg.relies_on_reuse else Consequence.LIMIT
-    tol = cfg.tolerance_blocks * block
-    unclean = [m for m in ms if not m.clean and not m.hung]  # hung requests: cache.timeouts
-    findings: list[Finding] = []
-    if unclean:
-        findings.append(Finding(
-            check="cache.isolation", status=Status.INCONCLUSIVE, evidence=ev, consequence=consequence,
-            observed=[f"s{m.session}/{m.kind}: {'; '.join(m.problems)}" for m in unclean],
-            expected="each request measured alone", rule="idle before/after, request counter +1",
-            action="isolate the instance (no other traffic) and re-run the cache probe"))
-    clean = [m for m in ms if m.clean]
-
-    def by(kind: str) -> list[Measurement]:
-        return [m for m in clean if m.kind == kind]
-
-    def within(m: Measurement, expected: int | None) -> bool:
-        return m.hits is not None and expected is not None and abs(m.hits - expected) <= tol
-
-    # A cold request's expected hits include the template's head before the session id (the probe
-    # measures it, `head`): anyone's traffic may have cached that; nothing of the session's own part.
-    cold_ok = [m for m in by("cold") if m.hits is not None and m.hits <= (m.expected_hits or 0) + tol]
-    findings.append(_judged("cache.cold_baseline", by("cold"), cold_ok, ev, consequence,
-                            "cold hits stay within the template's head before the session id (near zero when "
-                            "the system prompt comes first)",
-                            f"hits <= {head} (template head) + {tol}" if head else f"hits <= {tol}"))
-    control_ok = [m for m in by("control") if m.hits is not None and m.expected_hits is not None
-                  and m.hits <= m.expected_hits + tol]
-    findings.append(_judged("cache.control", by("control"), control_ok, ev, consequence,
-                            "a change near the start of the system prompt drops reuse back",
-                            "hits <= block-aligned common prefix (near zero)"))
-
-    hots = by("hot_a") + by("hot_b")
-    if cfg.hybrid:
-        # Hybrid (KDA/Mamba + attention) models keep state only at retention checkpoints: the first
-        # repeat may only create the retention. Judge the later sessions, and accept step-shaped hits.
-        last = [m for m in hots if m.session > 1] or hots
-        ok = [m for m in last if m.hits and m.expected_hits is not None and 0 < m.hits <= m.expected_hits + tol]
-        reuse = _judged("cache.hot_reuse", last, ok, ev, consequence,
-                        "hybrid model: hot hits appear at retention checkpoints (step-shaped) after the first "
-                        "session; one pair decides nothing", "0 < hits <= block-aligned shared prefix")
-    else:
-        ok = [m for m in hots if within(m, m.expected_hits)]
-        reuse = _judged("cache.hot_reuse", hots, ok, ev, consequence,
-                        "hot hits equal the block-aligned shared prefix",
-                        f"|hits - expected| <= {tol} tokens")
-    findings.append(reuse)
-    findings.append(judge_prefill_gain(by("cold"), hots, cfg, ev, consequence, reuse.status))
-    findings.append(judge_usage_and_source(hots, ev, consequence))
-    return findings
-
-
-def _judged(check: str, considered: list[Measurement], ok: list[Measurement], ev: list[str],
-            consequence: Consequence, rule: str, expected: str) -> Finding:
-    observed = [{"session": m.session, "kind": m.kind, "hits": m.hits, "expected": m.expected_hits,
-                 "prompt_tokens": m.prompt_tokens} for m in considered]
-    if not considered:
-        status = Status.INCONCLUSIVE
-    elif len(ok) == len(considered):
-        status = Status.PASS
-    else:
-        status = Status.FAIL
-    return Finding(check=check, status=status, observed=observed, expected=expected, rule=rule, evidence=ev,
-                   consequence=consequence,
-                   reason="" if status == Status.PASS else f"{len(considered) - len(ok)} of {len(considered)} "
-                   "requests outside the rule" if considered else "no clean measurement",
-                   action="rework configuration and protocol (byte-identical prefix: order, whitespace, tool "
-                          "definitions, earlier messages); do not count the expected gain")
-
-
-def judge_prefill_gain(colds: list[Measurement], hots: list[Measurement], cfg: CacheProbeConfig,
-                       ev: list[str], consequence: Consequence, reuse: Status) -> Finding:
-    """Counters alone prove nothing: prefill work and time must drop with the hits."""
-    cold_time = _median([m.prefill_time_s for m in colds if m.prefill_time_s is not None])
-    hot_time = _median([m.prefill_time_s for m in hots if m.prefill_time_s is not None])
-    cold_work = _median([m.prefill_computed_tokens for m in colds if m.prefill_computed_tokens is not None])
-    hot_work = _median([m.prefill_computed_tokens for m in hots if m.prefill_computed_tokens is not None])
-    observed = {"cold_prefill_time_s": cold_time, "hot_prefill_time_s": hot_time,
-                "cold_prefill_computed_tokens": cold_work, "hot_prefill_computed_tokens": hot_work}
-    common = dict(check="cache.prefill_gain", observed=observed, evidence=ev, consequence=consequence,
-                  expected=f"hot prefill time <= cold x {1 - cfg.min_prefill_drop:.2f}, computed tokens drop",
-                  rule="new computed prefill tokens and prefill time drop with the hits",
-                  action="do not count the gain until hits and prefill time move together")
-    if None in (cold_time, hot_time, cold_work, hot_work):
-        return Finding(status=Status.INCONCLUSIVE, reason="prefill histograms not exported", **common)
-    work_dropped = hot_work < cold_work
-    time_dropped = hot_time < cold_time * (1 - cfg.min_prefill_drop) if cfg.min_prefill_drop else hot_time < cold_time
-    if reuse == Status.PASS and work_dropped and time_dropped:
-        return Finding(status=Status.PASS, **common)
-    if reuse == Status.PASS or work_dropped or time_dropped:
-        return Finding(status=Status.INCONCLUSIVE, reason="counters and latency disagree", **common)
-    return Finding(status=Status.FAIL, reason="no reuse and no prefill gain", **common)
-
-
-def judge_usage_and_source(hots: list[Measurement], ev: list[str], consequence: Consequence) -> Finding:
-    """Hits must be local (device/host) reuse; external-cache statistics never pass for it."""
-    local = sum(v for m in hots for k, v in m.cached_by_source.items() if k in LOCAL_SOURCES)
-    external = sum(v for m in hots for k, v in m.cached_by_source.items() if k not in LOCAL_SOURCES)
-    usage_mismatch = [f"s{m.session}/{m.kind}: usage {m.cached_tokens_usage} vs hits {m.hits}" for m in hots
-                      if m.cached_tokens_usage is not None and m.hits is not None
-                      and m.cached_tokens_usage < m.hits]
-    observed = {"local_cached_tokens": local, "external_cached_tokens": external,
-                "usage_cached_tokens": [m.cached_tokens_usage for m in hots], "mismatch": usage_mismatch}
-    status = Status.PASS
-    reason = ""
-    if not any(m.cached_by_source for m in hots):
-        status, reason = Status.NOT_APPLICABLE, "prompt_tokens_cached_by_source not exported or no hits"
-    elif external and not local:
-        status, reason = Status.FAIL, "hits come only from an external KV connector, not local reuse"
-    if usage_mismatch:
-        status, reason = Status.INCONCLUSIVE, "usage.cached_tokens disagrees with the counters"
-    return Finding(check="cache.source", status=status, observed=observed, evidence=ev, consequence=consequence,
-                   expected="hits from device/host cache; usage.cached_tokens matches", reason=reason,
-                   rule="external_prefix_cache_* never pass for local reuse",
-                   action="check the KV connector and the client's usage handling")

@@ -35,6 +35,7 @@ class ProbeOptions:
     api_key: str | None = None
     server_pid: int | None = None
     server_log: str | None = None
+    restart_command: str | None = None
     overrides: dict[str, Any] = field(default_factory=dict)
 
 
@@ -99,7 +100,10 @@ def _dispatch(opts: ProbeOptions, client: OpenAIClient, store: EvidenceStore
             relies_on_reuse=bool(_get(opts, "cache.capacity_relies_on_reuse", True)),
             tolerance_blocks=int(_get(opts, "thresholds.cache_hit_tolerance_blocks", 1)),
             min_prefill_drop=float(_get(opts, "cache.min_prefill_drop", 0.0)),
-            server_pid=opts.server_pid, server_log=opts.server_log)
+            server_pid=opts.server_pid, server_log=opts.server_log,
+            retention_interval=_get(opts, "cache.retention_interval", None),
+            rounds=int(_get(opts, "cache.rounds", 3)), restart_command=opts.restart_command,
+            restart_timeout_s=float(_get(opts, "launch.ready_timeout_s", 600)))
         return run_cache_probe(client, source, cfg, store)
     if opts.kind == "agent":
         from .agent import AgentProbe, AgentProbeConfig
@@ -109,7 +113,13 @@ def _dispatch(opts: ProbeOptions, client: OpenAIClient, store: EvidenceStore
             temperature=float(_get(opts, "agent.temperature", 0.0)),
             max_tokens=int(_get(opts, "agent.max_tokens", 256)),
             format_error_threshold=float(_get(opts, "thresholds.tool_format_error_rate", 0.01)),
-            images=bool(_get(opts, "agent.images", False)))
+            schema_accuracy_min=float(_get(opts, "thresholds.schema_accuracy_min", 0.99)),
+            turn_budget=int(_get(opts, "agent.turn_budget", 1000)),
+            concurrency=int(_get(opts, "agent.concurrency", 8)),
+            retry_attempts=int(_get(opts, "agent.retry_attempts", 1)),
+            reasoning_parser=_get(opts, "model.reasoning_parser", None) or None,
+            images=bool(_get(opts, "agent.images", False)),
+            image_tokens=_get(opts, "agent.image_tokens", None))
         direct = OpenAIClient(opts.direct_url, api_key=opts.api_key, timeout_s=client.timeout_s) \
             if opts.direct_url else None
         try:

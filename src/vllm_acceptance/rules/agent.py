@@ -7,7 +7,9 @@ tests feed them recorded ones. Each problem names the layer at fault (docs/accep
 from __future__ import annotations
 
 import json
+import math
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -191,9 +193,12 @@ class ToolExecutor:
     A write tool runs at most once per request id, however often it is retried.
     """
 
-    def __init__(self, tools: list[dict[str, Any]], write_tools: set[str]) -> None:
+    def __init__(self, tools: list[dict[str, Any]], write_tools: Mapping[str, str] | Iterable[str]) -> None:
+        """`write_tools`: the write tools, each with the argument that is its idempotency key
+        (a plain list of names means the key `request_id`)."""
         self.schemas = tool_schemas(tools)
-        self.write_tools = write_tools
+        self.write_tools: dict[str, str] = dict(write_tools) if isinstance(write_tools, Mapping) else {
+            name: "request_id" for name in write_tools}
         self.executed: list[tuple[str, dict[str, Any]]] = []
         self.seen_request_ids: dict[str, dict[str, Any]] = {}
 
@@ -208,13 +213,307 @@ class ToolExecutor:
         if errors:
             return {"error": "schema_violation", "tool": name, "detail": errors[0].message, "executed": False}
         if name in self.write_tools:
-            request_id = args.get("request_id")
+            request_id = args.get(self.write_tools[name]) if isinstance(args, dict) else None
             if not request_id:
-                return {"error": "write_without_request_id", "tool": name, "executed": False}
+                return {"error": "write_without_request_id", "tool": name, "key": self.write_tools[name],
+                        "executed": False}
             if request_id in self.seen_request_ids:
                 return {**self.seen_request_ids[request_id], "deduplicated": True}
         self.executed.append((name, args))
         result = {"ok": True, "tool": name, "executed": True}
         if name in self.write_tools:
-            self.seen_request_ids[args["request_id"]] = result
+            self.seen_request_ids[request_id] = result
         return result
+
+
+# --- rates that resolve their threshold (one-sided 95 % Clopper-Pearson bounds) -------------------
+
+CONFIDENCE = 0.95
+
+
+def _binom_cdf(k: int, n: int, p: float) -> float:
+    """P(X <= k) for X ~ Binomial(n, p), summed in log space (n up to tens of thousands)."""
+    if p <= 0.0:
+        return 1.0
+    if p >= 1.0:
+        return 1.0 if k >= n else 0.0
+    lp, lq = math.log(p), math.log1p(-p)
+    total = 0.0
+    for i in range(k + 1):
+        total += math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp + (n - i) * lq)
+    return min(1.0, total)
+
+
+def rate_upper_bound(k: int, n: int, confidence: float = CONFIDENCE) -> float:
+    """One-sided upper confidence bound of a rate seen k times in n (exact, Clopper-Pearson):
+    the largest p for which seeing <= k events still has probability >= 1 - confidence.
+    Zero in n gives about 3/n at 95 % (the "rule of three")."""
+    if n <= 0:
+        return 1.0
+    if k >= n:
+        return 1.0
+    alpha = 1.0 - confidence
+    lo, hi = k / n, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if _binom_cdf(k, n, mid) > alpha:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def rate_lower_bound(k: int, n: int, confidence: float = CONFIDENCE) -> float:
+    """One-sided lower bound of a proportion k/n (for accuracies): 1 - upper bound of the misses."""
+    return 0.0 if n <= 0 else 1.0 - rate_upper_bound(n - k, n, confidence)
+
+
+def turns_to_resolve(threshold: float, errors: int = 0, confidence: float = CONFIDENCE, limit: int = 100_000) -> int:
+    """The fewest turns whose upper bound with `errors` events is <= threshold (zero errors at 1 %: 299)."""
+    if threshold <= 0:
+        return limit
+    if errors == 0:
+        return min(limit, math.ceil(math.log(1 - confidence) / math.log1p(-threshold)))
+    lo, hi = errors + 1, limit
+    if rate_upper_bound(errors, hi, confidence) > threshold:
+        return limit
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if rate_upper_bound(errors, mid, confidence) <= threshold:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+@dataclass
+class Rate:
+    """One observed rate with its bound, judged against a threshold."""
+
+    name: str
+    events: int
+    n: int
+    threshold: float
+    kind: str = "max"  # "max": the rate must stay <= threshold; "min": an accuracy that must stay >= it
+
+    @property
+    def value(self) -> float | None:
+        return self.events / self.n if self.n else None
+
+    @property
+    def bound(self) -> float:
+        return rate_upper_bound(self.events, self.n) if self.kind == "max" else rate_lower_bound(self.events, self.n)
+
+    @property
+    def resolution(self) -> float:
+        """The smallest rate these turns can tell from zero (the 95 % bound of zero events)."""
+        return rate_upper_bound(0, self.n)
+
+    def verdict(self) -> str:
+        """'pass' (bound on the right side), 'fail' (the point estimate already on the wrong side),
+        'unresolved' (the bound straddles the threshold: more turns needed)."""
+        if not self.n:
+            return "unresolved"
+        value = self.value or 0.0
+        if self.kind == "max":
+            return "pass" if self.bound <= self.threshold else "fail" if value > self.threshold else "unresolved"
+        return "pass" if self.bound >= self.threshold else "fail" if value < self.threshold else "unresolved"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"events": self.events, "n": self.n, "value": self.value, "threshold": self.threshold,
+                "kind": self.kind, f"{'upper' if self.kind == 'max' else 'lower'}_95": round(self.bound, 5),
+                "resolution_95": round(self.resolution, 5), "verdict": self.verdict()}
+
+
+# --- streaming structure ------------------------------------------------------------------------
+
+def stream_structure_problems(chunks: list[dict[str, Any]]) -> list[str]:
+    """Tool-call deltas consistent across a stream: every delta names its index; indexes start at 0
+    and rise by one; each call's id and name arrive once (on its first delta) and never change."""
+    problems: list[str] = []
+    seen: dict[int, dict[str, Any]] = {}
+    order: list[int] = []
+    for n, chunk in enumerate(chunks):
+        for choice in chunk.get("choices") or []:
+            for call in (choice.get("delta") or {}).get("tool_calls") or []:
+                index = call.get("index")
+                fn = call.get("function") or {}
+                if not isinstance(index, int):
+                    problems.append(f"chunk {n}: tool-call delta without an integer index ({index!r})")
+                    continue
+                if index not in seen:
+                    expected = len(order)
+                    if index != expected:
+                        problems.append(f"chunk {n}: new tool call at index {index}, expected {expected}")
+                    seen[index] = {"id": call.get("id"), "name": fn.get("name")}
+                    order.append(index)
+                    if not call.get("id"):
+                        problems.append(f"chunk {n}: the first delta of call {index} carries no id")
+                    if not fn.get("name"):
+                        problems.append(f"chunk {n}: the first delta of call {index} carries no name")
+                    continue
+                if order and index != order[-1]:
+                    problems.append(f"chunk {n}: delta for call {index} after call {order[-1]} began")
+                first = seen[index]
+                if call.get("id") and call["id"] != first["id"]:
+                    problems.append(f"chunk {n}: call {index} id changed {first['id']!r} -> {call['id']!r}")
+                if fn.get("name") and fn["name"] != first["name"]:
+                    problems.append(f"chunk {n}: call {index} name changed {first['name']!r} -> {fn['name']!r}")
+    return problems
+
+
+def channels(body: dict[str, Any] | None) -> dict[str, Any]:
+    """What a reply carries on each channel: reasoning text, content text, tool calls (name, args)."""
+    message = message_of(body)
+    reasoning = message.get("reasoning_content") or message.get("reasoning") or None
+    return {"reasoning": (reasoning or "").strip() or None, "content": (message.get("content") or "").strip() or None,
+            "tool_calls": call_signature(body)}
+
+
+def channel_diff(plain: dict[str, Any] | None, streamed: dict[str, Any] | None, reasoning: bool) -> list[str]:
+    """The streamed reply, assembled, carries what the non-streamed one carries on every channel."""
+    a, b = channels(plain), channels(streamed)
+    names = ("reasoning", "content", "tool_calls") if reasoning else ("content", "tool_calls")
+    return [f"{name}: non-streamed {a[name]!r:.120} vs streamed {b[name]!r:.120}"
+            for name in names if a[name] != b[name]]
+
+
+# --- the planned fallback after a failed or incomplete tool result ----------------------------------
+
+@dataclass
+class StepJudgement:
+    kind: str
+    ok: bool
+    layer: str | None = None
+    problems: list[str] = field(default_factory=list)
+    call: dict[str, Any] | None = None
+
+
+def judge_fallback_step(step: dict[str, Any], body: dict[str, Any] | None, tools: list[dict[str, Any]],
+                        failed: dict[str, Any], driven_by: str) -> StepJudgement:
+    """One answer of the deployment against one step of the pack's planned fallback.
+
+    `retry`: a call of the failed tool with the same arguments; `ticket`: a schema-valid call of the
+    step's tool with the step's required fields; `user_error`: a plain answer that says the tool failed
+    (one of the step's `acknowledge` words, when the model drives the fallback) and states none of
+    the data the tool never returned (`must_not_claim`)."""
+    kind = step["kind"]
+    message = message_of(body)
+    calls = message.get("tool_calls") or []
+    out = StepJudgement(kind=kind, ok=False)
+    if not message:
+        out.problems.append("no assistant message")
+        out.layer = "client"
+        return out
+    if kind in ("retry", "ticket"):
+        check = check_tool_call(body, tools)
+        if not calls:
+            out.layer = check.problems[0][0] if check.problems else "model"
+            out.problems.append(f"{kind}: no tool call ({'; '.join(p for _, p in check.problems) or 'plain answer'})")
+            return out
+        call = calls[0]
+        fn = call.get("function") or {}
+        out.call = call
+        want = failed["name"] if kind == "retry" else step["tool"]
+        if fn.get("name") != want:
+            name = fn.get("name")
+            out.problems.append(f"{kind}: called {name!r}, the plan names {want!r}")
+            out.layer = "model"
+            return out
+        problems = [p for layer, p in check.problems if layer != "model" or want in p]
+        if problems:
+            out.problems += problems
+            out.layer = next((layer for layer, _ in check.problems), "model")
+            return out
+        args = json.loads(fn.get("arguments") or "{}")
+        if kind == "retry" and args != failed["arguments"]:
+            out.problems.append(f"retry: arguments {args} differ from the failed call's {failed['arguments']}")
+        for key, value in (step.get("require") or {}).items():
+            if args.get(key) != value:
+                out.problems.append(f"{kind}: {key}={args.get(key)!r}, the plan requires {value!r}")
+        out.layer = "model" if out.problems else None
+        out.ok = not out.problems
+        return out
+    # user_error
+    content = message.get("content") or ""
+    if calls:
+        names = [(c.get("function") or {}).get("name") for c in calls]
+        again = failed["name"] in names
+        out.problems.append(f"user_error: a tool call ({', '.join(map(str, names))}) instead of an answer"
+                            + ("; the failed call is repeated past the plan's retries" if again else ""))
+    if not content.strip():
+        out.problems.append("user_error: empty content")
+    low = content.lower()
+    acknowledge = [w.lower() for w in step.get("acknowledge") or []]
+    if driven_by == "model" and acknowledge and not any(w in low for w in acknowledge):
+        out.problems.append(f"user_error: the answer ignores the failure (none of {acknowledge} in {content!r:.120})")
+    claimed = [w for w in step.get("must_not_claim") or [] if w.lower() in low]
+    if claimed:
+        out.problems.append(f"user_error: the answer states data the tool never returned: {claimed}")
+    if markup_in(content):
+        out.problems.append("user_error: tool-call markup in content")
+        out.layer = "parser"
+    out.layer = out.layer or ("model" if out.problems else None)
+    out.ok = not out.problems
+    return out
+
+
+# --- the reference client on the deployment's real calls ----------------------------------------------
+
+def execute_real_calls(calls: list[dict[str, Any]], tools: list[dict[str, Any]],
+                       write_tools: dict[str, dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str], list[str]]:
+    """Every tool call the deployment returned, through the reference client: validate -> execute or
+    refuse. Each write is delivered twice (the client's retry of the same operation) and must run once.
+
+    `calls`: [{"case", "call", "retry_group"?}] where calls sharing a `retry_group` are the deployment's
+    answers to one logical write re-sent (a retry): their idempotency keys must agree or the write runs
+    twice. Returns (per-call records, unsafe problems with layer executor, retry problems)."""
+    executor = ToolExecutor(tools, {name: spec.get("idempotency_key", "request_id")
+                                    for name, spec in write_tools.items()})
+    schemas = tool_schemas(tools)
+    records, unsafe, retry = [], [], []
+    for item in calls:
+        fn = item["call"].get("function") or {}
+        name, raw = fn.get("name"), fn.get("arguments")
+        valid, why = True, ""
+        try:
+            args = json.loads(raw or "")
+            errors = list(jsonschema.Draft202012Validator(schemas[name]).iter_errors(args)) if name in schemas else []
+            if name not in schemas:
+                valid, why = False, f"unknown tool {name!r}"
+            elif errors:
+                valid, why = False, errors[0].message
+        except (ValueError, TypeError):
+            valid, why = False, "arguments are not JSON"
+        before = len(executor.executed)
+        first = executor.execute(str(name), raw or "")
+        again = executor.execute(str(name), raw or "") if name in write_tools else None
+        runs = len(executor.executed) - before
+        record = {"case": item["case"], "call": item["call"], "valid": valid, "validation": why or "valid",
+                  "outcome": first, "retry_outcome": again, "executions": runs}
+        records.append(record)
+        if not valid and first.get("executed"):
+            unsafe.append(f"{item['case']}: invalid call {name} ({why}) was executed")
+        if valid and not first.get("executed") and name not in write_tools:
+            unsafe.append(f"{item['case']}: a valid call was refused: {first}")
+        if runs > 1:
+            retry.append(f"{item['case']}: write {name} ran {runs} times for one request id")
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for item, record in zip(calls, records, strict=True):
+        if item.get("retry_group") and record["call"]["function"].get("name") in write_tools:
+            groups.setdefault(item["retry_group"], []).append(record)
+    for group, members in groups.items():
+        runs = sum(r["executions"] for r in members)
+        if runs > 1:
+            key = write_tools[members[0]["call"]["function"]["name"]].get("idempotency_key", "request_id")
+            keys = [_arg(r["call"], key) for r in members]
+            retry.append(f"{group}: one write re-sent {len(members)} times ran {runs} times "
+                         f"({key} values {keys}: the key came from the model, not from the client)")
+    return records, unsafe, retry
+
+
+def _arg(call: dict[str, Any], key: str) -> Any:
+    try:
+        return json.loads((call.get("function") or {}).get("arguments") or "").get(key)
+    except (ValueError, TypeError, AttributeError):
+        return None

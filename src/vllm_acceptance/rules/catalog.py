@@ -212,6 +212,18 @@ register("cache.hot_reuse", stage="cache", consequence=REBUILD,
          rule="hot hits == the block-aligned shared prefix (hybrid models: step-shaped, above the template head)",
          evidence="probes/cache/*, /tokenize answers",
          source="004: hot hits near the shared-prefix length (block granularity)")
+register("cache.repeat_rounds", stage="cache", consequence=REBUILD,
+         title="Repeated rounds on one hot prefix keep hitting",
+         rule="the same hot request re-sent over cache.rounds rounds hits the shared prefix (hybrid: from the "
+              "second round, within one retention step, above the template head)",
+         evidence="probes/cache/requests.json",
+         source="004: repeat over several sessions; hybrid models: the first repeat may only create the retention")
+register("cache.restart", stage="cache", consequence=REBUILD,
+         title="Hot again after a restart",
+         rule="after a restart (process start time moved) the hot request's local hits are near zero; hits from "
+              "an external KV connector are reported as external",
+         evidence="probes/cache/requests.json, restart.log",
+         source="001: the hot request again after a server restart shows the cache source")
 register("cache.control", stage="cache", consequence=REBUILD,
          title="A changed prefix drops back",
          rule="the control request (a key field changed near the start) hits no more than the cold baseline",
@@ -225,7 +237,8 @@ register("cache.prefill_gain", stage="cache", consequence=REBUILD,
          source="004: counters that rise without a matching latency change are inconclusive")
 register("cache.source", stage="cache", consequence=REBUILD,
          title="Cache source told apart",
-         rule="hits come from the local device/host cache; external_prefix_cache_* never pass for local reuse",
+         rule=("hits from the device/host tier; vllm:prompt_tokens_cached = local + external hits; the tiers "
+              "account for the local hits; external_prefix_cache_* never pass for local reuse"),
          evidence="probes/cache/metrics-*.prom (prompt_tokens_by_source, external_prefix_cache_*)",
          source="001/004: the cache source is told apart")
 register("cache.timeouts", stage="cache", consequence=REBUILD,
@@ -253,10 +266,17 @@ register("agent.tool_schemas", stage="agent", consequence=AGENT,
          source="003: tool JSON Schemas validated before any request")
 register("agent.tool_call", stage="agent", consequence=AGENT,
          title="Required tool call well-formed",
-         rule="tool_calls present, name from the schema, index consistent, arguments valid JSON that validate "
-              "against the schema",
+         rule=("tool_calls present, names from the schema, arguments valid JSON per schema; the format-error "
+              "rate's 95 % upper bound over the turns <= thresholds.tool_format_error_rate (turn count from the "
+              "threshold, agent.turn_budget at most); below it only with every error recovered by the validated retry"),
          evidence="probes/agent/<case>/*",
          source="003/recipe: K3 occasionally emits a tool-call format its parser does not expect")
+register("agent.schema_accuracy", stage="agent", consequence=AGENT,
+         title="Schema accuracy resolves its minimum",
+         rule="valid calls / calls with finish_reason tool_calls; its 95 % lower bound >= "
+              "thresholds.schema_accuracy_min",
+         evidence="probes/agent/turns.json",
+         source="recipe: Kimi Vendor Verifier schema accuracy; 003: rates of schema-valid calls")
 register("agent.trigger_consistency", stage="agent", consequence=AGENT,
          title="Consistent tool triggering",
          rule="repeated runs of the same input trigger the same call",
@@ -275,9 +295,16 @@ register("agent.format_errors", stage="agent", consequence=AGENT,
          source="recipe warning; 003: rare format errors a validated retry recovers")
 register("agent.stream_consistency", stage="agent", consequence=AGENT,
          title="Streaming and non-streaming agree",
-         rule="streaming and non-streaming give the same structure",
+         rule=("the assembled stream carries the non-streamed reply's tool calls (with a reasoning parser: its "
+              "reasoning and content too)"),
          evidence="probes/agent/<case>/*",
          source="003: streaming and non-streaming give the same structure")
+register("agent.stream_structure", stage="agent", consequence=AGENT,
+         title="Streamed tool-call deltas consistent",
+         rule="every tool-call delta names its index; indexes start at 0 and rise by one; id and name arrive once "
+              "and never change",
+         evidence="probes/agent/cases/*-stream-streamed.json (raw stream)",
+         source="003: the call index consistent; streaming and non-streaming give the same structure")
 register("agent.multi_turn", stage="agent", consequence=AGENT,
          title="Multi-turn order kept",
          rule="user -> assistant tool call -> tool result -> assistant, roles and order kept",
@@ -285,17 +312,20 @@ register("agent.multi_turn", stage="agent", consequence=AGENT,
          source="003: multi-turn")
 register("agent.tool_failure_fallback", stage="agent", consequence=AGENT,
          title="Failed tool result leads to the fallback",
-         rule="a failed or incomplete tool result leads to the planned fallback of the scenario pack",
+         rule=("the deployment's answers to a failed tool result follow the scenario pack's fallback plan "
+              "(retry of the same call, a schema-valid ticket, a user-facing answer that states no missing data)"),
          evidence="probes/agent/<case>/*",
          source="003: a failed or incomplete tool result leads to the planned fallback")
 register("agent.structured_output", stage="agent", consequence=AGENT,
          title="Structured output validated",
-         rule="response_format json_schema: valid answers accepted, broken ones rejected, the raw body kept",
+         rule=("a response_format json_schema answer validates; a real broken body from the server (cut by "
+              "max_tokens) is rejected by the client validation and carries finish_reason length; raw bodies kept"),
          evidence="probes/agent/<case>/*",
          source="003: structured output")
 register("agent.executor_safety", stage="agent", consequence=AGENT,
          title="Safe failure and idempotent retry",
-         rule="an invalid call never reaches the executor; a retried write with the same request id runs once",
+         rule=("every tool call the deployment returned goes through the reference client: validated, then "
+              "executed or refused predictably; a write delivered twice, or one operation re-sent, runs once per key"),
          evidence="probes/agent/*",
          source="003: safe failure; a retry of a write carries a request id")
 register("agent.gateway", stage="agent", consequence=AGENT,

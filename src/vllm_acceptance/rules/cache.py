@@ -1,0 +1,342 @@
+"""Prefix-cache reuse, judged: pure rules over the cache probe's measurements.
+
+The probe (``probes/cache.py``) sends and records one request at a time; these rules read the
+recorded counter deltas and decide. Hits are local reuse only when they come from the device (or
+host) tier: ``vllm:prefix_cache_hits`` counts local hits, ``vllm:external_prefix_cache_hits`` the
+KV connector's, and ``vllm:prompt_tokens_cached`` their sum; external hits never pass for local reuse.
+
+Hybrid models (linear-attention state + attention KV) keep state only at retention checkpoints
+(block multiples, the last token of a scheduler step, every ``retention_interval`` tokens): hits are
+step-shaped and the first repeat may only create the retention. Their cold requests already share
+the template head (tool declarations rendered before the system prompt), so a hot hit must exceed it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..core.findings import Consequence, Finding, Status
+from . import registry
+
+LOCAL_SOURCES = ("device", "host", "disk")  # tiers of this instance (vllm:prompt_tokens_cached_by_source)
+
+
+class JudgeConfig(Protocol):
+    hybrid: bool
+    relies_on_reuse: bool
+    tolerance_blocks: int
+    min_prefill_drop: float
+    retention_interval: int | None
+
+
+@dataclass
+class Measurement:
+    session: int
+    kind: str
+    prompt_tokens: int | None = None
+    token_ids: list[int] | None = None
+    hits: float | None = None
+    queries: float | None = None
+    cached_tokens_usage: int | None = None
+    cached_by_source: dict[str, float] = field(default_factory=dict)
+    tokens_by_source: dict[str, float] = field(default_factory=dict)
+    prompt_tokens_cached: float | None = None
+    external_hits: float | None = None
+    external_queries: float | None = None
+    prefill_computed_tokens: float | None = None
+    prefill_time_s: float | None = None
+    ttft_s: float | None = None
+    expected_hits: int | None = None
+    clean: bool = False
+    problems: list[str] = field(default_factory=list)
+    evidence: list[str] = field(default_factory=list)
+    hung: dict[str, Any] | None = None
+
+    def row(self) -> dict[str, Any]:
+        return {"session": self.session, "kind": self.kind, "prompt_tokens": self.prompt_tokens,
+                "hits": self.hits, "queries": self.queries, "expected_hits": self.expected_hits,
+                "cached_tokens": self.cached_tokens_usage, "cached_by_source": self.cached_by_source,
+                "tokens_by_source": self.tokens_by_source, "prompt_tokens_cached": self.prompt_tokens_cached,
+                "external_hits": self.external_hits, "external_queries": self.external_queries,
+                "prefill_computed_tokens": self.prefill_computed_tokens,
+                "prefill_time_s": self.prefill_time_s, "ttft_s": self.ttft_s, "clean": self.clean,
+                "problems": self.problems, "hung": self.hung}
+
+
+def consequence_of(cfg: JudgeConfig) -> Consequence:
+    return Consequence.REBUILD if cfg.relies_on_reuse else Consequence.LIMIT
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def expected_hits(ids: list[int] | None, earlier: list[list[int]], block: int) -> int | None:
+    """Whole blocks shared with any earlier prompt; an identical resend recomputes its last token."""
+    if ids is None:
+        return None
+    best = 0
+    for prev in earlier:
+        shared = common_prefix(ids, prev)
+        if shared == len(ids):
+            shared -= 1
+        best = max(best, shared)
+    return (best // block) * block
+
+
+def check_cache_config(info: dict[str, str] | None, evidence: list[str], cfg: JudgeConfig
+                       ) -> tuple[Finding, int | None]:
+    """cache.config: prefix caching on per the running server's `vllm:cache_config_info` labels."""
+    check = registry.get("cache.config")
+    consequence = consequence_of(cfg)
+    if info is None:
+        return check.missing(None, "vllm:cache_config_info is not exported", evidence=evidence,
+                             consequence=consequence), None
+    enabled = str(info.get("enable_prefix_caching", "")).lower() == "true"
+    try:
+        block: int | None = int(float(info.get("block_size", "")))
+    except ValueError:
+        block = None
+    status = Status.PASS if enabled and block else Status.FAIL
+    return check.result(
+        status, observed={"enable_prefix_caching": info.get("enable_prefix_caching"),
+                          "block_size": info.get("block_size")},
+        expected={"enable_prefix_caching": "True"}, evidence=evidence, consequence=consequence,
+        reason="" if enabled else "configuration: prefix caching is off on the running server",
+        action="none" if status == Status.PASS else
+        "start vLLM with --enable-prefix-caching (the profile's launch args) and re-run acceptance"), block
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+REWORK = ("rework configuration and protocol (byte-identical prefix: order, whitespace, tool definitions, "
+          "earlier messages); do not count the expected gain")
+
+
+def judge_reuse(ms: list[Measurement], cfg: JudgeConfig, block: int, rows_ev: str, head: int = 0) -> list[Finding]:
+    ev = [rows_ev]
+    consequence = consequence_of(cfg)
+    tol = cfg.tolerance_blocks * block
+    unclean = [m for m in ms if not m.clean and not m.hung]  # hung requests: cache.timeouts
+    findings: list[Finding] = []
+    if unclean:
+        findings.append(registry.get("cache.isolation").inconclusive(
+            evidence=ev, consequence=consequence,
+            observed=[f"s{m.session}/{m.kind}: {'; '.join(m.problems)}" for m in unclean],
+            expected="each request measured alone",
+            action="isolate the instance (no other traffic) and re-run the cache probe"))
+    clean = [m for m in ms if m.clean]
+
+    def by(kind: str) -> list[Measurement]:
+        return [m for m in clean if m.kind == kind]
+
+    # A cold request's expected hits include the template's head before the session id (the probe
+    # measures it, `head`): anyone's traffic may have cached that; nothing of the session's own part.
+    cold_ok = [m for m in by("cold") if m.hits is not None and m.hits <= (m.expected_hits or 0) + tol]
+    findings.append(_judged("cache.cold_baseline", by("cold"), cold_ok, ev, consequence,
+                            "cold hits stay within the template's head before the session id (near zero when "
+                            "the system prompt comes first)",
+                            f"hits <= {head} (template head) + {tol}" if head else f"hits <= {tol}"))
+    control_ok = [m for m in by("control") if m.hits is not None and m.expected_hits is not None
+                  and m.hits <= m.expected_hits + tol]
+    findings.append(_judged("cache.control", by("control"), control_ok, ev, consequence,
+                            "a change near the start of the system prompt drops reuse back",
+                            "hits <= block-aligned common prefix (near zero)"))
+    hots = by("hot_a") + by("hot_b")
+    findings.append(judge_hot(hots, cfg, block, head, ev, consequence))
+    findings.append(judge_prefill_gain(by("cold"), hots, cfg, ev, consequence, findings[-1].status))
+    findings.append(judge_source(hots, ev, consequence))
+    return findings
+
+
+def hybrid_ok(m: Measurement, head: int, tol: int, step: int) -> bool:
+    """A hybrid hot hit: above the template head every cold request shares, at most the shared prefix,
+    and within one retention step of it."""
+    if m.hits is None or m.expected_hits is None:
+        return False
+    return head < m.hits <= m.expected_hits + tol and m.hits >= m.expected_hits - step - tol
+
+
+def judge_hot(hots: list[Measurement], cfg: JudgeConfig, block: int, head: int, ev: list[str],
+              consequence: Consequence) -> Finding:
+    tol = cfg.tolerance_blocks * block
+    if cfg.hybrid:
+        # The first repeat may only create the retention: judge the later sessions.
+        step = max(block, cfg.retention_interval or 0)
+        last = [m for m in hots if m.session > 1] or hots
+        ok = [m for m in last if hybrid_ok(m, head, tol, step)]
+        return _judged("cache.hot_reuse", last, ok, ev, consequence,
+                       "hybrid model: after the first session, hot hits exceed the template head the cold "
+                       f"requests share ({head} tokens) and reach the shared prefix within one retention step "
+                       f"({step} tokens)",
+                       f"{head} < hits, shared - {step} - {tol} <= hits <= shared + {tol}")
+    ok = [m for m in hots if m.hits is not None and m.expected_hits is not None
+          and abs(m.hits - m.expected_hits) <= tol]
+    return _judged("cache.hot_reuse", hots, ok, ev, consequence, "hot hits equal the block-aligned shared prefix",
+                   f"|hits - expected| <= {tol} tokens")
+
+
+def judge_rounds(rounds: list[Measurement], cfg: JudgeConfig, block: int, head: int, ev: list[str]) -> Finding:
+    """The same hot request re-sent over several rounds: every round hits (non-hybrid); for hybrid
+    models round 1 may only create the retention, every later round must hit as judge_hot says."""
+    check = registry.get("cache.repeat_rounds")
+    consequence = consequence_of(cfg)
+    if not rounds:
+        return check.not_applicable(None, "cache.rounds is 0: no repeated rounds were sent")
+    tol = cfg.tolerance_blocks * block
+    step = max(block, cfg.retention_interval or 0)
+    judged = rounds[1:] if cfg.hybrid and len(rounds) > 1 else rounds
+    clean = [m for m in judged if m.clean]
+    if cfg.hybrid:
+        ok = [m for m in clean if hybrid_ok(m, head, tol, step)]
+    else:
+        ok = [m for m in clean if m.hits is not None and m.expected_hits is not None
+              and abs(m.hits - m.expected_hits) <= tol]
+    observed = [{"round": m.session, "hits": m.hits, "expected": m.expected_hits, "clean": m.clean} for m in rounds]
+    expected = (f"rounds 2..{len(rounds)}: {head} < hits within {step} + {tol} of the shared prefix" if cfg.hybrid
+                else f"every round: |hits - shared prefix| <= {tol}")
+    if len(clean) < len(judged):
+        return check.inconclusive(observed=observed, expected=expected, evidence=ev, consequence=consequence,
+                                  reason=f"{len(judged) - len(clean)} round(s) not measured alone",
+                                  action="isolate the instance and re-run the cache probe")
+    if len(ok) == len(judged):
+        return check.passed(observed=observed, expected=expected, evidence=ev, consequence=consequence)
+    return check.fail(observed=observed, expected=expected, evidence=ev, consequence=consequence,
+                      reason=f"{len(judged) - len(ok)} of {len(judged)} judged rounds outside the rule"
+                             + (" (hybrid retention: see cache.retention_interval)" if cfg.hybrid else ""),
+                      action=REWORK)
+
+
+def judge_restart(before_start: float | None, after_start: float | None, hot: Measurement | None,
+                  cfg: JudgeConfig, block: int, ev: list[str], launched: bool) -> Finding:
+    """Hot A again after a restart: a new process (its start time moved) has an empty device cache, so
+    local hits are near zero; hits an external KV connector supplies are shown as external."""
+    check = registry.get("cache.restart")
+    consequence = consequence_of(cfg)
+    if not launched:
+        return check.not_applicable(None, "the run did not launch the server (no restart command given): a "
+                                          "restart of someone else's instance is not the probe's to make")
+    tol = cfg.tolerance_blocks * block
+    if hot is None or not hot.clean:
+        return check.inconclusive(evidence=ev, consequence=consequence, observed=hot.row() if hot else None,
+                                  reason="the hot request after the restart was not measured alone"
+                                  + (f": {'; '.join(hot.problems)}" if hot and hot.problems else ""),
+                                  action="re-run the cache probe on an isolated instance")
+    observed = {"process_start_before": before_start, "process_start_after": after_start, "local_hits": hot.hits,
+                "external_hits": hot.external_hits, "cached_by_source": hot.cached_by_source,
+                "prompt_tokens_cached": hot.prompt_tokens_cached}
+    expected = f"a new process; local hits <= {tol}; external hits reported as external"
+    if before_start is None or after_start is None or after_start == before_start:
+        return check.inconclusive(observed=observed, expected=expected, evidence=ev, consequence=consequence,
+                                  reason="no restart observed: process_start_time_seconds did not change",
+                                  action="check the restart command: it must stop and start this instance")
+    if (hot.hits or 0) > tol:
+        return check.fail(observed=observed, expected=expected, evidence=ev, consequence=consequence,
+                          reason=f"{hot.hits:g} local hits right after a restart: the counters or the request are "
+                                 "not from the restarted instance's empty device cache",
+                          action="measure one instance: the metrics URL and the base URL must reach the same "
+                                 "process")
+    external = hot.external_hits or 0
+    note = (f"device cache cleared; {external:g} tokens from the external KV connector, reported as external"
+            if external else "device cache cleared (no external KV connector hits)")
+    return check.passed(observed={**observed, "note": note}, expected=expected, evidence=ev,
+                        consequence=consequence)
+
+
+def _judged(check_id: str, considered: list[Measurement], ok: list[Measurement], ev: list[str],
+            consequence: Consequence, rule: str, expected: str) -> Finding:
+    observed = [{"session": m.session, "kind": m.kind, "hits": m.hits, "expected": m.expected_hits,
+                 "prompt_tokens": m.prompt_tokens} for m in considered]
+    if not considered:
+        status = Status.INCONCLUSIVE
+    elif len(ok) == len(considered):
+        status = Status.PASS
+    else:
+        status = Status.FAIL
+    return registry.get(check_id).result(
+        status, observed=observed, expected=expected, rule=rule, evidence=ev, consequence=consequence,
+        reason="" if status == Status.PASS else f"{len(considered) - len(ok)} of {len(considered)} "
+        "requests outside the rule" if considered else "no clean measurement",
+        action="none" if status == Status.PASS else REWORK)
+
+
+def judge_prefill_gain(colds: list[Measurement], hots: list[Measurement], cfg: JudgeConfig,
+                       ev: list[str], consequence: Consequence, reuse: Status) -> Finding:
+    """Counters alone prove nothing: prefill work and time must drop with the hits."""
+    check = registry.get("cache.prefill_gain")
+    cold_time = _median([m.prefill_time_s for m in colds if m.prefill_time_s is not None])
+    hot_time = _median([m.prefill_time_s for m in hots if m.prefill_time_s is not None])
+    cold_work = _median([m.prefill_computed_tokens for m in colds if m.prefill_computed_tokens is not None])
+    hot_work = _median([m.prefill_computed_tokens for m in hots if m.prefill_computed_tokens is not None])
+    common: dict[str, Any] = dict(
+        observed={"cold_prefill_time_s": cold_time, "hot_prefill_time_s": hot_time,
+                  "cold_prefill_computed_tokens": cold_work, "hot_prefill_computed_tokens": hot_work},
+        evidence=ev, consequence=consequence,
+        expected=f"hot prefill time <= cold x {1 - cfg.min_prefill_drop:.2f}, computed tokens drop")
+    action = "do not count the gain until hits and prefill time move together"
+    if cold_time is None or hot_time is None or cold_work is None or hot_work is None:
+        return check.inconclusive(reason="prefill histograms not exported", action=action, **common)
+    work_dropped = hot_work < cold_work
+    time_dropped = hot_time < cold_time * (1 - cfg.min_prefill_drop) if cfg.min_prefill_drop else hot_time < cold_time
+    if reuse == Status.PASS and work_dropped and time_dropped:
+        return check.passed(**common)
+    if reuse == Status.PASS or work_dropped or time_dropped:
+        return check.inconclusive(reason="counters and latency disagree", action=action, **common)
+    return check.fail(reason="no reuse and no prefill gain", action=action, **common)
+
+
+def judge_source(hots: list[Measurement], ev: list[str], consequence: Consequence) -> Finding:
+    """Hits must be local (device/host) reuse; external-cache statistics never pass for it.
+
+    vllm:prefix_cache_hits counts local hits, external_prefix_cache_hits the connector's;
+    prompt_tokens_cached (local + external) must equal their sum, and the by-source breakdowns
+    (prompt_tokens_cached_by_source tiers, prompt_tokens_by_source local_cache_hit /
+    external_kv_transfer) must say where the hits came from."""
+    check = registry.get("cache.source")
+    local_hits = sum(m.hits or 0 for m in hots)
+    external = sum(m.external_hits or 0 for m in hots)
+    tier_local = sum(v for m in hots for k, v in m.cached_by_source.items() if k in LOCAL_SOURCES)
+    tier_external = sum(v for m in hots for k, v in m.cached_by_source.items() if k not in LOCAL_SOURCES)
+    by_source_local = sum(m.tokens_by_source.get("local_cache_hit", 0) for m in hots)
+    mismatch = [f"s{m.session}/{m.kind}: usage {m.cached_tokens_usage} vs hits {m.hits}" for m in hots
+                if m.cached_tokens_usage is not None and m.hits is not None and m.cached_tokens_usage < m.hits]
+    mismatch += [f"s{m.session}/{m.kind}: prompt_tokens_cached {m.prompt_tokens_cached:g} vs local {m.hits:g} + "
+                 f"external {m.external_hits or 0:g}" for m in hots
+                 if m.prompt_tokens_cached is not None and m.hits is not None
+                 and m.prompt_tokens_cached != m.hits + (m.external_hits or 0)]
+    observed = {"local_hits": local_hits, "external_hits": external, "tier_local": tier_local,
+                "tier_external": tier_external, "prompt_tokens_by_source_local_cache_hit": by_source_local,
+                "prompt_tokens_cached": sum(m.prompt_tokens_cached or 0 for m in hots),
+                "usage_cached_tokens": [m.cached_tokens_usage for m in hots], "mismatch": mismatch}
+    expected = "hits from the device/host tier; prompt_tokens_cached = local + external; usage.cached_tokens matches"
+    action = "check the KV connector, the metrics of this instance and the client's usage handling"
+    reported = any(m.cached_by_source or m.prompt_tokens_cached is not None for m in hots)
+    if not hots:
+        return check.inconclusive(observed=observed, expected=expected, evidence=ev, consequence=consequence,
+                                  reason="no clean hot measurement", action=action)
+    tiers = any(m.cached_by_source for m in hots)
+    if (external or tier_external) and not (tier_local if tiers else local_hits):
+        return check.fail(observed=observed, expected=expected, evidence=ev, consequence=consequence,
+                          reason="the hits come only from an external KV connector: no local reuse", action=action)
+    if mismatch:
+        return check.inconclusive(observed=observed, expected=expected, evidence=ev, consequence=consequence,
+                                  reason="the cache counters disagree with each other", action=action)
+    if tiers and tier_local != local_hits:
+        return check.inconclusive(observed=observed, expected=expected, evidence=ev, consequence=consequence,
+                                  reason=f"the local tiers ({tier_local:g}) do not account for the local hits "
+                                         f"({local_hits:g})", action=action)
+    if not reported:
+        return check.not_applicable(None, "prompt_tokens_cached(_by_source) not exported by this vLLM")
+    if not local_hits and not tier_local:
+        return check.inconclusive(observed=observed, expected=expected, evidence=ev, consequence=consequence,
+                                  reason="no hits at all: no source to tell (see cache.hot_reuse)", action=action)
+    return check.passed(observed=observed, expected=expected, evidence=ev, consequence=consequence)

@@ -1,0 +1,165 @@
+"""Agent rules on small shapes: rate bounds that resolve (or not) a threshold, streamed delta structure,
+the fallback plan's step rules, the reference client on calls as a deployment returns them, and the
+scenario packs' own validation."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from vllm_acceptance.core.profile import ConfigError
+from vllm_acceptance.rules.agent import (
+    Rate,
+    channel_diff,
+    execute_real_calls,
+    judge_fallback_step,
+    rate_lower_bound,
+    rate_upper_bound,
+    stream_structure_problems,
+    turns_to_resolve,
+)
+from vllm_acceptance.scenarios import load_scenario, pack_problems
+
+OPS = load_scenario("ops-agent")
+SHOP = load_scenario("shop-agent")
+
+
+def test_zero_errors_bound_is_the_rule_of_three_and_fixes_the_turn_count() -> None:
+    assert turns_to_resolve(0.01) == 299  # 1 - 0.99**299 >= 0.95
+    assert rate_upper_bound(0, 299) <= 0.01 < rate_upper_bound(0, 298)
+    assert abs(rate_upper_bound(0, 300) - 3 / 300) < 0.0005
+    # One error in 299 no longer resolves 1 %; the turns it would need are computed, not guessed.
+    assert rate_upper_bound(1, 299) > 0.01
+    n = turns_to_resolve(0.01, errors=1)
+    assert rate_upper_bound(1, n) <= 0.01 < rate_upper_bound(1, n - 1) and 470 < n < 480
+
+
+def test_rate_verdicts_judge_on_the_bound() -> None:
+    assert Rate("e", 0, 299, 0.01).verdict() == "pass"
+    assert Rate("e", 0, 10, 0.01).verdict() == "unresolved"  # ten clean turns prove nothing about 1 %
+    assert Rate("e", 1, 10, 0.01).verdict() == "fail"
+    assert Rate("acc", 299, 299, 0.99, "min").verdict() == "pass"
+    assert Rate("acc", 10, 10, 0.99, "min").verdict() == "unresolved"
+    assert Rate("acc", 95, 100, 0.99, "min").verdict() == "fail"
+    assert rate_lower_bound(0, 50) == 0.0 and 0 < rate_lower_bound(5, 50) < 0.1
+    assert "resolution_95" in Rate("e", 0, 299, 0.01).to_dict()
+
+
+def _delta(index, id_=None, name=None, args=None) -> dict:
+    fn = {k: v for k, v in (("name", name), ("arguments", args)) if v is not None}
+    call = {"index": index, **({"id": id_} if id_ else {}), "function": fn}
+    return {"choices": [{"index": 0, "delta": {"tool_calls": [call]}}]}
+
+
+def test_stream_structure_accepts_consistent_deltas_and_names_each_break() -> None:
+    good = [_delta(0, "c1", "get_node_status"), _delta(0, args='{"node": '), _delta(0, args='"node-07"}'),
+            _delta(1, "c2", "create_ticket"), _delta(1, args="{}")]
+    assert stream_structure_problems(good) == []
+    split = [_delta(0, "c1", "get_node_status"), _delta(1, args='{"node": "node-07"}')]  # shifted index
+    assert any("call 1 carries no id" in p for p in stream_structure_problems(split))
+    renamed = [_delta(0, "c1", "get_node_status"), _delta(0, "c9", "create_ticket")]
+    assert {p.split(": ", 1)[1].split(" ", 2)[2] for p in stream_structure_problems(renamed)} == {
+        "id changed 'c1' -> 'c9'", "name changed 'get_node_status' -> 'create_ticket'"}
+    assert "expected 0" in stream_structure_problems([_delta(1, "c1", "x")])[0]
+
+
+def test_channel_diff_compares_reasoning_only_with_a_reasoning_parser() -> None:
+    plain = {"choices": [{"message": {"reasoning": "think", "content": None, "tool_calls": []}}]}
+    streamed = {"choices": [{"message": {"reasoning_content": "other", "content": None, "tool_calls": []}}]}
+    assert channel_diff(plain, streamed, reasoning=False) == []
+    assert channel_diff(plain, streamed, reasoning=True)[0].startswith("reasoning:")
+
+
+def _reply(content=None, calls=()) -> dict:
+    return {"choices": [{"message": {"role": "assistant", "content": content, "tool_calls": [
+        {"id": f"c{i}", "type": "function", "function": {"name": n, "arguments": json.dumps(a)}}
+        for i, (n, a) in enumerate(calls)]}, "finish_reason": "tool_calls" if calls else "stop"}]}
+
+
+FAILED = {"name": "get_node_status", "arguments": {"node": "node-07", "include": "gpus"}}
+PLAN = {**OPS["tasks"]["fallback"], "tool": "create_ticket", "require": {}}
+
+
+def test_fallback_steps_follow_the_plan() -> None:
+    tools = OPS["tools"]
+    retry = judge_fallback_step({**PLAN, "kind": "retry"}, _reply(calls=[FAILED.values()]), tools, FAILED, "model")
+    assert retry.ok
+    other_args = _reply(calls=[("get_node_status", {"node": "node-00", "include": "driver"})])
+    assert "differ" in judge_fallback_step({**PLAN, "kind": "retry"}, other_args, tools, FAILED, "model").problems[0]
+    ticket = _reply(calls=[("create_ticket", {"request_id": "abcdefgh", "title": "x y", "severity": "critical",
+                                              "details": {"node": "node-07"}})])
+    assert judge_fallback_step({**PLAN, "kind": "ticket"}, ticket, tools, FAILED, "client").ok
+    required = {**PLAN, "kind": "ticket", "require": {"severity": "major"}}
+    assert not judge_fallback_step(required, ticket, tools, FAILED, "client").ok
+    # The lab model's canned reply after any tool result ignores the failure: fine when the client drives
+    # the fallback (it states no missing data), a failure when the model must choose the fallback.
+    done = _reply("Done: tool result received!")
+    assert judge_fallback_step({**PLAN, "kind": "user_error"}, done, tools, FAILED, "client").ok
+    ignored = judge_fallback_step({**PLAN, "kind": "user_error"}, done, tools, FAILED, "model")
+    assert not ignored.ok and ignored.layer == "model" and "ignores the failure" in ignored.problems[0]
+    invented = judge_fallback_step({**PLAN, "kind": "user_error"}, _reply("All 8 GPUs are fine, the node is healthy"),
+                                   tools, FAILED, "client")
+    assert "never returned" in invented.problems[0]
+
+
+def _call(name: str, args: dict | str) -> dict:
+    return {"id": "x", "type": "function",
+            "function": {"name": name, "arguments": args if isinstance(args, str) else json.dumps(args)}}
+
+
+def test_reference_client_on_real_calls_refuses_invalid_and_runs_each_write_once() -> None:
+    ticket = {"request_id": "testtest", "title": "test", "severity": "critical", "details": {"node": ""}}
+    calls = [{"case": "turn-1", "call": _call("create_ticket", ticket), "retry_group": "g"},
+             {"case": "turn-2", "call": _call("create_ticket", ticket), "retry_group": "g"},
+             {"case": "turn-3", "call": _call("get_node_status", {"node": ["node-07"], "include": "gpus"})},
+             {"case": "turn-4", "call": _call("get_node_status", '{"node": ')}]
+    records, unsafe, retry = execute_real_calls(calls, OPS["tools"], OPS["write_tools"])
+    assert (unsafe, retry) == ([], [])
+    assert [r["executions"] for r in records] == [1, 0, 0, 0]
+    assert records[1]["outcome"]["deduplicated"] and records[2]["outcome"]["error"] == "schema_violation"
+    assert records[3]["outcome"]["error"] == "invalid_json" and not records[3]["valid"]
+    # The same write re-sent as one operation, but the model wrote a new key each time: it runs twice.
+    fresh = [{"case": f"t{i}", "call": _call("create_ticket", {**ticket, "request_id": f"key-{i}-abcdefgh"}),
+              "retry_group": "g"} for i in range(2)]
+    _, unsafe, retry = execute_real_calls(fresh, OPS["tools"], OPS["write_tools"])
+    assert unsafe == [] and "ran 2 times" in retry[0] and "not from the client" in retry[0]
+
+
+def test_the_shop_pack_brings_its_own_idempotency_keys() -> None:
+    refund = {"idempotency_key": "k-000001", "order_id": "ORD-204811", "amount_cents": 1299, "reason": "late"}
+    calls = [{"case": f"t{i}", "call": _call("issue_refund", refund), "retry_group": "g"} for i in range(3)]
+    records, unsafe, retry = execute_real_calls(calls, SHOP["tools"], SHOP["write_tools"])
+    assert sum(r["executions"] for r in records) == 1 and not unsafe and not retry
+    no_key = {k: v for k, v in refund.items() if k != "idempotency_key"}
+    records, _, _ = execute_real_calls([{"case": "t", "call": _call("issue_refund", no_key)}], SHOP["tools"],
+                                       SHOP["write_tools"])
+    assert records[0]["outcome"]["error"] == "schema_violation"
+
+
+def test_a_pack_that_names_undeclared_tools_or_keys_is_refused_with_the_field(tmp_path) -> None:
+    bad = json.loads(json.dumps(OPS))
+    bad["tasks"]["fallback"]["ticket"]["tool"] = "page_oncall"
+    bad["write_tools"] = {"create_ticket": {"idempotency_key": "ticket_id"}}
+    problems = pack_problems(bad)
+    assert any("tasks.fallback.ticket.tool" in p and "page_oncall" in p for p in problems)
+    assert any("write_tools.create_ticket.idempotency_key" in p for p in problems)
+    del bad["cache_questions"]["hot_b_call"]
+    path = tmp_path / "bad.yml"
+    path.write_text(json.dumps(bad))
+    path = path.rename(tmp_path / "bad.yaml")
+    with pytest.raises(ConfigError, match="cache_questions.hot_b_call"):
+        load_scenario(str(path))
+
+
+def test_an_invalid_tool_schema_fails_before_any_request_is_sent(tmp_path) -> None:
+    """A bad scenario: a tool whose parameters are no JSON Schema. The probe stops at agent.tool_schemas
+    (layer client) without touching the server (no client is given: any request would raise)."""
+    from vllm_acceptance.core.evidence import EvidenceStore
+    from vllm_acceptance.probes.agent import AgentProbe, AgentProbeConfig
+
+    bad = json.loads(json.dumps(OPS))
+    bad["tools"][0]["function"]["parameters"] = {"type": "object", "properties": {"node": {"type": "strnig"}}}
+    findings, _ = AgentProbe(None, AgentProbeConfig(model="m", scenario=bad), EvidenceStore(tmp_path)).run()
+    assert [(f.check, f.status.value, f.layer) for f in findings] == [("agent.tool_schemas", "fail", "client")]
+    assert "get_node_status" in findings[0].observed[0]
