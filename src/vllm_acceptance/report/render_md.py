@@ -61,6 +61,8 @@ def render_markdown(report: dict[str, Any]) -> str:
                 f"base profile: {fmt(lineage.get('base_profile'))}.", ""]
     out += [f"- Profile: `{report.get('profile')}`; started {fmt(report.get('started'))}; "
             f"finished {fmt(report.get('finished'))}"]
+    if isinstance(report.get("server"), dict):
+        out += [f"- Server: {report['server'].get('text')}"]
     out += ["", "## Reasons", ""] + [f"- {r}" for r in report.get("verdict_reasons") or ["(none given)"]]
     if report.get("missing"):
         out += ["", "**Missing:** " + ", ".join(f"`{m}`" for m in report["missing"])]
