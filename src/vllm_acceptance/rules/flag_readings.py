@@ -56,7 +56,8 @@ class FlagReading:
         return asdict(self)
 
     def describe(self) -> str:
-        text = f"{self.flag}={_short(self.requested)}"
+        text = (self.flag if self.requested is True else "--no-" + self.flag[2:] if self.requested is False
+                else f"{self.flag}={_short(self.requested)}")
         if self.state == DIFFERS:
             return f"{text}: the server shows {_short(self.shown)} ({self.source})"
         if self.state == NOT_SHOWN:
