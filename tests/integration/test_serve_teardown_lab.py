@@ -254,11 +254,12 @@ def test_server_started_without_the_requested_flags_fails_on_its_own_evidence(la
 
 
 def test_podman_container_is_removed_when_the_serve_stage_fails(lab_server, tmp_path: Path) -> None:
-    """The container came up, then the judge failed (its profile path is wrong): the role's rescue stops it,
-    the report is still written and says so, and the run fails at its end naming the stage."""
+    """The container came up, then the judge failed (a ready time that is not a number is forced on it as an
+    extra var, so the module refuses its arguments): the role's rescue stops the container, the report is still
+    written and says so, and the run fails at its end naming the stage."""
     state, bin_dir = _standin(tmp_path, lab_server)
     proc, run_dir = _run(tmp_path, bin_dir, _profile(tmp_path, "podman"), 8082,
-                         vllm_serve_profile_path=str(tmp_path / "no-such-profile.yml"))
+                         vllm_serve_ready_s="not-a-number")
     assert proc.returncode != 0
     assert "the serve stage failed on localhost: Judge the serve stage on the controller" in proc.stdout
     assert ["podman", "rm", "-f", "vllm-acceptance"] in _calls(state)[2:]   # after the run, not the stale clean-up
