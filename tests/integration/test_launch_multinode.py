@@ -80,6 +80,19 @@ elif cmd == "inspect":
     print(read("args.json", "[]") if "json .Args" in fmt else state)
 elif cmd == "logs":
     sys.stdout.write(read("logs"))
+elif cmd == "stop":
+    if not read("state"):
+        sys.stderr.write("Error response from daemon: No such container: vllm-acceptance\n")
+        sys.exit(1)
+    pid = read("http.pid")
+    if pid:
+        try:
+            os.kill(int(pid), 15)
+        except OSError:
+            pass
+        os.remove(os.path.join(STATE, "http.pid"))
+    write("state", "exited")
+    print("vllm-acceptance")
 elif cmd == "rm":
     pid = read("http.pid")
     if pid:
@@ -133,7 +146,8 @@ def _inventory(cluster_obj, path: Path, workers: list[str], extra: dict | None =
 
 
 def _run(cluster_obj, tmp: Path, modes: dict[str, str], workers: list[str], extra: dict | None = None,
-         extravars: dict | None = None, check: bool = False) -> tuple[subprocess.CompletedProcess[str], Path]:
+         extravars: dict | None = None, check: bool = False,
+         playbooks: tuple[str, ...] = ("validate.yml", "serve.yml")) -> tuple[subprocess.CompletedProcess[str], Path]:
     _, state, _ = cluster_obj
     hosts = cluster_obj[0]
     for host in hosts.hosts:
@@ -146,7 +160,7 @@ def _run(cluster_obj, tmp: Path, modes: dict[str, str], workers: list[str], extr
                  "vllm_serve_port": 8058, "vllm_serve_ready_timeout_s": 20, "vllm_serve_multinode_poll_s": 5,
                  **(extravars or {})}
     argv = [ansible_bin(), "-i", str(inventory), "-e", json.dumps(variables), *(["--check"] if check else []),
-            str(REPO / "playbooks" / "validate.yml"), str(REPO / "playbooks" / "serve.yml")]
+            *(str(REPO / "playbooks" / name) for name in playbooks)]
     proc = subprocess.run(argv, cwd=REPO, env=ansible_env(ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), VLLM_API_KEY=""),
                           capture_output=True, text=True, timeout=600)
     found = (reports / "mn").iterdir() if (reports / "mn").is_dir() else []
@@ -161,6 +175,12 @@ def _calls(state: Path, host: str) -> list[dict]:
 
 def _runs(state: Path, host: str) -> list[dict]:
     return [c for c in _calls(state, host) if c["argv"][1] == "run"]
+
+
+def _removed_last(state: Path, host: str) -> bool:
+    """The node's last calls are the stop: stop, rm -f, then an inspect that finds no container."""
+    tail = [c["argv"][1:3] for c in _calls(state, host)[-3:]]
+    return tail == [["stop", "-t"], ["rm", "-f"], ["inspect", "--format"]] and not (state / host / "state").exists()
 
 
 def _stage(run_dir: Path) -> dict:
@@ -202,11 +222,11 @@ def test_worker_that_exits_stops_the_launch_and_is_named(cluster, tmp_path: Path
     stage = _stage(run_dir)
     assert "gb300-a03" in stage["launch_error"] and "gb300-a02" not in stage["launch_error"]
     state = cluster[1]
-    # the dead rank is seen in the first round: one state read per node, not 20 rounds of waiting
+    # the dead rank is seen in the first round: one state read per node, not 20 rounds (+ the stop's check)
     for host in ("gb300-a01", "gb300-a02", "gb300-a03"):
-        assert sum(c["argv"][1] == "inspect" for c in _calls(state, host)) == 1, host
+        assert sum(c["argv"][1] == "inspect" for c in _calls(state, host)) == 1 + 1, host
     for host in ("gb300-a01", "gb300-a02", "gb300-a03"):
-        assert _calls(state, host)[-1]["argv"][1:3] == ["rm", "-f"], host     # no half-started deployment
+        assert _removed_last(state, host), host                              # no half-started deployment
         assert len(_runs(state, host)) == 1                                  # no retry
     findings = {f["check"]: f for f in json.loads((run_dir / "findings" / "serve.json").read_text())}
     triage = findings["compat.launch_triage"]
@@ -237,8 +257,8 @@ def test_readiness_wait_is_bounded(cluster, tmp_path: Path) -> None:
     assert _stage(run_dir)["launch_error"].startswith("not ready within 10 s")
     # ceil(10 / 5) = 2 rounds, each one state read per node, then the launch is given up (no retry)
     for host in ("gb300-a01", "gb300-a02"):
-        assert sum(c["argv"][1] == "inspect" for c in _calls(cluster[1], host)) == 2, host
-        assert _calls(cluster[1], host)[-1]["argv"][1:3] == ["rm", "-f"]
+        assert sum(c["argv"][1] == "inspect" for c in _calls(cluster[1], host)) == 2 + 1, host   # + the stop's check
+        assert _removed_last(cluster[1], host), host
     print(f"bounded wait: 10 s timeout, {elapsed:.1f} s of ansible-playbook wall time on this machine")
 
 
@@ -256,3 +276,22 @@ def test_check_mode_shows_the_plan_and_starts_nothing(cluster, tmp_path: Path) -
     assert "replica layout over 2 nodes: gb300-a01=head, gb300-a02=worker" in proc.stdout
     for host in ("gb300-a01", "gb300-a02"):
         assert _runs(cluster[1], host) == []
+
+
+def test_every_node_is_stopped_at_the_end_of_the_run(cluster, tmp_path: Path) -> None:
+    """The report stage stops what the run launched on every node (head and workers), confirms nothing is left
+    (no container, the head's port closed) and the report says so."""
+    proc, run_dir = _run(cluster, tmp_path, {}, ["gb300-a02"], extravars={"vllm_parallel": {"pipeline": 2}},
+                         playbooks=("validate.yml", "serve.yml", "report.yml"))
+    assert proc.returncode == 0, proc.stdout[-5000:]
+    state = cluster[1]
+    assert _stage(run_dir)["launch_error"] is None
+    for host in ("gb300-a01", "gb300-a02"):
+        assert _removed_last(state, host), (host, _calls(state, host)[-3:])
+        assert not (state / host / "http.pid").exists()
+    assert _calls(state, "gb300-a03") == []                                   # not part of the deployment
+    record = json.loads((run_dir / "stages" / "teardown.json").read_text())
+    assert record["action"] == "stopped" and record["nodes"] == ["gb300-a01", "gb300-a02"]
+    assert record["gone"] is True and record["port_closed"] is True and record["left_on"] == []
+    server = json.loads((run_dir / "report.json").read_text())["server"]
+    assert server["state"] == "stopped" and "on gb300-a01, gb300-a02 is gone" in server["text"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -46,6 +47,7 @@ def test_report_contract(lab_run: Path) -> None:
             assert finding["evidence"], f"{finding['check']} judged without evidence"
     for name in ("report.html", "report.md", "junit.xml"):
         assert (lab_run / name).stat().st_size > 0
+    assert report["server"]["state"] == "attached"      # not launched by the run: left running, and said so
 
 
 def test_each_family_judged_from_real_evidence(lab_run: Path) -> None:
@@ -53,6 +55,8 @@ def test_each_family_judged_from_real_evidence(lab_run: Path) -> None:
     # GPU checks are explicitly not applicable on the CPU lab, never silently skipped.
     assert findings[("compat.driver_branch", "localhost")]["status"] == "not_applicable"
     assert findings[("compat.actual_config.prefix_caching", "localhost")]["status"] == "pass"
+    # every cpu-lab flag is shown by the running server's own startup record (non-default args)
+    assert findings[("compat.actual_config.flags", "localhost")]["status"] == "pass"
     assert findings[("cache.hot_reuse", None)]["status"] == "pass"
     assert findings[("capacity.context_contract", None)]["status"] == "pass"
     assert findings[("agent.tool_schemas", None)]["status"] == "pass"
@@ -99,7 +103,8 @@ def test_launch_mode_starts_judges_and_stops_the_lab_server(tmp_path: Path) -> N
     reason = lab_skip_reason()
     if reason:
         pytest.skip(reason)
-    run_dir = run_accept(tmp_path, {"acceptance_probes": ["cache"], "vllm_serve_port": 8027,
+    port = 8027 + int(os.environ.get("LAB_PORT_OFFSET", "0"))
+    run_dir = run_accept(tmp_path, {"acceptance_probes": ["cache"], "vllm_serve_port": port,
                                      "vllm_serve_state_dir": str(tmp_path / "server")})
     serve = {f["check"]: f for f in json.loads((run_dir / "findings" / "serve.json").read_text())}
     assert serve["capacity.model_load"]["status"] == "pass" and serve["capacity.model_load"]["observed"]["ready_s"] > 0
@@ -107,6 +112,14 @@ def test_launch_mode_starts_judges_and_stops_the_lab_server(tmp_path: Path) -> N
     assert "--enable-prefix-caching" in (run_dir / "evidence" / "serve" / "launch-command.txt").read_text()
     pid_file = tmp_path / "server" / "vllm.pid"
     assert not pid_file.exists(), "the server this run launched is still recorded as running"
+    # gone, not only forgotten: its process is dead, its port closed, and the report says it was stopped
+    record = json.loads((run_dir / "stages" / "teardown.json").read_text())
+    assert record["action"] == "stopped" and record["runtime"] == "process" and record["gone"] is True
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(record["pid"]), 0)
+    with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=2):
+        pass
+    assert json.loads((run_dir / "report.json").read_text())["server"]["state"] == "stopped"
     report = json.loads((run_dir / "report.json").read_text())
     assert {f["check"] for f in report["findings"] if f["status"] == "missing"} >= {"agent.tool_call", "capacity.load"}
 

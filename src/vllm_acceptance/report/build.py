@@ -131,6 +131,7 @@ def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
         "findings": [f.to_dict() for f in findings],
         "stages": stages,
         "environment": environment,
+        "server": server_state(stages.get("teardown")),
         "signoff": signoff,
         "reopen_triggers": REOPEN_TRIGGERS,
         "rollback_triggers": ROLLBACK_TRIGGERS,
@@ -157,6 +158,29 @@ def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
     # Recorded beside report.json after a run: sign-off and restore rehearsal (report/signoff.py).
     report.update(attachments(run_dir))
     return report
+
+
+def server_state(teardown: Any) -> dict[str, Any]:
+    """What happened to the server at the end of the run (stages/teardown.json, written by the vllm_serve
+    role's stop tasks): stopped and gone, kept running (vllm_serve_stop_at_end: false), attached (not ours)."""
+    if not isinstance(teardown, dict):
+        return {"state": "unknown", "text": "not recorded: the run did not reach its stop step (check the head node "
+                                            "for a server or container this run launched)"}
+    action = teardown.get("action")
+    where = teardown.get("container") or (f"pid {teardown['pid']}" if teardown.get("pid") else None)
+    label = f"{teardown.get('runtime')} {where}" if where else str(teardown.get("runtime"))
+    nodes = ", ".join(teardown.get("nodes") or [])
+    if action == "stopped":
+        gone = teardown.get("gone") is True
+        text = (f"stopped ({teardown.get('when')}): {label} on {nodes} " + ("is gone" if gone else
+                f"is NOT gone (left on {', '.join(teardown.get('left_on') or []) or '-'}, "
+                f"port closed: {teardown.get('port_closed')})"))
+        return {**teardown, "state": "stopped" if gone else "stop_failed", "text": text}
+    texts = {"kept": f"kept running at {teardown.get('base_url')} ({label} on {nodes}; vllm_serve_stop_at_end: false): "
+                     "stop it when done",
+             "attached": f"attached to {teardown.get('base_url')}: not launched by this run, left running",
+             "not_launched": "no server was launched"}
+    return {**teardown, "state": action, "text": texts.get(str(action), f"unknown teardown action {action!r}")}
 
 
 def merge_gpu_memory(run_dir: Path, stages: dict[str, Any]) -> list[dict[str, Any]]:

@@ -62,6 +62,8 @@ def render_markdown(report: dict[str, Any]) -> str:
                 f"base profile: {fmt(lineage.get('base_profile'))}.", ""]
     out += [f"- Profile: `{report.get('profile')}`; started {fmt(report.get('started'))}; "
             f"finished {fmt(report.get('finished'))}"]
+    if isinstance(report.get("server"), dict):
+        out += [f"- Server: {report['server'].get('text')}"]
     out += first_screen(report)
     out += ["", "## Reasons", ""] + [f"- {r}" for r in report.get("verdict_reasons") or ["(none given)"]]
     if report.get("missing"):

@@ -136,10 +136,20 @@ register("compat.actual_config.prefix_caching", stage="serve", consequence=REBUI
          rule="vllm:cache_config_info enable_prefix_caching == the profile's expectation",
          evidence="evidence/serve/metrics.prom",
          source="000/004: prefix caching on per vllm:cache_config_info")
+register("compat.actual_config.cache", stage="serve", consequence=REBUILD,
+         title="KV-cache flags as the running server reports them",
+         rule="every recipe flag that vllm:cache_config_info reports (--kv-cache-dtype as cache_dtype, --block-size, "
+              "--gpu-memory-utilization, ...) has the requested value there; a label that is absent or shows "
+              "another value is a finding, never a pass",
+         evidence="evidence/serve/metrics-at-ready.prom (vllm:cache_config_info labels)",
+         source="000: actual configuration, not the command line")
 register("compat.actual_config.flags", stage="serve", consequence=REBUILD,
          title="Recipe flags in effect on the running server",
-         rule="required flags and the profile's parsers in effect on the running process",
-         evidence="process arguments, evidence/serve/metrics.prom, startup log non-default args",
+         rule="every other recipe flag (required flags and the profile's parsers included) shows the requested value "
+              "in the server's own startup record (non-default args: reprs such as AttentionConfig(...) compared "
+              "field by field); a flag not shown there fails, an unreadable line is inconclusive with the line quoted; "
+              "the argv is kept as what was asked, never as the proof",
+         evidence="evidence/serve/startup.log (non-default args), evidence/serve/process-args.json",
          source="000: parsers and flags from the running process")
 register("compat.actual_config.max_model_len", stage="serve", consequence=REBUILD,
          title="Context limit the server serves",

@@ -35,7 +35,7 @@ from .interconnect import (
     planned_launch,
 )
 from .recipe import check_recipe_record
-from .serve import check_actual_config, check_startup_log, process_flags
+from .serve import ServerReports, check_actual_config, check_startup_log, flag_readings, process_flags
 from .snapshot import check_state_snapshot, snapshot_commands
 from .topology import check_gpu_visibility, check_topology, gpus_required_per_node, world_size
 
@@ -46,7 +46,8 @@ NODE_RULES: tuple[Callable[[NodeContext], Finding], ...] = (
 )
 
 __all__ = [
-    "NODE_RULES", "NodeContext", "ROUTE_DRIVER", "ROUTE_IMAGE", "ROUTE_ISOLATED", "ROUTE_SELF_BUILT",
+    "NODE_RULES", "NodeContext", "ROUTE_DRIVER", "ROUTE_IMAGE", "ROUTE_ISOLATED", "ROUTE_SELF_BUILT", "ServerReports",
+    "flag_readings",
     "check_actual_config", "check_container_cuda", "check_driver_branch", "check_driver_module",
     "check_fabric_manager", "check_gpu_visibility", "check_image_identity", "check_image_uniform",
     "check_nccl_bandwidth", "check_nccl_env", "check_nccl_env_node", "check_peermem", "check_rdma",

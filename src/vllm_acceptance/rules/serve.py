@@ -1,40 +1,40 @@
 """Serve-stage rules: the startup log against the recipe and the running server's actual configuration
-(docs/checks.md, compat.startup_log, compat.actual_config.*)."""
+(docs/checks.md, compat.startup_log, compat.actual_config.*), judged from what the server reports about
+itself (rules/flag_readings.py), never from the command line it was given."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.findings import Consequence, Finding, Status, missing
 from ..core.profile import Profile
 from ..parsers.base import version_at_least
 from ..parsers.startup_log import StartupScan
+from . import registry
 from .context import ROUTE_DRIVER, ROUTE_IMAGE, ROUTE_ISOLATED, ROUTE_SELF_BUILT
+from .flag_readings import (
+    DIFFERS,
+    NOT_SHOWN,
+    UNVERIFIABLE,
+    FlagReading,
+    cache_flags,
+    parse_flags,
+    read_from_cache_config,
+    read_from_startup_log,
+    requested_flags,
+)
 from .topology import world_size
 
 # --- compat.startup_log (called by the serve stage) -----------------------------------------
 
-def _profile_arg_values(profile: Profile) -> dict[str, Any]:
-    """--name=value -> {name_with_underscores: value}; --flag -> True; --no-flag -> {flag: False}."""
-    out: dict[str, Any] = {}
-    for arg in profile.get("launch.args", []) or []:
-        name, sep, value = str(arg).lstrip("-").partition("=")
-        key = name.replace("-", "_")
-        if sep:
-            out[key] = value
-        elif key.startswith("no_"):
-            out[key[3:]] = False
-        else:
-            out[key] = True
-    return out
-
-
-def _same(expected: Any, actual: Any) -> bool:
-    if isinstance(expected, bool) or isinstance(actual, bool):
-        return str(expected).lower() == str(actual).lower()
-    if isinstance(actual, (dict, list)):
-        return True   # structured values (e.g. --attention-config JSON) are compared by the serve stage
-    return str(expected) == str(actual)
+def _option_mismatches(scan: StartupScan, profile: Profile) -> list[str]:
+    """Recipe options whose value the startup log's non-default args show differently (structured values,
+    such as --attention-config's AttentionConfig repr, compared field by field)."""
+    if scan.non_default_args is None:
+        return []
+    readings = [read_from_startup_log(key, want, scan, {}) for key, want in requested_flags(profile).items()]
+    return [r.describe() for r in readings if r.state == DIFFERS]
 
 
 def check_startup_log(scan: StartupScan | None, profile: Profile, host: str | None,
@@ -71,10 +71,9 @@ def check_startup_log(scan: StartupScan | None, profile: Profile, host: str | No
     if scan.version is not None and version_at_least(scan.version, minimum) is False:
         problems.append(f"vLLM {scan.version} < {minimum}")
         actions.append(ROUTE_IMAGE)
-    mismatched = {k: (v, scan.non_default_args[k]) for k, v in _profile_arg_values(profile).items()
-                  if scan.non_default_args and k in scan.non_default_args and not _same(v, scan.non_default_args[k])}
+    mismatched = _option_mismatches(scan, profile)
     if mismatched:
-        problems.append(f"launch options differ from the profile (expected, actual): {mismatched}")
+        problems.append("launch options differ from the profile: " + "; ".join(mismatched))
         actions.append("launch with the profile's args")
     if scan.world_size is not None and scan.world_size != world_size(profile):
         problems.append(f"world size {scan.world_size} != layout {world_size(profile)}")
@@ -94,9 +93,19 @@ def check_startup_log(scan: StartupScan | None, profile: Profile, host: str | No
         return Finding(check=check, status=Status.FAIL, host=host, observed=observed, expected=expected, rule=rule,
                        evidence=evidence, consequence=consequence, reason="; ".join(problems),
                        action="; ".join(actions))
-    if not scan.ready or not scan.kv_cache_initialised or scan.version is None:
+    if scan.non_default_args_unreadable and scan.non_default_args_line is not None:
+        line = scan.non_default_args_line
+        return Finding(check=check, status=Status.INCONCLUSIVE, host=host, observed=observed, expected=expected,
+                       rule=rule, evidence=evidence,
+                       reason=f"the recipe options could not be compared: startup log line {line.number} "
+                              f"(non-default args) is unreadable: {line.text[:600]}",
+                       action="report the line's format (a vLLM repr the scan does not read); compare the options "
+                              "by hand meanwhile")
+    if not scan.ready or not scan.kv_cache_initialised or scan.version is None or scan.non_default_args is None:
         lacking = [name for name, ok in (("ready line", scan.ready), ("KV cache size line", scan.kv_cache_initialised),
-                                         ("version line", scan.version is not None)) if not ok]
+                                         ("version line", scan.version is not None),
+                                         ("non-default args line (the options in effect)",
+                                          scan.non_default_args is not None)) if not ok]
         return Finding(check=check, status=Status.INCONCLUSIVE, host=host, observed=observed, expected=expected,
                        rule=rule, evidence=evidence, reason="log lacks: " + ", ".join(lacking),
                        action="capture the whole log from the first line to ready")
@@ -104,7 +113,23 @@ def check_startup_log(scan: StartupScan | None, profile: Profile, host: str | No
                    evidence=evidence, action="none")
 
 
-# --- compat.actual_config (called by the serve stage) ---------------------------------------
+# --- compat.actual_config.* (called by the serve stage) -------------------------------------
+# Judged from what the running server reports about itself (rules/flag_readings.py), never from the
+# command line it was given: a flag asked for but not shown by the server is a finding.
+
+@dataclass
+class ServerReports:
+    """What the running server says about itself, with the evidence file of each source."""
+
+    cache_config: dict[str, Any] | None = None     # vllm:cache_config_info labels (/metrics)
+    models: dict[str, Any] | None = None           # /v1/models
+    startup: StartupScan | None = None             # the startup log (its non-default args line)
+    process_args: list[str] | None = None          # argv: what was asked, kept for the record only
+    metrics_evidence: list[str] = field(default_factory=list)
+    models_evidence: list[str] = field(default_factory=list)
+    log_evidence: list[str] = field(default_factory=list)
+    argv_evidence: list[str] = field(default_factory=list)
+
 
 def _truthy(value: Any) -> bool | None:
     if isinstance(value, bool):
@@ -120,105 +145,115 @@ def _truthy(value: Any) -> bool | None:
 
 
 def process_flags(process_args: list[str]) -> dict[str, Any]:
-    """argv of the running server -> {flag_with_underscores: value}; the last occurrence wins
-    (argparse semantics); --no-x sets x False."""
-    flags: dict[str, Any] = {}
-    index = 0
-    while index < len(process_args):
-        arg = process_args[index]
-        index += 1
-        if not arg.startswith("--"):
-            continue
-        name, sep, value = arg[2:].partition("=")
-        key = name.replace("-", "_")
-        if not sep and index < len(process_args) and not process_args[index].startswith("--"):
-            value, sep = process_args[index], "="
-            index += 1
-        if sep:
-            flags[key] = value
-        elif key.startswith("no_"):
-            flags[key[3:]] = False
-        else:
-            flags[key] = True
-    return flags
+    """argv of the running server -> {flag_with_underscores: value} (argparse semantics, last wins)."""
+    return parse_flags(process_args)
 
 
-def check_actual_config(cache_config_info: dict[str, Any] | None, process_args: list[str] | None,
-                        models: dict[str, Any] | None, profile: Profile, host: str | None,
-                        evidence: list[str]) -> list[Finding]:
-    """What the running server actually does: prefix caching per vllm:cache_config_info, required
-    flags and parsers from the process's argv, max_model_len from /v1/models."""
-    return [_actual_prefix_caching(cache_config_info, profile, host, evidence),
-            _actual_flags(cache_config_info, process_args, profile, host, evidence),
-            _actual_max_model_len(models, profile, host, evidence)]
+def check_actual_config(reports: ServerReports, profile: Profile, host: str | None) -> list[Finding]:
+    """What the running server actually does: prefix caching and the KV-cache flags per
+    vllm:cache_config_info, every other recipe flag per its startup log's non-default args,
+    max_model_len per /v1/models."""
+    wanted = requested_flags(profile)
+    argv = parse_flags(reports.process_args) if reports.process_args is not None else {}
+    return [_actual_prefix_caching(reports, wanted, host),
+            _actual_cache(reports, wanted, argv, host),
+            _actual_flags(reports, wanted, argv, host),
+            _actual_max_model_len(reports, profile, host)]
 
 
-def _expected_prefix_caching(profile: Profile) -> bool:
-    values = _profile_arg_values(profile)
-    if "enable_prefix_caching" in values:
-        return bool(_truthy(values["enable_prefix_caching"]))
-    return "enable_prefix_caching" in (profile.get("launch.required_flags", []) or [])
+def flag_readings(reports: ServerReports, profile: Profile) -> list[FlagReading]:
+    """Every recipe flag as the server shows it (stage details: the table the report prints)."""
+    wanted = requested_flags(profile)
+    argv = parse_flags(reports.process_args) if reports.process_args is not None else {}
+    cached = cache_flags(wanted, reports.cache_config)
+    return [read_from_cache_config(key, want, reports.cache_config, argv) if key in cached
+            else read_from_startup_log(key, want, reports.startup, argv) for key, want in wanted.items()]
 
 
-def _actual_prefix_caching(info: dict[str, Any] | None, profile: Profile, host: str | None,
-                           evidence: list[str]) -> Finding:
-    check = "compat.actual_config.prefix_caching"
-    expected = _expected_prefix_caching(profile)
+def _judge_readings(check: registry.Check, readings: list[FlagReading], host: str | None,
+                    evidence: list[str]) -> Finding:
+    observed = {"flags": [r.to_dict() for r in readings]}
+    expected = {r.flag: r.requested for r in readings}
+    wrong = [r for r in readings if r.state in (DIFFERS, NOT_SHOWN)]
+    unknown = [r for r in readings if r.state == UNVERIFIABLE]
+    if wrong:
+        return check.fail(host, observed=observed, expected=expected, evidence=evidence,
+                          reason="the running server does not run the recipe: "
+                                 + "; ".join(r.describe() for r in wrong),
+                          action="the flag did not reach vLLM or vLLM/the platform overrode it: compare the launch "
+                                 "command, the image's vLLM version and the startup log warnings, fix the launch, "
+                                 "re-run accept.yml")
+    if unknown:
+        return check.inconclusive(host, observed=observed, expected=expected, evidence=evidence,
+                                  reason="; ".join(r.describe() for r in unknown),
+                                  action="capture the server's own report (whole startup log from its first line, "
+                                         "/metrics) and re-run; an unreadable line is a parser gap to report")
+    return check.passed(host, observed=observed, expected=expected, evidence=evidence)
+
+
+def _actual_cache(reports: ServerReports, wanted: dict[str, Any], argv: dict[str, Any],
+                  host: str | None) -> Finding:
+    check = registry.get("compat.actual_config.cache")
+    keys = cache_flags(wanted, reports.cache_config)
+    if not keys:
+        return check.not_applicable(host, "the profile asks for no KV-cache flag that vllm:cache_config_info reports "
+                                          "(prefix caching has its own check)")
+    if reports.cache_config is None:
+        return check.missing(host, "no vllm:cache_config_info from /metrics: "
+                                   + ", ".join(f"--{k.replace('_', '-')}" for k in keys) + " unverified",
+                             evidence=reports.metrics_evidence)
+    readings = [read_from_cache_config(key, wanted[key], reports.cache_config, argv) for key in keys]
+    return _judge_readings(check, readings, host, reports.metrics_evidence)
+
+
+def _actual_flags(reports: ServerReports, wanted: dict[str, Any], argv: dict[str, Any],
+                  host: str | None) -> Finding:
+    check = registry.get("compat.actual_config.flags")
+    cached = set(cache_flags(wanted, reports.cache_config))
+    keys = [key for key in wanted if key not in cached and key not in ("enable_prefix_caching", "max_model_len")]
+    evidence = reports.log_evidence + reports.argv_evidence
+    if not keys:
+        return check.not_applicable(host, "the profile asks for no flag beyond those judged from /metrics and "
+                                          "/v1/models")
+    if reports.startup is None or reports.startup.lines == 0:
+        return check.missing(host, "no startup log: the server's own record of the arguments it runs with "
+                                   "(non-default args) is missing; the argv shows only what was asked",
+                             evidence=evidence)
+    readings = [read_from_startup_log(key, wanted[key], reports.startup, argv) for key in keys]
+    return _judge_readings(check, readings, host, evidence)
+
+
+def _expected_prefix_caching(wanted: dict[str, Any]) -> bool:
+    return bool(_truthy(wanted.get("enable_prefix_caching", False)))
+
+
+def _actual_prefix_caching(reports: ServerReports, wanted: dict[str, Any], host: str | None) -> Finding:
+    check = registry.get("compat.actual_config.prefix_caching")
+    info, evidence = reports.cache_config, reports.metrics_evidence
+    expected = _expected_prefix_caching(wanted)
     rule = f"vllm:cache_config_info enable_prefix_caching == {expected}"
     if not info or "enable_prefix_caching" not in info:
-        return missing(check, host, "no vllm:cache_config_info with enable_prefix_caching from /metrics",
-                       evidence=evidence)
+        return check.missing(host, "no vllm:cache_config_info with enable_prefix_caching from /metrics",
+                             evidence=evidence)
     actual = _truthy(info.get("enable_prefix_caching"))
     observed = {k: info.get(k) for k in ("enable_prefix_caching", "block_size", "cache_dtype",
                                          "gpu_memory_utilization", "num_gpu_blocks", "prefix_caching_hash_algo")
                 if k in info}
     if actual is not expected:
-        return Finding(check=check, status=Status.FAIL, host=host, observed=observed, expected=expected, rule=rule,
-                       evidence=evidence, reason=f"prefix caching is {actual} on the running server",
-                       action="fix the launch configuration (the flag did not reach the process), re-run")
-    return Finding(check=check, status=Status.PASS, host=host, observed=observed, expected=expected, rule=rule,
-                   evidence=evidence, action="none")
+        return check.fail(host, observed=observed, expected=expected, rule=rule, evidence=evidence,
+                          reason="the running server reports "
+                                 f'enable_prefix_caching="{info.get("enable_prefix_caching")}"',
+                          action="fix the launch configuration (the flag did not reach the process), re-run")
+    return check.passed(host, observed=observed, expected=expected, rule=rule, evidence=evidence)
 
 
-def _actual_flags(info: dict[str, Any] | None, process_args: list[str] | None, profile: Profile,
-                  host: str | None, evidence: list[str]) -> Finding:
-    check = "compat.actual_config.flags"
-    if process_args is None:
-        return missing(check, host, "no argv of the running server", evidence=evidence)
-    flags = process_flags(process_args)
-    required = list(profile.get("launch.required_flags", []) or [])
-    expected: dict[str, Any] = {flag: True for flag in required}
-    for key, field_name in (("tool_call_parser", "model.tool_call_parser"),
-                            ("reasoning_parser", "model.reasoning_parser")):
-        if profile.get(field_name):
-            expected[key] = profile.get(field_name)
-    observed: dict[str, Any] = {}
-    problems = []
-    for key, want in expected.items():
-        have = flags.get(key)
-        if key == "enable_prefix_caching" and info and "enable_prefix_caching" in info and have is None:
-            have = _truthy(info["enable_prefix_caching"])     # on by default: the config is the truth
-        observed[key] = have
-        if want is True and _truthy(have) is not True:
-            problems.append(f"--{key.replace('_', '-')} not in effect")
-        elif want is not True and str(have) != str(want):
-            problems.append(f"--{key.replace('_', '-')}={have!r}, profile {want!r}")
-    rule = "required flags and the profile's parsers in effect on the running process"
-    if problems:
-        return Finding(check=check, status=Status.FAIL, host=host, observed=observed, expected=expected, rule=rule,
-                       evidence=evidence, reason="; ".join(problems),
-                       action="launch with the profile's args (the running process differs from the plan)")
-    return Finding(check=check, status=Status.PASS, host=host, observed=observed, expected=expected, rule=rule,
-                   evidence=evidence, action="none")
-
-
-def _actual_max_model_len(models: dict[str, Any] | None, profile: Profile, host: str | None,
-                          evidence: list[str]) -> Finding:
-    check = "compat.actual_config.max_model_len"
+def _actual_max_model_len(reports: ServerReports, profile: Profile, host: str | None) -> Finding:
+    check = registry.get("compat.actual_config.max_model_len")
+    models, evidence = reports.models, reports.models_evidence
     expected = profile.get("model.max_model_len")
     entries = models.get("data") if isinstance(models, dict) else None
     if not isinstance(entries, list) or not entries:
-        return missing(check, host, "no /v1/models answer with models", evidence=evidence)
+        return check.missing(host, "no /v1/models answer with models", evidence=evidence)
     served = profile.get("model.served_name") or profile.get("model.name")
     entry = next((e for e in entries if isinstance(e, dict) and e.get("id") == served), None)
     if entry is None and len(entries) == 1 and isinstance(entries[0], dict):
@@ -227,10 +262,9 @@ def _actual_max_model_len(models: dict[str, Any] | None, profile: Profile, host:
                 "max_model_len": entry.get("max_model_len") if entry else None}
     rule = f"/v1/models {served} max_model_len == {expected}"
     if entry is None or entry.get("max_model_len") is None:
-        return missing(check, host, f"/v1/models has no {served!r} with max_model_len", evidence=evidence)
+        return check.missing(host, f"/v1/models has no {served!r} with max_model_len", evidence=evidence)
     if entry.get("max_model_len") != expected:
-        return Finding(check=check, status=Status.FAIL, host=host, observed=observed, expected=expected, rule=rule,
-                       evidence=evidence, reason=f"max_model_len {entry.get('max_model_len')} != {expected}",
-                       action="launch with --max-model-len of the profile, or record a lowered contract limit")
-    return Finding(check=check, status=Status.PASS, host=host, observed=observed, expected=expected, rule=rule,
-                   evidence=evidence, action="none")
+        return check.fail(host, observed=observed, expected=expected, rule=rule, evidence=evidence,
+                          reason=f"max_model_len {entry.get('max_model_len')} != {expected}",
+                          action="launch with --max-model-len of the profile, or record a lowered contract limit")
+    return check.passed(host, observed=observed, expected=expected, rule=rule, evidence=evidence)

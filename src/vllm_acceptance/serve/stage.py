@@ -12,11 +12,11 @@ from typing import Any
 from ..core.evidence import EvidenceStore
 from ..core.findings import Consequence, Finding, Status, missing, write_findings
 from ..core.profile import Profile
-from ..parsers.startup_log import scan_startup_log
+from ..parsers.startup_log import StartupScan, scan_startup_log
 from ..probes.client import OpenAIClient, ServerUnreachable
 from ..probes.metrics import DirectMetrics, MetricsError, cache_config, server_root
 from ..rules.launch_triage import launch_findings
-from ..rules.serve import check_actual_config, check_startup_log
+from ..rules.serve import ServerReports, check_actual_config, check_startup_log, flag_readings
 
 
 @dataclass
@@ -49,7 +49,7 @@ def judge_serve(run_dir: Path, profile: Profile, facts: ServeFacts) -> list[Find
     if scan is not None:
         details.update(scan.summary() if hasattr(scan, "summary") else {})
     if facts.launch_error is None:
-        findings += actual_config(store, profile, facts, details)
+        findings += actual_config(store, profile, facts, details, scan, log_ev)
     else:
         findings.append(missing("compat.actual_config", facts.host, "the server did not come up",
                                 evidence=log_ev))
@@ -89,28 +89,31 @@ def model_load(facts: ServeFacts, evidence: list[str]) -> Finding:
                "(never prefix caching); do not tune launch flags for an environment error")
 
 
-def actual_config(store: EvidenceStore, profile: Profile, facts: ServeFacts, details: dict[str, Any]) -> list[Finding]:
+def actual_config(store: EvidenceStore, profile: Profile, facts: ServeFacts, details: dict[str, Any],
+                  scan: StartupScan | None = None, log_ev: list[str] | None = None) -> list[Finding]:
+    """The running server's own reports (/v1/models, /metrics cache_config_info, its startup log), saved
+    as evidence and judged flag by flag; the argv is saved as what was asked."""
+    reports = ServerReports(startup=scan, process_args=facts.process_args, log_evidence=list(log_ev or []))
     client = OpenAIClient(facts.base_url, api_key=facts.api_key, timeout_s=30)
-    evidence: list[str] = []
-    models = info = None
     try:
-        models = client.models()
-        evidence.append(store.write_json("v1-models.json", models))
+        reports.models = client.models()
+        reports.models_evidence.append(store.write_json("v1-models.json", reports.models))
     except ServerUnreachable as exc:
-        evidence.append(store.write_text("v1-models.error.txt", str(exc)))
+        reports.models_evidence.append(store.write_text("v1-models.error.txt", str(exc)))
     finally:
         client.close()
     headers = {"Authorization": f"Bearer {facts.api_key}"} if facts.api_key else {}
     try:
         snap = DirectMetrics(facts.metrics_url or server_root(facts.base_url) + "/metrics", headers=headers).snapshot()
-        evidence.append(store.write_text("metrics-at-ready.prom", snap.raw))
-        info = cache_config(snap)
+        reports.metrics_evidence.append(store.write_text("metrics-at-ready.prom", snap.raw))
+        reports.cache_config = cache_config(snap)
     except MetricsError as exc:
-        evidence.append(store.write_text("metrics.error.txt", str(exc)))
+        reports.metrics_evidence.append(store.write_text("metrics.error.txt", str(exc)))
     if facts.process_args is not None:
-        evidence.append(store.write_text("process-args.json", json.dumps(facts.process_args, indent=2)))
-    details["cache_config"] = info
-    if models and models.get("data"):
-        details["model"] = models["data"][0].get("id")
-        details["max_model_len"] = models["data"][0].get("max_model_len")
-    return check_actual_config(info, facts.process_args, models, profile, facts.host, evidence)
+        reports.argv_evidence.append(store.write_text("process-args.json", json.dumps(facts.process_args, indent=2)))
+    details["cache_config"] = reports.cache_config
+    details["flags"] = [reading.to_dict() for reading in flag_readings(reports, profile)]
+    if reports.models and reports.models.get("data"):
+        details["model"] = reports.models["data"][0].get("id")
+        details["max_model_len"] = reports.models["data"][0].get("max_model_len")
+    return check_actual_config(reports, profile, facts.host)
