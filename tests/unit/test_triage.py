@@ -79,13 +79,14 @@ def test_environment_routes_and_no_flag_tuning() -> None:
 
 
 def test_environment_wins_over_a_later_configuration_line() -> None:
-    """r575 log: torch's driver warning comes with vLLM's 'Failed to infer device type' (configuration
-    on its own); the chain is fixed first."""
+    """r575 log: torch's driver warning comes with vLLM's 'No platform detected' / 'Failed to infer
+    device type' (a weak signature: a consequence of several causes); the specific cause decides."""
     text = (FIXTURES / "env_driver_insufficient_r575.log").read_text()
     finding = classify_launch_failure(text, [], K3)
     rules = [m["rule"] for m in finding.observed["matches"]]
-    assert "configuration.gpu_count" in rules
+    assert "environment.no_platform" in rules
     assert finding.observed["class"] == "environment"
+    assert finding.observed["rule"] == "environment.driver_insufficient"
 
 
 def test_capacity_kv_lower_limit_or_expand() -> None:
