@@ -102,6 +102,7 @@ def _vllm_log(text: str) -> dict[str, Any]:
         "max_concurrency": scan.max_concurrency, "max_concurrency_len": scan.max_concurrency_len,
         "kv_cache_gpu_blocks": _a(scan, "kv_cache_gpu_blocks"), "kv_cache_cpu_blocks": _a(scan, "kv_cache_cpu_blocks"),
         "weights_load_s": scan.weights_load_s, "engine_init_s": scan.engine_init_s,
+        "model_load_gib": scan.model_load_gib, "model_load_s": scan.model_load_s,
         "world_size": scan.world_size, "dist_backend": scan.dist_backend,
         "warnings": len(scan.warnings), "errors": len(scan.error_lines),
         "backend_fallbacks": len(scan.backend_fallbacks), "nccl_errors": len(scan.nccl_errors),

@@ -53,7 +53,10 @@ _NCCL_VER = re.compile(r"vLLM is using nccl==(\S+)")
 _DIST = re.compile(r"world_size=(\d+) rank=(\d+) local_rank=(\d+) distributed_init_method=\S+ backend=(\w+)")
 _RANKS = re.compile(r"rank (\d+) in world size (\d+) is assigned as DP rank (\d+), PP rank (\d+), "
                     r"(?:PCP rank \d+, )?TP rank (\d+)(?:, (?:ETP rank \d+, )?EP rank (\d+))?")
-_LOAD = re.compile(r"Model loading took ([\d.]+) GiB memory and ([\d.]+) seconds")
+# "Model loading took 15.27 GiB memory and 7.87 seconds" (and without "memory"); before 0.8 only
+# "Loading model weights took 67.7229 GB" (the number is GiB, printed as "GB")
+_LOAD = re.compile(r"Model loading took ([\d.]+) GiB(?: memory)? and ([\d.]+) s(?:econds)?")
+_LOAD_OLD = re.compile(r"Loading model weights took ([\d.]+) GB")
 _WEIGHTS = re.compile(r"Loading weights took ([\d.]+) seconds")
 _INIT = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s")
 # "Starting vLLM server on", "Starting vLLM API server 0 on", a redacted "Starting v<HOST> server on"
@@ -283,6 +286,8 @@ def _scan_line(scan: StartupScan, line: LogLine) -> None:  # noqa: C901 - one ta
         scan.kv_cache_lines.append(line)
     if load := _LOAD.search(msg):
         scan.model_load_gib, scan.model_load_s = float(load.group(1)), float(load.group(2))
+    elif (old_load := _LOAD_OLD.search(msg)) and scan.model_load_gib is None:
+        scan.model_load_gib = float(old_load.group(1))
     if weights := _WEIGHTS.search(msg):
         scan.weights_load_s = float(weights.group(1))
     if init := _INIT.search(msg):
