@@ -35,7 +35,9 @@ def parse_proc_version(text: str) -> DriverVersion:
     result = DriverVersion()
     match = _NVRM.search(text + " ")
     if not match:
-        result.errors.append("no 'NVRM version: ... <x.y.z>' line (is the nvidia kernel module loaded?)")
+        first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+        result.errors.append("no 'NVRM version: ... <x.y.z>' line (is the nvidia kernel module loaded?)"
+                             + (f"; read instead: {first[:200]!r}" if first else ""))
         return result
     result.version = match.group(1)
     result.branch = branch_of(result.version)

@@ -100,6 +100,7 @@ def parse_all_reduce_perf(text: str) -> NcclPerf:
     hosts: list[str] = []
     header_layout: str | None = None
     row_layouts: set[str] = set()
+    unread: str | None = None
     for raw in text.splitlines():
         line = _TAGS.sub(" ", raw).strip()
         if rank := _RANK.match(line):
@@ -119,8 +120,11 @@ def parse_all_reduce_perf(text: str) -> NcclPerf:
         if parsed := _row(line.split()):
             result.rows.append(parsed[0])
             row_layouts.add(parsed[1])
+        elif line[:1].isdigit() and unread is None:
+            unread = line[:200]
     result.hosts = hosts
     result.layout = header_layout or ("old" if "old" in row_layouts else ("new" if row_layouts == {"new"} else None))
     if not result.rows:
-        result.errors.append("no result rows (not nccl-tests output, or the test failed)")
+        result.errors.append("no result rows (not nccl-tests output, or the test failed)"
+                             + (f"; first line not read as a row: {unread!r}" if unread else ""))
     return result
