@@ -19,7 +19,7 @@ from vllm_acceptance.core.profile import load_profile
 from vllm_acceptance.parsers import nvidia_smi
 from vllm_acceptance.parsers.driver import parse_proc_version
 from vllm_acceptance.parsers.nccl_tests import parse_all_reduce_perf
-from vllm_acceptance.parsers.nvidia_smi import parse_query_csv, parse_xml
+from vllm_acceptance.parsers.nvidia_smi import parse_query_csv, parse_table, parse_xml
 from vllm_acceptance.parsers.rdma import parse_ibv_devinfo
 from vllm_acceptance.parsers.startup_log import scan_startup_log
 from vllm_acceptance.probes.metrics import MetricsError, cache_config, parse_exposition
@@ -138,6 +138,12 @@ def _csv(text: str) -> dict[str, Any]:
             "memory_total_mib": result.gpus[0].memory_total_mib if result.gpus else None, "ok": result.ok}
 
 
+def _table(text: str) -> dict[str, Any]:
+    result = parse_table(text)
+    return {"driver_version": result.driver_version, "cuda_version": result.cuda_version, "gpu_count": result.count,
+            "pci_bus_ids": [g.pci_bus_id for g in result.gpus], "ok": result.ok}
+
+
 def _driver(text: str) -> dict[str, Any]:
     result = parse_proc_version(text)
     return {"version": result.version, "branch": result.branch, "open_kernel_module": result.open_kernel_module,
@@ -185,7 +191,8 @@ def _metrics(text: str) -> dict[str, Any]:
 
 
 READERS: dict[str, Callable[[str], dict[str, Any]]] = {
-    "vllm_log": _vllm_log, "nvidia_smi_xml": _xml, "nvidia_smi_csv": _csv, "driver_version": _driver,
+    "vllm_log": _vllm_log, "nvidia_smi_xml": _xml, "nvidia_smi_csv": _csv, "nvidia_smi_table": _table,
+    "driver_version": _driver,
     "nvidia_smi_error": _smi_error, "nccl_tests": _nccl, "ibv_devinfo": _ibv, "metrics": _metrics,
 }
 

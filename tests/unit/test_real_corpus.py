@@ -18,7 +18,7 @@ from vllm_acceptance.core.findings import Status
 from vllm_acceptance.parsers.driver import parse_proc_version
 from vllm_acceptance.parsers.nccl_tests import parse_all_reduce_perf
 from vllm_acceptance.parsers.node_evidence import load_node_evidence
-from vllm_acceptance.parsers.nvidia_smi import parse_query_csv, parse_smi_failure, parse_xml
+from vllm_acceptance.parsers.nvidia_smi import parse_query_csv, parse_smi_failure, parse_table, parse_xml
 from vllm_acceptance.parsers.rdma import parse_ibv_devinfo
 from vllm_acceptance.parsers.startup_log import scan_startup_log
 from vllm_acceptance.rules.compat import NodeContext, check_driver_branch
@@ -49,6 +49,7 @@ def test_every_file_records_its_source_and_stays_small() -> None:
 def test_the_corpus_spans_versions_sites_and_layouts() -> None:
     kinds = Counter(e.kind for e in ENTRIES)
     assert kinds["vllm_log"] >= 40 and kinds["nvidia_smi_xml"] >= 8 and kinds["nvidia_smi_csv"] >= 10
+    assert kinds["nvidia_smi_table"] >= 1 and kinds["nvidia_smi_error"] >= 1 and kinds["metrics"] >= 2
     expects = {e.name: e.meta["expect"] for e in ENTRIES}
     drivers = [x for n, x in expects.items() if n.startswith("driver-version/")]
     assert {d["open_kernel_module"] for d in drivers} == {True, False}
@@ -59,7 +60,8 @@ def test_the_corpus_spans_versions_sites_and_layouts() -> None:
 
 
 OTHER_PARSERS = {
-    "nvidia_smi_xml": parse_xml, "nvidia_smi_csv": parse_query_csv, "driver_version": parse_proc_version,
+    "nvidia_smi_xml": parse_xml, "nvidia_smi_csv": parse_query_csv, "nvidia_smi_table": parse_table,
+    "driver_version": parse_proc_version,
     "nccl_tests": parse_all_reduce_perf, "ibv_devinfo": parse_ibv_devinfo, "vllm_log": scan_startup_log,
 }
 

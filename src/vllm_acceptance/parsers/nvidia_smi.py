@@ -159,8 +159,10 @@ def parse_xml(text: str) -> GpuList:
     return result
 
 
-_HEADER = re.compile(r"Driver Version:\s*(\S+)\s+CUDA Version:\s*(\S+)")
-_ROW = re.compile(r"^\|\s+(\d+)\s+(.+?)\s+(On|Off)\s+\|\s+([0-9A-Fa-f:.]+)\s")
+# R610 renamed the header: "KMD Version: 610.57.04     CUDA UMD Version: 13.3"
+_HEADER = re.compile(r"(?:Driver|KMD) Version:\s*(\S+)\s+CUDA(?: UMD)? Version:\s*(\S+)")
+# the column after the name: Persistence-M (On/Off) on Linux, Driver-Model (WDDM/TCC/MCDM) on Windows
+_ROW = re.compile(r"^\|\s+(\d+)\s+(.+?)\s+(On|Off|WDDM|TCC|MCDM)\s+\|\s+([0-9A-Fa-f:.]+)\s")
 
 
 def parse_table(text: str) -> GpuList:
@@ -170,7 +172,8 @@ def parse_table(text: str) -> GpuList:
     if header:
         result.driver_version, result.cuda_version = header.group(1), header.group(2)
     else:
-        result.errors.append("no 'Driver Version: ... CUDA Version: ...' header")
+        result.errors.append("no 'Driver Version: ... CUDA Version: ...' (or R610 'KMD Version: ... CUDA UMD "
+                             "Version: ...') header")
     for line in text.splitlines():
         row = _ROW.match(line)
         if row:
