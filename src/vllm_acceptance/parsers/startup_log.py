@@ -235,6 +235,7 @@ def scan_startup_log(text: str) -> StartupScan:
     for number, raw in enumerate(raw_lines, start=1):
         if raw.strip():
             _scan_line(scan, _split(raw, number))
+    _scan_wrapped(scan, raw_lines)
     if scan.version is None:
         scan.errors.append("no vLLM version line (log does not start at the container's first line?)")
     return scan
@@ -328,3 +329,31 @@ def _scan_blocks(scan: StartupScan, msg: str) -> None:
         scan.kv_cache_cpu_blocks = _int(cpu.group("n"))
     if (num := _NUM_GPU_BLOCKS.search(msg)) and scan.kv_cache_gpu_blocks is None:
         scan.kv_cache_gpu_blocks = int(num.group("n"))
+
+
+# A terminal or a paste tool that wraps long lines mid-word leaves the rest of a prefixed line on
+# the next line without any prefix ("... (4.26 GiB KV cach" / "e is needed, ..."): such pairs are
+# read joined, for the failure signatures only, when neither half matched alone.
+_ANY_PREFIX = re.compile(_PROC + r"|(?<![\w-])(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\b|^\s|^\[")
+_WRAPPED_SIGNATURES: tuple[tuple[re.Pattern[str], str], ...] = (
+    (_OOM, "oom"), (_DRIVER_TOO_OLD, "driver_incompatible"), (_NO_KERNEL, "no_kernel_image"),
+    (_UNSUPPORTED_ARCH, "unsupported_gpu_arch"), (_NO_PLATFORM, "no_platform"), (_DMABUF_ERROR, "dmabuf_errors"),
+    (_NCCL_ERROR, "nccl_errors"))
+
+
+def wrapped_pairs(raw_lines: list[str]) -> list[tuple[int, str, str]]:
+    """(1-based number of the first line, first line, continuation) for lines a terminal wrapped."""
+    pairs = []
+    for i in range(len(raw_lines) - 1):
+        first, rest = raw_lines[i].rstrip("\n"), raw_lines[i + 1]
+        if len(first) >= 80 and _PROC_ONLY.search(first) and rest.strip() and not _ANY_PREFIX.search(rest):
+            pairs.append((i + 1, first, rest.strip()))
+    return pairs
+
+
+def _scan_wrapped(scan: StartupScan, raw_lines: list[str]) -> None:
+    for number, first, rest in wrapped_pairs(raw_lines):
+        line = _split(first + rest, number)
+        for pattern, attr in _WRAPPED_SIGNATURES:
+            if pattern.search(line.text) and not pattern.search(first) and not pattern.search(rest):
+                getattr(scan, attr).append(line)

@@ -39,6 +39,7 @@ from typing import Any
 
 from ..core.findings import Consequence, Finding, Status, missing, read_findings
 from ..core.profile import Profile
+from ..parsers.startup_log import wrapped_pairs
 
 ENVIRONMENT, CAPACITY, CONFIGURATION, INTERCONNECT = "environment", "capacity", "configuration", "interconnect"
 CHECK_TRIAGE = "compat.launch_triage"
@@ -220,16 +221,23 @@ def matches(log_text: str) -> list[Match]:
     """Every rule match, by line (a rule counts once, at its first line). The launch line the
     process runtime writes first (`# launch: ...`) carries flags, not messages: skipped."""
     found: dict[str, Match] = {}
-    for number, line in enumerate(log_text.splitlines(), start=1):
+    lines = log_text.splitlines()
+    for number, line in enumerate(lines, start=1):
         if line.startswith("# launch:"):
             continue
-        for rule in RULES:
-            if rule.name in found:
-                continue
-            if hit := rule.pattern.search(line):
-                found[rule.name] = Match(rule, number, line.strip()[:500],
-                                         {k: v for k, v in hit.groupdict().items() if v is not None})
+        _match_line(found, number, line)
+    for number, first, rest in wrapped_pairs(lines):   # long lines a terminal wrapped mid-word
+        _match_line(found, number, first + rest)
     return sorted(found.values(), key=lambda m: m.line)
+
+
+def _match_line(found: dict[str, Match], number: int, line: str) -> None:
+    for rule in RULES:
+        if rule.name in found:
+            continue
+        if hit := rule.pattern.search(line):
+            found[rule.name] = Match(rule, number, line.strip()[:500],
+                                     {k: v for k, v in hit.groupdict().items() if v is not None})
 
 
 _ERRORISH = re.compile(r"\b(?:ERROR|CRITICAL|FATAL)\b|Error\b|error:|Traceback|failed|Exception|Killed|"
