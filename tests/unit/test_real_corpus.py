@@ -144,3 +144,14 @@ def test_no_parser_crashes_on_mixed_real_lines(lines: list[str], noise: str) -> 
     parse_smi_failure(text)
     assert classify_launch_failure(text, [], realcorpus.PROFILE).status in (Status.FAIL, Status.INCONCLUSIVE,
                                                                            Status.MISSING)
+
+
+def test_other_tools_prefixes_never_hide_a_usage_error_or_a_traceback() -> None:
+    """The real argparse and traceback lines behind the real prefixes of compose, k8s and journald
+    (each taken from a corpus log) are still read."""
+    usage = (REAL / "vllm" / "v1-0.10-rocm-unrecognized-arguments.log").read_text().strip()
+    for prefix in ("vllm-1  | ", "2024-06-28T06:11:52.685300953Z ", "Aug 19 18:30:11 vllm vllm[8707]: "):
+        assert scan_startup_log(prefix + usage).failure_class() == "configuration", prefix
+        assert scan_startup_log(prefix + "Traceback (most recent call last):").traceback, prefix
+    assert scan_startup_log(usage).failure_class() == "configuration"
+    assert scan_startup_log("vllm-1  | INFO:     Started server process [1]").failure_class() is None

@@ -32,6 +32,11 @@ _RECORD = re.compile(
     r"(?P<ts>\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)?\s+(?:\[(?P<src>[^\]]*)\]|(?P<src2>[\w./<>-]+:\d+)\])\s?(?P<msg>.*)$")
 _PROC_ONLY = re.compile(_PROC + r"\s?(?P<msg>.*)$")
 _BOX = re.compile(r"^\s*[│┃|]\s?|\s*[│┃]\s*$")   # terminal UIs that frame each line
+# other tools' prefixes before a line that is not a vLLM record (a traceback, argparse, uvicorn):
+# docker compose "svc-1  | ", RFC 3339 (k8s), journald "Aug 19 18:30:11 host unit[pid]: ", MPI/torchrun tags
+_OUTER = re.compile(r"^(?:[\w.-]+\s+\|\s?|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?Z?\s+|"
+                    r"\S+\s+\d{1,2}\s+\d\d:\d\d:\d\d\s+\S+\s+[\w.@/-]+\[\d+\]:\s+|\[rank\d+\]:\s?|"
+                    r"\[\d+(?:,\d+)*\](?:<std(?:out|err)>:)?\s?)")
 
 _VERSION_PATTERNS = [
     re.compile(r"vLLM server version (\S+), serving model (.+)$"),
@@ -213,7 +218,17 @@ def _split(raw: str, number: int) -> LogLine:
         return LogLine(number=number, level=groups["level"], process=groups.get("proc"), text=groups["msg"].rstrip())
     if match := _PROC_ONLY.search(line):
         return LogLine(number=number, level=None, process=match.group("proc"), text=match.group("msg").strip())
-    return LogLine(number=number, level=None, process=None, text=line.strip())
+    return LogLine(number=number, level=None, process=None, text=_strip_outer(line))
+
+
+def _strip_outer(line: str) -> str:
+    text = line.strip()
+    for _ in range(4):
+        stripped = _OUTER.sub("", text, count=1)
+        if stripped == text:
+            break
+        text = stripped
+    return text.strip()
 
 
 def _non_default_args(text: str) -> dict[str, Any] | None:
