@@ -1,7 +1,7 @@
 """Preflight fan-out: how long does preflight take on N namespace hosts?
 
 Starts N real sshd hosts (lab/nshosts.py, root needed) that all serve the `good` node fixture
-(tests/fixtures/nodes/good/bin), then runs, once per `forks` setting, with pipelining on:
+(tests/fixtures/generated-nodes/good/bin), then runs, once per `forks` setting, with pipelining on:
 
   role   playbooks/preflight.yml as it is in the repo (the real role and judge). Since the
          fan-out rework the role itself runs every command in one `raw` POSIX-sh call per
@@ -211,7 +211,7 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the work dir (evidence) for inspection")
     args = parser.parse_args()
 
-    bin_dir = REPO / "tests" / "fixtures" / "nodes" / "good" / "bin"
+    bin_dir = REPO / "tests" / "fixtures" / "generated-nodes" / "good" / "bin"
     if not bin_dir.is_dir():
         print(f"missing {bin_dir}: generate the node fixtures first", file=sys.stderr)
         return 2

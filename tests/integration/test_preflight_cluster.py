@@ -1,6 +1,6 @@
 """playbooks/preflight.yml on real SSH hosts, one per recorded node fixture, plus one down host.
 
-Each namespace host serves a fixture case's fake binaries (tests/fixtures/nodes/<case>/bin,
+Each namespace host serves a fixture case's fake binaries (tests/fixtures/generated-nodes/<case>/bin,
 recorded real outputs) on /usr/local/bin, so the role runs its stock commands over ssh exactly
 as on a GPU node; the controller-side judge then writes findings/preflight.json. One playbook
 run covers all cases (module scope): what is asserted is per host. The nodes are given no Python
@@ -23,7 +23,7 @@ from support.hosts import REPO, ClusterFactory, ansible_bin, ansible_env, cluste
 
 pytestmark = pytest.mark.hosts
 
-NODES = REPO / "tests" / "fixtures" / "nodes"
+NODES = REPO / "tests" / "fixtures" / "generated-nodes"
 CASES = ["good", "driver-575", "image-cu129", "seven-gpus", "fm-inactive", "nccl-error", "no-nvidia-smi"]
 DOWN = "node-down"
 # Judged from the serve stage's startup log, not by preflight.
@@ -49,7 +49,8 @@ def preflight_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluste
 def preflight_run(preflight_hosts: ClusterFactory, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     missing = [case for case in CASES if not (NODES / case / "bin").is_dir()]
     if missing:
-        pytest.fail(f"node fixtures missing: {missing} (regenerate with tests/fixtures/nodes/make_fixtures.py)")
+        pytest.fail(f"node fixtures missing: {missing} "
+                    "(regenerate with tests/fixtures/generated-nodes/make_fixtures.py)")
     specs = [HostSpec(_host(case), NODES / case / "bin") for case in CASES]
     specs.append(HostSpec(DOWN, None, reachable=False))
     cluster = preflight_hosts(specs, name="preflight-hosts")

@@ -1,7 +1,7 @@
 """playbooks/rebuild.yml and rollback.yml on real SSH hosts (network namespaces) that act as GPU nodes.
 
 Each host's /usr/local/bin is a stateful fake node (tests/fixtures/rebuild/node.sh): its nvidia-smi,
-docker, nv-fabricmanager... replay the recorded outputs of tests/fixtures/nodes/<case> for the
+docker, nv-fabricmanager... replay the recorded outputs of tests/fixtures/generated-nodes/<case> for the
 driver installed in <bin>/.state/driver, which the fake package manager `pkg` changes on install.
 The role installs through the stock ansible.builtin.package with a test backend (use: fake_pkg):
 the stock apt/dnf modules would act on the controller's real package database (shared fs).

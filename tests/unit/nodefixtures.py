@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-NODES = Path(__file__).resolve().parent.parent / "fixtures" / "nodes"
+NODES = Path(__file__).resolve().parent.parent / "fixtures" / "generated-nodes"
 CASES = sorted(p.name for p in NODES.iterdir() if (p / "case.json").is_file())
 
 # evidence name -> (fixture file, rc when the file exists, tool that produces it)

@@ -197,7 +197,7 @@ def test_rollback_post_check_accepts_the_old_driver_but_not_a_lost_gpu() -> None
 
 
 def test_load_capture_reads_the_driver_and_names_what_is_missing(tmp_path: Path) -> None:
-    nodes = REPO / "tests" / "fixtures" / "nodes" / "driver-575"
+    nodes = REPO / "tests" / "fixtures" / "generated-nodes" / "driver-575"
     records = [{"name": "hostname", "rc": 0, "stdout": "gpu-01\n"}, {"name": "uname_a", "rc": 0, "stdout": "Linux"},
                {"name": "nvidia_smi", "rc": 0, "stdout": "table"},
                {"name": "nvidia_smi_query", "rc": 0, "stdout": (nodes / "nvidia-smi-query.csv").read_text()},

@@ -1,4 +1,14 @@
-"""nccl-tests output (`all_reduce_perf` and friends): bus bandwidth and the ranks' hosts."""
+"""nccl-tests output (`all_reduce_perf` and friends): bus bandwidth and the ranks' hosts.
+
+Two table layouts are read (real captures of both: tests/fixtures/real/nccl-tests/):
+- current: `size count type redop root time algbw busbw #wrong time algbw busbw #wrong`
+  (`#wrong` counts wrong elements);
+- older releases: no `root` column (or no `redop` for broadcast) and an `error` column holding the
+  largest deviation (`2e-07`) or `N/A` without validation: no count of wrong results exists there.
+The last eight cells of a row are always the out-of-place and in-place `time algbw busbw wrong`;
+rows are recognised by their shape, so MPI launcher tags (`[1,0]<stdout>:`, `[0]`) and NCCL INFO/WARN
+lines inside the table are skipped or stripped.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +23,8 @@ class NcclRow:
     size_bytes: int
     busbw_oop: float
     busbw_ip: float
-    wrong: int
+    wrong: int | None           # None: the older layout's deviation column, or no validation (N/A)
+    error: float | None = None  # the older layout's largest deviation
 
 
 @dataclass
@@ -23,6 +34,7 @@ class NcclPerf(Parsed):
     ranks: int = 0
     hosts: list[str] = field(default_factory=list)
     out_of_bounds: int | None = None
+    layout: str | None = None   # "new" (#wrong counts) or "old" (error deviations)
 
     @property
     def max_busbw(self) -> float | None:
@@ -30,13 +42,25 @@ class NcclPerf(Parsed):
         return max(values) if values else None
 
     @property
-    def wrong_results(self) -> int:
-        return sum(r.wrong for r in self.rows)
+    def wrong_results(self) -> int | None:
+        """Wrong elements over all rows; None when the output carries no count (older layout, N/A)."""
+        if not self.rows or any(r.wrong is None for r in self.rows):
+            return None
+        return sum(r.wrong or 0 for r in self.rows)
+
+    @property
+    def max_error(self) -> float | None:
+        errors = [r.error for r in self.rows if r.error is not None]
+        return max(errors) if errors else None
 
 
+_TAGS = re.compile(r"\[\d+(?:,\d+)*\](?:<std(?:out|err)>:)?")
 _RANK = re.compile(r"^#\s+Rank\s+(\d+)\s+.*?\bon\s+(\S+)\s+device")
 _AVG = re.compile(r"#\s*Avg bus bandwidth\s*:\s*([0-9.]+)")
 _OOB = re.compile(r"#\s*Out of bounds values\s*:\s*(\d+)")
+_HEADER = re.compile(r"^#\s+size\s+count\s+type\b")
+_TYPES = {"int8", "uint8", "int32", "uint32", "int64", "uint64", "half", "float", "double", "bfloat16",
+          "fp8_e4m3", "fp8_e5m2", "f8e4m3", "f8e5m2"}
 
 
 def _float(text: str) -> float | None:
@@ -46,34 +70,61 @@ def _float(text: str) -> float | None:
         return None
 
 
+def _wrong(cell: str) -> tuple[int | None, float | None, str]:
+    """A wrong/error cell -> (count, deviation, layout it implies)."""
+    if cell.isdigit():
+        return int(cell), None, "new"
+    if cell == "N/A":
+        return None, None, "unknown"
+    value = _float(cell)
+    return None, value, "old"
+
+
+def _row(cells: list[str]) -> tuple[NcclRow, str] | None:
+    if len(cells) < 11 or not cells[0].isdigit() or not cells[1].isdigit() or cells[2] not in _TYPES:
+        return None
+    tail = cells[-8:]
+    numbers = [_float(tail[i]) for i in (0, 1, 2, 4, 5, 6)]
+    if None in numbers:
+        return None
+    (w1, e1, layout1), (w2, e2, layout2) = _wrong(tail[3]), _wrong(tail[7])
+    errors = [e for e in (e1, e2) if e is not None]
+    wrong = None if w1 is None or w2 is None else w1 + w2
+    layout = "old" if "old" in (layout1, layout2) else ("new" if layout1 == layout2 == "new" else "unknown")
+    return NcclRow(size_bytes=int(cells[0]), busbw_oop=numbers[2] or 0.0, busbw_ip=numbers[5] or 0.0,
+                   wrong=wrong, error=max(errors) if errors else None), layout
+
+
 def parse_all_reduce_perf(text: str) -> NcclPerf:
     result = NcclPerf()
     hosts: list[str] = []
-    for line in text.splitlines():
-        rank = _RANK.match(line)
-        if rank:
+    header_layout: str | None = None
+    row_layouts: set[str] = set()
+    unread: str | None = None
+    for raw in text.splitlines():
+        line = _TAGS.sub(" ", raw).strip()
+        if rank := _RANK.match(line):
             result.ranks += 1
             if rank.group(2) not in hosts:
                 hosts.append(rank.group(2))
             continue
-        avg = _AVG.search(line)
-        if avg:
+        if _HEADER.match(line):
+            header_layout = "new" if "#wrong" in line else ("old" if re.search(r"\berror\b", line) else None)
+            continue
+        if avg := _AVG.search(line):
             result.avg_busbw = _float(avg.group(1))
             continue
-        oob = _OOB.search(line)
-        if oob:
+        if oob := _OOB.search(line):
             result.out_of_bounds = int(oob.group(1))
             continue
-        cells = line.split()
-        # size count type redop root time algbw busbw #wrong time algbw busbw #wrong
-        if len(cells) == 13 and cells[0].isdigit():
-            numbers = [_float(c) for c in (cells[7], cells[11])]
-            wrong = [c for c in (cells[8], cells[12]) if c.isdigit()]
-            if None not in numbers:
-                result.rows.append(NcclRow(size_bytes=int(cells[0]), busbw_oop=numbers[0] or 0.0,
-                                           busbw_ip=numbers[1] or 0.0,
-                                           wrong=sum(int(w) for w in wrong)))
+        if parsed := _row(line.split()):
+            result.rows.append(parsed[0])
+            row_layouts.add(parsed[1])
+        elif line[:1].isdigit() and unread is None:
+            unread = line[:200]
     result.hosts = hosts
+    result.layout = header_layout or ("old" if "old" in row_layouts else ("new" if row_layouts == {"new"} else None))
     if not result.rows:
-        result.errors.append("no result rows (not nccl-tests output, or the test failed)")
+        result.errors.append("no result rows (not nccl-tests output, or the test failed)"
+                             + (f"; first line not read as a row: {unread!r}" if unread else ""))
     return result

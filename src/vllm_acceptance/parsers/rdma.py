@@ -1,4 +1,10 @@
-"""RDMA devices: `ibv_devinfo` and `rdma link` (iproute2)."""
+"""RDMA devices: `ibv_devinfo` and `rdma link` (iproute2).
+
+`ibv_devinfo` is read line by line as `key: value` at any indentation (spaces or tabs, `-v` adds
+capability lists and GID lines that are skipped). A device whose `phys_port_cnt` promises ports
+that the text does not show (a cut paste, a truncated capture) makes the reading incomplete, and so
+do port lines before any `hca_id` (they cannot be attributed). Real captures: tests/fixtures/real/.
+"""
 
 from __future__ import annotations
 
@@ -25,10 +31,18 @@ class RdmaPort:
 @dataclass
 class RdmaDevices(Parsed):
     ports: list[RdmaPort] = field(default_factory=list)
+    hca_ids: list[str] = field(default_factory=list)          # every device named, with or without ports
+    declared_ports: dict[str, int] = field(default_factory=dict)   # phys_port_cnt per device
+    unattributed_lines: int = 0                                 # key/value lines before the first hca_id
 
     @property
     def devices(self) -> list[str]:
         return sorted({p.device for p in self.ports})
+
+    @property
+    def devices_without_ports(self) -> list[str]:
+        with_ports = {p.device for p in self.ports}
+        return sorted(d for d in self.hca_ids if d not in with_ports)
 
     @property
     def active_ports(self) -> list[RdmaPort]:
@@ -49,7 +63,12 @@ def parse_ibv_devinfo(text: str) -> RdmaDevices:
         key, value = match.group(1), match.group(2)
         if key == "hca_id":
             device, port = value, None
-        elif key == "port" and device is not None:
+            result.hca_ids.append(value)
+        elif device is None:
+            result.unattributed_lines += 1
+        elif key == "phys_port_cnt" and value.split()[0:1] and value.split()[0].isdigit():
+            result.declared_ports[device] = int(value.split()[0])
+        elif key == "port":
             number = value.split()[0] if value else ""
             port = RdmaPort(device=device, port=int(number) if number.isdigit() else 0)
             result.ports.append(port)
@@ -57,9 +76,19 @@ def parse_ibv_devinfo(text: str) -> RdmaDevices:
             port.state = value.split()[0] if value else None
         elif port is not None and key == "link_layer":
             port.link_layer = value or None
+    _completeness(result)
+    return result
+
+
+def _completeness(result: RdmaDevices) -> None:
     if not result.ports:
         result.errors.append("no hca_id/port entries (no RDMA devices, or not ibv_devinfo output)")
-    return result
+    if result.unattributed_lines:
+        result.errors.append(f"{result.unattributed_lines} lines before the first hca_id (output cut at its start?)")
+    for device, declared in result.declared_ports.items():
+        seen = sum(1 for p in result.ports if p.device == device)
+        if seen < declared:
+            result.errors.append(f"{device}: phys_port_cnt {declared} but {seen} port sections (output cut?)")
 
 
 _LINK = re.compile(r"^link\s+(\S+?)/(\d+)\s+(.*)$")

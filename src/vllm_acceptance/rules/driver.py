@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..core.findings import Finding, Status, missing, not_applicable
 from ..parsers.base import version_at_least
 from ..parsers.driver import branch_of, parse_fabricmanager_version, parse_proc_version
-from ..parsers.nvidia_smi import parse_query_csv, parse_table, parse_xml
+from ..parsers.nvidia_smi import SmiFailure, parse_query_csv, parse_smi_failure, parse_table, parse_xml
 from .context import ROUTE_DRIVER, ROUTE_ISOLATED, ROUTE_SELF_BUILT, NodeContext, finding, gpu_profile_na, why_missing
 
 # --- compat.driver_branch -------------------------------------------------------------------
@@ -35,6 +35,16 @@ def host_driver_version(ctx: NodeContext) -> str | None:
     return sources.get("/proc/driver/nvidia/version") or next(iter(sources.values()), None)
 
 
+def smi_failure(ctx: NodeContext) -> SmiFailure | None:
+    """nvidia-smi answered with a driver failure (e.g. "Driver/library version mismatch"): the node is
+    broken, which is a finding of its own, not a source to skip."""
+    for name in ("nvidia_smi", "nvidia_smi_query", "nvidia_smi_xml"):
+        record = ctx.rec(name)
+        if record.present and not record.ok and (failure := parse_smi_failure(record.stdout + "\n" + record.stderr)):
+            return failure
+    return None
+
+
 def check_driver_branch(ctx: NodeContext) -> Finding:
     check = "compat.driver_branch"
     if (na := gpu_profile_na(check, ctx)) is not None:
@@ -44,7 +54,16 @@ def check_driver_branch(ctx: NodeContext) -> Finding:
         return not_applicable(check, ctx.host, "profile sets no driver minimum")
     names = ("driver_version", "nvidia_smi_xml", "nvidia_smi_query")
     sources = _driver_sources(ctx)
-    evidence = ctx.paths(*names, "image_probe")
+    evidence = ctx.paths(*names, "nvidia_smi", "image_probe")
+    if (failure := smi_failure(ctx)) is not None:
+        return finding(check, Status.FAIL, ctx.host, observed={"nvidia_smi": failure.line, "failure": failure.kind,
+                                                                 "nvml_library_version": failure.nvml_library_version,
+                                                                 "sources": sources},
+                       expected={"min_branch": min_branch, "min_version": min_version},
+                       rule="nvidia-smi answers from the loaded driver", evidence=evidence,
+                       reason=f"nvidia-smi: {failure.line} ({failure.why})",
+                       action="reboot the node (or unload and reload the nvidia kernel modules) so that the kernel "
+                              "module and the user-space libraries are the same version, then re-run preflight")
     if not sources:
         return missing(check, ctx.host, why_missing(ctx, *names), evidence=evidence)
     version = host_driver_version(ctx)

@@ -7,7 +7,8 @@ the preflight evidence by one table of rules (`RULES`), each named, with the mat
 finding:
 
 - environment   (before the model loads: CUDA driver too old for the runtime, no kernel image for
-                 the device, NCCL/CUDA initialisation failing on a chain preflight found incompatible)
+                 the device, a GPU architecture the build was not made for, no device platform found,
+                 NCCL/CUDA initialisation failing on a chain preflight found incompatible)
                  -> `compat.launch_triage`, rebuild_environment, with the three routes and their entry
                  conditions; no launch flag is ever suggested (flags do not turn CUDA 13 into 12.9);
 - capacity      (after allocation: OOM while loading or profiling, a KV cache smaller than
@@ -15,9 +16,13 @@ finding:
 - configuration (model name or path, missing weights, authorisation, fewer GPUs than the layout,
                  an unknown parser or flag) -> `compat.launch_triage` with class configuration: fix the
                  configuration, never the driver;
-- interconnect  (NCCL unhandled system error, `mlx5dv_reg_dmabuf_mr`, RDMA, the head unreachable)
+- interconnect  (NCCL unhandled system error, the `mlx5dv_reg_dmabuf_mr` error, RDMA, the head unreachable)
                  -> `compat.launch_triage`, the recipe's specific remedy only when its message is in
-                 the log (NCCL_DMABUF_ENABLE=0 only with `mlx5dv_reg_dmabuf_mr`).
+                 the log (NCCL_DMABUF_ENABLE=0 only with the error form of `mlx5dv_reg_dmabuf_mr`, never
+                 with NCCL's benign INFO probe of a libmlx5 that lacks the symbol).
+
+Lines are matched wherever vLLM's text sits inside them (docker compose, journald, k8s and Ray
+prefixes). The real logs of tests/fixtures/real/vllm/ (vLLM 0.2 to 0.33) pin each signature.
 
 Environment wins over everything (order of work: the chain first); among the other classes the
 earliest matching line in the log is the cause (later lines are its consequences: "Engine core
@@ -34,6 +39,7 @@ from typing import Any
 
 from ..core.findings import Consequence, Finding, Status, missing, read_findings
 from ..core.profile import Profile
+from ..parsers.startup_log import wrapped_pairs
 
 ENVIRONMENT, CAPACITY, CONFIGURATION, INTERCONNECT = "environment", "capacity", "configuration", "interconnect"
 CHECK_TRIAGE = "compat.launch_triage"
@@ -74,10 +80,11 @@ class Rule:
     pattern: re.Pattern[str]
     why: str
     needs_broken_chain: bool = False     # only counts when preflight found the CUDA chain incompatible
+    weak: bool = False                   # a consequence of other causes: chosen only when nothing else matched
 
 
-def _r(name: str, klass: str, pattern: str, why: str, needs_broken_chain: bool = False) -> Rule:
-    return Rule(name, klass, re.compile(pattern), why, needs_broken_chain)
+def _r(name: str, klass: str, pattern: str, why: str, needs_broken_chain: bool = False, weak: bool = False) -> Rule:
+    return Rule(name, klass, re.compile(pattern), why, needs_broken_chain, weak)
 
 
 RULES: tuple[Rule, ...] = (
@@ -93,6 +100,14 @@ RULES: tuple[Rule, ...] = (
     _r("environment.no_kernel_image", ENVIRONMENT,
        r"no kernel image is available for execution on the device|cudaErrorNoKernelImageForDevice",
        "the binaries were not built for this GPU architecture"),
+    _r("environment.unsupported_gpu_arch", ENVIRONMENT,
+       r"with CUDA capability sm_\d+ is not compatible with the current PyTorch installation|"
+       r"Found GPU\d+ .+ which is of compute capability \(CC\) [\d.]+",
+       "the image's PyTorch/vLLM build does not include this GPU's architecture (too new or dropped)"),
+    _r("environment.no_platform", ENVIRONMENT,
+       r"No platform detected, vLLM is running on UnspecifiedPlatform|Failed to infer device type",
+       "vLLM found no device platform: no GPU or driver library visible to the process (container started "
+       "without GPUs, driver libraries not mounted, NVML failing) or a build for another device", weak=True),
     _r("environment.forward_compat", ENVIRONMENT,
        r"forward compatibility was attempted on non supported HW|CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE",
        "CUDA forward compatibility is not supported on this GPU: the driver must match the runtime"),
@@ -105,13 +120,14 @@ RULES: tuple[Rule, ...] = (
        r"NCCL error.*unhandled cuda error",
        "CUDA/NCCL initialisation failed and preflight found the chain incompatible", needs_broken_chain=True),
     # interconnect: the recipe's remedies, each only on its own message
-    _r("interconnect.dmabuf", INTERCONNECT, r"mlx5dv_reg_dmabuf_mr",
+    _r("interconnect.dmabuf", INTERCONNECT,
+       r"mlx5dv_reg_dmabuf_mr failed|NCCL WARN.*mlx5dv_reg_dmabuf_mr|mlx5dv_reg_dmabuf_mr.*errno",
        "NCCL could not register GPU memory through DMA-BUF on the mlx5 NIC"),
     _r("interconnect.nccl_system_error", INTERCONNECT,
        r"NCCL error.*unhandled system error|ncclSystemError",
        "NCCL failed on a system call (network, RDMA, peer memory, shared memory)"),
     _r("interconnect.rdma", INTERCONNECT,
-       r"NCCL WARN NET/IB|ibv_\w+ failed|NET/IB ?: ?(?:No device found|Got completion from peer)|"
+       r"NCCL WARN NET/IB|ibv_\w+ failed|NET/IB ?: ?Got completion from peer|"
        r"NCCL WARN .*\b(?:RDMA|UCX)\b",
        "an RDMA (InfiniBand/RoCE) failure during NCCL set-up"),
     _r("interconnect.remote", INTERCONNECT,
@@ -123,10 +139,14 @@ RULES: tuple[Rule, ...] = (
        "a rank could not reach the head's torch.distributed address (master address, port, firewall)"),
     # capacity: memory after allocation
     _r("capacity.kv_cache_too_small", CAPACITY,
-       r"To serve at least one request with the model's max seq len \((?P<max_len>\d+)\), "
+       r"To serve at least one request with the models?'s max seq len \((?P<max_len>\d+)\), "
        r"\((?P<need>[\d.]+) GiB KV cache is needed, which is larger than the available KV cache memory "
        r"\((?P<avail>[\d.]+) GiB\)",
        "the KV cache cannot hold one request of max-model-len"),
+    _r("capacity.kv_cache_too_small", CAPACITY,
+       r"The model's max seq len \((?P<max_len>\d+)\) is larger than the maximum number of tokens that can be "
+       r"stored in KV cache \((?P<kv_tokens>\d+)\)",
+       "the KV cache cannot hold one request of max-model-len (V0 engine wording)"),
     _r("capacity.no_cache_memory", CAPACITY, r"No available memory for the cache blocks",
        "weights and activations left no memory for the KV cache"),
     _r("capacity.cuda_oom", CAPACITY,
@@ -153,7 +173,7 @@ RULES: tuple[Rule, ...] = (
        "the model directory lacks the weight files"),
     _r("configuration.gpu_count", CONFIGURATION,
        r"World size \(\d+\) is larger than the number of available GPUs \(\d+\)|"
-       r"Tensor parallel size .* exceeds available GPUs|No CUDA GPUs are available|Failed to infer device type",
+       r"Tensor parallel size .* exceeds available GPUs|No CUDA GPUs are available",
        "fewer GPUs visible than the parallel layout needs (or none passed to the container)"),
     _r("configuration.parallel_layout", CONFIGURATION,
        r"must be divisible by tensor parallel size|must be divisible by pipeline parallel size|"
@@ -165,6 +185,8 @@ RULES: tuple[Rule, ...] = (
        "a parser name the vLLM in the image does not register"),
     _r("configuration.arguments", CONFIGURATION,
        r"error: unrecognized arguments:|error: argument --[\w-]+: invalid|"
+       r"error: the following arguments are required:|"
+       r"you should provide the model as a positional argument|"
        r"User-specified max_model_len \(\d+\) is greater than the derived max_model_len",
        "a flag or value this vLLM does not accept"),
     _r("configuration.trust_remote_code", CONFIGURATION,
@@ -199,16 +221,38 @@ def matches(log_text: str) -> list[Match]:
     """Every rule match, by line (a rule counts once, at its first line). The launch line the
     process runtime writes first (`# launch: ...`) carries flags, not messages: skipped."""
     found: dict[str, Match] = {}
-    for number, line in enumerate(log_text.splitlines(), start=1):
+    lines = log_text.splitlines()
+    for number, line in enumerate(lines, start=1):
         if line.startswith("# launch:"):
             continue
-        for rule in RULES:
-            if rule.name in found:
-                continue
-            if hit := rule.pattern.search(line):
-                found[rule.name] = Match(rule, number, line.strip()[:500],
-                                         {k: v for k, v in hit.groupdict().items() if v is not None})
+        _match_line(found, number, line)
+    for number, first, rest in wrapped_pairs(lines):   # long lines a terminal wrapped mid-word
+        _match_line(found, number, first + rest)
     return sorted(found.values(), key=lambda m: m.line)
+
+
+def _match_line(found: dict[str, Match], number: int, line: str) -> None:
+    for rule in RULES:
+        if rule.name in found:
+            continue
+        if hit := rule.pattern.search(line):
+            found[rule.name] = Match(rule, number, line.strip()[:500],
+                                     {k: v for k, v in hit.groupdict().items() if v is not None})
+
+
+_ERRORISH = re.compile(r"\b(?:ERROR|CRITICAL|FATAL)\b|Error\b|error:|Traceback|failed|Exception|Killed|"
+                       r"exited|NCCL WARN", re.IGNORECASE)
+
+
+def last_error_line(log_text: str) -> dict[str, Any] | None:
+    """The last line that reads like an error (else the last non-empty line): what a human reads
+    first when no signature matches, named in the inconclusive finding."""
+    lines = [(n, line.strip()) for n, line in enumerate(log_text.splitlines(), start=1)
+             if line.strip() and not line.startswith("# launch:")]
+    for number, text in reversed(lines):
+        if _ERRORISH.search(text):
+            return {"line": number, "text": text[:500]}
+    return {"line": lines[-1][0], "text": lines[-1][1][:500]} if lines else None
 
 
 def broken_chain(preflight: Iterable[Finding] | None, host: str | None = None) -> list[str]:
@@ -218,12 +262,17 @@ def broken_chain(preflight: Iterable[Finding] | None, host: str | None = None) -
 
 
 def choose(found: list[Match], chain: list[str]) -> Match | None:
-    """Environment first (the chain before anything else); otherwise the earliest line is the cause."""
+    """Environment first (the chain before anything else); otherwise the earliest line is the cause.
+    A weak signature (a consequence of several causes) decides only when no other one matched."""
     usable = [m for m in found if not m.rule.needs_broken_chain or chain]
-    for match in usable:
-        if match.rule.klass == ENVIRONMENT:
-            return match
-    return usable[0] if usable else None
+    strong = [m for m in usable if not m.rule.weak]
+    for group in (strong, usable):
+        for match in group:
+            if match.rule.klass == ENVIRONMENT:
+                return match
+        if group:
+            return group[0]
+    return None
 
 
 def classify_launch_failure(log_text: str | None, preflight: list[Finding] | None, profile: Profile,
@@ -243,9 +292,12 @@ def classify_launch_failure(log_text: str | None, preflight: list[Finding] | Non
     rule_text = ("source 001's fork: environment (CUDA chain before the model loads) > the earliest of "
                  "interconnect / capacity / configuration; rules: triage.RULES")
     if chosen is None:
+        unread = last_error_line(log_text)
+        observed["unread"] = unread
         return Finding(check=CHECK_TRIAGE, status=Status.INCONCLUSIVE, host=host, observed=observed,
                        expected="a known startup-failure signature", rule=rule_text, evidence=evidence,
-                       reason="the log matches no known startup-failure signature",
+                       reason="the log matches no known startup-failure signature"
+                              + (f"; the line not read: {unread['line']}: {unread['text'][:200]}" if unread else ""),
                        action="read the saved log from its first line; add the signature to triage.RULES if new; "
                               "change nothing before the cause is known")
     observed.update({"class": chosen.rule.klass, "rule": chosen.rule.name, "line": chosen.line,
@@ -279,8 +331,11 @@ def _capacity_action(match: Match, profile: Profile, observed: dict[str, Any]) -
         return ACTIONS[CAPACITY]
     estimate = _ESTIMATE.search(match.text)
     contract = profile.get("contract.context_tokens")
-    observed.update({"max_model_len": int(match.groups["max_len"]), "kv_needed_gib": float(match.groups["need"]),
-                     "kv_available_gib": float(match.groups["avail"]),
+    groups = match.groups
+    observed.update({"max_model_len": int(groups["max_len"]),
+                     "kv_needed_gib": float(groups["need"]) if "need" in groups else None,
+                     "kv_available_gib": float(groups["avail"]) if "avail" in groups else None,
+                     "kv_cache_tokens": int(groups["kv_tokens"]) if "kv_tokens" in groups else None,
                      "estimated_max_model_len": int(estimate.group(1)) if estimate else None,
                      "contract_context_tokens": contract})
     if estimate and contract and int(estimate.group(1)) >= int(contract):

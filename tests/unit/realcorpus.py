@@ -1,0 +1,250 @@
+"""The corpus of real artefacts (tests/fixtures/real/): read each file with the project's parser or
+rule and compare with the expectations a human expert wrote beside it (`<name>.yml`, key `expect`).
+
+Used by tests/unit/test_real_corpus.py (every expectation must hold) and benchmarks/real_corpus.py
+(how many files of each kind read as expected). Only the keys an expectation names are compared.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from vllm_acceptance.core.profile import load_profile
+from vllm_acceptance.parsers import nvidia_smi
+from vllm_acceptance.parsers.driver import parse_proc_version
+from vllm_acceptance.parsers.nccl_tests import parse_all_reduce_perf
+from vllm_acceptance.parsers.nvidia_smi import parse_query_csv, parse_table, parse_xml
+from vllm_acceptance.parsers.rdma import parse_ibv_devinfo
+from vllm_acceptance.parsers.startup_log import scan_startup_log
+from vllm_acceptance.probes.metrics import MetricsError, cache_config, parse_exposition
+from vllm_acceptance.rules.launch_triage import classify_launch_failure
+
+ROOT = Path(__file__).resolve().parents[2]
+REAL = ROOT / "tests" / "fixtures" / "real"
+PROFILE = load_profile(ROOT / "profiles" / "kimi-k3.yml")
+ABSENT = "<the parser has no such field>"
+
+
+def _a(obj: Any, name: str) -> Any:
+    """A field of a parser result; ABSENT where this version of the parser lacks it (so that
+    benchmarks/real_corpus.py can score an older checkout of the package too)."""
+    value = getattr(obj, name, ABSENT)
+    return value() if callable(value) else value
+
+
+@dataclass
+class Entry:
+    path: Path              # the artefact
+    meta: dict[str, Any]    # its YAML: kind, source, licence, trimmed, expect
+
+    @property
+    def kind(self) -> str:
+        return str(self.meta["kind"])
+
+    @property
+    def name(self) -> str:
+        return f"{self.path.parent.name}/{self.path.name}"
+
+
+@dataclass
+class Outcome:
+    entry: Entry
+    mismatches: list[str] = field(default_factory=list)
+    misreadings: list[str] = field(default_factory=list)   # mismatches other than fields the parser lacks
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatches
+
+
+def entries() -> list[Entry]:
+    """Every artefact with its YAML beside it (same stem)."""
+    found = []
+    for meta_path in sorted(REAL.glob("*/*.yml")):
+        candidates = [p for p in meta_path.parent.glob(meta_path.stem + ".*") if p.suffix != ".yml"]
+        if len(candidates) != 1:
+            raise AssertionError(f"{meta_path}: expected exactly one artefact beside it, found {candidates}")
+        found.append(Entry(candidates[0], yaml.safe_load(meta_path.read_text())))
+    return found
+
+
+def _same(expected: Any, actual: Any, lenient: bool = False) -> bool:
+    """Equal (floats to 1e-6); `lenient`: a field this parser version lacks counts as equal."""
+    if lenient and actual is ABSENT:
+        return True
+    if isinstance(expected, float) or isinstance(actual, float):
+        if expected is None or actual is None:
+            return expected is actual
+        return math.isclose(float(expected), float(actual), rel_tol=1e-6, abs_tol=1e-9)
+    if isinstance(expected, dict):
+        return isinstance(actual, dict) and all(k in actual and _same(v, actual[k], lenient)
+                                                for k, v in expected.items())
+    if isinstance(expected, list):
+        return isinstance(actual, list) and len(expected) == len(actual) \
+            and all(_same(e, a, lenient) for e, a in zip(expected, actual, strict=True))
+    return bool(expected == actual)
+
+
+def _len(value: Any) -> Any:
+    return ABSENT if value is ABSENT else len(value)
+
+
+def _bool(value: Any) -> Any:
+    return ABSENT if value is ABSENT else bool(value)
+
+
+def _vllm_log(text: str) -> dict[str, Any]:
+    scan = scan_startup_log(text)
+    observed: dict[str, Any] = {
+        "version": scan.version, "model": scan.model, "platform": scan.platform, "ready": scan.ready,
+        "non_default_args": scan.non_default_args, "kv_cache_tokens": scan.kv_cache_tokens,
+        "max_concurrency": scan.max_concurrency, "max_concurrency_len": scan.max_concurrency_len,
+        "kv_cache_gpu_blocks": _a(scan, "kv_cache_gpu_blocks"), "kv_cache_cpu_blocks": _a(scan, "kv_cache_cpu_blocks"),
+        "weights_load_s": scan.weights_load_s, "engine_init_s": scan.engine_init_s,
+        "model_load_gib": scan.model_load_gib, "model_load_s": scan.model_load_s,
+        "world_size": scan.world_size, "dist_backend": scan.dist_backend,
+        "warnings": len(scan.warnings), "errors": len(scan.error_lines),
+        "backend_fallbacks": len(scan.backend_fallbacks), "nccl_errors": len(scan.nccl_errors),
+        "dmabuf_errors": len(scan.dmabuf_errors), "dmabuf_mentions": _len(_a(scan, "dmabuf_mentions")),
+        "traceback": scan.traceback, "engine_failed": scan.engine_failed,
+        "unsupported_gpu_arch": _bool(_a(scan, "unsupported_gpu_arch")), "no_platform": _bool(_a(scan, "no_platform")),
+        "usage_error": _bool(_a(scan, "usage_errors")), "failure_class": scan.failure_class(),
+    }
+    finding = classify_launch_failure(text, [], PROFILE)
+    triage = {"class": finding.observed.get("class"), "rule": finding.observed.get("rule"),
+              "status": finding.status.value}
+    for key in ("max_model_len", "kv_needed_gib", "kv_available_gib", "estimated_max_model_len", "kv_cache_tokens"):
+        if key in finding.observed:
+            triage[key] = finding.observed[key]
+    observed["triage"] = triage
+    return observed
+
+
+def _xml(text: str) -> dict[str, Any]:
+    result = parse_xml(text)
+    return {"dtd": _a(result, "dtd_version"), "driver_version": result.driver_version,
+            "driver_branch": _a(result, "driver_branch"), "cuda_version": result.cuda_version,
+            "attached_gpus": result.attached_gpus, "complete": result.ok,
+            "gpus": [{"index": g.index, "name": g.name, "minor_number": _a(g, "minor_number"),
+                      "pci_bus_id": g.pci_bus_id, "memory_total_mib": g.memory_total_mib,
+                      "fabric_state": g.fabric_state} for g in result.gpus]}
+
+
+def _csv(text: str) -> dict[str, Any]:
+    result = parse_query_csv(text)
+    return {"gpu_count": result.count, "driver_version": result.driver_version,
+            "driver_branch": _a(result, "driver_branch"), "names": sorted(set(result.names)),
+            "memory_total_mib": result.gpus[0].memory_total_mib if result.gpus else None, "ok": result.ok}
+
+
+def _table(text: str) -> dict[str, Any]:
+    result = parse_table(text)
+    return {"driver_version": result.driver_version, "cuda_version": result.cuda_version, "gpu_count": result.count,
+            "pci_bus_ids": [g.pci_bus_id for g in result.gpus], "ok": result.ok}
+
+
+def _driver(text: str) -> dict[str, Any]:
+    result = parse_proc_version(text)
+    return {"version": result.version, "branch": result.branch, "open_kernel_module": result.open_kernel_module,
+            "gcc": result.gcc}
+
+
+def _smi_error(text: str) -> dict[str, Any]:
+    parse = getattr(nvidia_smi, "parse_smi_failure", None)
+    if parse is None:
+        return {"failure": ABSENT, "nvml_library_version": ABSENT}
+    failure = parse(text)
+    return {"failure": failure.kind if failure else None,
+            "nvml_library_version": failure.nvml_library_version if failure else None}
+
+
+def _nccl(text: str) -> dict[str, Any]:
+    result = parse_all_reduce_perf(text)
+    return {"layout": _a(result, "layout"), "rows": len(result.rows), "avg_busbw": result.avg_busbw,
+            "max_busbw": result.max_busbw, "wrong_results": result.wrong_results,
+            "max_error": _a(result, "max_error"), "out_of_bounds": result.out_of_bounds, "ranks": result.ranks,
+            "hosts": result.hosts}
+
+
+def _ibv(text: str) -> dict[str, Any]:
+    result = parse_ibv_devinfo(text)
+    hca_ids = _a(result, "hca_ids")
+    unattributed = _a(result, "unattributed_lines")
+    return {"devices": ABSENT if hca_ids is ABSENT else sorted(hca_ids),
+            "ports": [{"device": p.device, "port": p.port, "state": p.state, "link_layer": p.link_layer}
+                      for p in result.ports],
+            "active_ports": len(result.active_ports), "devices_without_ports": _a(result, "devices_without_ports"),
+            "unattributed_lines": ABSENT if unattributed is ABSENT else unattributed > 0}
+
+
+def _metrics(text: str) -> dict[str, Any]:
+    try:
+        snap = parse_exposition(text, taken=0.0)
+    except MetricsError:
+        return {"parse_error": True}
+    families = sorted(snap.families())
+    kv = [f for f in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc") if f in families]
+    names = sorted({labels["model_name"] for f in families for labels in snap.labels_of(f) if "model_name" in labels})
+    return {"parse_error": False, "families": families, "samples": sum(len(v) for v in snap.samples.values()),
+            "kv_usage_family": kv[0] if kv else None, "model_names": names, "cache_config_info": cache_config(snap)}
+
+
+READERS: dict[str, Callable[[str], dict[str, Any]]] = {
+    "vllm_log": _vllm_log, "nvidia_smi_xml": _xml, "nvidia_smi_csv": _csv, "nvidia_smi_table": _table,
+    "driver_version": _driver,
+    "nvidia_smi_error": _smi_error, "nccl_tests": _nccl, "ibv_devinfo": _ibv, "metrics": _metrics,
+}
+
+
+def _compare_ports(expected: list[dict[str, Any]], actual: list[dict[str, Any]]) -> bool:
+    """Each expected port (by device and number) is read with the expected fields; no extra ports."""
+    if len(expected) != len(actual):
+        return False
+    by_key = {(p["device"], p["port"]): p for p in actual}
+    return all((e["device"], e["port"]) in by_key and _same(e, by_key[(e["device"], e["port"])]) for e in expected)
+
+
+def evaluate(entry: Entry) -> Outcome:
+    outcome = Outcome(entry)
+    expect = entry.meta.get("expect") or {}
+    text = entry.path.read_text(errors="replace")
+    try:
+        observed = READERS[entry.kind](text)
+    except Exception as exc:  # noqa: BLE001 - a crash is an outcome to report, not to hide
+        outcome.mismatches.append(f"the reader crashed: {type(exc).__name__}: {exc}")
+        outcome.misreadings.append(outcome.mismatches[-1])
+        return outcome
+    for key, want in expect.items():
+        if key not in observed:
+            outcome.mismatches.append(f"{key}: the reader has no such field")
+            outcome.misreadings.append(outcome.mismatches[-1])
+            continue
+        got = observed[key]
+        if got is ABSENT:
+            outcome.mismatches.append(f"{key}: {ABSENT}")
+            continue
+        lenient = True
+        if key == "triage":
+            want = dict(want)
+            if want.get("class") is None:
+                want.setdefault("status", "inconclusive")
+        if key == "non_default_args":
+            ok = isinstance(got, dict) and _same(want, got)
+        elif key == "ports":
+            ok = _compare_ports(want, got)
+        elif key == "gpus":
+            ok = len(want) == len(got) and all(_same(w, g) for w, g in zip(want, got, strict=True))
+            lenient = len(want) == len(got) and all(_same(w, g, True) for w, g in zip(want, got, strict=True))
+        else:
+            ok = _same(want, got)
+        if not ok:
+            outcome.mismatches.append(f"{key}: expected {want!r}, read {got!r}")
+            if key != "gpus" or not lenient:
+                outcome.misreadings.append(outcome.mismatches[-1])
+    return outcome
