@@ -88,15 +88,12 @@ def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
     review = profile.get("review", {}) or {}
     annotate(findings, owner or run.get("owner") or review.get("owner"), int(review.get("period_days", 30)))
     unreachable = sorted(run.get("unreachable_hosts", []))
-    decision = decide(findings, experimental=profile.experimental, unreachable_hosts=unreachable)
     stages = {p.stem: read_json(p) for p in sorted((run_dir / "stages").glob("*.json"))} \
         if (run_dir / "stages").is_dir() else {}
-    gpu_rows = merge_gpu_memory(run_dir, stages)
-    if gpu_rows:
-        findings = [judge_soak_gpu_memory(f, gpu_rows) if f.check == "capacity.soak" else f for f in findings]
-        for f in findings:
-            if f.check == "capacity.soak" and stages["load"].get("memory_evidence"):
-                f.evidence = sorted(set(f.evidence) | set(stages["load"]["memory_evidence"]))
+    # The soak of a server without a local process (container, attach, another node) is judged from the
+    # per-GPU memory sampled on the nodes, before the decision reads it.
+    findings = judge_soak_from_nodes(run_dir, findings, stages)
+    decision = decide(findings, experimental=profile.experimental, unreachable_hosts=unreachable)
     hosts = list(run.get("hosts", []))
     facts = node_facts(run_dir, profile, hosts) if hosts else {}
     stages.setdefault("preflight", {"hosts": facts})
@@ -152,6 +149,18 @@ def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
     except Exception as exc:  # noqa: BLE001 - a report is written whatever the monitoring derivation hits
         report["monitoring"] = {"error": f"{type(exc).__name__}: {exc}"}
     return report
+
+
+def judge_soak_from_nodes(run_dir: Path, findings: list[Finding], stages: dict[str, Any]) -> list[Finding]:
+    """capacity.soak left inconclusive for want of process memory, judged on the per-GPU series."""
+    gpu_rows = merge_gpu_memory(run_dir, stages)
+    if not gpu_rows:
+        return findings
+    findings = [judge_soak_gpu_memory(f, gpu_rows) if f.check == "capacity.soak" else f for f in findings]
+    for f in findings:
+        if f.check == "capacity.soak" and stages["load"].get("memory_evidence"):
+            f.evidence = sorted(set(f.evidence) | set(stages["load"]["memory_evidence"]))
+    return findings
 
 
 def merge_gpu_memory(run_dir: Path, stages: dict[str, Any]) -> list[dict[str, Any]]:

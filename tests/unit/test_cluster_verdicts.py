@@ -1,0 +1,79 @@
+"""Verdicts on the cluster path (containers, several nodes, attach): each for the right reason.
+
+Each test builds the run directory a GPU-cluster run leaves (the sample run of
+tests/fixtures/reports/samples.py) and changes the one fact the case is about.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+
+from vllm_acceptance.core.findings import Consequence, Finding, Status, read_findings, write_findings
+from vllm_acceptance.core.profile import load_profile
+from vllm_acceptance.report.build import build_report
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures" / "reports"))
+import samples  # noqa: E402 - the sample run builder lives with the fixtures
+
+KIMI = Path(__file__).resolve().parents[2] / "profiles" / "kimi-k3.yml"
+SOAK_START = samples.T0 + 3300
+
+
+def soak_without_process_memory(run_dir: Path) -> None:
+    """The load stage of a containerised server: the soak had no local pid to read memory from."""
+    path = run_dir / "findings" / "load.json"
+    findings = read_findings(path)
+    findings.append(Finding(
+        check="capacity.soak", status=Status.INCONCLUSIVE, consequence=Consequence.EXPAND,
+        observed={"seconds": 600, "requests": 640, "errors": 0, "memory_growth_pct": None, "memory_samples": 0},
+        expected="no errors or hangs; memory growth <= 20.0%", evidence=[],
+        configuration={"window": {"start": SOAK_START, "end": SOAK_START + 600}, "max_growth_pct": 20.0},
+        rule="a steady memory rise blocks release"))
+    write_findings(path, findings)
+
+
+def node_memory_stream(run_dir: Path, host: str, mib: list[int]) -> None:
+    """evidence/memory/<host>.csv as the gpu_memory_sampler role fetches it (nvidia-smi -lms)."""
+    lines = []
+    for i, value in enumerate(mib):
+        t = dt.datetime.fromtimestamp(SOAK_START + 10 + i * 60, dt.UTC).strftime("%Y/%m/%d %H:%M:%S.000")
+        for gpu in range(2):
+            lines.append(f"{t}, {gpu}, {value if gpu == 1 else 150000}")
+    (run_dir / "evidence" / "memory").mkdir(parents=True, exist_ok=True)
+    (run_dir / "evidence" / "memory" / f"{host}.csv").write_text("\n".join(lines) + "\n")
+
+
+def test_soak_judged_from_node_gpu_memory_before_the_decision_flat_releases(tmp_path: Path) -> None:
+    run_dir = samples.make_run("release", tmp_path)
+    soak_without_process_memory(run_dir)
+    for host in samples.NODES:
+        node_memory_stream(run_dir, host, [150000] * 8)
+    report = build_report(run_dir, load_profile(KIMI))
+    soak = next(f for f in report["findings"] if f["check"] == "capacity.soak")
+    assert soak["status"] == "pass"
+    assert "evidence/memory/gb300-node1.csv" in soak["evidence"]
+    assert report["verdict"] == "release", report["verdict_reasons"]
+
+
+def test_soak_gpu_memory_rise_on_one_gpu_is_expand_capacity(tmp_path: Path) -> None:
+    run_dir = samples.make_run("release", tmp_path)
+    soak_without_process_memory(run_dir)
+    node_memory_stream(run_dir, samples.NODES[0], [150000] * 8)
+    node_memory_stream(run_dir, samples.NODES[1], [100000, 110000, 130000, 150000, 170000, 190000, 200000, 207000])
+    report = build_report(run_dir, load_profile(KIMI))
+    soak = next(f for f in report["findings"] if f["check"] == "capacity.soak")
+    assert soak["status"] == "fail"
+    assert soak["observed"]["worst_gpu"] == f"gpu1@{samples.NODES[1]}"
+    assert report["verdict"] == "expand_capacity", report["verdict_reasons"]
+    assert "capacity.soak" in report["verdict_reasons"][0]
+
+
+def test_soak_without_any_memory_source_stays_incomplete(tmp_path: Path) -> None:
+    run_dir = samples.make_run("release", tmp_path)
+    soak_without_process_memory(run_dir)
+    report = build_report(run_dir, load_profile(KIMI))
+    assert report["verdict"] == "incomplete"
+    assert "capacity.soak" in report["missing"]
