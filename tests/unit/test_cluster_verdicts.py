@@ -77,3 +77,34 @@ def test_soak_without_any_memory_source_stays_incomplete(tmp_path: Path) -> None
     report = build_report(run_dir, load_profile(KIMI))
     assert report["verdict"] == "incomplete"
     assert "capacity.soak" in report["missing"]
+
+
+def test_gpu_profile_with_no_gpu_nodes_is_never_release(tmp_path: Path) -> None:
+    """An empty or misspelled gpu_nodes group: preflight judged no node, so it cannot pass."""
+    from vllm_acceptance.preflight.stage import judge
+
+    run_dir = samples.make_run("release", tmp_path)
+    profile = load_profile(KIMI)
+    preflight = judge(run_dir, profile, [], today=dt.date(2026, 8, 30))
+    assert [f.check for f in preflight if f.status == Status.MISSING] == ["compat.gpu_nodes"]
+    assert "gpu_nodes group is empty or absent" in preflight[-1].reason
+    write_findings(run_dir / "findings" / "preflight.json", preflight)
+    run = json.loads((run_dir / "run.json").read_text())
+    (run_dir / "run.json").write_text(json.dumps({**run, "hosts": []}))
+    report = build_report(run_dir, profile)
+    assert report["verdict"] == "incomplete", report["verdict_reasons"]
+    assert "compat.gpu_nodes" in report["missing"]
+
+
+def test_report_refuses_a_gpu_run_without_nodes_even_when_preflight_said_nothing(tmp_path: Path) -> None:
+    run_dir = samples.make_run("release", tmp_path)
+    write_findings(run_dir / "findings" / "preflight.json",
+                   [f for f in read_findings(run_dir / "findings" / "preflight.json") if f.host is None])
+    run = json.loads((run_dir / "run.json").read_text())
+    (run_dir / "run.json").write_text(json.dumps({**run, "hosts": []}))
+    report = build_report(run_dir, load_profile(KIMI))
+    assert report["verdict"] == "incomplete"
+    assert "compat.gpu_nodes" in report["missing"]
+    # the same run with its nodes named is the sample's release
+    (run_dir / "run.json").write_text(json.dumps(run))
+    assert build_report(run_dir, load_profile(KIMI))["verdict"] == "release"

@@ -25,6 +25,7 @@ from ..core.redact import redact_obj, redact_text
 from ..core.rundir import record_profile
 from ..parsers.node_evidence import host_dir, load_node_evidence
 from ..parsers.startup_log import StartupScan
+from ..rules.registry import get as catalog_get
 from ..rules.compat import NODE_RULES, NodeContext, check_image_uniform, check_recipe_record, check_topology
 
 FINDINGS_NAME = "preflight.json"
@@ -46,6 +47,11 @@ def judge(run_dir: Path, profile: Profile, hosts: list[str], *, today: dt.date |
     hosts = list(dict.fromkeys(hosts))          # keep order, drop repeats
     record_profile(run_dir, profile)            # also when preflight.yml runs on its own
     findings = [check_recipe_record(profile, today)]
+    if profile.has_gpus and not hosts:
+        findings.append(catalog_get("compat.gpu_nodes").missing(
+            None, f"profile {profile.name} needs GPUs, but the inventory's gpu_nodes group is empty or absent "
+                  "(misspelled?): no driver, container CUDA, GPU visibility, topology or Fabric Manager evidence; "
+                  "list every GPU node under gpu_nodes"))
     contexts = node_contexts(run_dir, profile, hosts, startup_scans)
     for ctx in contexts:
         findings.extend(rule(ctx) for rule in NODE_RULES)

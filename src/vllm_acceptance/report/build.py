@@ -20,6 +20,7 @@ from ..core.profile import Profile
 from ..monitoring.generate import monitoring_summary
 from ..parsers.gpu_memory import memory_rows
 from ..probes.load import judge_soak_gpu_memory
+from ..rules.registry import get as catalog_get
 from ..rebuild.remediation import isolated_environment_record, route_for_report
 from ..verdict import IMMEDIATE_ACTION, REOPEN_TRIGGERS, ROLLBACK_TRIGGERS, annotate, decide
 from .environment import environment_summary, node_facts
@@ -61,6 +62,16 @@ def collect_findings(run_dir: Path) -> tuple[list[Finding], list[str]]:
     return findings, errors
 
 
+def gpu_nodes_named(profile: Profile, run: dict[str, Any], findings: list[Finding]) -> list[Finding]:
+    """A GPU profile judged without any GPU node (empty or misspelled gpu_nodes) is never a release:
+    the preflight file alone proves nothing when it holds no node's evidence."""
+    if not profile.has_gpus or run.get("hosts") or any(f.check == "compat.gpu_nodes" for f in findings):
+        return []
+    return [catalog_get("compat.gpu_nodes").missing(
+        None, f"profile {profile.name} needs GPUs, but the run names no GPU node (the inventory's gpu_nodes "
+              "group is empty or absent): list every GPU node under gpu_nodes")]
+
+
 def drop_dangling_evidence(run_dir: Path, findings: list[Finding]) -> None:
     """Contract: every evidence path exists. A vanished file is named, and its finding cannot pass."""
     for finding in findings:
@@ -84,6 +95,7 @@ def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
                  signoff: dict[str, Any] | None = None) -> dict[str, Any]:
     run = read_json(run_dir / "run.json") or {}
     findings, errors = collect_findings(run_dir)
+    findings += gpu_nodes_named(profile, run, findings)
     drop_dangling_evidence(run_dir, findings)
     review = profile.get("review", {}) or {}
     annotate(findings, owner or run.get("owner") or review.get("owner"), int(review.get("period_days", 30)))
