@@ -108,3 +108,26 @@ def test_report_refuses_a_gpu_run_without_nodes_even_when_preflight_said_nothing
     # the same run with its nodes named is the sample's release
     (run_dir / "run.json").write_text(json.dumps(run))
     assert build_report(run_dir, load_profile(KIMI))["verdict"] == "release"
+
+
+FAILURES = Path(__file__).resolve().parents[1] / "fixtures" / "launch_failures"
+DOCKER_HINT = "Run 'docker run --help' for more information\n"
+
+
+def test_reason_quotes_the_causal_line_not_dockers_help_hint() -> None:
+    from vllm_acceptance.parsers.causal import causal_line
+
+    refused = (FAILURES / "env_container_requirement.log").read_text() + DOCKER_HINT
+    assert "unsatisfied condition: cuda>=13.0" in causal_line(refused)
+    assert "--help" not in causal_line(refused)
+    oom = (FAILURES / "cap_cuda_oom_loading.log").read_text()
+    assert "out of memory" in causal_line(oom).lower()
+
+
+def test_model_load_reason_quotes_the_runtime_refusal(tmp_path: Path) -> None:
+    from vllm_acceptance.serve.stage import ServeFacts, model_load
+
+    refused = (FAILURES / "env_container_requirement.log").read_text() + DOCKER_HINT
+    finding = model_load(ServeFacts(base_url="http://127.0.0.1:9/v1", launch_error=refused), [])
+    assert finding.status == Status.FAIL
+    assert "unsatisfied condition: cuda>=13.0" in finding.reason

@@ -18,6 +18,7 @@ from typing import Any
 from ..core.findings import Consequence, Finding, Status, missing, not_applicable
 from ..core.profile import Profile
 from ..core.rundir import PROFILE_EVIDENCE  # the profile copy every run holds (run.record_profile)
+from ..parsers.causal import causal_line
 from ..parsers.base import version_at_least
 from ..parsers.container import ImageInspect, Probe, parse_image_inspect, parse_probe, parse_runtime_info
 from ..parsers.driver import branch_of, parse_fabricmanager_version, parse_proc_version
@@ -198,7 +199,7 @@ def check_driver_branch(ctx: NodeContext) -> Finding:
     rule = f"driver branch >= {min_branch} and version >= {min_version} on every source (host and container)"
     probe_stderr = ctx.rec("image_probe").stderr
     if "unsatisfied condition: cuda" in probe_stderr:
-        observed["container_runtime_refused"] = probe_stderr.strip().splitlines()[-1][:300]
+        observed["container_runtime_refused"] = causal_line(probe_stderr)
     action = (f"{ROUTE_DRIVER} to R{min_branch} >= {min_version}; where the shared cluster cannot change: "
               f"{ROUTE_ISOLATED}; where no upgrade is possible: {ROUTE_SELF_BUILT}. No launch flag "
               "(--max-model-len, batch sizes, cache settings) turns one CUDA major into another.")

@@ -11,6 +11,7 @@ from typing import Any
 from ..core.evidence import EvidenceStore
 from ..core.findings import Consequence, Finding, Status, missing, write_findings
 from ..core.profile import Profile
+from ..parsers.causal import causal_line
 from ..parsers.startup_log import scan_startup_log
 from ..probes.client import OpenAIClient, ServerUnreachable
 from ..probes.metrics import DirectMetrics, MetricsError, cache_config, server_root
@@ -77,9 +78,11 @@ def model_load(facts: ServeFacts, evidence: list[str]) -> Finding:
                        reason="attached to a running server: load time not observed", evidence=evidence,
                        consequence=Consequence.EXPAND, action="launch through vllm_serve to measure model load")
     ok = facts.launch_error is None and facts.ready_s is not None
+    cause = causal_line(facts.launch_error) if facts.launch_error else ""
     return Finding(
         check="capacity.model_load", status=Status.PASS if ok else Status.FAIL, host=facts.host,
         observed={"ready_s": facts.ready_s, "error": facts.launch_error}, expected="ready within the timeout",
+        reason=cause,
         evidence=evidence, consequence=Consequence.EXPAND if ok else Consequence.REBUILD,
         rule="the server answers /health after loading the model",
         action="read the startup log: weights, parallel layout, container dependencies or base memory "
