@@ -131,3 +131,61 @@ def test_model_load_reason_quotes_the_runtime_refusal(tmp_path: Path) -> None:
     finding = model_load(ServeFacts(base_url="http://127.0.0.1:9/v1", launch_error=refused), [])
     assert finding.status == Status.FAIL
     assert "unsatisfied condition: cuda>=13.0" in finding.reason
+
+
+OOM_LINE = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total capacity of 279.00 GiB"
+
+
+def crashed_load(run_dir: Path, record: dict) -> None:
+    """The load stage's findings as run_load_probe writes them after the server died in the ramp."""
+    from vllm_acceptance.core.findings import missing
+    from vllm_acceptance.probes.load import crash_finding
+
+    path = run_dir / "findings" / "load.json"
+    kept = [f for f in read_findings(path) if f.check in ("capacity.model_load", "capacity.long_context")]
+    (run_dir / "evidence" / "load").mkdir(parents=True, exist_ok=True)
+    (run_dir / "evidence" / "load" / "oom_record.json").write_text(json.dumps(record))
+    kept.append(crash_finding(record, ["evidence/load/oom_record.json"]))
+    kept += [missing(c, None, f"not run: the server died in stage {record['stage']}", Consequence.EXPAND)
+             for c in ("capacity.ramp", "capacity.mixed", "capacity.soak")]
+    write_findings(path, kept)
+
+
+def record(log_tail: list[str]) -> dict:
+    from vllm_acceptance.probes.load import OOM_MARKERS
+
+    oom = [line for line in log_tail if any(m in line.lower() for m in OOM_MARKERS)]
+    return {"stage": "ramp", "kind": "oom" if oom else "crash", "oom_lines": oom, "log_tail": log_tail,
+            "errors": ["httpx.RemoteProtocolError: Server disconnected"], "process_state": "exited"}
+
+
+def test_oom_under_load_is_expand_capacity_with_the_oom_line(tmp_path: Path) -> None:
+    run_dir = samples.make_run("release", tmp_path)
+    crashed_load(run_dir, record(["INFO step", OOM_LINE, "INFO shutting down"]))
+    report = build_report(run_dir, load_profile(KIMI))
+    assert report["verdict"] == "expand_capacity", report["verdict_reasons"]
+    assert any(OOM_LINE in r for r in report["verdict_reasons"])
+    assert any("not reached because the server died under load" in r for r in report["verdict_reasons"])
+
+
+def test_crash_without_capacity_signature_is_incomplete_naming_the_cause(tmp_path: Path) -> None:
+    run_dir = samples.make_run("release", tmp_path)
+    cause = "RuntimeError: Worker proc VllmWorker-2 died unexpectedly, shutting down executor."
+    crashed_load(run_dir, record(["INFO step", cause, "INFO:     Shutting down"]))
+    report = build_report(run_dir, load_profile(KIMI))
+    assert report["verdict"] == "incomplete", report["verdict_reasons"]
+    assert any(cause in r for r in report["verdict_reasons"])
+
+
+def test_container_oom_seen_only_in_the_log_after_the_probes(tmp_path: Path) -> None:
+    """In a container the probe cannot read the server's log: the log taken after the probes decides."""
+    run_dir = samples.make_run("release", tmp_path)
+    crashed_load(run_dir, record([]))
+    assert build_report(run_dir, load_profile(KIMI))["verdict"] == "incomplete"
+    after = run_dir / "evidence" / "serve" / "after-probes"
+    after.mkdir(parents=True)
+    (after / "gb300-node1.log").write_text(f"INFO ramp\n{OOM_LINE}\n")
+    report = build_report(run_dir, load_profile(KIMI))
+    assert report["verdict"] == "expand_capacity", report["verdict_reasons"]
+    crash = next(f for f in report["findings"] if f["check"] == "capacity.crash")
+    assert "evidence/serve/after-probes/gb300-node1.log" in crash["evidence"] and OOM_LINE in crash["reason"]

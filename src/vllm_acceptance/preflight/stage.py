@@ -25,8 +25,8 @@ from ..core.redact import redact_obj, redact_text
 from ..core.rundir import record_profile
 from ..parsers.node_evidence import host_dir, load_node_evidence
 from ..parsers.startup_log import StartupScan
-from ..rules.registry import get as catalog_get
 from ..rules.compat import NODE_RULES, NodeContext, check_image_uniform, check_recipe_record, check_topology
+from ..rules.registry import get as catalog_get
 
 FINDINGS_NAME = "preflight.json"
 # Evidence and host directory names: no path separators, no hidden or parent entries.

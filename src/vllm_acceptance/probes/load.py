@@ -24,6 +24,7 @@ from ..core.profile import Profile
 from ..lab.server import rss_bytes, tail_lines
 from ..load.engine import Record, RequestSpec, run_closed_loop_sync
 from ..load.stats import summarize
+from ..parsers.causal import causal_line
 from .metrics import MetricsError, MetricsSource, Snapshot, delta, histogram_delta
 
 OOM_MARKERS = ("out of memory", "outofmemoryerror", "cuda error: out of memory", "killed process",
@@ -291,13 +292,7 @@ def run_load_probe(base_url: str, source: MetricsSource, cfg: LoadProbeConfig, s
     ev_samples = [p for p in ("samples.jsonl", "memory.jsonl") if store.path(p).exists()]
     if run.crashed:
         ev = store.write_json("oom_record.json", run.crashed)
-        findings.append(Finding(
-            check="capacity.crash", status=Status.FAIL, observed={k: run.crashed[k] for k in ("stage", "kind",
-                                                                                               "process_state")},
-            expected="the server survives every stage", evidence=[ev] + ev_samples, consequence=Consequence.EXPAND,
-            rule="no OOM or crash at nominal load", reason="; ".join(run.crashed["oom_lines"][:2]) or "server gone",
-            action="read the OOM record: at load -> weights/parallel layout/topology; under KV growth -> "
-                   "context, concurrency, retention, prefill/decode balance; adjust limits before adding GPUs"))
+        findings.append(crash_finding(run.crashed, [ev] + ev_samples))
         done = {f.check for f in findings}
         for check in ("capacity.context_contract", "capacity.ramp", "capacity.mixed", "capacity.soak"):
             if check not in done:
@@ -313,6 +308,30 @@ def run_load_probe(base_url: str, source: MetricsSource, cfg: LoadProbeConfig, s
                "samples": len(run.sampler.samples), "crash": run.crashed,
                "initial_preemptions": first.value("vllm:num_preemptions")}
     return findings, details
+
+
+def crash_finding(record: dict[str, Any], evidence: list[str]) -> Finding:
+    """capacity.crash from the crash record: an OOM is a capacity failure (expand_capacity, the OOM line
+    quoted); a death without a capacity signature decides nothing about capacity (inconclusive, the
+    causal line of the log or of the failed requests named), so the run is incomplete, never a release."""
+    observed = {k: record.get(k) for k in ("stage", "kind", "process_state")}
+    action = ("read the OOM record: at load -> weights/parallel layout/topology; under KV growth -> "
+              "context, concurrency, retention, prefill/decode balance; adjust limits before adding GPUs")
+    if record.get("oom_lines"):
+        return Finding(check="capacity.crash", status=Status.FAIL, observed=observed,
+                       expected="the server survives every stage", evidence=evidence, consequence=Consequence.EXPAND,
+                       rule="no OOM or crash at nominal load", action=action,
+                       reason=f"OOM in stage {record.get('stage')}: " + "; ".join(record["oom_lines"][-2:]))
+    cause = causal_line("\n".join(record.get("log_tail") or [])) or causal_line(
+        "\n".join(str(e) for e in record.get("errors") or []))
+    return Finding(check="capacity.crash", status=Status.INCONCLUSIVE, observed=observed,
+                   expected="the server survives every stage", evidence=evidence, consequence=Consequence.EXPAND,
+                   rule="no OOM or crash at nominal load",
+                   reason=f"the server died in stage {record.get('stage')} without an OOM signature: "
+                          + (cause or "no log line says why (give the server log)"),
+                   action="read the crash record and the server log: a crash that is not capacity (a bug, a "
+                          "killed process, a lost node) is fixed and the run repeated; it proves nothing about "
+                          "capacity")
 
 
 def stage_long_prompt(run: LoadRun) -> list[Finding]:

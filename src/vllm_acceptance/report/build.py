@@ -19,9 +19,9 @@ from ..core.findings import Consequence, Finding, Status, missing, read_findings
 from ..core.profile import Profile
 from ..monitoring.generate import monitoring_summary
 from ..parsers.gpu_memory import memory_rows
-from ..probes.load import judge_soak_gpu_memory
-from ..rules.registry import get as catalog_get
+from ..probes.load import OOM_MARKERS, judge_soak_gpu_memory
 from ..rebuild.remediation import isolated_environment_record, route_for_report
+from ..rules.registry import get as catalog_get
 from ..verdict import IMMEDIATE_ACTION, REOPEN_TRIGGERS, ROLLBACK_TRIGGERS, annotate, decide
 from .environment import environment_summary, node_facts
 
@@ -105,6 +105,7 @@ def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
     # The soak of a server without a local process (container, attach, another node) is judged from the
     # per-GPU memory sampled on the nodes, before the decision reads it.
     findings = judge_soak_from_nodes(run_dir, findings, stages)
+    findings = crash_from_server_log(run_dir, findings)
     decision = decide(findings, experimental=profile.experimental, unreachable_hosts=unreachable)
     hosts = list(run.get("hosts", []))
     facts = node_facts(run_dir, profile, hosts) if hosts else {}
@@ -172,6 +173,30 @@ def judge_soak_from_nodes(run_dir: Path, findings: list[Finding], stages: dict[s
     for f in findings:
         if f.check == "capacity.soak" and stages["load"].get("memory_evidence"):
             f.evidence = sorted(set(f.evidence) | set(stages["load"]["memory_evidence"]))
+    return findings
+
+
+AFTER_PROBES_LOGS = "evidence/serve/after-probes"
+
+
+def crash_from_server_log(run_dir: Path, findings: list[Finding]) -> list[Finding]:
+    """A server in a container or on another node dies under load with its OOM line in its own log,
+    which the load probe cannot read: the log taken after the probes (evidence/serve/after-probes/)
+    turns a crash without a signature into the OOM it was, the line quoted. No OOM line, no change."""
+    logs = sorted((run_dir / AFTER_PROBES_LOGS).glob("*.log")) if (run_dir / AFTER_PROBES_LOGS).is_dir() else []
+    if not logs:
+        return findings
+    for finding in findings:
+        if finding.check != "capacity.crash" or finding.status != Status.INCONCLUSIVE:
+            continue
+        oom = [(path, line.strip()) for path in logs for line in path.read_text(errors="replace").splitlines()
+               if any(m in line.lower() for m in OOM_MARKERS)]
+        if oom:
+            finding.status = Status.FAIL
+            finding.observed = {**(finding.observed or {}), "kind": "oom", "oom_lines": [line for _, line in oom[-3:]]}
+            finding.reason = (f"OOM in stage {(finding.observed or {}).get('stage')} (server log after the probes): "
+                              + oom[-1][1][:300])
+            finding.evidence = sorted(set(finding.evidence) | {str(p.relative_to(run_dir)) for p, _ in oom})
     return findings
 
 

@@ -18,8 +18,8 @@ from typing import Any
 from ..core.findings import Consequence, Finding, Status, missing, not_applicable
 from ..core.profile import Profile
 from ..core.rundir import PROFILE_EVIDENCE  # the profile copy every run holds (run.record_profile)
-from ..parsers.causal import causal_line
 from ..parsers.base import version_at_least
+from ..parsers.causal import causal_line
 from ..parsers.container import ImageInspect, Probe, parse_image_inspect, parse_probe, parse_runtime_info
 from ..parsers.driver import branch_of, parse_fabricmanager_version, parse_proc_version
 from ..parsers.env import comm_env
