@@ -189,3 +189,81 @@ def test_container_oom_seen_only_in_the_log_after_the_probes(tmp_path: Path) -> 
     assert report["verdict"] == "expand_capacity", report["verdict_reasons"]
     crash = next(f for f in report["findings"] if f["check"] == "capacity.crash")
     assert "evidence/serve/after-probes/gb300-node1.log" in crash["evidence"] and OOM_LINE in crash["reason"]
+
+
+# --- the launched plan (profile + inventory), not the profile's own layout -------------------------
+
+NODE_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nodes"
+EXAMPLE_GB300 = {"vllm_parallel": {"tensor": 8, "pipeline": 2}, "vllm_interconnect": "nvl"}
+TODAY = dt.date(2026, 8, 30)
+
+
+def tp8_pp2_log() -> str:
+    """The recorded good startup log (TP 8) as a TP 8 x PP 2 replica over two nodes would print it
+    (generated from tests/fixtures/nodes/good/startup.log: world size 16, pipeline 2)."""
+    text = (NODE_FIXTURES / "good" / "startup.log").read_text()
+    return (text.replace("world_size=8 ", "world_size=16 ").replace("world_size=8,", "world_size=16,")
+            .replace("in world size 8 ", "in world size 16 ").replace("pipeline_parallel_size=1", "pipeline_parallel_size=2")
+            .replace("'tensor_parallel_size': 8", "'tensor_parallel_size': 8, 'pipeline_parallel_size': 2"))
+
+
+def test_startup_log_world_size_is_judged_against_the_launched_plan() -> None:
+    from vllm_acceptance.parsers.startup_log import scan_startup_log
+    from vllm_acceptance.rules.compat import check_startup_log
+    from vllm_acceptance.rules.launched import launched_plan
+
+    kimi = load_profile(KIMI)
+    scan = scan_startup_log(tp8_pp2_log())
+    assert scan.world_size == 16
+    launched = launched_plan(kimi, EXAMPLE_GB300)
+    assert check_startup_log(scan, kimi, "gb300-a01", [], launched).status == Status.PASS
+    # the same log judged against the profile's layout alone (TP 8) is the false rebuild of before
+    assert check_startup_log(scan, kimi, "gb300-a01", []).status == Status.FAIL
+    # and a TP 8 log where TP 8 x PP 2 was launched fails, naming the launched layout
+    single = scan_startup_log((NODE_FIXTURES / "good" / "startup.log").read_text())
+    finding = check_startup_log(single, kimi, "gb300-a01", [], launched)
+    assert finding.status == Status.FAIL and "launched layout tensor 8 x pipeline 2 = 16" in finding.reason
+
+
+def judged_cluster(tmp_path: Path, cases: dict[str, str], inventory_vars: dict) -> dict[tuple[str, str | None], Finding]:
+    from nodefixtures import build_evidence
+
+    from vllm_acceptance.preflight.stage import judge
+
+    for host, case in cases.items():
+        build_evidence(case, tmp_path, host=host)
+    (tmp_path / "run.json").write_text(json.dumps({"hosts": list(cases), "inventory_vars": inventory_vars}))
+    return {(f.check, f.host): f for f in judge(tmp_path, load_profile(KIMI), list(cases), today=TODAY)}
+
+
+def test_cluster_gpu_count_is_judged_against_the_launched_world(tmp_path: Path) -> None:
+    cases = {"gb300-a01": "good", "gb300-a02": "seven-gpus"}
+    launched = judged_cluster(tmp_path / "pp2", cases, EXAMPLE_GB300)
+    topology = launched[("compat.topology", None)]
+    assert topology.status == Status.FAIL and "needing 1 / 16" in topology.reason
+    # the profile's layout alone (TP 8) needs 8 GPUs in all: 15 passed for a launch of 16
+    assert judged_cluster(tmp_path / "tp8", cases, {})[("compat.topology", None)].status == Status.PASS
+    healthy = judged_cluster(tmp_path / "ok", {"gb300-a01": "good", "gb300-a02": "good"}, EXAMPLE_GB300)
+    assert healthy[("compat.topology", None)].status == Status.PASS
+    assert healthy[("compat.gpu_visibility", "gb300-a02")].observed["host_count"] == 8
+
+
+def test_interconnect_env_is_judged_on_what_the_inventory_launches(tmp_path: Path) -> None:
+    two = {"gb300-a01": "good", "gb300-a02": "good"}
+    nvls_off = judged_cluster(tmp_path / "a", two, {**EXAMPLE_GB300,
+                                                     "vllm_serve_multinode_env": {"NCCL_NVLS_ENABLE": "0"}})
+    env = nvls_off[("interconnect.nccl_env", "gb300-a02")]
+    assert env.status == Status.FAIL and "NCCL_NVLS_ENABLE='0'" in env.reason
+    plain = judged_cluster(tmp_path / "b", two, EXAMPLE_GB300)
+    assert plain[("interconnect.nccl_env", "gb300-a01")].status == Status.PASS
+
+
+def test_dmabuf_workaround_is_justified_by_the_startup_log_that_showed_the_error(tmp_path: Path) -> None:
+    two = {"gb300-a01": "good", "gb300-a02": "good"}
+    unjustified = judged_cluster(tmp_path / "a", two, {**EXAMPLE_GB300, "vllm_nccl_dmabuf_workaround": True})
+    assert unjustified[("interconnect.nccl_env", "gb300-a01")].status == Status.WARN
+    proof = str(NODE_FIXTURES / "nccl-error" / "startup.log")
+    justified = judged_cluster(tmp_path / "b", two, {**EXAMPLE_GB300, "vllm_nccl_dmabuf_workaround": True,
+                                                      "vllm_nccl_dmabuf_evidence": proof})
+    finding = justified[("interconnect.nccl_env", "gb300-a01")]
+    assert finding.status == Status.PASS and finding.observed["dmabuf_error_in_log"] is True

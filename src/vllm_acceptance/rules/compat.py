@@ -29,6 +29,7 @@ from ..parsers.node_evidence import CommandRecord, NodeEvidence
 from ..parsers.nvidia_smi import GpuList, parse_query_csv, parse_table, parse_xml
 from ..parsers.rdma import parse_ibv_devinfo, parse_rdma_link
 from ..parsers.startup_log import StartupScan
+from .launched import LaunchedPlan, launched_plan
 
 # The rebuild routes of SPEC "Remediation playbooks" (source 001), named in every action.
 ROUTE_DRIVER = ("upgrade the host driver (rolling, one node out of the scheduler at a time, state saved, "
@@ -49,6 +50,7 @@ class NodeContext:
     profile: Profile
     n_hosts: int = 1
     startup_scan: StartupScan | None = None
+    plan: LaunchedPlan | None = None          # what is launched (profile + inventory); None: the profile's
     _cache: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -374,23 +376,23 @@ def check_vllm_version(ctx: NodeContext) -> Finding:
 
 # --- compat.gpu_visibility / compat.topology ------------------------------------------------
 
-def world_size(profile: Profile) -> int:
-    return int(profile.get("parallel.tensor", 1) or 1) * int(profile.get("parallel.pipeline", 1) or 1) * \
-        int(profile.get("parallel.data", 1) or 1)
+def world_size(profile: Profile, plan: LaunchedPlan | None = None) -> int:
+    """GPUs of the launched layout (tensor x pipeline x data): the plan's, else the profile's."""
+    return (plan or launched_plan(profile)).world
 
 
-def gpus_required_per_node(profile: Profile, n_hosts: int) -> int:
+def gpus_required_per_node(profile: Profile, n_hosts: int, plan: LaunchedPlan | None = None) -> int:
     """Every node of the layout must show its share: the profile's per-node count, or the
     tensor x pipeline x data world spread over the nodes, whichever is larger."""
     per_node = int(profile.get("hardware.gpus_per_node", 0) or 0)
-    return max(per_node, math.ceil(world_size(profile) / max(n_hosts, 1)))
+    return max(per_node, math.ceil(world_size(profile, plan) / max(n_hosts, 1)))
 
 
 def check_gpu_visibility(ctx: NodeContext) -> Finding:
     check = "compat.gpu_visibility"
     if (na := _gpu_profile_na(check, ctx)) is not None:
         return na
-    required = gpus_required_per_node(ctx.profile, ctx.n_hosts)
+    required = gpus_required_per_node(ctx.profile, ctx.n_hosts, ctx.plan)
     gpu_class = ctx.profile.get("hardware.gpu_class")
     host_gpus, probe = ctx.gpus(), ctx.probe()
     evidence = ctx.paths("nvidia_smi_query", "nvidia_smi_xml", "image_probe")
@@ -400,7 +402,7 @@ def check_gpu_visibility(ctx: NodeContext) -> Finding:
                 "runtime_count": probe.device_count if probe else None,
                 "runtime_names": sorted(set(probe.devices)) if probe else None}
     expected = {"per_node": required, "gpu_class": gpu_class,
-                "layout": {k: ctx.profile.get(f"parallel.{k}") for k in ("tensor", "pipeline", "data", "expert")}}
+                "layout": (ctx.plan or launched_plan(ctx.profile)).layout()}
     rule = f"host and runtime each see >= {required} GPUs whose name contains {gpu_class!r}"
     problems = []
     if host_gpus.count < required:
@@ -424,7 +426,7 @@ def check_gpu_visibility(ctx: NodeContext) -> Finding:
                     evidence=evidence, action="none")
 
 
-def check_topology(contexts: list[NodeContext], profile: Profile) -> Finding:
+def check_topology(contexts: list[NodeContext], profile: Profile, plan: LaunchedPlan | None = None) -> Finding:
     """Cluster level: node count, total GPUs against the layout, interconnect type recorded."""
     check = "compat.topology"
     if not profile.has_gpus:
@@ -436,8 +438,9 @@ def check_topology(contexts: list[NodeContext], profile: Profile) -> Finding:
     observed = {"nodes": len(contexts), "gpus_per_node": counts,
                 "interconnect": profile.get("hardware.interconnect"),
                 "nvswitch": profile.get("hardware.nvswitch", False)}
-    needed = max(int(profile.get("hardware.min_gpus", 0) or 0), world_size(profile))
-    expected = {"min_nodes": profile.get("hardware.min_nodes", 1), "min_gpus": needed}
+    needed = max(int(profile.get("hardware.min_gpus", 0) or 0), world_size(profile, plan))
+    expected = {"min_nodes": profile.get("hardware.min_nodes", 1), "min_gpus": needed,
+                "layout": (plan or launched_plan(profile)).layout()}
     evidence = [p for ctx in contexts for p in ctx.paths("nvidia_smi_query")]
     rule = "nodes >= hardware.min_nodes and total GPUs >= max(hardware.min_gpus, tensor x pipeline x data)"
     unknown = [h for h, c in counts.items() if c is None]
@@ -599,10 +602,10 @@ def _args_to_map(args: list[str]) -> dict[str, str]:
     return out
 
 
-def expected_comm_settings(profile: Profile) -> tuple[list[str], dict[str, str]]:
-    """The recipe's multi-node args and env for the profile's interconnect."""
+def expected_comm_settings(profile: Profile, interconnect: str | None = None) -> tuple[list[str], dict[str, str]]:
+    """The recipe's multi-node args and env for the launched interconnect (else the profile's)."""
     multinode = profile.get("launch.multinode", {}) or {}
-    interconnect = profile.get("hardware.interconnect")
+    interconnect = interconnect or profile.get("hardware.interconnect")
     args: list[str] = []
     env: dict[str, str] = {}
     if interconnect == "rdma":
@@ -617,7 +620,8 @@ def expected_comm_settings(profile: Profile) -> tuple[list[str], dict[str, str]]
 
 
 def check_nccl_env(env: dict[str, str], args: list[str], profile: Profile, host: str | None,
-                   evidence: list[str], multinode: bool, scan: StartupScan | None = None) -> Finding:
+                   evidence: list[str], multinode: bool, scan: StartupScan | None = None,
+                   interconnect: str | None = None) -> Finding:
     """The planned (or actual) launch env/args carry the recipe's multi-node settings;
     NCCL_DMABUF_ENABLE=0 only when the startup log shows the mlx5dv_reg_dmabuf_mr error."""
     check = "interconnect.nccl_env"
@@ -625,7 +629,7 @@ def check_nccl_env(env: dict[str, str], args: list[str], profile: Profile, host:
         return not_applicable(check, host, "profile hardware.accelerator is none")
     if not multinode:
         return not_applicable(check, host, "single node: the recipe's multi-node NCCL/UCX settings do not apply")
-    want_args, want_env = expected_comm_settings(profile)
+    want_args, want_env = expected_comm_settings(profile, interconnect)
     have_args = _args_to_map(args)
     workaround = (profile.get("launch.multinode.dmabuf_workaround_env", {}) or {"NCCL_DMABUF_ENABLE": "0"})
     observed = {"env": comm_env(env), "all2all": have_args.get("--all2all-backend"),
@@ -660,15 +664,22 @@ def check_nccl_env(env: dict[str, str], args: list[str], profile: Profile, host:
                    evidence=evidence, action="none")
 
 
-def planned_launch(profile: Profile, multinode: bool) -> tuple[list[str], dict[str, str]]:
-    """What the serve stage launches when the inventory overrides nothing: the profile's args and
-    env, plus the recipe's multi-node settings for the profile's interconnect."""
+def planned_launch(profile: Profile, multinode: bool,
+                   plan: LaunchedPlan | None = None) -> tuple[list[str], dict[str, str]]:
+    """What the serve stage launches (serve/launch.py): the profile's args and env, the recipe's
+    multi-node settings for the launched interconnect, the inventory's extra environment and the
+    DMA-BUF workaround when the inventory asks for it."""
+    plan = plan or launched_plan(profile)
     args = [str(a) for a in profile.get("launch.args", []) or []]
     env = {k: str(v) for k, v in (profile.get("launch.env", {}) or {}).items()}
     if multinode:
-        extra_args, extra_env = expected_comm_settings(profile)
+        extra_args, extra_env = expected_comm_settings(profile, plan.interconnect)
         args += [a for a in extra_args if a not in args]
         env.update(extra_env)
+        if plan.dmabuf_workaround:
+            env.update({str(k): str(v) for k, v in (profile.get("launch.multinode.dmabuf_workaround_env", {})
+                                                    or {"NCCL_DMABUF_ENABLE": "0"}).items()})
+        env.update(plan.env)
     return args, env
 
 
@@ -677,11 +688,11 @@ def check_nccl_env_node(ctx: NodeContext) -> Finding:
     if not ctx.evidence.dir_exists and ctx.profile.has_gpus and ctx.multinode:
         return missing("interconnect.nccl_env", ctx.host, _why_missing(ctx))
     inputs = ctx.evidence.inputs
-    default_args, default_env = planned_launch(ctx.profile, ctx.multinode)
+    default_args, default_env = planned_launch(ctx.profile, ctx.multinode, ctx.plan)
     env = {k: str(v) for k, v in (inputs.get("launch_env") or default_env).items()}
     args = [str(a) for a in (inputs.get("launch_args") or default_args)]
     return check_nccl_env(env, args, ctx.profile, ctx.host, ctx.paths("inputs", "env"), ctx.multinode,
-                          ctx.startup_scan)
+                          ctx.startup_scan, interconnect=(ctx.plan or launched_plan(ctx.profile)).interconnect)
 
 
 # --- interconnect.nccl_bandwidth ------------------------------------------------------------
@@ -763,6 +774,9 @@ def check_state_snapshot(ctx: NodeContext) -> Finding:
 
 # --- compat.startup_log (called by the serve stage) -----------------------------------------
 
+_LAYOUT_ARGS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "data_parallel_size_local")
+
+
 def _profile_arg_values(profile: Profile) -> dict[str, Any]:
     """--name=value -> {name_with_underscores: value}; --flag -> True; --no-flag -> {flag: False}."""
     out: dict[str, Any] = {}
@@ -787,7 +801,7 @@ def _same(expected: Any, actual: Any) -> bool:
 
 
 def check_startup_log(scan: StartupScan | None, profile: Profile, host: str | None,
-                      evidence: list[str]) -> Finding:
+                      evidence: list[str], plan: LaunchedPlan | None = None) -> Finding:
     """The startup log against the recipe: version, options, device and backend initialisation,
     parallel layout, no backend fallback, no NCCL error, KV cache initialised; warnings listed."""
     check = "compat.startup_log"
@@ -796,8 +810,9 @@ def check_startup_log(scan: StartupScan | None, profile: Profile, host: str | No
                        evidence=evidence)
     observed = scan.summary()
     minimum = str(profile.get("vllm.min_version"))
-    expected = {"vllm": f">= {minimum}", "world_size": world_size(profile), "fallbacks": 0, "nccl_errors": 0,
-                "kv_cache": "initialised"}
+    plan = plan or launched_plan(profile)
+    expected = {"vllm": f">= {minimum}", "world_size": plan.engine_world, "layout": plan.layout(), "fallbacks": 0,
+                "nccl_errors": 0, "kv_cache": "initialised"}
     rule = ("version >= profile minimum, recipe options in effect, no backend fallback, no NCCL/CUDA-driver/"
             "kernel-image error, no OOM, KV cache size and maximum concurrency read out")
     problems: list[str] = []
@@ -820,14 +835,17 @@ def check_startup_log(scan: StartupScan | None, profile: Profile, host: str | No
     if scan.version is not None and version_at_least(scan.version, minimum) is False:
         problems.append(f"vLLM {scan.version} < {minimum}")
         actions.append(ROUTE_IMAGE)
-    mismatched = {k: (v, scan.non_default_args[k]) for k, v in _profile_arg_values(profile).items()
+    wanted = {k: v for k, v in _profile_arg_values(profile).items() if k not in _LAYOUT_ARGS}
+    wanted.update({"tensor_parallel_size": plan.tensor, "pipeline_parallel_size": plan.pipeline})
+    mismatched = {k: (v, scan.non_default_args[k]) for k, v in wanted.items()
                   if scan.non_default_args and k in scan.non_default_args and not _same(v, scan.non_default_args[k])}
     if mismatched:
         problems.append(f"launch options differ from the profile (expected, actual): {mismatched}")
-        actions.append("launch with the profile's args")
-    if scan.world_size is not None and scan.world_size != world_size(profile):
-        problems.append(f"world size {scan.world_size} != layout {world_size(profile)}")
-        actions.append("launch with the profile's parallel layout")
+        actions.append("launch with the profile's args and the launched layout")
+    if scan.world_size is not None and scan.world_size != plan.engine_world:
+        problems.append(f"world size {scan.world_size} != launched layout tensor {plan.tensor} x pipeline "
+                        f"{plan.pipeline} = {plan.engine_world} ({plan.source})")
+        actions.append("launch with the planned parallel layout (vllm_parallel, else the profile's)")
     if scan.oom:
         if not problems:
             consequence = Consequence.EXPAND

@@ -17,6 +17,7 @@ from ..probes.client import OpenAIClient, ServerUnreachable
 from ..probes.metrics import DirectMetrics, MetricsError, cache_config, server_root
 from ..rules.compat import check_actual_config, check_startup_log
 from ..rules.launch_triage import launch_findings
+from ..rules.launched import plan_of_run
 
 
 @dataclass
@@ -40,7 +41,7 @@ def judge_serve(run_dir: Path, profile: Profile, facts: ServeFacts) -> list[Find
     log_ev = [store.write_text("startup.log", facts.startup_log)] if facts.startup_log is not None else []
     cmd_ev = [store.write_text("launch-command.txt", facts.launch_command + "\n")] if facts.launch_command else []
     scan = scan_startup_log(facts.startup_log) if facts.startup_log is not None else None
-    findings.append(check_startup_log(scan, profile, facts.host, log_ev))
+    findings.append(check_startup_log(scan, profile, facts.host, log_ev, plan_of_run(run_dir, profile)))
     findings.append(model_load(facts, log_ev + cmd_ev))
     details: dict[str, Any] = {"base_url": facts.base_url, "mode": facts.mode, "launch_command": facts.launch_command,
                                "ready_s": facts.ready_s, "launch_error": facts.launch_error}
