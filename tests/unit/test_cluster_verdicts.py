@@ -133,7 +133,8 @@ def test_model_load_reason_quotes_the_runtime_refusal(tmp_path: Path) -> None:
     assert "unsatisfied condition: cuda>=13.0" in finding.reason
 
 
-OOM_LINE = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total capacity of 279.00 GiB"
+OOM_LINE = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total capacity "
+            "of 279.00 GiB")
 
 
 def crashed_load(run_dir: Path, record: dict) -> None:
@@ -203,7 +204,8 @@ def tp8_pp2_log() -> str:
     (generated from tests/fixtures/nodes/good/startup.log: world size 16, pipeline 2)."""
     text = (NODE_FIXTURES / "good" / "startup.log").read_text()
     return (text.replace("world_size=8 ", "world_size=16 ").replace("world_size=8,", "world_size=16,")
-            .replace("in world size 8 ", "in world size 16 ").replace("pipeline_parallel_size=1", "pipeline_parallel_size=2")
+            .replace("in world size 8 ", "in world size 16 ")
+            .replace("pipeline_parallel_size=1", "pipeline_parallel_size=2")
             .replace("'tensor_parallel_size': 8", "'tensor_parallel_size': 8, 'pipeline_parallel_size': 2"))
 
 
@@ -225,10 +227,11 @@ def test_startup_log_world_size_is_judged_against_the_launched_plan() -> None:
     assert finding.status == Status.FAIL and "launched layout tensor 8 x pipeline 2 = 16" in finding.reason
 
 
-def judged_cluster(tmp_path: Path, cases: dict[str, str], inventory_vars: dict) -> dict[tuple[str, str | None], Finding]:
-    from nodefixtures import build_evidence
-
+def judged_cluster(tmp_path: Path, cases: dict[str, str],
+                   inventory_vars: dict) -> dict[tuple[str, str | None], Finding]:
     from vllm_acceptance.preflight.stage import judge
+
+    from nodefixtures import build_evidence
 
     for host, case in cases.items():
         build_evidence(case, tmp_path, host=host)
