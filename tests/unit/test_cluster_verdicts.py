@@ -270,3 +270,92 @@ def test_dmabuf_workaround_is_justified_by_the_startup_log_that_showed_the_error
                                                       "vllm_nccl_dmabuf_evidence": proof})
     finding = justified[("interconnect.nccl_env", "gb300-a01")]
     assert finding.status == Status.PASS and finding.observed["dmabuf_error_in_log"] is True
+
+
+# --- user-facing: the inventory as copied, every variable documented -------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _schema_properties() -> set[str]:
+    schema = json.loads((ROOT / "src" / "vllm_acceptance" / "schemas" / "inventory.schema.json").read_text())
+    return set(schema["properties"])
+
+
+def test_every_inventory_variable_is_in_the_schema_and_the_readme() -> None:
+    import re
+
+    import yaml
+
+    readme = (ROOT / "README.md").read_text()
+    props = _schema_properties()
+    undocumented = sorted(p for p in props if f"`{p}`" not in readme)
+    assert not undocumented, f"inventory variables missing from README: {undocumented}"
+    used = set()
+    for path in list((ROOT / "inventories").glob("*/group_vars/*.yml")) + [ROOT / "accept.yml",
+                                                                           *(ROOT / "playbooks").glob("*.yml")]:
+        text = path.read_text()
+        if "group_vars" in str(path):
+            used |= {k for k in (yaml.safe_load(text) or {}) if k.startswith(("acceptance_", "vllm_", "prometheus_"))}
+        else:   # what a playbook reads from the inventory with a default
+            used |= set(re.findall(r"\b((?:acceptance|vllm|prometheus)_[a-z0-9_]+) \| default", text))
+    internal = {"acceptance_run_dir", "acceptance_profile_path", "acceptance_validated_profile",
+                "vllm_serve_ok", "vllm_serve_base_url", "vllm_serve_launch_error", "vllm_serve_log_copy",
+                "vllm_serve_launched_container", "vllm_serve_pid_file"}   # facts the plays set for each other
+    assert sorted(used - internal - props) == []
+
+
+def test_example_inventory_runs_the_controller_locally() -> None:
+    """Copied as it is, the example must not SSH to localhost (the probes and load run there)."""
+    import subprocess
+
+    out = subprocess.run([str(ROOT / ".venv" / "bin" / "ansible-inventory"), "-i",
+                          str(ROOT / "inventories" / "example-gb300"), "--host", "localhost"],
+                         capture_output=True, text=True, check=True, timeout=60)
+    assert json.loads(out.stdout)["ansible_connection"] == "local"
+
+
+# --- inventory overrides never sign the profile's contract on a weaker test ------------------------
+
+def test_overrides_of_the_contract_are_refused_naming_the_field_and_the_fix() -> None:
+    import pytest
+
+    from vllm_acceptance.core.profile import ConfigError
+    from vllm_acceptance.core.rundir import validate_inventory_vars
+
+    base = {"acceptance_profile": "kimi-k3", "acceptance_owner": "me", "vllm_serve_mode": "launch"}
+    for bad in ({"load": {"contract.concurrency": 1}}, {"load": {"thresholds.memory_growth_pct": 500}},
+                {"cache": {"load.soak_s": 1}}):
+        with pytest.raises(ConfigError) as err:
+            validate_inventory_vars({**base, "acceptance_probe_overrides": bad}, "inventory site")
+        kind, fields = next(iter(bad.items()))
+        assert f"acceptance_probe_overrides.{kind}.{next(iter(fields))}" in str(err.value)
+        assert "write profiles/<site>.yml" in str(err.value)
+    validate_inventory_vars({**base, "acceptance_probe_overrides": {"load": {"load.soak_s": 600}}}, "inventory site")
+
+
+def test_a_run_on_probe_overrides_is_recorded_and_never_a_release(tmp_path: Path) -> None:
+    from vllm_acceptance.report.render_md import render_markdown
+
+    run_dir = samples.make_run("release", tmp_path)
+    run = json.loads((run_dir / "run.json").read_text())
+    run["inventory_vars"] = {"acceptance_probe_overrides": {"load": {"load.soak_s": 5}}}
+    (run_dir / "run.json").write_text(json.dumps(run))
+    report = build_report(run_dir, load_profile(KIMI))
+    assert report["verdict"] == "limited_observation"
+    assert report["probe_overrides"] == [{"probe": "load", "field": "load.soak_s",
+                                          "profile": load_profile(KIMI).get("load.soak_s"), "tested": 5}]
+    assert any("load.soak_s" in r and "-> 5" in r for r in report["verdict_reasons"])
+    first_screen = render_markdown(report).split("## Traffic gates")[0]
+    assert "inventory overrides" in first_screen
+
+
+def test_remediation_command_names_the_inventory_path_the_user_gave(tmp_path: Path) -> None:
+    run_dir = samples.make_run("rebuild", tmp_path)
+    run = json.loads((run_dir / "run.json").read_text())
+    run["inventory_vars"] = {"acceptance_inventory_dir": "/srv/sites/gb300-prod"}
+    (run_dir / "run.json").write_text(json.dumps(run))
+    report = build_report(run_dir, load_profile(KIMI))
+    assert report["verdict"] == "rebuild_environment"
+    assert "-i /srv/sites/gb300-prod " in report["remediation"]["command"]
+    assert "inventories/gb300-prod" not in report["remediation"]["command"]

@@ -22,7 +22,7 @@ from ..parsers.gpu_memory import memory_rows
 from ..probes.load import OOM_MARKERS, judge_soak_gpu_memory
 from ..rebuild.remediation import isolated_environment_record, route_for_report
 from ..rules.registry import get as catalog_get
-from ..verdict import IMMEDIATE_ACTION, REOPEN_TRIGGERS, ROLLBACK_TRIGGERS, annotate, decide
+from ..verdict import IMMEDIATE_ACTION, REOPEN_TRIGGERS, ROLLBACK_TRIGGERS, Decision, annotate, decide, traffic_gates
 from .environment import environment_summary, node_facts
 
 SCHEMA_VERSION = "1.0"
@@ -60,6 +60,27 @@ def collect_findings(run_dir: Path) -> tuple[list[Finding], list[str]]:
         if path.stem not in REQUIRED_STAGES:
             findings.extend(read_findings(path))
     return findings, errors
+
+
+def probe_overrides(profile: Profile, overrides: Any) -> list[dict[str, Any]]:
+    """The inventory's probe overrides as tested: probe, field, the profile's value, the value used."""
+    rows = []
+    for kind, fields in sorted((overrides or {}).items()) if isinstance(overrides, dict) else []:
+        for name, value in sorted((fields or {}).items()):
+            rows.append({"probe": kind, "field": name, "profile": profile.get(name), "tested": value})
+    return [r for r in rows if r["profile"] != r["tested"]]
+
+
+def tested_on_overrides(decision: Decision, overrides: list[dict[str, Any]], findings: list[Finding]) -> None:
+    """The profile's test, weakened or not, is the one a release signs: a run whose probes ran with other
+    settings is at most limited_observation, the settings named (never a release of the profile's contract)."""
+    if not overrides or decision.verdict != "release":
+        return
+    decision.verdict = "limited_observation"
+    decision.reasons.append("the probes ran with inventory overrides, not the profile's test: " + ", ".join(
+        f"{r['field']} {r['profile']!r} -> {r['tested']!r}" for r in overrides)
+        + "; remove acceptance_probe_overrides (or write a profile with these settings) to sign a release")
+    decision.gates = traffic_gates(decision.verdict, findings)
 
 
 def gpu_nodes_named(profile: Profile, run: dict[str, Any], findings: list[Finding]) -> list[Finding]:
@@ -107,6 +128,8 @@ def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
     findings = judge_soak_from_nodes(run_dir, findings, stages)
     findings = crash_from_server_log(run_dir, findings)
     decision = decide(findings, experimental=profile.experimental, unreachable_hosts=unreachable)
+    overrides = probe_overrides(profile, (run.get("inventory_vars") or {}).get("acceptance_probe_overrides"))
+    tested_on_overrides(decision, overrides, findings)
     hosts = list(run.get("hosts", []))
     facts = node_facts(run_dir, profile, hosts) if hosts else {}
     stages.setdefault("preflight", {"hosts": facts})
@@ -133,6 +156,7 @@ def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
         "limits": (stages.get("load") or {}).get("limits", {}),
         "slo": profile.get("contract.slo", {}),
         "contract": profile.get("contract", {}),
+        "probe_overrides": overrides,
         "hosts": run.get("hosts", []),
         "unreachable_hosts": unreachable,
         "missing": decision.missing,
@@ -145,14 +169,15 @@ def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
         "rollback_triggers": ROLLBACK_TRIGGERS,
         "errors": errors,
     }
+    inventory_vars = run.get("inventory_vars") or {}
     # A failed compatibility chain names the remediation route its evidence points to, and the command.
     compat_failed = [f for f in findings if f.check.startswith(("compat.", "interconnect."))
                      and f.status == Status.FAIL and f.consequence == Consequence.REBUILD]
     if compat_failed:
         report["remediation"] = route_for_report(
-            findings, {"inventory": f"inventories/{report['inventory']}",
+            findings, {"inventory": str(inventory_vars.get("acceptance_inventory_dir")
+                                        or f"inventories/{report['inventory']}"),
                        "findings_path": str(run_dir / "findings" / "preflight.json")})
-    inventory_vars = run.get("inventory_vars") or {}
     if any(k.startswith("isolated_env_") for k in inventory_vars):
         report["isolated_environment"] = isolated_environment_record(inventory_vars)
     # Monitoring derived from this run's figures (thresholds with their source, rollback triggers);
