@@ -359,3 +359,44 @@ def test_remediation_command_names_the_inventory_path_the_user_gave(tmp_path: Pa
     assert report["verdict"] == "rebuild_environment"
     assert "-i /srv/sites/gb300-prod " in report["remediation"]["command"]
     assert "inventories/gb300-prod" not in report["remediation"]["command"]
+
+
+# --- a missing source is `missing`; the driver's sources must agree --------------------------------
+
+# nvidia-smi's words when the loaded kernel module and the user-space NVML differ (a driver upgraded
+# without a reboot), as printed by nvidia-smi 5xx (exit 18).
+NVML_MISMATCH = "Failed to initialize NVML: Driver/library version mismatch\nNVML library version: 580.95\n"
+NO_DRIVER = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the "
+             "latest NVIDIA driver is installed and running.\n")
+
+
+def _smi_fails(base: Path, stdout: str, rc: int) -> None:
+    for name in ("nvidia_smi", "nvidia_smi_query", "nvidia_smi_xml"):
+        (base / f"{name}.txt").write_text(stdout)
+        (base / f"{name}.json").write_text(json.dumps({"cmd": name, "rc": rc, "stderr": "", "missing": False}))
+
+
+def _node_checks(tmp_path: Path, stdout: str | None, rc: int = 0) -> dict[str, Finding]:
+    from vllm_acceptance.preflight.stage import judge
+
+    from nodefixtures import build_evidence
+
+    base = build_evidence("good", tmp_path, host="gb300-a01")
+    if stdout is not None:
+        _smi_fails(base, stdout, rc)
+    return {f.check: f for f in judge(tmp_path, load_profile(KIMI), ["gb300-a01"], today=TODAY)
+            if f.host == "gb300-a01"}
+
+
+def test_driver_module_and_nvml_disagreeing_is_a_failure_with_the_reload_action(tmp_path: Path) -> None:
+    assert _node_checks(tmp_path / "ok", None)["compat.driver_branch"].status == Status.PASS
+    driver = _node_checks(tmp_path / "bad", NVML_MISMATCH, 18)["compat.driver_branch"]
+    assert driver.status == Status.FAIL
+    assert "Driver/library version mismatch" in driver.reason and "reload the nvidia kernel module" in driver.action
+
+
+def test_fabric_manager_without_an_answering_nvidia_smi_is_missing_not_pass(tmp_path: Path) -> None:
+    assert _node_checks(tmp_path / "ok", None)["compat.fabric_manager"].status == Status.PASS
+    checks = _node_checks(tmp_path / "bad", NO_DRIVER, 9)
+    assert checks["compat.fabric_manager"].status == Status.MISSING
+    assert checks["compat.driver_branch"].status == Status.MISSING

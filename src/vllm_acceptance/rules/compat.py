@@ -175,6 +175,16 @@ def _driver_sources(ctx: NodeContext) -> dict[str, str]:
     return sources
 
 
+def nvml_broken(ctx: NodeContext) -> str | None:
+    """nvidia-smi's own words when NVML refuses the loaded module (version mismatch): the causal line."""
+    for name in ("nvidia_smi", "nvidia_smi_query", "nvidia_smi_xml"):
+        rec = ctx.rec(name)
+        text = f"{rec.stdout}\n{rec.stderr}"
+        if rec.present and not rec.ok and "version mismatch" in text.lower():
+            return causal_line(text)
+    return None
+
+
 def host_driver_version(ctx: NodeContext) -> str | None:
     sources = _driver_sources(ctx)
     return sources.get("/proc/driver/nvidia/version") or next(iter(sources.values()), None)
@@ -192,6 +202,18 @@ def check_driver_branch(ctx: NodeContext) -> Finding:
     evidence = ctx.paths(*names, "image_probe")
     if not sources:
         return missing(check, ctx.host, _why_missing(ctx, *names), evidence=evidence)
+    nvml = nvml_broken(ctx)
+    if nvml is not None:
+        return _finding(check, Status.FAIL, ctx.host, observed={"sources": sources, "nvidia-smi": nvml},
+                        expected="every driver source answers with one version", evidence=evidence,
+                        rule="kernel module, NVML (nvidia-smi) and the container see one driver version",
+                        reason=f"nvidia-smi cannot talk to the loaded driver: {nvml}",
+                        action="the kernel module and the user-space libraries differ (a driver upgrade without "
+                               "reboot): reboot the node or reload the nvidia kernel module, then re-run preflight")
+    silent = [n for n in ("nvidia_smi_xml", "nvidia_smi_query") if ctx.rec(n).present and not ctx.rec(n).ok]
+    if len(silent) == 2:
+        return missing(check, ctx.host, "NVML (nvidia-smi) did not answer, so the driver seen by the host's "
+                       "libraries is unknown: " + _why_missing(ctx, *silent), evidence=evidence)
     version = host_driver_version(ctx)
     branch = branch_of(version)
     smi = ctx.parsed("nvidia_smi_xml", parse_xml) or ctx.parsed("nvidia_smi", parse_table)
@@ -509,6 +531,10 @@ def check_fabric_manager(ctx: NodeContext) -> Finding:
     fm_version = parse_fabricmanager_version(version_rec.stdout).version if version_rec.ok else None
     driver = host_driver_version(ctx)
     xml = ctx.parsed("nvidia_smi_xml", parse_xml)
+    if state == "active" and (xml is None or not xml.gpus):
+        # The service runs, but whether the GPUs joined the fabric is read from nvidia-smi -q -x only.
+        return missing(check, ctx.host, "Fabric Manager is active, but the GPUs' fabric state is unknown: "
+                       + _why_missing(ctx, "nvidia_smi_xml"), evidence=evidence)
     fabric = sorted({f"{g.fabric_state}/{g.fabric_status}" for g in (xml.gpus if xml else []) if g.fabric_state})
     observed = {"service": state, "fm_version": fm_version, "driver_version": driver, "gpu_fabric": fabric}
     rule = "nvidia-fabricmanager active, its version == the driver version, GPU fabric state Completed/Success"
