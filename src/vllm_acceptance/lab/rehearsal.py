@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import stat
 import subprocess
@@ -90,7 +91,9 @@ class Rehearsal:
 
     def ssh(self, host: str, *cmd: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         assert self.cluster is not None
-        return subprocess.run(self.cluster.ssh_command(host, *cmd), capture_output=True, text=True, timeout=timeout)
+        # ssh hands the remote shell one string: quote each argument
+        return subprocess.run(self.cluster.ssh_command(host, shlex.join(cmd)), capture_output=True, text=True,
+                              timeout=timeout)
 
     def state(self, host: str) -> Path:
         return self.dirs[host] / "state"
@@ -212,17 +215,6 @@ def run_accept(inventory: Path, reports: Path, timeout_s: float = 900) -> Outcom
 
 # --- scenarios -------------------------------------------------------------------------------------
 
-@dataclass
-class Scenario:
-    name: str
-    expected: str                      # a verdict, or "refused" (stopped before any node is touched)
-    play: Callable[[Rehearsal, Path], tuple[str, list[str], float]]
-
-
-def _verdict(outcome: Outcome) -> tuple[str, list[str], float]:
-    return outcome.verdict or f"no report (rc {outcome.rc})", outcome.reasons, outcome.wall_s
-
-
 def single_node_container(r: Rehearsal, reports: Path) -> Outcome:
     r.set_node("gb300-a01", "flat")
     r.ssh("gb300-a01", "docker", "rm", "-f", CONTAINER)
@@ -235,8 +227,15 @@ def attach(r: Rehearsal, reports: Path, name: str, *, gpu_nodes: list[str], memo
            extra: dict[str, Any] | None = None, gpu_group: str = "gpu_nodes") -> Outcome:
     r.set_node("gb300-a01", memory)
     url = r.start_server("gb300-a01")
+    # What an operator attaching to a running deployment hands over: the server's pid on the head node
+    # (its real argv is read from /proc) and its startup log as saved with `docker logs`.
+    log = r.workdir / "inventories" / f"{name}-startup.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(r.ssh("gb300-a01", "docker", "logs", CONTAINER).stdout)
+    pid = (r.state("gb300-a01") / "containers" / CONTAINER / "pid").read_text().strip()
     inv = r.inventory(name, gpu_nodes=gpu_nodes, head="gb300-a01", gpu_group=gpu_group,
-                      variables={"vllm_serve_mode": "attach", "vllm_base_url": url, **(extra or {})})
+                      variables={"vllm_serve_mode": "attach", "vllm_base_url": url, "vllm_serve_pid": int(pid),
+                                 "vllm_serve_startup_log": str(log), **(extra or {})})
     return run_accept(inv, reports)
 
 
@@ -265,26 +264,57 @@ def weakened_contract(r: Rehearsal, reports: Path) -> Outcome:
     return run_accept(inv, reports)
 
 
-PLAYS: dict[str, tuple[str, Callable[[Rehearsal, Path], Outcome]]] = {
-    "single-node-container": ("release", single_node_container),
-    "attach-running": ("release", lambda r, p: attach(r, p, "attach-running", gpu_nodes=["gb300-a01"])),
-    "attach-dead-url": ("refused", attach_dead_url),
-    "gpu-nodes-misspelled": ("incomplete", lambda r, p: attach(r, p, "gpu-nodes-misspelled", gpu_nodes=["gb300-a01"],
-                                                              gpu_group="gpu_node",
-                                                              extra={"acceptance_probes": ["cache"]})),
-    "driver-575-one-node": ("rebuild_environment", lambda r, p: attach(
-        r, p, "driver-575-one-node", gpu_nodes=["gb300-a01", "gb300-a02"], extra={"acceptance_probes": ["cache"]})),
-    "soak-memory-rising": ("expand_capacity", lambda r, p: attach(r, p, "soak-memory-rising", gpu_nodes=["gb300-a01"],
-                                                                  memory="rising")),
-    "weakened-contract": ("refused", weakened_contract),
-    "oom-mid-ramp": ("expand_capacity", lambda r, p: oom_mid_ramp(r, p, "oom_after=12", "oom-mid-ramp")),
+@dataclass(frozen=True)
+class Play:
+    expected: str                          # a verdict, or "refused": the run stopped naming the cause, no report
+    run: Callable[[Rehearsal, Path], Outcome]
+    reasons: tuple[str, ...] = ()          # each must appear in the verdict reasons (or, refused, in the output)
+    suite: bool = True                     # part of the test suite's short set (the rest: make rehearsal)
+
+
+PLAYS: dict[str, Play] = {
+    "attach-running": Play("release", lambda r, p: attach(r, p, "attach-running", gpu_nodes=["gb300-a01"]),
+                           ("every required check passed with evidence",)),
+    "attach-dead-url": Play("refused", attach_dead_url, (":8999/v1 does not answer within 30 s",)),
+    "weakened-contract": Play("refused", weakened_contract,
+                              ("acceptance_probe_overrides.load.contract.concurrency", "write profiles/<site>.yml")),
+    "driver-575-one-node": Play("rebuild_environment", lambda r, p: attach(
+        r, p, "driver-575-one-node", gpu_nodes=["gb300-a01", "gb300-a02"], extra={"acceptance_probes": ["cache"]}),
+        ("compat.driver_branch@gb300-a02",)),
+    "gpu-nodes-misspelled": Play("incomplete", lambda r, p: attach(
+        r, p, "gpu-nodes-misspelled", gpu_nodes=["gb300-a01"], gpu_group="gpu_node"),
+        ("compat.gpu_nodes",), suite=False),
+    "soak-memory-rising": Play("expand_capacity", lambda r, p: attach(
+        r, p, "soak-memory-rising", gpu_nodes=["gb300-a01"], memory="rising"), ("capacity.soak",), suite=False),
+    "single-node-container": Play("release", single_node_container,
+                                  ("every required check passed with evidence",), suite=False),
+    "oom-mid-ramp": Play("expand_capacity", lambda r, p: oom_mid_ramp(r, p, "oom_after=12", "oom-mid-ramp"),
+                         ("capacity.crash", "torch.OutOfMemoryError: CUDA out of memory"), suite=False),
+    "crash-mid-ramp": Play("incomplete", lambda r, p: oom_mid_ramp(r, p, "crash_after=12", "crash-mid-ramp"),
+                           ("without an OOM signature", "died unexpectedly"), suite=False),
 }
 
 
-def verdict_of(expected: str, outcome: Outcome) -> str:
+def verdict_of(outcome: Outcome) -> str:
     if outcome.report is None and outcome.rc != 0:
         return "refused"
     return outcome.verdict or "no report"
+
+
+def judge(name: str, outcome: Outcome) -> dict[str, Any]:
+    """One line of summary.json: the verdict, the expected one, the deciding reasons, whether both hold."""
+    play = PLAYS[name]
+    verdict = verdict_of(outcome)
+    if verdict == "refused":
+        reasons = [line.strip() for line in outcome.output.splitlines()
+                   if '"msg"' in line or "fatal:" in line or "FAILED!" in line][-4:]
+        text = outcome.output
+    else:
+        reasons = outcome.reasons
+        text = "\n".join(reasons)
+    lacking = [r for r in play.reasons if r not in text]
+    return {"verdict": verdict, "expected": play.expected, "ok": verdict == play.expected and not lacking,
+            "reasons": reasons, "lacking_reasons": lacking, "wall_s": outcome.wall_s}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -302,13 +332,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rehearsal.up()
         for name in args.only or list(PLAYS):
-            expected, play = PLAYS[name]
-            outcome = play(rehearsal, out / "runs")
-            verdict = verdict_of(expected, outcome)
-            reasons = outcome.reasons or [line for line in outcome.output.splitlines() if "msg" in line][-3:]
-            summary[name] = {"verdict": verdict, "expected": expected, "ok": verdict == expected,
-                             "reasons": reasons, "wall_s": outcome.wall_s}
-            print(f"{name}: {verdict} (expected {expected}) in {outcome.wall_s} s", flush=True)
+            outcome = PLAYS[name].run(rehearsal, out / "runs")
+            summary[name] = judge(name, outcome)
+            print(f"{name}: {summary[name]['verdict']} (expected {PLAYS[name].expected}) in {outcome.wall_s} s"
+                  + ("" if summary[name]["ok"] else f"  DIFFERS {summary[name]['lacking_reasons']}"), flush=True)
     finally:
         rehearsal.down()
     summary_all = {"scenarios": summary, "wall_s": round(time.time() - start, 1)}
