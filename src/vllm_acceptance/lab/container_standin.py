@@ -22,6 +22,7 @@ and the recorded CUDA OOM line is written to its log, as a container that died o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -141,7 +142,7 @@ def run_detached(node: Node, argv: list[str]) -> int:
                       "--lab-python", node.lab_python, "--", "__supervise", name],
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                      start_new_session=True)
-    print(("%064x" % abs(hash((name, time.time()))))[:64])
+    print(f"{abs(hash((name, time.time()))):064x}"[:64])
     return 0
 
 
@@ -209,10 +210,8 @@ def stop(node: Node, name: str, remove: bool) -> int:
         return 1
     pid = read_int(box / "pid")
     if alive(pid):
-        try:
+        with contextlib.suppress(OSError):
             os.killpg(pid, signal.SIGTERM)   # type: ignore[arg-type]
-        except OSError:
-            pass
         for _ in range(30):
             if not alive(pid):
                 break
