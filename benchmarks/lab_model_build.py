@@ -93,7 +93,7 @@ MODEL = "tiny-agent"
 
 
 def server_command(lab_python: str, model_dir: Path, port: int, parser: str = "hermes") -> list[str]:
-    """The vLLM CPU launch line that works with the tiny model (LAB-NOTES flags)."""
+    """The vLLM CPU launch line that works with the tiny model (docs/lab.md flags)."""
     return [
         lab_python, "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model_dir), "--served-model-name", MODEL,

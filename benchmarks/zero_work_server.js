@@ -2,7 +2,7 @@
 //
 // Node's standard `http` module, one res.write per SSE event, chunks shaped like vLLM 0.32's
 // (role delta, one content delta per token, a finish chunk, a usage chunk, [DONE]). It does no
-// model work, so what a client reaches against it is the client's own ceiling (LAB-NOTES: this
+// model work, so what a client reaches against it is the client's own ceiling (docs/lab.md: this
 // server held 2,000 x 256-token streams at under 60% of one core).
 //
 // usage: node zero_work_server.js [port] [host]   -> prints {"port": N} on stdout when listening

@@ -16,14 +16,6 @@ description:
     A defect found does not fail the task; the report stage decides the verdict.
   - In check mode nothing is written.
 options:
-  run_dir:
-    description: The run directory.
-    type: path
-    required: true
-  profile_path:
-    description: The validated profile (SLO, thresholds).
-    type: path
-    required: true
   expected_hosts:
     description: Every host of the group loadgen (a host that left no records is named).
     type: list
@@ -54,6 +46,9 @@ options:
     description: Name of the findings and stage files.
     type: str
     default: load-distributed
+extends_documentation_fragment:
+  - acceptance
+  - acceptance.profile
 author: vllm-acceptance
 """
 
@@ -61,7 +56,6 @@ EXAMPLES = r"""
 - name: Merge the loadgen hosts' records
   acceptance_loadmerge:
     run_dir: "{{ acceptance_run_dir }}"
-    profile_path: "{{ acceptance_profile_path }}"
     expected_hosts: "{{ groups['loadgen'] }}"
     start_at: "{{ loadgen_start_at }}"
     window_end: "{{ loadgen_window_end }}"
@@ -86,16 +80,22 @@ finding:
   type: dict
 """
 
+import traceback
 from pathlib import Path
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.acceptance_base import AcceptanceModule
+
+try:
+    from vllm_acceptance.load.merge import merge_stage
+except ImportError:
+    IMPORT_ERROR = traceback.format_exc()
+else:
+    IMPORT_ERROR = None
 
 
 def main() -> None:
-    module = AnsibleModule(
+    module = AcceptanceModule(
         argument_spec={
-            "run_dir": {"type": "path", "required": True},
-            "profile_path": {"type": "path", "required": True},
             "expected_hosts": {"type": "list", "elements": "str", "required": True},
             "start_at": {"type": "float", "required": True},
             "window_end": {"type": "float"},
@@ -105,27 +105,18 @@ def main() -> None:
             "metrics_after": {"type": "path"},
             "stage": {"type": "str", "default": "load-distributed"},
         },
-        supports_check_mode=True,
+        profile=True, import_error=IMPORT_ERROR,
     )
     p = module.params
     if module.check_mode:
         module.exit_json(changed=False, status="skipped", msg="check mode: nothing merged or written")
-    run_dir = Path(p["run_dir"])
-    if not run_dir.is_dir():
-        module.fail_json(msg=f"run_dir {run_dir} does not exist: run the validate stage (or create it) first")
-    try:
-        from vllm_acceptance.core.profile import ConfigError
-        from vllm_acceptance.load.merge import merge_stage
-    except ImportError as exc:
-        module.fail_json(msg=f"vllm_acceptance is not importable ({exc}); run ansible-playbook from the project venv")
-    try:
-        finding, details = merge_stage(
-            run_dir, profile_path=p["profile_path"], expected_hosts=p["expected_hosts"], start_at=p["start_at"],
-            window_end=p["window_end"], tolerance_s=p["tolerance_s"], records_dir=p["records_dir"],
-            metrics_before=Path(p["metrics_before"]) if p["metrics_before"] else None,
-            metrics_after=Path(p["metrics_after"]) if p["metrics_after"] else None, stage=p["stage"])
-    except ConfigError as exc:
-        module.fail_json(msg=f"profile {p['profile_path']}: {exc}")
+    run = module.run()
+    finding, details = module.guard(
+        merge_stage, run.path, profile_path=p["profile_path"] or str(run.profile_path),
+        expected_hosts=p["expected_hosts"], start_at=p["start_at"], window_end=p["window_end"],
+        tolerance_s=p["tolerance_s"], records_dir=p["records_dir"],
+        metrics_before=Path(p["metrics_before"]) if p["metrics_before"] else None,
+        metrics_after=Path(p["metrics_after"]) if p["metrics_after"] else None, stage=p["stage"])
     per_host = {h: s["count"] for h, s in details["summary"]["per_host"].items()}
     module.exit_json(changed=True, status=finding.status.value, records=details["summary"]["overall"]["count"],
                      per_host=per_host, finding=finding.to_dict())

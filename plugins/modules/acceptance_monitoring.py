@@ -14,15 +14,6 @@ description:
     alert's C(threshold_source) annotation. OOM and NCCL errors are log-based and appear as rollback triggers.
   - In check mode nothing is written; the thresholds and the files that would be written are returned.
 options:
-  run_dir:
-    description: The run directory holding C(report.json) (e.g. C(reports/<inventory>/latest)).
-    type: path
-    required: true
-  profile_path:
-    description:
-      - The run's profile.
-      - Default the copy the run kept (C(evidence/profile.yml)), else the report's C(profile_source).
-    type: path
   dest:
     description:
       - A directory to also copy the rules file into (e.g. a Prometheus C(rule_files) directory on the controller).
@@ -47,6 +38,9 @@ options:
     description: Names of the agent gateway's retry counter and tool-call counter (vLLM exports no retry metric).
     type: list
     elements: str
+extends_documentation_fragment:
+  - acceptance
+  - acceptance.profile
 author: vllm-acceptance
 """
 
@@ -84,16 +78,31 @@ rules_copy:
 
 import json
 import shutil
+import traceback
 from pathlib import Path
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.acceptance_base import AcceptanceModule
+
+try:
+    from vllm_acceptance.monitoring import generate as monitoring
+except ImportError:
+    IMPORT_ERROR = traceback.format_exc()
+else:
+    IMPORT_ERROR = None
+
+
+def read_report(module: AcceptanceModule, run_dir: Path) -> dict:
+    report_path = run_dir / "report.json"
+    try:
+        return json.loads(report_path.read_text())
+    except (OSError, ValueError) as exc:
+        module.fail_json(msg=f"{report_path}: cannot read the run's report ({exc}); run accept.yml first or point "
+                             "run_dir (acceptance_run_dir) at a finished run")
 
 
 def main() -> None:
-    module = AnsibleModule(
+    module = AcceptanceModule(
         argument_spec={
-            "run_dir": {"type": "path", "required": True},
-            "profile_path": {"type": "path"},
             "dest": {"type": "path"},
             "for_s": {"type": "int", "default": 300},
             "window_s": {"type": "int", "default": 300},
@@ -101,21 +110,12 @@ def main() -> None:
             "require_accepted": {"type": "bool", "default": True},
             "tool_retry_metrics": {"type": "list", "elements": "str"},
         },
-        supports_check_mode=True,
+        profile=True, import_error=IMPORT_ERROR,
     )
-    try:
-        from vllm_acceptance.core.profile import ConfigError, load_profile
-        from vllm_acceptance.monitoring import generate as monitoring
-    except ImportError as exc:
-        module.fail_json(msg=f"vllm_acceptance is not importable ({exc}); run ansible-playbook from the project venv")
     p = module.params
-    run_dir = Path(p["run_dir"]).resolve()
-    report_path = run_dir / "report.json"
-    try:
-        report = json.loads(report_path.read_text())
-    except (OSError, ValueError) as exc:
-        module.fail_json(msg=f"{report_path}: cannot read the run's report ({exc}); run accept.yml first or point "
-                             "run_dir (acceptance_run_dir) at a finished run")
+    run = module.run()
+    run_dir = run.path.resolve()
+    report = read_report(module, run_dir)
     verdict = report.get("verdict")
     if p["require_accepted"] and verdict not in monitoring.ACCEPTED_VERDICTS:
         module.fail_json(msg=f"run {report.get('run_id')} has verdict {verdict!r}: monitoring is generated from an "
@@ -124,17 +124,10 @@ def main() -> None:
     retry = p["tool_retry_metrics"]
     if retry is not None and len(retry) != 2:
         module.fail_json(msg="tool_retry_metrics takes two names: the retry counter, then the tool-call counter")
-    profile_path = p["profile_path"] or (str(run_dir / "evidence" / "profile.yml")
-                                         if (run_dir / "evidence" / "profile.yml").is_file()
-                                         else report.get("profile_source"))
-    if not profile_path:
-        module.fail_json(msg="no profile: the run kept no evidence/profile.yml and report.json names none; "
-                             "pass profile_path")
-    try:
-        profile = load_profile(profile_path)
-    except ConfigError as exc:
-        module.fail_json(msg=str(exc))
-    summary = monitoring.monitoring_summary(report, profile)
+    profile = module.profile()
+    # The summary was derived once, when the report was built; a report without one (older) derives it here.
+    summary = report.get("monitoring") if "thresholds" in (report.get("monitoring") or {}) else None
+    summary = summary or module.guard(monitoring.monitoring_summary, report, profile)
     result = {"verdict": verdict, "thresholds": summary["thresholds"],
               "rollback_triggers": summary["rollback_triggers"]}
     if module.check_mode:

@@ -24,13 +24,6 @@ options:
     type: str
     choices: [judge, unpack]
     default: judge
-  run_dir:
-    description: Run directory on the controller.
-    type: path
-    required: true
-  profile_path:
-    description: Profile YAML (validated again here). Required for C(judge).
-    type: path
   hosts:
     description: Every GPU node of the inventory, reachable or not. Required for C(judge).
     type: list
@@ -51,6 +44,9 @@ options:
     description: File name under C(<run_dir>/findings/).
     type: str
     default: preflight.json
+extends_documentation_fragment:
+  - acceptance
+  - acceptance.profile
 author: vllm-acceptance
 """
 
@@ -72,7 +68,6 @@ EXAMPLES = r"""
 - name: Judge the compatibility chain
   acceptance_preflight:
     run_dir: "{{ acceptance_run_dir }}"
-    profile_path: "{{ acceptance_profile_path }}"
     hosts: "{{ groups['gpu_nodes'] }}"
   register: preflight_judgement
 """
@@ -126,24 +121,21 @@ findings:
 import traceback
 from pathlib import Path
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.acceptance_base import AcceptanceModule
 
 try:
-    from vllm_acceptance.core.findings import write_findings
-    from vllm_acceptance.core.profile import ConfigError, load_profile
-    from vllm_acceptance.core.rundir import update_run
-    from vllm_acceptance.preflight.stage import NodeStream, judge, save_node_streams, unreachable
+    from vllm_acceptance.preflight.stage import NodeStream, judge, save_node_streams, stage_details, unreachable
 except ImportError:
-    IMPORT_TRACE = traceback.format_exc()
+    IMPORT_ERROR = traceback.format_exc()
 else:
-    IMPORT_TRACE = None
+    IMPORT_ERROR = None
 
 
 def _label(finding) -> str:
     return f"{finding.check}@{finding.host}" if finding.host else finding.check
 
 
-def _node(module: AnsibleModule, host: str, answer) -> NodeStream:
+def _node(module: AcceptanceModule, host: str, answer) -> NodeStream:
     """One node's registered raw result + the role's marker and inputs, as a NodeStream."""
     marker = answer.get("marker") if isinstance(answer, dict) else None
     if not isinstance(marker, str) or len(marker) < 16:
@@ -155,7 +147,7 @@ def _node(module: AnsibleModule, host: str, answer) -> NodeStream:
                       rc=rc if isinstance(rc, int) else None, inputs=inputs if isinstance(inputs, dict) else {})
 
 
-def run_unpack(module: AnsibleModule) -> None:
+def run_unpack(module: AcceptanceModule) -> None:
     params = module.params
     nodes = {host: _node(module, host, answer) for host, answer in (params["nodes"] or {}).items()}
     try:
@@ -169,23 +161,21 @@ def run_unpack(module: AnsibleModule) -> None:
                      incomplete=incomplete, unfinished=unfinished)
 
 
-def run_judge(module: AnsibleModule) -> None:
+def run_judge(module: AcceptanceModule) -> None:
     params = module.params
-    run_dir = Path(params["run_dir"])
-    try:
-        profile = load_profile(params["profile_path"])
-    except ConfigError as exc:
-        module.fail_json(msg=f"fix the profile, then re-run: {exc}")
+    run, profile = module.run(), module.profile()
     hosts = params["hosts"]
-    findings = judge(run_dir, profile, hosts)
-    down = unreachable(run_dir, hosts)
-    path = run_dir / "findings" / params["findings_name"]
+    findings = module.guard(judge, run.path, profile, hosts)
+    down = unreachable(run.path, hosts)
+    stage = params["findings_name"].removesuffix(".json")
+    path = run.findings_path(stage)
     if not module.check_mode:
-        write_findings(path, findings)
+        run.write_findings(stage, findings)
+        run.write_stage(stage, stage_details(run.path, profile, hosts))
         # The report and the verdict read unreachable hosts from run.json (report/build.py). The result
         # key is not `unreachable`: a true `unreachable` in a module result makes Ansible mark localhost
         # itself unreachable.
-        update_run(run_dir, unreachable_hosts=down)
+        run.update(unreachable_hosts=down)
     counts: dict[str, int] = {}
     for finding in findings:
         counts[finding.status.value] = counts.get(finding.status.value, 0) + 1
@@ -197,26 +187,17 @@ def run_judge(module: AnsibleModule) -> None:
 
 
 def main() -> None:
-    module = AnsibleModule(
+    module = AcceptanceModule(
         argument_spec={
             "action": {"type": "str", "choices": ["judge", "unpack"], "default": "judge"},
-            "run_dir": {"type": "path", "required": True},
-            "profile_path": {"type": "path"},
             "hosts": {"type": "list", "elements": "str"},
             "findings_name": {"type": "str", "default": "preflight.json"},
             "nodes": {"type": "dict"},
             "secrets": {"type": "list", "elements": "str", "default": [], "no_log": True},
         },
-        required_if=[("action", "judge", ("profile_path", "hosts")), ("action", "unpack", ("nodes",))],
-        supports_check_mode=True,
+        required_if=[("action", "judge", ("hosts",)), ("action", "unpack", ("nodes",))],
+        profile=True, import_error=IMPORT_ERROR,
     )
-    if IMPORT_TRACE is not None:
-        import sys
-
-        module.fail_json(msg=f"the vllm_acceptance package is not importable by {sys.executable}: run the "
-                             "playbook from the project venv (.venv/bin/ansible-playbook) or set "
-                             "ansible_python_interpreter for localhost to that venv's python",
-                         exception=IMPORT_TRACE)
     if module.params["action"] == "unpack":
         run_unpack(module)
     else:

@@ -8,8 +8,8 @@ DOCUMENTATION = r"""
 module: acceptance_probe
 short_description: Run a cache, agent or load probe against a running vLLM server
 description:
-  - The same code as C(vllm-acceptance probe KIND). Writes C(probes/KIND/result.json) and its evidence under
-    the run directory, then C(findings/KIND.json) and C(stages/KIND.json) for the report.
+  - The same code as C(vllm-acceptance probe KIND). Writes its evidence under C(probes/KIND/) in the run
+    directory, its findings to C(findings/KIND.json) and its details to C(stages/KIND.json), as every stage does.
   - A probe that finds a defect does not fail the task; the verdict is decided by the report stage. The task
     fails only on bad input or an unreachable server, with a message naming the URL or field.
   - In check mode nothing is sent (probes generate traffic).
@@ -18,14 +18,6 @@ options:
     description: Which probe.
     type: str
     choices: [cache, agent, load]
-    required: true
-  run_dir:
-    description: The run directory.
-    type: path
-    required: true
-  profile_path:
-    description: The validated profile.
-    type: path
     required: true
   base_url:
     description: OpenAI base URL (through the gateway, if any).
@@ -60,6 +52,9 @@ options:
     description: Profile fields overridden for this probe (dotted keys).
     type: dict
     default: {}
+extends_documentation_fragment:
+  - acceptance
+  - acceptance.profile
 author: vllm-acceptance
 """
 
@@ -68,7 +63,6 @@ EXAMPLES = r"""
   acceptance_probe:
     kind: cache
     run_dir: "{{ acceptance_run_dir }}"
-    profile_path: "{{ acceptance_profile_path }}"
     base_url: http://127.0.0.1:8011/v1
     model: tiny-agent
 """
@@ -83,22 +77,27 @@ statuses:
   returned: success
   type: dict
 result:
-  description: Path of result.json.
+  description: Path of the stage's details (C(stages/KIND.json)).
   returned: success
   type: str
 """
 
-from pathlib import Path
+import traceback
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.acceptance_base import AcceptanceModule
+
+try:
+    from vllm_acceptance.probes.stage import run_probe_stage
+except ImportError:
+    IMPORT_ERROR = traceback.format_exc()
+else:
+    IMPORT_ERROR = None
 
 
 def main() -> None:
-    module = AnsibleModule(
+    module = AcceptanceModule(
         argument_spec={
             "kind": {"type": "str", "choices": ["cache", "agent", "load"], "required": True},
-            "run_dir": {"type": "path", "required": True},
-            "profile_path": {"type": "path", "required": True},
             "base_url": {"type": "str", "required": True},
             "model": {"type": "str", "required": True},
             "metrics_url": {"type": "str"},
@@ -110,25 +109,17 @@ def main() -> None:
             "server_log": {"type": "path"},
             "overrides": {"type": "dict", "default": {}},
         },
-        supports_check_mode=True,
+        profile=True, import_error=IMPORT_ERROR,
     )
     p = module.params
     if module.check_mode:
         module.exit_json(changed=False, status="skipped", msg=f"check mode: the {p['kind']} probe sends no traffic")
-    try:
-        from vllm_acceptance.core.profile import ConfigError
-        from vllm_acceptance.probes.client import ServerUnreachable
-        from vllm_acceptance.probes.stage import run_probe_stage
-    except ImportError as exc:
-        module.fail_json(msg=f"vllm_acceptance is not importable ({exc}); run ansible-playbook from the project venv")
-    try:
-        status, statuses, result = run_probe_stage(
-            Path(p["run_dir"]), p["kind"], profile_path=p["profile_path"], base_url=p["base_url"],
-            model=p["model"], metrics_url=p["metrics_url"], prometheus_url=p["prometheus_url"],
-            prometheus_instance=p["prometheus_instance"], direct_url=p["direct_url"], api_key=p["api_key"],
-            server_pid=p["server_pid"], server_log=p["server_log"], overrides=p["overrides"])
-    except (ConfigError, ServerUnreachable) as exc:
-        module.fail_json(msg=str(exc))
+    run = module.run()
+    status, statuses, result = module.guard(
+        run_probe_stage, run.path, p["kind"], profile_path=p["profile_path"] or str(run.profile_path),
+        base_url=p["base_url"], model=p["model"], metrics_url=p["metrics_url"], prometheus_url=p["prometheus_url"],
+        prometheus_instance=p["prometheus_instance"], direct_url=p["direct_url"], api_key=p["api_key"],
+        server_pid=p["server_pid"], server_log=p["server_log"], overrides=p["overrides"])
     module.exit_json(changed=True, status=status, statuses=statuses, result=str(result))
 
 

@@ -136,14 +136,22 @@ command:
 """
 
 import time
+import traceback
 from pathlib import Path
-from typing import Any
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.acceptance_base import AcceptanceModule
+
+try:
+    from vllm_acceptance.core.redact import redact_text
+    from vllm_acceptance.lab import server
+except ImportError:
+    IMPORT_ERROR = traceback.format_exc()
+else:
+    IMPORT_ERROR = None
 
 
 def main() -> None:
-    module = AnsibleModule(
+    module = AcceptanceModule(
         argument_spec={
             "state": {"type": "str", "choices": ["started", "ready", "stopped"], "default": "started"},
             "python": {"type": "path"},
@@ -162,13 +170,8 @@ def main() -> None:
             "wait_s": {"type": "float", "default": 15},
         },
         required_if=[("state", "started", ("python", "model", "served_model_name"))],
-        supports_check_mode=True,
+        run_dir=False, import_error=IMPORT_ERROR,
     )
-    try:
-        from vllm_acceptance.core.redact import redact_text
-        from vllm_acceptance.lab import server
-    except ImportError as exc:
-        module.fail_json(msg=f"vllm_acceptance is not importable ({exc}); run ansible-playbook from the project venv")
     p = module.params
     pid_path = Path(p["pid_path"])
     if p["state"] == "stopped":
@@ -177,7 +180,7 @@ def main() -> None:
             module.exit_json(changed=bool(running))
         module.exit_json(changed=server.stop(pid_path))
     if p["state"] == "ready":
-        _wait_slice(module, server, redact_text)
+        _wait_slice(module)
     if not Path(p["python"]).is_file():
         module.fail_json(msg=f"vLLM interpreter {p['python']} not found: "
                              "set vllm_serve_python, or run `make lab-venv`")
@@ -199,7 +202,7 @@ def main() -> None:
     module.exit_json(changed=True, pid=pid, base_url=spec.base_url, ready_s=round(ready, 2), command=command)
 
 
-def _wait_slice(module: AnsibleModule, server: Any, redact_text: Any) -> None:
+def _wait_slice(module: AcceptanceModule) -> None:
     """state=ready: wait up to wait_s for the started process; report, never fail on slowness."""
     p = module.params
     pid_path, log_path = Path(p["pid_path"]), Path(p["log_path"])

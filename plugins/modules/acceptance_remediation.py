@@ -176,19 +176,19 @@ import json
 import traceback
 from pathlib import Path
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.acceptance_base import AcceptanceModule
 
 try:
     import yaml
 
-    from vllm_acceptance import remediation as rem
     from vllm_acceptance.core.evidence import atomic_write
     from vllm_acceptance.core.findings import read_findings
-    from vllm_acceptance.core.profile import ConfigError, load_profile
+    from vllm_acceptance.core.profile import load_profile
+    from vllm_acceptance.rebuild import remediation as rem
 except ImportError:
-    IMPORT_TRACE = traceback.format_exc()
+    IMPORT_ERROR = traceback.format_exc()
 else:
-    IMPORT_TRACE = None
+    IMPORT_ERROR = None
 
 REQUIRED_BY_ACTION = {
     "entry": ["run_dir"],
@@ -242,13 +242,11 @@ def do_post_check(module, p):
 
 
 def do_experimental_profile(module, p):
-    try:
-        data = rem.experimental_profile(
-            load_profile(p["base_profile_path"]), name=p["profile_name"], image_reference=p["image_reference"],
-            image_digest=p["image_digest"], cuda_major=p["cuda_major"], lineage=p["lineage"],
-            driver_min_branch=p["driver_min_branch"], driver_min_version=p["driver_min_version"])
-    except (ConfigError, ValueError) as exc:
-        module.fail_json(msg=f"cannot write the experimental profile: {exc}")
+    base = module.guard(load_profile, p["base_profile_path"])
+    data = module.guard(
+        rem.experimental_profile, base, name=p["profile_name"], image_reference=p["image_reference"],
+        image_digest=p["image_digest"], cuda_major=p["cuda_major"], lineage=p["lineage"],
+        driver_min_branch=p["driver_min_branch"], driver_min_version=p["driver_min_version"])
     dest = Path(p["profile_dest"])
     text = ("# EXPERIMENTAL: written by playbooks/build_image.yml; a self-built image, never an acceptance of "
             "the official image.\n" + yaml.safe_dump(data, sort_keys=False))
@@ -259,7 +257,7 @@ def do_experimental_profile(module, p):
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec={
+    module = AcceptanceModule(run_dir=False, import_error=IMPORT_ERROR, argument_spec={
         "action": {"type": "str", "required": True,
                    "choices": ["entry", "route", "capture", "post_check", "start", "record", "experimental_profile"]},
         "run_dir": {"type": "path"},
@@ -288,12 +286,6 @@ def main() -> None:
         "driver_min_version": {"type": "str"},
         "lineage": {"type": "dict", "default": {}},
     }, supports_check_mode=True)
-    if IMPORT_TRACE is not None:
-        import sys
-
-        module.fail_json(msg=f"the vllm_acceptance package is not importable by {sys.executable}: run the playbook "
-                             "from the project venv or set ansible_python_interpreter for localhost to it",
-                         exception=IMPORT_TRACE)
     p = module.params
     absent = [k for k in REQUIRED_BY_ACTION.get(p["action"], []) if p.get(k) in (None, "")]
     if absent:

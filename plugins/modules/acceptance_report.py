@@ -12,19 +12,14 @@ description:
     finding), applies the decision table, writes the reports atomically and points
     C(reports/<inventory>/latest) at the run.
 options:
-  run_dir:
-    description: The run directory.
-    type: path
-    required: true
-  profile_path:
-    description: The validated profile.
-    type: path
-    required: true
   unreachable_hosts:
     description: Hosts that could not be reached during the run.
     type: list
     elements: str
     default: []
+extends_documentation_fragment:
+  - acceptance
+  - acceptance.profile
 author: vllm-acceptance
 """
 
@@ -32,7 +27,6 @@ EXAMPLES = r"""
 - name: Decide and report
   acceptance_report:
     run_dir: "{{ acceptance_run_dir }}"
-    profile_path: "{{ acceptance_profile_path }}"
 """
 
 RETURN = r"""
@@ -55,42 +49,34 @@ report:
   type: str
 """
 
-from pathlib import Path
+import traceback
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.acceptance_base import AcceptanceModule
+
+try:
+    from vllm_acceptance.report.build import build_report, point_latest
+    from vllm_acceptance.report.write import write_reports
+except ImportError:
+    IMPORT_ERROR = traceback.format_exc()
+else:
+    IMPORT_ERROR = None
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "run_dir": {"type": "path", "required": True},
-            "profile_path": {"type": "path", "required": True},
-            "unreachable_hosts": {"type": "list", "elements": "str", "default": []},
-        },
-        supports_check_mode=True,
+    module = AcceptanceModule(
+        argument_spec={"unreachable_hosts": {"type": "list", "elements": "str", "default": []}},
+        profile=True, import_error=IMPORT_ERROR,
     )
     if module.check_mode:
         module.exit_json(changed=False, verdict="incomplete", reasons=["check mode: nothing was measured"])
-    try:
-        from vllm_acceptance.core.profile import ConfigError, load_profile
-        from vllm_acceptance.core.rundir import update_run
-        from vllm_acceptance.report.build import build_report, point_latest
-        from vllm_acceptance.report.write import write_reports
-    except ImportError as exc:
-        module.fail_json(msg=f"vllm_acceptance is not importable ({exc}); run ansible-playbook from the project venv")
-    p = module.params
-    run_dir = Path(p["run_dir"])
-    try:
-        profile = load_profile(p["profile_path"])
-    except ConfigError as exc:
-        module.fail_json(msg=str(exc))
-    if p["unreachable_hosts"]:
-        update_run(run_dir, unreachable_hosts=p["unreachable_hosts"])
-    report = build_report(run_dir, profile)
-    write_reports(run_dir, report)
-    point_latest(run_dir)
+    run, profile = module.run(), module.profile()
+    if module.params["unreachable_hosts"]:
+        run.update(unreachable_hosts=module.params["unreachable_hosts"])
+    report = module.guard(build_report, run.path, profile)
+    write_reports(run.path, report)
+    point_latest(run.path)
     module.exit_json(changed=True, verdict=report["verdict"], reasons=report["verdict_reasons"],
-                     gates=report["gates"], report=str(run_dir / "report.html"),
+                     gates=report["gates"], report=str(run.path / "report.html"),
                      summary=report["summary"])
 
 

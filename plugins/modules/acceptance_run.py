@@ -69,13 +69,39 @@ profile_path:
 """
 
 import tempfile
+import traceback
 from pathlib import Path
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.acceptance_base import AcceptanceModule
+
+try:
+    from vllm_acceptance.core.profile import load_profile
+    from vllm_acceptance.core.rundir import (
+        open_run,
+        record_profile,
+        resolve_profile_path,
+        validate_inventory_vars,
+    )
+except ImportError:
+    IMPORT_ERROR = traceback.format_exc()
+else:
+    IMPORT_ERROR = None
+
+
+def check_mode_run(module: AcceptanceModule, project: Path) -> None:
+    """Validate as a real run does, in a scratch directory (reports/ is left untouched) that holds the
+    frozen profile, so that the read-only stages judge exactly as they would."""
+    params = module.params
+    validate_inventory_vars(params["variables"], f"inventory {params['inventory']}")
+    profile = load_profile(resolve_profile_path(str(params["variables"]["acceptance_profile"]), project))
+    scratch = Path(tempfile.mkdtemp(prefix="vllm-acceptance-check-"))
+    frozen = scratch / record_profile(scratch, profile)
+    module.exit_json(changed=False, run_dir=str(scratch), run_id="check-mode", profile=profile.data,
+                     profile_path=str(frozen))
 
 
 def main() -> None:
-    module = AnsibleModule(
+    module = AcceptanceModule(
         argument_spec={
             "project_dir": {"type": "path", "required": True},
             "reports_dir": {"type": "path", "required": True},
@@ -84,32 +110,18 @@ def main() -> None:
             "hosts": {"type": "list", "elements": "str", "default": []},
             "run_id": {"type": "str"},
         },
-        supports_check_mode=True,
+        run_dir=False, import_error=IMPORT_ERROR,
     )
-    try:
-        from vllm_acceptance.core.profile import ConfigError, load_profile
-        from vllm_acceptance.core.rundir import open_run, resolve_profile_path, validate_inventory_vars
-    except ImportError as exc:
-        module.fail_json(msg=f"the vllm_acceptance package is not importable by {module._name}'s python ({exc}); "
-                             "run the controller from the project venv (`make venv`, then .venv/bin/ansible-playbook)")
     params = module.params
     project = Path(params["project_dir"]).resolve()
-    try:
-        if module.check_mode:
-            validate_inventory_vars(params["variables"], f"inventory {params['inventory']}")
-            path = resolve_profile_path(str(params["variables"]["acceptance_profile"]), project)
-            profile = load_profile(path)
-            # A scratch directory: stages see a real path, and reports/ is left untouched.
-            scratch = tempfile.mkdtemp(prefix="vllm-acceptance-check-")
-            module.exit_json(changed=False, run_dir=scratch, run_id="check-mode", profile=profile.data,
-                             profile_path=str(path))
-        run_dir, profile = open_run(project_dir=project, reports_dir=Path(params["reports_dir"]),
+    if module.check_mode:
+        module.guard(check_mode_run, module, project)
+    run_dir, profile = module.guard(open_run, project_dir=project, reports_dir=Path(params["reports_dir"]),
                                     inventory=params["inventory"], variables=params["variables"],
                                     hosts=params["hosts"], run_id=params["run_id"])
-    except ConfigError as exc:
-        module.fail_json(msg=str(exc))
+    # Every later stage judges the run's frozen copy of the profile (evidence/profile.yml).
     module.exit_json(changed=True, run_dir=str(run_dir), run_id=run_dir.name, profile=profile.data,
-                     profile_path=str(Path(profile.source).resolve()))
+                     profile_path=str(run_dir / record_profile(run_dir, profile)))
 
 
 if __name__ == "__main__":

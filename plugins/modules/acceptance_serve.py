@@ -12,14 +12,6 @@ description:
     profile, reads the running server's actual configuration (C(vllm:cache_config_info), the process
     arguments, C(/v1/models)) and writes C(findings/serve.json) and C(stages/serve.json) in the run directory.
 options:
-  run_dir:
-    description: The run directory.
-    type: path
-    required: true
-  profile_path:
-    description: The validated profile.
-    type: path
-    required: true
   base_url:
     description: The server's OpenAI base URL.
     type: str
@@ -54,6 +46,9 @@ options:
   api_key:
     description: The server's API key, if any. Never written anywhere.
     type: str
+extends_documentation_fragment:
+  - acceptance
+  - acceptance.profile
 author: vllm-acceptance
 """
 
@@ -61,7 +56,6 @@ EXAMPLES = r"""
 - name: Judge the serve stage
   acceptance_serve:
     run_dir: "{{ acceptance_run_dir }}"
-    profile_path: "{{ acceptance_profile_path }}"
     base_url: http://127.0.0.1:8011/v1
     startup_log_path: .lab/vllm.log
     ready_s: 44.2
@@ -74,16 +68,22 @@ statuses:
   type: dict
 """
 
+import traceback
 from pathlib import Path
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.acceptance_base import AcceptanceModule
+
+try:
+    from vllm_acceptance.serve.stage import ServeFacts, judge_serve
+except ImportError:
+    IMPORT_ERROR = traceback.format_exc()
+else:
+    IMPORT_ERROR = None
 
 
 def main() -> None:
-    module = AnsibleModule(
+    module = AcceptanceModule(
         argument_spec={
-            "run_dir": {"type": "path", "required": True},
-            "profile_path": {"type": "path", "required": True},
             "base_url": {"type": "str", "required": True},
             "host": {"type": "str"},
             "mode": {"type": "str", "choices": ["launch", "attach"], "default": "launch"},
@@ -95,26 +95,18 @@ def main() -> None:
             "metrics_url": {"type": "str"},
             "api_key": {"type": "str", "no_log": True},
         },
-        supports_check_mode=True,
+        profile=True, import_error=IMPORT_ERROR,
     )
     if module.check_mode:
         module.exit_json(changed=False, statuses={})
-    try:
-        from vllm_acceptance.core.profile import ConfigError, load_profile
-        from vllm_acceptance.serve.stage import ServeFacts, judge_serve
-    except ImportError as exc:
-        module.fail_json(msg=f"vllm_acceptance is not importable ({exc}); run ansible-playbook from the project venv")
     p = module.params
     log_path = Path(p["startup_log_path"]) if p["startup_log_path"] else None
     log_text = log_path.read_text(errors="replace") if log_path and log_path.is_file() else None
-    try:
-        profile = load_profile(p["profile_path"])
-    except ConfigError as exc:
-        module.fail_json(msg=str(exc))
+    run, profile = module.run(), module.profile()
     facts = ServeFacts(base_url=p["base_url"], host=p["host"], mode=p["mode"], launch_command=p["launch_command"],
                        startup_log=log_text, ready_s=p["ready_s"], launch_error=p["launch_error"],
                        process_args=p["process_args"], metrics_url=p["metrics_url"], api_key=p["api_key"])
-    findings = judge_serve(Path(p["run_dir"]), profile, facts)
+    findings = module.guard(judge_serve, run.path, profile, facts)
     module.exit_json(changed=True, statuses={f.check: f.status.value for f in findings})
 
 

@@ -1,4 +1,4 @@
-"""vllm-acceptance: the command line (ARCHITECTURE contract 3), sharing the modules' code.
+"""vllm-acceptance: the command line (docs/acceptance.md "Contracts", 3), sharing the modules' code.
 
 Exit codes: 0 pass, 1 fail, 3 inconclusive, 2 usage or set-up error.
 """
@@ -14,6 +14,7 @@ from pathlib import Path
 from .core.profile import ConfigError, load_profile
 from .probes.client import ServerUnreachable
 from .probes.result import EXIT_USAGE, exit_code
+from .rules.registry import FAMILIES
 
 
 def _add_probe(sub: argparse._SubParsersAction, kind: str, help_text: str) -> None:
@@ -56,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     diff = sub.add_parser("diff", help="what changed between two runs (re-acceptance view)")
     diff.add_argument("run_a", type=Path)
     diff.add_argument("run_b", type=Path)
+
+    checks = sub.add_parser("checks", help="list the check catalog (every check id, its rule and consequence)")
+    checks.add_argument("--format", choices=("table", "json", "md"), default="table")
+    checks.add_argument("--family", choices=FAMILIES, help="only this family")
 
     lab = sub.add_parser("lab", help="the embedded lab: real vLLM on CPU")
     lab_sub = lab.add_subparsers(dest="lab_command", required=True)
@@ -144,6 +149,17 @@ def cmd_lab(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_checks(args: argparse.Namespace) -> int:
+    from .rules import catalog_docs
+
+    if args.format == "md":
+        print(catalog_docs.as_markdown(), end="")
+    else:
+        render = catalog_docs.as_json if args.format == "json" else catalog_docs.as_table
+        print(render(args.family), end="")
+    return 0
+
+
 def cmd_diff(args: argparse.Namespace) -> int:
     from .report.diff import RunNotFound, diff_runs, render_diff_text
 
@@ -170,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_diff(args)
         if args.command == "lab":
             return cmd_lab(args)
+        if args.command == "checks":
+            return cmd_checks(args)
     except (ConfigError, ServerUnreachable) as exc:
         print(f"vllm-acceptance: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -1,6 +1,6 @@
 """The decision table: findings -> one verdict per inventory.
 
-Precedence (SPEC.md): rebuild_environment > expand_capacity > limited_observation > release.
+Precedence (docs/acceptance.md): rebuild_environment > expand_capacity > limited_observation > release.
 `incomplete` states that no decision can be signed yet: a required finding is missing or
 inconclusive, or a host was unreachable. A failed compatibility chain is the one thing that is
 certain even then (more evidence cannot make a wrong driver right), so it still decides.
@@ -66,7 +66,7 @@ def decide(findings: list[Finding], *, experimental: bool = False,
     agent_blocked = [f for f in failing if f.consequence == Consequence.BLOCK_AGENT]
     warned = [f for f in findings if f.status == Status.WARN]
     unknown = [f for f in findings if f.status in (Status.MISSING, Status.INCONCLUSIVE)]
-    # A launch that failed with a classified cause is decided by that cause (SPEC, "When vLLM does not
+    # A launch that failed with a classified cause is decided by that cause (docs/acceptance.md, "When vLLM does not
     # start"): the stages it kept from running are not reached, not unknown. Node evidence still counts.
     launch_failed = [f for f in failing if f.check.endswith(".launch_triage")]
     not_reached = [f for f in unknown if launch_failed and not_reached_after_launch(f)]
@@ -154,7 +154,7 @@ def traffic_gates(verdict: str, findings: list[Finding]) -> dict[str, dict[str, 
 
 def annotate(findings: list[Finding], owner: str | None, period_days: int,
              today: dt.date | None = None) -> None:
-    """Every finding carries an owner and a re-check date (SPEC: finding fields)."""
+    """Every finding carries an owner and a re-check date (docs/acceptance.md, "The four verdicts")."""
     today = today or dt.datetime.now(dt.UTC).date()
     recheck = (today + dt.timedelta(days=period_days)).isoformat()
     for finding in findings:

@@ -1,6 +1,6 @@
 """Generated monitoring on the real lab: a real Prometheus (Debian package) scrapes two real lab vLLM
 servers every second with the generated rules loaded. Thresholds come from a real load measurement of
-the normal server (the accepted figures). The same LAB-NOTES pressure workload makes the capacity alerts
+the normal server (the accepted figures). The same docs/lab.md pressure workload makes the capacity alerts
 fire on the pressure configuration (`--max-num-seqs 4 --num-gpu-blocks-override 24`), while the normal
 configuration at the accepted concurrency keeps them silent.
 """
@@ -49,7 +49,7 @@ def accepted_report(server: Any, tmp_path: Path) -> dict[str, Any]:
 
 
 def pressure_specs(n: int) -> list[RequestSpec]:
-    """LAB-NOTES: requests of ~690 prompt tokens, max_tokens 600, ignore_eos."""
+    """docs/lab.md: requests of ~690 prompt tokens, max_tokens 600, ignore_eos."""
     return [RequestSpec(messages=[{"role": "user", "content": f"Request {i}. " + filler(530, 100 + i)}],
                         max_tokens=600, tag="pressure", extra={"temperature": 0.0, "ignore_eos": True})
             for i in range(n)]
@@ -118,7 +118,7 @@ def test_alerts_fire_under_pressure_and_stay_silent_under_the_normal_configurati
         time.sleep(5)  # longer than for_s + one evaluation: a pending alert would have fired by now
         assert any(r.status == "ok" for r in normal)
         loud_normal = watch.names(normal_target) & (CAPACITY_ALERTS | SILENT_TOO)
-        # Pressure configuration, the LAB-NOTES workload: 16 requests at once.
+        # Pressure configuration, the docs/lab.md pressure workload: 16 requests at once.
         run_closed_loop_sync(pressure.base_url, pressure.model, pressure_specs(16), 16, timeout_s=90,
                              stage_deadline_s=60)
         deadline = time.time() + 15

@@ -52,7 +52,7 @@ def ansible_bin(tool: str = "ansible-playbook") -> str:
 def ansible_env(**extra: str) -> dict[str, str]:
     """Environment for running ansible-playbook against namespace hosts from this repo.
 
-    Pipelining halves playbook time (LAB-NOTES); the repo's plugin and role paths are set
+    Pipelining halves playbook time (docs/lab.md); the repo's plugin and role paths are set
     explicitly so tests do not depend on the working directory picking up ansible.cfg.
     """
     import sys

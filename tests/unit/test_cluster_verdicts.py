@@ -309,7 +309,7 @@ def test_example_inventory_runs_the_controller_locally() -> None:
     """Copied as it is, the example must not SSH to localhost (the probes and load run there)."""
     import subprocess
 
-    out = subprocess.run([str(ROOT / ".venv" / "bin" / "ansible-inventory"), "-i",
+    out = subprocess.run([str(Path(sys.executable).parent / "ansible-inventory"), "-i",
                           str(ROOT / "inventories" / "example-gb300"), "--host", "localhost"],
                          capture_output=True, text=True, check=True, timeout=60)
     assert json.loads(out.stdout)["ansible_connection"] == "local"

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-MODULES = sorted((Path(__file__).resolve().parents[2] / "plugins" / "modules").glob("*.py"))
+PLUGINS = Path(__file__).resolve().parents[2] / "plugins"
+MODULES = sorted((PLUGINS / "modules").glob("*.py"))
+FRAGMENTS = PLUGINS / "doc_fragments"
 
 
 def module_strings(path: Path) -> dict[str, str]:
@@ -19,11 +21,42 @@ def module_strings(path: Path) -> dict[str, str]:
             for t in node.targets if isinstance(t, ast.Name) and isinstance(node.value, ast.Constant)}
 
 
+def fragment_options(name: str) -> dict[str, object]:
+    """Options of a doc fragment `file[.VARIABLE]` from plugins/doc_fragments (DOCUMENTATION by default)."""
+    module, _, variable = name.partition(".")
+    tree = ast.parse((FRAGMENTS / f"{module}.py").read_text())
+    wanted = variable.upper() or "DOCUMENTATION"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == wanted for t in node.targets):
+            return yaml.safe_load(node.value.value)["options"]
+    raise AssertionError(f"doc fragment {name} not found in {FRAGMENTS}")
+
+
+def documented_options(doc: dict) -> set[str]:
+    options = set(doc.get("options", {}))
+    for fragment in doc.get("extends_documentation_fragment", []):
+        options |= set(fragment_options(fragment))
+    return options
+
+
 def argument_spec_keys(path: Path) -> set[str]:
+    """The options the module takes: its literal argument_spec plus what AcceptanceModule adds
+    (run_dir unless run_dir=False, profile_path when profile=True)."""
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.keyword) and node.arg == "argument_spec" and isinstance(node.value, ast.Dict):
-            return {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
-    raise AssertionError(f"{path.name}: no literal argument_spec")
+        if not (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "AcceptanceModule"):
+            continue
+        kwargs = {k.arg: k.value for k in node.keywords}
+        spec = kwargs.get("argument_spec")
+        assert isinstance(spec, ast.Dict), f"{path.name}: no literal argument_spec"
+        keys = {k.value for k in spec.keys if isinstance(k, ast.Constant)}
+        run_dir = kwargs.get("run_dir")
+        if not (isinstance(run_dir, ast.Constant) and run_dir.value is False):
+            keys.add("run_dir")
+        profile = kwargs.get("profile")
+        if isinstance(profile, ast.Constant) and profile.value is True:
+            keys.add("profile_path")
+        return keys
+    raise AssertionError(f"{path.name}: does not build its module with the shared AcceptanceModule base")
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: p.stem)
@@ -32,9 +65,10 @@ def test_documentation_matches_argument_spec(path: Path) -> None:
     for name in ("DOCUMENTATION", "EXAMPLES", "RETURN"):
         assert name in strings, f"{path.name} lacks {name}"
         yaml.safe_load(strings[name])
-    documented = set(yaml.safe_load(strings["DOCUMENTATION"]).get("options", {}))
+    documented = documented_options(yaml.safe_load(strings["DOCUMENTATION"]))
     assert documented == argument_spec_keys(path)
-    assert "supports_check_mode=True" in path.read_text()
+    assert "module_utils.acceptance_base import AcceptanceModule" in path.read_text()
+    assert "AnsibleModule(" not in path.read_text(), "modules use the shared base (check mode on by default)"
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: p.stem)

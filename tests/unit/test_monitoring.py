@@ -280,11 +280,19 @@ def test_summary_for_the_report(runs, tmp_path: Path) -> None:
 # Module and playbook
 
 
+# Run the module file as Ansible would, with the project's module_utils where Ansible puts them
+# (ansible.cfg: module_utils = plugins/module_utils).
+RUN_MODULE = ("import ansible.module_utils, runpy, sys; ansible.module_utils.__path__.append(sys.argv[1]); "
+              "sys.argv = sys.argv[2:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+
+
 def run_module(args: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
     path = tmp_path / "args.json"
     path.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
-    proc = subprocess.run([sys.executable, str(REPO / "plugins" / "modules" / "acceptance_monitoring.py"), str(path)],
+    proc = subprocess.run([sys.executable, "-c", RUN_MODULE, str(REPO / "plugins" / "module_utils"),
+                           str(REPO / "plugins" / "modules" / "acceptance_monitoring.py"), str(path)],
                           capture_output=True, text=True, timeout=120)
+    assert proc.stdout, proc.stderr
     return json.loads(proc.stdout)
 
 

@@ -267,7 +267,7 @@ def test_markdown_verdict_failing_first_and_signoff(built: dict) -> None:
     md = render_markdown(built["limited"][1])
     assert "**Verdict: `limited_observation` — Limited observation**" in md
     start = md.index("## Findings needing action (2)")
-    assert start < md.index("`capacity.concurrency`", start) < md.index("## Passed and not applicable")
+    assert start < md.index("`capacity.ramp`", start) < md.index("## Passed and not applicable")
     assert "[evidence/load/ramp/records.jsonl](evidence/load/ramp/records.jsonl)" in md
     assert "| Reviewer (SRE / platform lead) | ______________ |" in md
     assert "| agent (tool calls) | **open, limited** |" in md
@@ -295,7 +295,7 @@ def test_junit_one_case_per_finding_with_status_mapping(built: dict) -> None:
     cases = suite.findall("testcase")
     assert len(cases) == len(report["findings"])
     by_name = {c.get("name"): c for c in cases}
-    fail = by_name["capacity.concurrency"]
+    fail = by_name["capacity.ramp"]
     assert fail.get("classname") == "capacity" and fail.find("failure") is not None
     assert by_name["compat.driver_branch@gb300-node1"].get("classname") == "compat"
     warn = by_name["agent.format_errors"]

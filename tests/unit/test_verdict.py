@@ -1,4 +1,4 @@
-"""The decision table, case by case (SPEC "The four verdicts")."""
+"""The decision table, case by case (docs/acceptance.md "The four verdicts")."""
 
 from __future__ import annotations
 

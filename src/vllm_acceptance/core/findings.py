@@ -6,6 +6,7 @@ and every report format read nothing else.
 
 from __future__ import annotations
 
+import contextvars
 import json
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
@@ -35,6 +36,10 @@ VERDICTS = ("release", "limited_observation", "rebuild_environment", "expand_cap
 LAYERS = ("model", "parser", "gateway", "client", "executor", "retry")
 CHECK_PREFIXES = ("compat.", "capacity.", "cache.", "agent.", "interconnect.")
 
+# Findings read back from disk (an older run, a diff) are taken as they were written; findings built
+# by the code must name a catalogued check (rules/catalog.py).
+_READING = contextvars.ContextVar("reading_findings", default=False)
+
 
 @dataclass
 class Finding:
@@ -61,6 +66,10 @@ class Finding:
             raise ValueError(f"check id {self.check!r} must start with one of {CHECK_PREFIXES}")
         if self.layer is not None and self.layer not in LAYERS:
             raise ValueError(f"layer {self.layer!r} must be one of {LAYERS}")
+        if not _READING.get():
+            from ..rules.registry import get
+
+            get(self.check)  # an id outside the catalog is a programming error
 
     @property
     def blocks(self) -> bool:
@@ -76,20 +85,25 @@ class Finding:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Finding:
         known = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        token = _READING.set(True)
+        try:
+            return cls(**{k: v for k, v in data.items() if k in known})
+        finally:
+            _READING.reset(token)
 
 
-def missing(check: str, host: str | None, why: str, consequence: Consequence = Consequence.REBUILD,
+def missing(check: str, host: str | None, why: str, consequence: Consequence | None = None,
             evidence: list[str] | None = None) -> Finding:
-    """A required check whose evidence could not be had: never a pass."""
-    return Finding(check=check, status=Status.MISSING, host=host, observed=None, expected="evidence",
-                   reason=why, consequence=consequence, evidence=evidence or [],
-                   action="collect the missing evidence and re-run acceptance")
+    """A required check whose evidence could not be had: never a pass (the catalog's consequence by default)."""
+    from ..rules.registry import get
+
+    return get(check).missing(host, why, evidence=evidence or [], consequence=consequence)
 
 
 def not_applicable(check: str, host: str | None, why: str) -> Finding:
-    return Finding(check=check, status=Status.NOT_APPLICABLE, host=host, reason=why,
-                   action="none")
+    from ..rules.registry import get
+
+    return get(check).not_applicable(host, why)
 
 
 def write_findings(path: Path, findings: list[Finding]) -> None:

@@ -1,7 +1,13 @@
-"""Opening a run: validate the inputs, then create reports/<inventory>/<run-id>/ with run.json.
+"""The run directory: opened once (inputs validated, profile frozen), then read and written by every stage.
 
-Nothing touches a node before this succeeds: a bad profile or inventory value stops here with
-the file, the field and what is allowed.
+Nothing touches a node before `open_run` succeeds: a bad profile or inventory value stops there with
+the file, the field and what is allowed. Layout of reports/<inventory>/<run-id>/:
+
+    run.json               run metadata (inventory, profile, run_id, started, hosts, unreachable hosts)
+    evidence/profile.yml   the profile as judged: every later stage reads this frozen copy
+    findings/<stage>.json  the findings of each stage, written when the stage ends
+    stages/<stage>.json    the details of each stage (tables, plots), in one shape per stage
+    evidence/...           raw evidence; findings point here (paths relative to the run directory)
 """
 
 from __future__ import annotations
@@ -9,10 +15,12 @@ from __future__ import annotations
 import datetime as dt
 import json
 import secrets
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .evidence import atomic_write
+from .evidence import EvidenceStore, atomic_write
+from .findings import Finding, read_findings, write_findings
 from .profile import ConfigError, Profile, load_profile, validate_document
 from .redact import redact_obj
 
@@ -101,3 +109,68 @@ def update_run(run_dir: Path, **fields: Any) -> None:
         else:
             data[key] = value
     atomic_write(path, json.dumps(redact_obj(data), indent=2, default=str) + "\n")
+
+
+@dataclass
+class RunDir:
+    """One run directory, as every stage after `open_run` sees it."""
+
+    path: Path
+    _profile: Profile | None = field(default=None, repr=False)
+
+    @classmethod
+    def existing(cls, path: str | Path) -> RunDir:
+        run = cls(Path(path))
+        if not run.path.is_dir():
+            raise ConfigError(f"run directory {run.path} does not exist: run accept.yml first (or "
+                              "playbooks/validate.yml, which opens a run) and pass its directory")
+        return run
+
+    def profile(self) -> Profile:
+        """The run's frozen profile copy: what the run records is what every stage judges."""
+        if self._profile is None:
+            frozen = self.path / PROFILE_EVIDENCE
+            if not frozen.is_file():
+                raise ConfigError(f"run {self.path} has no {PROFILE_EVIDENCE}: it was not opened by open_run "
+                                  "(run playbooks/validate.yml first)")
+            self._profile = load_profile(frozen)
+        return self._profile
+
+    @property
+    def profile_path(self) -> Path:
+        return self.path / PROFILE_EVIDENCE
+
+    def meta(self) -> dict[str, Any]:
+        path = self.path / "run.json"
+        return json.loads(path.read_text()) if path.is_file() else {}
+
+    def update(self, **fields: Any) -> None:
+        update_run(self.path, **fields)
+
+    def findings_path(self, stage: str) -> Path:
+        return self.path / "findings" / f"{stage}.json"
+
+    def write_findings(self, stage: str, findings: list[Finding]) -> Path:
+        path = self.findings_path(stage)
+        write_findings(path, findings)
+        return path
+
+    def findings(self, stage: str) -> list[Finding] | None:
+        """A stage's findings, or None when the stage left none."""
+        path = self.findings_path(stage)
+        return read_findings(path) if path.is_file() else None
+
+    def stage_path(self, stage: str) -> Path:
+        return self.path / "stages" / f"{stage}.json"
+
+    def write_stage(self, stage: str, details: dict[str, Any], secrets: list[str] | None = None) -> Path:
+        path = self.stage_path(stage)
+        atomic_write(path, json.dumps(redact_obj(details, secrets), indent=2, default=str) + "\n")
+        return path
+
+    def stage(self, stage: str) -> dict[str, Any] | None:
+        path = self.stage_path(stage)
+        return json.loads(path.read_text()) if path.is_file() else None
+
+    def evidence(self, subdir: str = "", secrets: list[str] | None = None) -> EvidenceStore:
+        return EvidenceStore(self.path, subdir, secrets)

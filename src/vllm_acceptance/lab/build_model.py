@@ -1,6 +1,6 @@
 """Build the lab's tiny tool-calling model locally, for real vLLM on CPU.
 
-No weights can be downloaded on the lab machine (LAB-NOTES "Real vLLM on CPU"), so this module
+No weights can be downloaded on the lab machine (docs/lab.md "Real vLLM on CPU"), so this module
 writes a complete Hugging Face model directory from nothing: a LlamaForCausalLM (hidden 128,
 2 layers, 4 heads of dim 32, float32), a byte-level BPE tokenizer trained here by `tokenizers`
 on a deterministic built-in corpus, a chat template, config and generation config.
@@ -23,7 +23,7 @@ Random weights never emit a tool call, so the weights are *programmed* (set by h
   `--tool-strict-level parameter`, or `response_format`) that preference picks the shortest valid
   completion, so arguments always terminate and validate; outside it, EOS ends the turn.
 
-Serve it with `--tool-call-parser hermes --tool-strict-level parameter` (LAB-NOTES flags). Without
+Serve it with `--tool-call-parser hermes --tool-strict-level parameter` (docs/lab.md flags). Without
 a grammar (strict level `auto` and no `"strict": true` tool) the model emits `<tool_call>` and
 EOS: vLLM's hermes parser then fails to load the empty JSON and returns the text as content with
 finish_reason `stop` -- a reproducible tool-call format error, useful as a fault, not a default.

@@ -11,7 +11,7 @@ of the file system, including the controller's ``/usr/bin/python3``, stays share
 
 Why namespaces and not containers: there is no Docker engine here, and a namespace host with
 a real sshd is exercised by Ansible exactly like a remote node (ssh, pipelining, become-less
-root) at 3 hosts in ~0.2 s (LAB-NOTES).
+root) at 3 hosts in ~0.2 s (docs/lab.md).
 
 Usage::
 
@@ -549,7 +549,7 @@ def _teardown(
             proc.kill()
             proc.wait(timeout=5)
     links = set(re.findall(r"^\d+:\s+([^:@\s]+)", _run(["ip", "-o", "link", "show"]), re.M))
-    # Host-side veth first (LAB-NOTES): deleting it removes the peer; then the namespace.
+    # Host-side veth first (docs/lab.md): deleting it removes the peer; then the namespace.
     commands = [f"link del {veth}" for _, veth, _ in members if veth in links]
     commands += [f"netns del {netns}" for netns, _, _ in members if netns in existing]
     if bridge in links:

@@ -1,7 +1,7 @@
 """Async streaming load engine for OpenAI-compatible chat completions.
 
 Why aiohttp and this parsing loop: measured on the lab machines against a zero-work streaming
-server (LAB-NOTES, one client core, 64 concurrent, 256-token streams), httpx streams SSE 4-5x
+server (docs/lab.md, one client core, 64 concurrent, 256-token streams), httpx streams SSE 4-5x
 slower than aiohttp (h11 parses every chunk in Python), and reading line by line halves
 aiohttp's throughput. So the engine reads with ``iter_any()`` (whatever bytes arrived), splits on
 the blank line that ends an SSE event, and parses JSON only where it matters: every event until

@@ -1,4 +1,4 @@
-"""One load generator host's share of a distributed load stage (SPEC "Capacity under load").
+"""One load generator host's share of a distributed load stage (docs/acceptance.md "Capacity under load").
 
 Every host of the inventory group ``loadgen`` runs this at once (playbooks/loadgen.yml), each
 writing its own records as JSONL; the controller merges them (:mod:`vllm_acceptance.load.merge`).

@@ -1,4 +1,5 @@
-"""Per-GPU memory timeline from ``nvidia-smi --query-gpu=... --format=csv -lms N`` (SPEC "Capacity under load").
+"""Per-GPU memory timeline from ``nvidia-smi --query-gpu=... --format=csv -lms N``
+(docs/acceptance.md "Capacity under load").
 
 The role ``gpu_memory_sampler`` runs, on every GPU node for the whole load stage::
 

@@ -111,7 +111,7 @@ class StartupScan(Parsed):
 
     @property
     def backend_fallbacks(self) -> list[LogLine]:
-        """Fallback lines that replace a compute or communication backend (SPEC: none allowed);
+        """Fallback lines that replace a compute or communication backend (docs/acceptance.md: none allowed);
         other fallbacks (serialisation, file I/O) are only listed."""
         return [line for line in self.fallbacks if _BACKEND_WORDS.search(line.text)]
 

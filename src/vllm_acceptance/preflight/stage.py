@@ -25,11 +25,17 @@ from ..core.redact import redact_obj, redact_text
 from ..core.rundir import record_profile
 from ..parsers.node_evidence import host_dir, load_node_evidence
 from ..parsers.startup_log import StartupScan, scan_startup_log
-from ..rules.compat import NODE_RULES, NodeContext, check_image_uniform, check_recipe_record, check_topology
+from ..rules.compat import (
+    NODE_RULES,
+    NodeContext,
+    check_image_uniform,
+    check_recipe_record,
+    check_topology,
+    host_driver_version,
+)
 from ..rules.launched import LaunchedPlan, plan_of_run
 from ..rules.registry import get as catalog_get
 
-FINDINGS_NAME = "preflight.json"
 # Evidence and host directory names: no path separators, no hidden or parent entries.
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:@-]*")
 
@@ -75,6 +81,33 @@ def judge(run_dir: Path, profile: Profile, hosts: list[str], *, today: dt.date |
         findings.append(check_topology(contexts, profile, plan))
         findings.append(check_image_uniform(contexts))
     return findings
+
+
+def node_facts(run_dir: Path, profile: Profile, hosts: list[str]) -> dict[str, dict[str, Any]]:
+    """The versions a sign-off names: driver, GPUs, CUDA runtime in the image, torch, vLLM, image."""
+    facts: dict[str, dict[str, Any]] = {}
+    for ctx in node_contexts(run_dir, profile, hosts):
+        if not ctx.evidence.dir_exists:
+            facts[ctx.host] = {"reachable": False}
+            continue
+        gpus, probe, inspect = ctx.gpus(), ctx.probe(), ctx.inspect()
+        names = sorted({g.name for g in gpus.gpus if g.name}) if gpus else []
+        facts[ctx.host] = {
+            "driver_version": host_driver_version(ctx),
+            "gpu_count": len(gpus.gpus) if gpus else None,
+            "gpu_name": ", ".join(names) or None,
+            "cuda_runtime": (probe.cuda_json_version or probe.torch_cuda) if probe else None,
+            "torch_version": probe.torch_version if probe else None,
+            "vllm_version": probe.vllm_version if probe else None,
+            "image": ctx.image_ref if ctx.containerised else None,
+            "image_digest": (inspect.repo_digests[0] if inspect and inspect.repo_digests else None),
+        }
+    return facts
+
+
+def stage_details(run_dir: Path, profile: Profile, hosts: list[str]) -> dict[str, Any]:
+    """stages/preflight.json: the per-node facts the report and the sign-off show (read once, here)."""
+    return {"hosts": node_facts(run_dir, profile, list(dict.fromkeys(hosts)))}
 
 
 FRAME_VERSION = "v1"

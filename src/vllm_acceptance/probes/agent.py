@@ -1,4 +1,4 @@
-"""Agent interface conformance (SPEC "Agent interface"): tool calls, separation, streaming,
+"""Agent interface conformance (docs/acceptance.md "Agent interface"): tool calls, separation, streaming,
 multi-turn, structured output, safe execution; every defect attributed to a layer.
 
 Every exchange is kept as evidence (request body, raw response, parsed result, decision).

@@ -1,4 +1,4 @@
-"""Prefix-cache reuse, measured (SPEC "Prefix-cache reuse").
+"""Prefix-cache reuse, measured (docs/acceptance.md "Prefix-cache reuse").
 
 Per session: cold (a prefix never sent before, unique id at its start), hot A (same prefix byte
 for byte, another question), hot B (same prefix, different tool data), control (a key field

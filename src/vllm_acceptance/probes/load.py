@@ -1,4 +1,4 @@
-"""Capacity under load (SPEC "Capacity under load"): staged, each stage with its own evidence.
+"""Capacity under load (docs/acceptance.md "Capacity under load"): staged, each stage with its own evidence.
 
 Stages: long prompt (one request near the contracted context), context contract (one request
 over it must be rejected, the server still healthy), concurrency ramp (knee = largest step that
@@ -193,7 +193,7 @@ class LoadRun:
         return records, start, end
 
     def crash_record(self, stage: str, records: list[Record], start: float) -> dict[str, Any]:
-        """The OOM record of SPEC: what is known at the moment the server stopped answering."""
+        """The OOM record of docs/acceptance.md: what is known at the moment the server stopped answering."""
         log = tail_lines(_path(self.cfg.server_log), 40)
         oom = [line for line in log.splitlines() if any(m in line.lower() for m in OOM_MARKERS)]
         last = self.sampler.samples[-5:]

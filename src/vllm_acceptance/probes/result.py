@@ -1,4 +1,4 @@
-"""A probe's result.json and exit code (ARCHITECTURE contract 3)."""
+"""A probe's result.json and exit code (docs/acceptance.md "Contracts", 3)."""
 
 from __future__ import annotations
 

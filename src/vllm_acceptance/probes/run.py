@@ -13,7 +13,7 @@ from ..core.profile import ConfigError, Profile, load_profile
 from ..scenarios import load_scenario
 from .client import OpenAIClient, ServerUnreachable
 from .metrics import metrics_source
-from .result import write_result
+from .result import overall_status, write_result
 
 PROBES = ("cache", "agent", "load")
 FAMILY = {"cache": "cache", "agent": "agent", "load": "capacity"}
@@ -56,8 +56,9 @@ def request_timeout_s(opts: ProbeOptions) -> float:
     return float(_get(opts, f"{opts.kind}.request_timeout_s", _get(opts, "load.request_timeout_s", 120)))
 
 
-def run_probe(opts: ProbeOptions) -> tuple[str, list[Finding], dict[str, Any]]:
-    """Run one probe; write OUT/result.json; return (status, findings, details).
+def run_probe(opts: ProbeOptions, *, write_result_json: bool = True) -> tuple[str, list[Finding], dict[str, Any]]:
+    """Run one probe; write OUT/result.json (the CLI's contract; a run's stage files instead, see
+    probes/stage.py); return (status, findings, details).
 
     Raises ConfigError on bad input and client.ServerUnreachable when the base URL does not answer.
     """
@@ -80,8 +81,9 @@ def run_probe(opts: ProbeOptions) -> tuple[str, list[Finding], dict[str, Any]]:
             details = {"error": f"{type(exc).__name__}: {exc}"}
     finally:
         client.close()
-    status = write_result(opts.out_dir, opts.kind, findings, details, secrets)
-    return status, findings, details
+    if write_result_json:
+        return write_result(opts.out_dir, opts.kind, findings, details, secrets), findings, details
+    return overall_status(findings), findings, details
 
 
 def _dispatch(opts: ProbeOptions, client: OpenAIClient, store: EvidenceStore

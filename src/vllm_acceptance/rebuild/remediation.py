@@ -1,4 +1,4 @@
-"""Remediation of a failed compatibility chain (SPEC "Remediation playbooks", source 001).
+"""Remediation of a failed compatibility chain (docs/acceptance.md "Remediation playbooks", source 001).
 
 Three routes, chosen from evidence and the site's facts, never from a hunch:
 
@@ -257,7 +257,7 @@ def choose_route(findings: Iterable[Finding] | None, site_facts: Mapping[str, An
     isolated = facts.get("isolated_environment")
     self_built = facts.get("self_built")
     iso_ok, iso_missing = _record_complete(isolated, ("owner", "review_date", "move_back_criteria"))
-    sb_ok, sb_missing = _record_complete(self_built, ("owner", "exit_date"))
+    sb_ok, _ = _record_complete(self_built, ("owner", "exit_date"))
     if sb_ok and not iso_ok and isolated is None:
         return Route(SELF_BUILT_IMAGE, command=_build_image_command(inventory),
                      reasons=base_reasons + [f"driver upgrade not possible: {'; '.join(why_not)}",
@@ -583,7 +583,7 @@ ISOLATED_VARS = {
 
 
 def isolated_environment_record(inventory_vars: Mapping[str, Any], today: dt.date | None = None) -> dict[str, Any]:
-    """The record an isolated environment's inventory must carry (SPEC: owner, review date and
+    """The record an isolated environment's inventory must carry (docs/acceptance.md: owner, review date and
     criteria for moving back; its results do not carry over to the shared cluster by themselves).
     Returns {owner, review_date, move_back_criteria, shared_inventory, complete, problems, note};
     an overdue review date is a problem (a temporary environment must not become permanent by inertia)."""

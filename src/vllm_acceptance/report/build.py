@@ -3,7 +3,7 @@
 Layout of a run directory (reports/<inventory>/<run-id>/):
   run.json                  run metadata written at start (inventory, profile, run_id, started, hosts)
   findings/<stage>.json     findings of each stage, written when the stage ends
-  stages/<stage>.json       details of each stage for tables and plots (probe result.json copies)
+  stages/<stage>.json       details of each stage for tables and plots
   evidence/...              raw evidence; findings point here
 """
 
@@ -23,7 +23,7 @@ from ..probes.load import OOM_MARKERS, judge_soak_gpu_memory
 from ..rebuild.remediation import isolated_environment_record, route_for_report
 from ..rules.registry import get as catalog_get
 from ..verdict import IMMEDIATE_ACTION, REOPEN_TRIGGERS, ROLLBACK_TRIGGERS, Decision, annotate, decide, traffic_gates
-from .environment import environment_summary, node_facts
+from .environment import environment_summary
 
 SCHEMA_VERSION = "1.0"
 
@@ -130,9 +130,7 @@ def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
     decision = decide(findings, experimental=profile.experimental, unreachable_hosts=unreachable)
     overrides = probe_overrides(profile, (run.get("inventory_vars") or {}).get("acceptance_probe_overrides"))
     tested_on_overrides(decision, overrides, findings)
-    hosts = list(run.get("hosts", []))
-    facts = node_facts(run_dir, profile, hosts) if hosts else {}
-    stages.setdefault("preflight", {"hosts": facts})
+    facts = (stages.get("preflight") or {}).get("hosts") or {}
     environment = {**environment_summary(facts), **run.get("environment", {})} if facts else run.get("environment", {})
     signoff = {"scenario_version": scenario_version(profile), **(run.get("signoff") or {}), **(signoff or {})}
     counts: dict[str, int] = {s.value: 0 for s in Status}
@@ -142,7 +140,7 @@ def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
         "schema_version": SCHEMA_VERSION,
         "inventory": run.get("inventory", run_dir.parent.name),
         "profile": profile.name,
-        "profile_source": profile.source,
+        "profile_source": run.get("profile_source", profile.source),
         "run_id": run.get("run_id", run_dir.name),
         "started": run.get("started"),
         "finished": now_iso(),

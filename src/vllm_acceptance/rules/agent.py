@@ -1,7 +1,7 @@
 """Judging one assistant message of an agent exchange, and the client-side executor harness.
 
 Pure functions over response bodies: the agent probe feeds them real server responses, the unit
-tests feed them recorded ones. Each problem names the layer at fault (SPEC "Agent interface").
+tests feed them recorded ones. Each problem names the layer at fault (docs/acceptance.md "Agent interface").
 """
 
 from __future__ import annotations

@@ -1,14 +1,382 @@
-"""The check catalog: every check id the product can write, registered once (see docs/checks.md)."""
+"""The check catalog: every check id the product writes, registered once.
+
+One entry per id: its family (the id's prefix), the stage that judges it, a title, the pass rule,
+the consequence of a failure for the verdict, the evidence it reads and the source passage it
+implements. `vllm-acceptance checks` lists it; `docs/checks.md` is generated from it
+(`vllm-acceptance checks --format md > docs/checks.md`; a test fails when the file is stale).
+
+Sources are named as in the README: the four source articles (000 and 001 in Russian, 003 in
+Chinese, 004 in French) and the official recipe of the profile.
+
+Consequences: `rebuild_environment` (the environment is out of profile), `expand_capacity`,
+`limited_observation` (a limit or a controlled mitigation), `block_agent_traffic` (the agent gate
+closes; plain text may still open). A `missing` or `inconclusive` finding of any check makes the run
+`incomplete` unless a failed compatibility chain already decides it.
+"""
 
 from __future__ import annotations
 
 from .registry import register
 
-# --- cluster path: the nodes, the launched plan, the tested contract -------------------------------
+REBUILD, EXPAND, LIMIT, AGENT = "rebuild_environment", "expand_capacity", "limited_observation", "block_agent_traffic"
 
-register("compat.gpu_nodes", stage="preflight", consequence="rebuild_environment",
+# --- compatibility chain, per node (preflight) ---------------------------------------------------
+
+register("compat.preflight", stage="preflight", consequence=REBUILD,
+         title="Preflight ran and left findings",
+         rule="the preflight stage wrote findings/preflight.json for this run",
+         evidence="findings/preflight.json",
+         source="004: fix the compatibility chain before any functional test")
+register("compat.gpu_nodes", stage="preflight", consequence=REBUILD,
          title="GPU nodes named in the inventory",
          rule="a GPU profile needs at least one host in the inventory's gpu_nodes group; without one no driver, "
               "CUDA, GPU visibility or Fabric Manager evidence exists",
          evidence="the inventory's gpu_nodes group (run.json hosts)",
          source="README 'Pointing it at a real cluster': gpu_nodes lists every GPU node")
+register("compat.recipe_record", stage="preflight", consequence=LIMIT,
+         title="Recipe recorded and recently re-checked",
+         rule="recipe source, status and check date recorded; a pre-release recipe re-checked within "
+              "review.period_days",
+         evidence="evidence/profile.yml (the run's frozen profile)",
+         source="000/001: recipe source, its status (pre-release / stable) and the date it was checked")
+register("compat.driver_branch", stage="preflight", consequence=REBUILD,
+         title="Host driver branch and version",
+         rule="driver branch >= profile driver.min_branch and version >= driver.min_version, the same version in "
+              "every source (kernel module /proc, NVML via nvidia-smi, inside the container)",
+         evidence="/proc/driver/nvidia/version, nvidia-smi -q -x, nvidia-smi --query-gpu, in-image probe",
+         source="001: CUDA 13.0 GA needs Linux driver >= 580.65.06; R575 belongs to the CUDA 12.x line")
+register("compat.driver_module", stage="preflight", consequence=REBUILD,
+         title="NVIDIA kernel module loaded",
+         rule="kernel module `nvidia` loaded",
+         evidence="lsmod",
+         source="001: kernel module loaded, the same driver seen from inside the container")
+register("compat.container_cuda", stage="preflight", consequence=REBUILD,
+         title="CUDA runtime inside the actual image",
+         rule="CUDA major of the runtime inside the image == profile image.cuda_major (torch.version.cuda, "
+              "/usr/local/cuda/version.json, libcudart soname) - never nvidia-smi's 'CUDA Version' line",
+         evidence="in-image probe (docker/podman run of the image), image inspect",
+         source="001: the CUDA runtime inside the actual container, not the 'CUDA Version' line of nvidia-smi")
+register("compat.image_identity", stage="preflight", consequence=REBUILD,
+         title="Image reference and digest",
+         rule="full reference and registry digest recorded; no forbidden tag suffix (e.g. -cu129); pinned digest "
+              "matches when the profile or inventory pins one",
+         evidence="docker/podman image inspect",
+         source="000/001: image identity: full reference and digest, pull date, the exact launch command")
+register("compat.image_uniform", stage="preflight", consequence=REBUILD,
+         title="One image on every GPU node",
+         rule="one image ID on every containerised GPU node of the run",
+         evidence="image inspect of every node",
+         source="001: one run judges one image; a re-pulled moving tag is another image")
+register("compat.vllm_version", stage="preflight", consequence=REBUILD,
+         title="vLLM version and install source",
+         rule="vLLM in the actual runtime >= profile vllm.min_version",
+         evidence="in-image probe (vllm.__version__, install source)",
+         source="recipe: min_vllm_version; 001: vLLM install source and version saved")
+register("compat.gpu_visibility", stage="preflight", consequence=REBUILD,
+         title="GPUs visible to host and runtime",
+         rule="host and runtime each see at least the GPUs the launched layout needs on this node, of the "
+              "profile's GPU class",
+         evidence="nvidia-smi --query-gpu / -q -x, in-image probe (torch.cuda.device_count)",
+         source="001: the runtime sees every GPU that tensor/pipeline/expert parallel needs")
+register("compat.topology", stage="preflight", consequence=REBUILD,
+         title="Node count and GPU total",
+         rule="nodes >= hardware.min_nodes and GPUs in total >= the launched layout (tensor x pipeline x data)",
+         evidence="every node's GPU list",
+         source="recipe: the 8 x GB300 minimum is a reference point confirmed on the actual hardware")
+register("compat.fabric_manager", stage="preflight", consequence=REBUILD,
+         title="Fabric Manager on NVSwitch systems",
+         rule="nvidia-fabricmanager active, its version == the driver version, GPU fabric state Completed/Success",
+         evidence="systemctl is-active nvidia-fabricmanager, nv-fabricmanager --version, nvidia-smi -q -x <fabric>",
+         source="000/001: NVSwitch systems: Fabric Manager active, its version equal to the driver's")
+register("compat.peermem", stage="preflight", consequence=REBUILD,
+         title="GPU peer memory module (multi-node)",
+         rule="nvidia_peermem (or the older nv_peer_mem) loaded on multi-node deployments",
+         evidence="lsmod",
+         source="001: multi-node: RDMA devices, nvidia_peermem (or the older nv_peer_mem)")
+register("compat.state_snapshot", stage="preflight", consequence=REBUILD,
+         title="State snapshot saved before any change",
+         rule="every snapshot command of source 001 that applies was captured (date -u, hostname, uname -a, "
+              "nvidia-smi, docker version/info/image inspect, env | sort redacted, lsmod)",
+         evidence="evidence/nodes/<host>/*",
+         source="001: save the state first, change nothing")
+
+# --- interconnect (preflight) --------------------------------------------------------------------
+
+register("interconnect.rdma", stage="preflight", consequence=REBUILD,
+         title="RDMA ports up (multi-node)",
+         rule="at least one RDMA port ACTIVE on every multi-node GPU node",
+         evidence="ibv_devinfo, rdma link",
+         source="001: multi-node: RDMA devices")
+register("interconnect.nccl_env", stage="preflight", consequence=REBUILD,
+         title="Interconnect settings of the launch",
+         rule="the recipe's multi-node args/env for this interconnect are in the launched plan (all2all backend, "
+              "UCX_TLS, NCCL_*); NCCL_DMABUF_ENABLE=0 only when a startup log shows the mlx5dv_reg_dmabuf_mr error",
+         evidence="the launched command and environment, node env, startup logs",
+         source="recipe: multi-node settings; 001: NCCL_DMABUF_ENABLE=0 only on the logged mlx5dv_reg_dmabuf_mr error")
+register("interconnect.nccl_bandwidth", stage="preflight", consequence=EXPAND,
+         title="NCCL all-reduce bandwidth between nodes",
+         rule="all_reduce_perf bus bandwidth >= profile interconnect.min_busbw_gbps, no wrong results",
+         evidence="all_reduce_perf output",
+         source="001: an NCCL bandwidth test between nodes")
+
+# --- serve: launch or attach ---------------------------------------------------------------------
+
+register("compat.serve", stage="serve", consequence=REBUILD,
+         title="Serve stage ran",
+         rule="the serve stage wrote findings/serve.json (the server was launched or attached and judged)",
+         evidence="findings/serve.json, evidence/serve/*",
+         source="004: the runtime before measuring performance")
+register("compat.startup_log", stage="serve", consequence=REBUILD,
+         title="Startup log against the recipe",
+         rule="version >= profile minimum, recipe options in effect, no backend fallback, no NCCL/CUDA-driver "
+              "errors, world size == the launched layout, KV cache initialised; every warning listed",
+         evidence="evidence/serve/startup.log",
+         source="000/001: the first lines of the startup log compared with the recipe")
+register("compat.actual_config", stage="serve", consequence=REBUILD,
+         title="Actual configuration readable",
+         rule="the running server's configuration could be read (/metrics, /v1/models)",
+         evidence="evidence/serve/metrics.prom, evidence/serve/models.json",
+         source="000: actual configuration, not the command line")
+register("compat.actual_config.prefix_caching", stage="serve", consequence=REBUILD,
+         title="Prefix caching as the running server reports it",
+         rule="vllm:cache_config_info enable_prefix_caching == the profile's expectation",
+         evidence="evidence/serve/metrics.prom",
+         source="000/004: prefix caching on per vllm:cache_config_info")
+register("compat.actual_config.flags", stage="serve", consequence=REBUILD,
+         title="Recipe flags in effect on the running server",
+         rule="required flags and the profile's parsers in effect on the running process",
+         evidence="process arguments, evidence/serve/metrics.prom, startup log non-default args",
+         source="000: parsers and flags from the running process")
+register("compat.actual_config.max_model_len", stage="serve", consequence=REBUILD,
+         title="Context limit the server serves",
+         rule="/v1/models max_model_len == the profile's contracted max_model_len",
+         evidence="evidence/serve/models.json",
+         source="000: max_model_len from /v1/models")
+register("capacity.model_load", stage="serve", consequence=EXPAND,
+         title="Model load",
+         rule="the server answers /health after loading the model, within launch.ready_timeout_s",
+         evidence="startup log, readiness timings",
+         source="000: stage 1, model load: time to ready, weight-load time, peak memory per GPU")
+
+# --- launch failures (source 001, "when vLLM does not start") ------------------------------------
+
+register("compat.launch_evidence", stage="launch", consequence=REBUILD,
+         title="State saved before any retry",
+         rule="image tag and digest, vLLM install source and version, nvidia-smi, and the full startup log "
+              "from its first line to the exit were saved",
+         evidence="evidence/serve/*, evidence/nodes/<host>/*",
+         source="001: save the state first, change nothing")
+register("compat.launch_triage", stage="launch", consequence=REBUILD,
+         title="Why vLLM did not start",
+         rule="the startup log matches a known failure signature; environment (CUDA chain before the model "
+              "loads) -> rebuild; configuration -> fix the flag; no flag tuning for environment errors",
+         evidence="evidence/serve/startup.log, preflight findings",
+         source="001: when vLLM does not start")
+register("capacity.launch_triage", stage="launch", consequence=EXPAND,
+         title="vLLM did not start: capacity",
+         rule="a launch that died after memory allocation (OOM, KV cache too small) is a capacity finding",
+         evidence="evidence/serve/startup.log",
+         source="001: CUDA initialises, the model loads, the process dies after memory allocation")
+
+# --- prefix-cache reuse --------------------------------------------------------------------------
+
+register("cache.probe", stage="cache", consequence=REBUILD,
+         title="Cache probe ran",
+         rule="the cache probe ran to its end and wrote its result",
+         evidence="findings/cache.json, stages/cache.json",
+         source="004: prefix-cache reuse measured, not assumed")
+register("cache.reuse", stage="cache", consequence=REBUILD,
+         title="Prefix cache reused on an identical prefix",
+         rule="hot requests hit the shared prefix in every session; no reuse -> do not count the gain, rework "
+              "configuration and protocol (rebuild_environment when the profile's capacity relies on reuse, "
+              "else limited_observation)",
+         evidence="probes/cache/*",
+         source="004: no reuse on an identical prefix: rework configuration and protocol")
+register("cache.config", stage="cache", consequence=REBUILD,
+         title="Prefix caching on per the server",
+         rule="enable_prefix_caching label of vllm:cache_config_info is True",
+         evidence="probes/cache/metrics-*.prom",
+         source="000: prefix caching on per vllm:cache_config_info")
+register("cache.metrics", stage="cache", consequence=REBUILD,
+         title="Cache counters readable",
+         rule="every counter of the protocol is exported and readable (prefix_cache_queries/hits, "
+              "prompt_tokens_cached, request_prefill_kv_computed_tokens, request_prefill_time_seconds)",
+         evidence="probes/cache/metrics-*.prom",
+         source="004: per-request deltas from the right instance")
+register("cache.isolation", stage="cache", consequence=REBUILD,
+         title="Each cache request measured alone",
+         rule="the server is idle before and after each request and its request counter moves by exactly one",
+         evidence="probes/cache/*",
+         source="004: isolate the instance first, no other traffic during the probe")
+register("cache.cold_baseline", stage="cache", consequence=REBUILD,
+         title="Cold requests do not hit",
+         rule="a cold request's hits stay within the template head every request shares (+ one block)",
+         evidence="probes/cache/*",
+         source="004: cold queries rise and hits stay near zero")
+register("cache.hot_reuse", stage="cache", consequence=REBUILD,
+         title="Hot requests hit the shared prefix",
+         rule="hot hits == the block-aligned shared prefix (hybrid models: step-shaped, above the template head)",
+         evidence="probes/cache/*, /tokenize answers",
+         source="004: hot hits near the shared-prefix length (block granularity)")
+register("cache.control", stage="cache", consequence=REBUILD,
+         title="A changed prefix drops back",
+         rule="the control request (a key field changed near the start) hits no more than the cold baseline",
+         evidence="probes/cache/*",
+         source="004: the control drops back")
+register("cache.prefill_gain", stage="cache", consequence=REBUILD,
+         title="Prefill work drops with the hits",
+         rule="new computed prefill tokens and prefill time drop with the hits; counters without a latency change "
+              "(or the reverse) are inconclusive",
+         evidence="probes/cache/*",
+         source="004: counters that rise without a matching latency change are inconclusive")
+register("cache.source", stage="cache", consequence=REBUILD,
+         title="Cache source told apart",
+         rule="hits come from the local device/host cache; external_prefix_cache_* never pass for local reuse",
+         evidence="probes/cache/metrics-*.prom (prompt_tokens_by_source, external_prefix_cache_*)",
+         source="001/004: the cache source is told apart")
+register("cache.timeouts", stage="cache", consequence=REBUILD,
+         title="Hung cache requests",
+         rule="a request without a complete answer within cache.request_timeout_s decides nothing; it is named",
+         evidence="probes/cache/*",
+         source="003: hung requests are a defect to name, never a pass")
+register("cache.crash", stage="cache", consequence=REBUILD,
+         title="Server died during the cache probe",
+         rule="the protocol runs to its end on one live instance",
+         evidence="probes/cache/crash_record.json, server log tail",
+         source="001: save the state first")
+
+# --- agent interface -----------------------------------------------------------------------------
+
+register("agent.probe", stage="agent", consequence=AGENT,
+         title="Agent probe ran",
+         rule="the agent probe ran to its end and wrote its result",
+         evidence="findings/agent.json, stages/agent.json",
+         source="003: agent interface conformance")
+register("agent.tool_schemas", stage="agent", consequence=AGENT,
+         title="Tool schemas valid",
+         rule="tool JSON Schemas validated before any request is sent",
+         evidence="the scenario pack",
+         source="003: tool JSON Schemas validated before any request")
+register("agent.tool_call", stage="agent", consequence=AGENT,
+         title="Required tool call well-formed",
+         rule="tool_calls present, name from the schema, index consistent, arguments valid JSON that validate "
+              "against the schema",
+         evidence="probes/agent/<case>/*",
+         source="003/recipe: K3 occasionally emits a tool-call format its parser does not expect")
+register("agent.trigger_consistency", stage="agent", consequence=AGENT,
+         title="Consistent tool triggering",
+         rule="repeated runs of the same input trigger the same call",
+         evidence="probes/agent/<case>/*",
+         source="003: repeated runs: rates of schema-valid calls and of consistent triggering")
+register("agent.separation", stage="agent", consequence=AGENT,
+         title="Content, reasoning and tool calls apart",
+         rule="no reasoning in content, no tool-call markup left in content",
+         evidence="probes/agent/<case>/*",
+         source="003: content, reasoning output and tool_calls separated")
+register("agent.format_errors", stage="agent", consequence=AGENT,
+         title="Tool-call format error rate",
+         rule="format error rate <= agent.format_error_threshold with a validated retry for limited use; above, "
+              "agent traffic is blocked",
+         evidence="probes/agent/*",
+         source="recipe warning; 003: rare format errors a validated retry recovers")
+register("agent.stream_consistency", stage="agent", consequence=AGENT,
+         title="Streaming and non-streaming agree",
+         rule="streaming and non-streaming give the same structure",
+         evidence="probes/agent/<case>/*",
+         source="003: streaming and non-streaming give the same structure")
+register("agent.multi_turn", stage="agent", consequence=AGENT,
+         title="Multi-turn order kept",
+         rule="user -> assistant tool call -> tool result -> assistant, roles and order kept",
+         evidence="probes/agent/<case>/*",
+         source="003: multi-turn")
+register("agent.tool_failure_fallback", stage="agent", consequence=AGENT,
+         title="Failed tool result leads to the fallback",
+         rule="a failed or incomplete tool result leads to the planned fallback of the scenario pack",
+         evidence="probes/agent/<case>/*",
+         source="003: a failed or incomplete tool result leads to the planned fallback")
+register("agent.structured_output", stage="agent", consequence=AGENT,
+         title="Structured output validated",
+         rule="response_format json_schema: valid answers accepted, broken ones rejected, the raw body kept",
+         evidence="probes/agent/<case>/*",
+         source="003: structured output")
+register("agent.executor_safety", stage="agent", consequence=AGENT,
+         title="Safe failure and idempotent retry",
+         rule="an invalid call never reaches the executor; a retried write with the same request id runs once",
+         evidence="probes/agent/*",
+         source="003: safe failure; a retry of a write carries a request id")
+register("agent.gateway", stage="agent", consequence=AGENT,
+         title="Gateway keeps the answer",
+         rule="direct and gateway responses have the same fields and types",
+         evidence="probes/agent/<case>/direct-*, gateway-*",
+         source="003: attribute every defect to a layer (gateway: direct vs through the gateway differ)")
+register("agent.client_library", stage="agent", consequence=AGENT,
+         title="Client library keeps the fields",
+         rule="a field present in raw HTTP but lost through the client library is the client's defect",
+         evidence="probes/agent/<case>/*",
+         source="003: client library (a field lost)")
+register("agent.multimodal", stage="agent", consequence=AGENT,
+         title="Multimodal request",
+         rule="where the service takes images, an image request is answered and the image reached the model",
+         evidence="probes/agent/<case>/*",
+         source="003: a multimodal request where the service takes images")
+register("agent.timeouts", stage="agent", consequence=AGENT,
+         title="Hung agent requests",
+         rule="a request without a complete answer within agent.request_timeout_s decides nothing; it is named",
+         evidence="probes/agent/*",
+         source="003: hung requests are named, never a pass")
+
+# --- capacity under load -------------------------------------------------------------------------
+
+register("capacity.probe", stage="load", consequence=EXPAND,
+         title="Load probe ran",
+         rule="the load probe ran to its end and wrote its result",
+         evidence="findings/load.json, stages/load.json",
+         source="000: capacity under load, stage by stage")
+register("capacity.load", stage="load", consequence=EXPAND,
+         title="Load stage ran",
+         rule="the load stage wrote findings/load.json for this run",
+         evidence="findings/load.json",
+         source="000: capacity under load, stage by stage")
+register("capacity.metrics", stage="load", consequence=EXPAND,
+         title="Load metrics readable",
+         rule="the server's metrics are readable before and during the load",
+         evidence="probes/load/metrics.jsonl",
+         source="000: per step record running, waiting, queue time, KV usage, preemptions")
+register("capacity.long_prompt", stage="load", consequence=EXPAND,
+         title="One long request near the contracted context",
+         rule="one long request near the contracted context, concurrency 1, answered without OOM",
+         evidence="probes/load/long_prompt*",
+         source="000: stage 2, one long request")
+register("capacity.context_contract", stage="load", consequence=EXPAND,
+         title="Over-long request rejected",
+         rule="a request over the contracted context is rejected before the GPUs are exhausted, the server "
+              "still healthy",
+         evidence="probes/load/context_contract*",
+         source="000: the contract test: a request over the contracted context must be rejected")
+register("capacity.ramp", stage="load", consequence=EXPAND,
+         title="Concurrency ramp and knee",
+         rule="knee = largest concurrency meeting the SLO with no OOM and preemptions within the profile's "
+              "threshold; knee >= contracted concurrency",
+         evidence="probes/load/ramp-*.jsonl, metrics.jsonl",
+         source="000: stage 3, concurrency ramp")
+register("capacity.mixed", stage="load", consequence=EXPAND,
+         title="Mixed stream",
+         rule="short, long, cold and repeated requests together: no eviction of the shared cache, no queue growth",
+         evidence="probes/load/mixed*.jsonl",
+         source="000: stage 4, mixed stream")
+register("capacity.soak", stage="load", consequence=EXPAND,
+         title="Soak",
+         rule="steady load for the agreed time: no steady memory rise, no restarts, no hung requests",
+         evidence="probes/load/soak*.jsonl, memory samples",
+         source="000: stage 5, soak: a steady memory rise blocks release")
+register("capacity.crash", stage="load", consequence=EXPAND,
+         title="OOM or crash under load",
+         rule="no OOM or crash at nominal load; an OOM record is kept",
+         evidence="probes/load/crash_record.json, server log tail",
+         source="000: any OOM at nominal load blocks release")
+register("capacity.distributed", stage="loadgen", consequence=EXPAND,
+         title="Distributed load from every loadgen host",
+         rule="every loadgen host sent its share from a shared start, clocks aligned; the merged step meets the "
+              "SLO with no preemption",
+         evidence="probes/load-distributed/*",
+         source="000: one client host cannot always saturate a multi-node deployment")

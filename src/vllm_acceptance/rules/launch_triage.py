@@ -44,7 +44,7 @@ CHECK_EVIDENCE = "compat.launch_evidence"
 # failure in the log is the environment, not the network).
 CHAIN_CHECKS = ("compat.driver_branch", "compat.container_cuda", "compat.driver_module")
 
-# The three routes of source 001, each with its entry conditions (SPEC "Choosing the route").
+# The three routes of source 001, each with its entry conditions (docs/acceptance.md "Choosing the route").
 ROUTES: list[dict[str, str]] = [
     {"route": "driver_upgrade",
      "when": "incompatibility confirmed by the log; the team owns the cluster; a maintenance window; a spare "

@@ -15,9 +15,9 @@ from ..parsers.causal import causal_line
 from ..parsers.startup_log import scan_startup_log
 from ..probes.client import OpenAIClient, ServerUnreachable
 from ..probes.metrics import DirectMetrics, MetricsError, cache_config, server_root
-from ..rules.compat import check_actual_config, check_startup_log
 from ..rules.launch_triage import launch_findings
 from ..rules.launched import plan_of_run
+from ..rules.serve import check_actual_config, check_startup_log
 
 
 @dataclass

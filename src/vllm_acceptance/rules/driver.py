@@ -1,0 +1,188 @@
+"""The host driver chain: branch and version in every source, the kernel module, Fabric Manager and peer
+memory (docs/checks.md, compat.driver_*, compat.fabric_manager, compat.peermem)."""
+
+from __future__ import annotations
+
+from ..core.findings import Finding, Status, missing, not_applicable
+from ..parsers.base import version_at_least
+from ..parsers.causal import causal_line
+from ..parsers.driver import branch_of, parse_fabricmanager_version, parse_proc_version
+from ..parsers.nvidia_smi import parse_query_csv, parse_table, parse_xml
+from .context import ROUTE_DRIVER, ROUTE_ISOLATED, ROUTE_SELF_BUILT, NodeContext, finding, gpu_profile_na, why_missing
+
+# --- compat.driver_branch -------------------------------------------------------------------
+
+def _driver_sources(ctx: NodeContext) -> dict[str, str]:
+    sources: dict[str, str] = {}
+    proc = ctx.parsed("driver_version", parse_proc_version)
+    if proc is not None and proc.version:
+        sources["/proc/driver/nvidia/version"] = proc.version
+    xml = ctx.parsed("nvidia_smi_xml", parse_xml)
+    if xml is not None and xml.driver_version:
+        sources["nvidia-smi -q -x"] = xml.driver_version
+    query = ctx.parsed("nvidia_smi_query", parse_query_csv)
+    if query is not None and query.driver_version:
+        sources["nvidia-smi --query-gpu"] = query.driver_version
+    probe = ctx.probe()
+    if probe is not None and probe.driver_proc:
+        in_image = parse_proc_version(probe.driver_proc).version
+        if in_image:
+            sources["inside the container"] = in_image
+    return sources
+
+
+def nvml_broken(ctx: NodeContext) -> str | None:
+    """nvidia-smi's own words when NVML refuses the loaded module (version mismatch): the causal line."""
+    for name in ("nvidia_smi", "nvidia_smi_query", "nvidia_smi_xml"):
+        rec = ctx.rec(name)
+        text = f"{rec.stdout}\n{rec.stderr}"
+        if rec.present and not rec.ok and "version mismatch" in text.lower():
+            return causal_line(text)
+    return None
+
+
+def host_driver_version(ctx: NodeContext) -> str | None:
+    sources = _driver_sources(ctx)
+    return sources.get("/proc/driver/nvidia/version") or next(iter(sources.values()), None)
+
+
+def check_driver_branch(ctx: NodeContext) -> Finding:
+    check = "compat.driver_branch"
+    if (na := gpu_profile_na(check, ctx)) is not None:
+        return na
+    min_branch, min_version = ctx.profile.get("driver.min_branch"), ctx.profile.get("driver.min_version")
+    if min_branch is None and min_version is None:
+        return not_applicable(check, ctx.host, "profile sets no driver minimum")
+    names = ("driver_version", "nvidia_smi_xml", "nvidia_smi_query")
+    sources = _driver_sources(ctx)
+    evidence = ctx.paths(*names, "image_probe")
+    if not sources:
+        return missing(check, ctx.host, why_missing(ctx, *names), evidence=evidence)
+    nvml = nvml_broken(ctx)
+    if nvml is not None:
+        return finding(check, Status.FAIL, ctx.host, observed={"sources": sources, "nvidia-smi": nvml},
+                       expected="every driver source answers with one version", evidence=evidence,
+                       rule="kernel module, NVML (nvidia-smi) and the container see one driver version",
+                       reason=f"nvidia-smi cannot talk to the loaded driver: {nvml}",
+                       action="the kernel module and the user-space libraries differ (a driver upgrade without "
+                              "reboot): reboot the node or reload the nvidia kernel module, then re-run preflight")
+    silent = [n for n in ("nvidia_smi_xml", "nvidia_smi_query") if ctx.rec(n).present and not ctx.rec(n).ok]
+    if len(silent) == 2:
+        return missing(check, ctx.host, "NVML (nvidia-smi) did not answer, so the driver seen by the host's "
+                       "libraries is unknown: " + why_missing(ctx, *silent), evidence=evidence)
+    version = host_driver_version(ctx)
+    branch = branch_of(version)
+    smi = ctx.parsed("nvidia_smi_xml", parse_xml) or ctx.parsed("nvidia_smi", parse_table)
+    observed = {"version": version, "branch": branch, "sources": sources,
+                "driver_supports_cuda": smi.cuda_version if smi else None}
+    expected = {"min_branch": min_branch, "min_version": min_version}
+    rule = f"driver branch >= {min_branch} and version >= {min_version} on every source (host and container)"
+    probe_stderr = ctx.rec("image_probe").stderr
+    if "unsatisfied condition: cuda" in probe_stderr:
+        observed["container_runtime_refused"] = causal_line(probe_stderr)
+    action = (f"{ROUTE_DRIVER} to R{min_branch} >= {min_version}; where the shared cluster cannot change: "
+              f"{ROUTE_ISOLATED}; where no upgrade is possible: {ROUTE_SELF_BUILT}. No launch flag "
+              "(--max-model-len, batch sizes, cache settings) turns one CUDA major into another.")
+    if len(set(sources.values())) > 1:
+        return finding(check, Status.FAIL, ctx.host, observed=observed, expected=expected, rule=rule,
+                        evidence=evidence, reason="driver versions differ between sources "
+                        "(kernel module vs user-space library, or the container sees another driver)",
+                        action="reboot or reload the nvidia kernel module so that module and libraries "
+                               "match, then re-run preflight")
+    too_low_branch = min_branch is not None and (branch is None or branch < int(min_branch))
+    too_low_version = min_version is not None and version_at_least(version, str(min_version)) is not True
+    if too_low_branch or too_low_version:
+        return finding(check, Status.FAIL, ctx.host, observed=observed, expected=expected, rule=rule,
+                        evidence=evidence, action=action,
+                        reason=f"driver {version} (R{branch}) is below R{min_branch} / {min_version}")
+    return finding(check, Status.PASS, ctx.host, observed=observed, expected=expected, rule=rule,
+                    evidence=evidence, action="none")
+
+
+# --- compat.driver_module -------------------------------------------------------------------
+
+def check_driver_module(ctx: NodeContext) -> Finding:
+    check = "compat.driver_module"
+    if (na := gpu_profile_na(check, ctx)) is not None:
+        return na
+    lsmod = ctx.lsmod()
+    evidence = ctx.paths("lsmod")
+    if lsmod is None or not lsmod.modules:
+        return missing(check, ctx.host, why_missing(ctx, "lsmod"), evidence=evidence)
+    observed = {"nvidia_modules": lsmod.nvidia_modules()}
+    rule = "kernel module `nvidia` loaded"
+    if not lsmod.loaded("nvidia"):
+        return finding(check, Status.FAIL, ctx.host, observed=observed, expected=["nvidia"], rule=rule,
+                        evidence=evidence, reason="nvidia kernel module not loaded",
+                        action=f"install/load the NVIDIA driver (modprobe nvidia; check dmesg); {ROUTE_DRIVER}")
+    return finding(check, Status.PASS, ctx.host, observed=observed, expected=["nvidia"], rule=rule,
+                    evidence=evidence, action="none")
+
+
+# --- compat.fabric_manager ------------------------------------------------------------------
+
+def check_fabric_manager(ctx: NodeContext) -> Finding:
+    check = "compat.fabric_manager"
+    if (na := gpu_profile_na(check, ctx)) is not None:
+        return na
+    if not ctx.profile.get("hardware.nvswitch", False):
+        return not_applicable(check, ctx.host, "profile hardware.nvswitch is false")
+    active, version_rec = ctx.rec("fabricmanager_active"), ctx.rec("fabricmanager_version")
+    evidence = ctx.paths("fabricmanager_active", "fabricmanager_version", "driver_version", "nvidia_smi_xml")
+    # `systemctl is-active` exits 3 for inactive: its stdout is the evidence, not its rc.
+    if not active.present or active.missing_tool or not active.stdout.strip():
+        return missing(check, ctx.host, why_missing(ctx, "fabricmanager_active"), evidence=evidence)
+    state = active.stdout.strip().splitlines()[0]
+    fm_version = parse_fabricmanager_version(version_rec.stdout).version if version_rec.ok else None
+    driver = host_driver_version(ctx)
+    xml = ctx.parsed("nvidia_smi_xml", parse_xml)
+    if state == "active" and (xml is None or not xml.gpus):
+        # The service runs, but whether the GPUs joined the fabric is read from nvidia-smi -q -x only.
+        return missing(check, ctx.host, "Fabric Manager is active, but the GPUs' fabric state is unknown: "
+                       + why_missing(ctx, "nvidia_smi_xml"), evidence=evidence)
+    fabric = sorted({f"{g.fabric_state}/{g.fabric_status}" for g in (xml.gpus if xml else []) if g.fabric_state})
+    observed = {"service": state, "fm_version": fm_version, "driver_version": driver, "gpu_fabric": fabric}
+    rule = "nvidia-fabricmanager active, its version == the driver version, GPU fabric state Completed/Success"
+    expected = {"service": "active", "fm_version": driver}
+    problems = []
+    if state != "active":
+        problems.append(f"nvidia-fabricmanager is {state}")
+    if fabric and any(not f.startswith("Completed/Success") for f in fabric):
+        problems.append(f"GPU fabric state {fabric}")
+    if fm_version is not None and driver is not None and fm_version != driver:
+        problems.append(f"Fabric Manager {fm_version} != driver {driver}")
+    if problems:
+        return finding(check, Status.FAIL, ctx.host, observed=observed, expected=expected, rule=rule,
+                        evidence=evidence, reason="; ".join(problems),
+                        action="install nvidia-fabricmanager of exactly the driver's version and "
+                               "`systemctl enable --now nvidia-fabricmanager` (journalctl -u nvidia-fabricmanager "
+                               f"for the cause); with a driver change: {ROUTE_DRIVER}")
+    if fm_version is None or driver is None:
+        return missing(check, ctx.host, "Fabric Manager or driver version unreadable: "
+                       + why_missing(ctx, "fabricmanager_version", "driver_version"), evidence=evidence)
+    return finding(check, Status.PASS, ctx.host, observed=observed, expected=expected, rule=rule,
+                    evidence=evidence, action="none")
+
+
+# --- compat.peermem / interconnect.rdma ------------------------------------------------------
+
+def check_peermem(ctx: NodeContext) -> Finding:
+    check = "compat.peermem"
+    if (na := gpu_profile_na(check, ctx)) is not None:
+        return na
+    if not ctx.multinode:
+        return not_applicable(check, ctx.host, "single node: no GPUDirect RDMA between nodes")
+    lsmod = ctx.lsmod()
+    evidence = ctx.paths("lsmod")
+    if lsmod is None or not lsmod.modules:
+        return missing(check, ctx.host, why_missing(ctx, "lsmod"), evidence=evidence)
+    loaded = [m for m in ("nvidia_peermem", "nv_peer_mem") if lsmod.loaded(m)]
+    observed = {"peer_memory_modules": loaded, "nvidia_modules": lsmod.nvidia_modules()}
+    rule = "nvidia_peermem (or the older nv_peer_mem) loaded on multi-node deployments"
+    if not loaded:
+        return finding(check, Status.FAIL, ctx.host, observed=observed, expected=["nvidia_peermem"], rule=rule,
+                        evidence=evidence, reason="no peer-memory module: GPUDirect RDMA only via DMA-BUF, and "
+                                                  "the NCCL_DMABUF_ENABLE=0 workaround would have no path",
+                        action="modprobe nvidia_peermem (and persist it in /etc/modules-load.d)")
+    return finding(check, Status.PASS, ctx.host, observed=observed, expected=["nvidia_peermem"], rule=rule,
+                    evidence=evidence, action="none")

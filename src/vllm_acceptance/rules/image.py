@@ -1,0 +1,175 @@
+"""The image under test: CUDA runtime inside it, identity and digest, vLLM version, one image on every node
+(docs/checks.md, compat.container_cuda, compat.image_*, compat.vllm_version)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..core.findings import Consequence, Finding, Status, missing, not_applicable
+from ..parsers.base import version_at_least
+from .context import ROUTE_IMAGE, ROUTE_SELF_BUILT, NodeContext, finding, why_missing
+
+# --- compat.container_cuda ------------------------------------------------------------------
+
+def check_container_cuda(ctx: NodeContext) -> Finding:
+    check = "compat.container_cuda"
+    expected_major = ctx.profile.get("image.cuda_major")
+    if expected_major is None:
+        return not_applicable(check, ctx.host, "profile image.cuda_major is null (no CUDA runtime to check: "
+                                               f"{ctx.runtime} runtime, accelerator "
+                                               f"{ctx.profile.get('hardware.accelerator')})")
+    probe, inspect = ctx.probe(), ctx.inspect() if ctx.containerised else None
+    evidence = ctx.paths("image_probe", "image_inspect")
+    rule = (f"CUDA major of the runtime inside the actual image == {expected_major} (torch.version.cuda, "
+            "/usr/local/cuda/version.json, libcudart soname; never nvidia-smi's 'CUDA Version')")
+    observed: dict[str, Any] = {}
+    if probe is not None:
+        observed["in_image"] = probe.cuda_majors()
+        observed["torch"] = probe.torch_version
+        observed["libcudart"] = probe.libcudart
+        observed["loaded_libs"] = probe.loaded_libs
+    if inspect is not None:
+        observed["image_env_cuda"] = inspect.cuda_version
+    wrong = {src: major for src, major in (observed.get("in_image") or {}).items() if major != expected_major}
+    if inspect is not None and inspect.cuda_major is not None and inspect.cuda_major != expected_major:
+        wrong["image env CUDA_VERSION"] = inspect.cuda_major
+    action = (f"{ROUTE_IMAGE} (built for CUDA {expected_major}); or, when this host cannot run it, "
+              f"{ROUTE_SELF_BUILT}")
+    if wrong:
+        return finding(check, Status.FAIL, ctx.host, observed=observed, expected=expected_major, rule=rule,
+                        evidence=evidence, action=action,
+                        reason=f"image built for another CUDA major: {wrong}")
+    if probe is None:
+        if inspect is not None and inspect.cuda_major == expected_major:
+            return finding(check, Status.INCONCLUSIVE, ctx.host, observed=observed, expected=expected_major,
+                            rule=rule, evidence=evidence, action="fix what stopped the probe, re-run preflight",
+                            reason="image metadata says CUDA "
+                                   f"{inspect.cuda_version}, but the probe inside the image did not run: "
+                                   + why_missing(ctx, "image_probe"))
+        return missing(check, ctx.host, why_missing(ctx, "image_probe"), evidence=evidence)
+    if not observed.get("in_image"):
+        return finding(check, Status.INCONCLUSIVE, ctx.host, observed=observed, expected=expected_major,
+                        rule=rule, evidence=evidence, action="check the probe output; re-run preflight",
+                        reason="the probe ran but reported no CUDA runtime (CPU-only torch?)")
+    return finding(check, Status.PASS, ctx.host, observed=observed, expected=expected_major, rule=rule,
+                    evidence=evidence, action="none")
+
+
+# --- compat.image_identity ------------------------------------------------------------------
+
+def _repo_of(reference: str) -> str:
+    name = reference.split("@", 1)[0]
+    last = name.rsplit("/", 1)[-1]
+    return name.rsplit(":", 1)[0] if ":" in last else name
+
+
+def check_image_identity(ctx: NodeContext) -> Finding:
+    check = "compat.image_identity"
+    if not ctx.containerised:
+        return not_applicable(check, ctx.host, f"{ctx.runtime} runtime: no container image; vLLM identity "
+                                               "and install source are in compat.vllm_version")
+    reference = ctx.image_ref
+    evidence = ctx.paths("image_inspect", "inputs")
+    inspect = ctx.inspect()
+    if inspect is None or not inspect.id:
+        return missing(check, ctx.host, why_missing(ctx, "image_inspect"), evidence=evidence)
+    pinned = ctx.evidence.inputs.get("image_digest") or ctx.profile.get("image.digest")
+    if ctx.profile.experimental:
+        pinned = pinned or ctx.profile.get("lineage.image_digest")
+    forbidden = list(ctx.profile.get("image.forbidden_tag_suffixes", []) or [])
+    observed = {"reference": reference, "id": inspect.id, "repo_tags": inspect.repo_tags,
+                "repo_digests": inspect.repo_digests, "created": inspect.created,
+                "pulled": inspect.last_tag_time, "architecture": inspect.architecture,
+                "labels": inspect.labels, "pinned_digest": pinned}
+    expected = {"reference": ctx.profile.get("image.reference"), "digest": pinned or "recorded",
+                "forbidden_tag_suffixes": forbidden}
+    rule = ("full reference and registry digest recorded; no forbidden tag suffix; the local tag was pulled "
+            "from its own repository; digest == the pinned digest when one is pinned")
+    problems: list[str] = []
+    tags = ([reference] if reference else []) + inspect.repo_tags
+    bad_tags = sorted({t for t in tags for s in forbidden if s and _tag(t).endswith(s)})
+    if bad_tags:
+        problems.append(f"forbidden tag suffix in {bad_tags}")
+    if not inspect.repo_digests:
+        problems.append("no registry digest (RepoDigests empty: built or loaded locally, never pulled)")
+    elif reference and "@" not in reference and \
+            _repo_of(reference) not in {_repo_of(d) for d in inspect.repo_digests}:
+        problems.append(f"{reference} was not pulled from {_repo_of(reference)} (no RepoDigest for it): "
+                        "a retagged or locally built image")
+    if pinned and pinned not in inspect.digests:
+        problems.append(f"digest {inspect.digests} != pinned {pinned}")
+    if problems:
+        return finding(check, Status.FAIL, ctx.host, observed=observed, expected=expected, rule=rule,
+                        evidence=evidence, reason="; ".join(problems),
+                        action=f"{ROUTE_IMAGE}: pull {ctx.profile.get('image.reference')} by digest and pin it "
+                               f"(inventory vllm_image_digest); a self-built image only as {ROUTE_SELF_BUILT}")
+    return finding(check, Status.PASS, ctx.host, observed=observed, expected=expected, rule=rule,
+                    evidence=evidence, action="none" if pinned else
+                    "pin the recorded digest in the inventory (vllm_image_digest) so a re-tag is caught")
+
+
+def _tag(reference: str) -> str:
+    name = reference.split("@", 1)[0]
+    last = name.rsplit("/", 1)[-1]
+    return last.split(":", 1)[1] if ":" in last else ""
+
+
+# --- compat.vllm_version --------------------------------------------------------------------
+
+def check_vllm_version(ctx: NodeContext) -> Finding:
+    check = "compat.vllm_version"
+    minimum = str(ctx.profile.get("vllm.min_version"))
+    probe = ctx.probe()
+    evidence = ctx.paths("image_probe")
+    if probe is None or not probe.vllm_version:
+        why = why_missing(ctx, "image_probe") if probe is None else "the probe could not import vllm: " + \
+            "; ".join(probe.errors)
+        return missing(check, ctx.host, why, evidence=evidence)
+    observed = {"vllm": probe.vllm_version, "distribution": probe.vllm_dist, "torch": probe.torch_version,
+                "install_source": ctx.profile.get("vllm.install_source"),
+                "where": "image" if ctx.containerised else "runtime interpreter"}
+    rule = f"vLLM in the actual runtime >= {minimum}"
+    ok = version_at_least(probe.vllm_version, minimum)
+    if ok is None:
+        return finding(check, Status.INCONCLUSIVE, ctx.host, observed=observed, expected=f">= {minimum}",
+                        rule=rule, evidence=evidence, reason="unreadable vLLM version",
+                        action="check the probe output")
+    if not ok:
+        return finding(check, Status.FAIL, ctx.host, observed=observed, expected=f">= {minimum}", rule=rule,
+                        evidence=evidence, reason=f"vLLM {probe.vllm_version} < {minimum}",
+                        action=f"{ROUTE_IMAGE} with vLLM >= {minimum}")
+    return finding(check, Status.PASS, ctx.host, observed=observed, expected=f">= {minimum}", rule=rule,
+                    evidence=evidence, action="none")
+
+
+def check_image_uniform(contexts: list[NodeContext]) -> Finding:
+    """Cluster level: every GPU node holds the same image. Each node can pass compat.image_identity
+    on its own with a moving tag while one of them pulled it on another day; one run would then judge
+    several images under one name."""
+    check = "compat.image_uniform"
+    containerised = [ctx for ctx in contexts if ctx.containerised]
+    if len(containerised) < 2:
+        return not_applicable(check, None, "fewer than two containerised GPU nodes: nothing to compare")
+    evidence = [p for ctx in containerised for p in ctx.paths("image_inspect")]
+    ids: dict[str, str | None] = {}
+    for ctx in containerised:
+        inspect = ctx.inspect()
+        ids[ctx.host] = inspect.id if inspect is not None else None
+    unknown = [h for h, i in ids.items() if not i]
+    if unknown:
+        return missing(check, None, f"no image inspect from {unknown}", evidence=evidence)
+    groups: dict[str, list[str]] = {}
+    for host, image_id in ids.items():
+        groups.setdefault(str(image_id), []).append(host)
+    rule = "one image ID on every GPU node of the run"
+    expected = "1 image ID"
+    if len(groups) == 1:
+        return finding(check, Status.PASS, None, observed=groups, expected=expected, rule=rule,
+                       evidence=evidence, consequence=Consequence.REBUILD, action="none")
+    odd = sorted((hosts for hosts in groups.values()), key=len)[:-1]
+    return finding(check, Status.FAIL, None, observed=groups, expected=expected, rule=rule,
+                   evidence=evidence, consequence=Consequence.REBUILD,
+                   reason=f"{len(groups)} different images under one reference; the odd nodes: "
+                          + ", ".join(h for hosts in odd for h in hosts),
+                   action=f"{ROUTE_IMAGE}: pull the pinned digest on every node (inventory vllm_image_digest) "
+                          "and re-run accept.yml")

@@ -1,0 +1,199 @@
+"""Multi-node interconnect: RDMA ports, the launch's communication settings, NCCL bandwidth
+(docs/checks.md, interconnect.*)."""
+
+from __future__ import annotations
+
+from ..core.findings import Consequence, Finding, Status, missing, not_applicable
+from ..core.profile import Profile
+from ..parsers.env import comm_env
+from ..parsers.nccl_tests import parse_all_reduce_perf
+from ..parsers.rdma import parse_ibv_devinfo, parse_rdma_link
+from ..parsers.startup_log import StartupScan
+from .context import NodeContext, finding, gpu_profile_na, why_missing
+from .launched import LaunchedPlan, launched_plan
+
+
+def check_rdma(ctx: NodeContext) -> Finding:
+    check = "interconnect.rdma"
+    if (na := gpu_profile_na(check, ctx)) is not None:
+        return na
+    if not ctx.multinode:
+        return not_applicable(check, ctx.host, "single node: no inter-node transport")
+    interconnect = ctx.profile.get("hardware.interconnect")
+    if interconnect != "rdma":
+        return not_applicable(check, ctx.host, f"profile interconnect is {interconnect!r}, not rdma")
+    evidence = ctx.paths("ibv_devinfo", "rdma_link")
+    ibv = ctx.parsed("ibv_devinfo", parse_ibv_devinfo)
+    link = ctx.parsed("rdma_link", parse_rdma_link)
+    sources = [s for s in (ibv, link) if s is not None and s.ports]
+    if not sources:
+        if ibv is not None or link is not None:
+            return finding(check, Status.FAIL, ctx.host, observed={"devices": []}, expected=">= 1 active port",
+                            rule="at least one RDMA port ACTIVE", evidence=evidence,
+                            reason="no RDMA devices", action="install/enable the RDMA NICs and OFED/rdma-core")
+        return missing(check, ctx.host, why_missing(ctx, "ibv_devinfo", "rdma_link"), evidence=evidence)
+    ports = sources[0].ports
+    active = [f"{p.device}/{p.port}" for p in ports if p.active]
+    observed = {"devices": sources[0].devices, "active_ports": active,
+                "link_layers": sorted({p.link_layer for p in ports if p.link_layer})}
+    if not active:
+        return finding(check, Status.FAIL, ctx.host, observed=observed, expected=">= 1 active port",
+                        rule="at least one RDMA port ACTIVE", evidence=evidence, reason="no RDMA port is ACTIVE",
+                        action="bring the RDMA links up (cabling, subnet manager, ibstat)")
+    return finding(check, Status.PASS, ctx.host, observed=observed, expected=">= 1 active port",
+                    rule="at least one RDMA port ACTIVE", evidence=evidence, action="none")
+
+
+# --- interconnect.nccl_env ------------------------------------------------------------------
+
+def _args_to_map(args: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for index, arg in enumerate(args):
+        if not arg.startswith("--"):
+            continue
+        name, sep, value = arg.partition("=")
+        if not sep and index + 1 < len(args) and not args[index + 1].startswith("--"):
+            value = args[index + 1]
+        out[name.replace("_", "-")] = value
+    return out
+
+
+def expected_comm_settings(profile: Profile, interconnect: str | None = None) -> tuple[list[str], dict[str, str]]:
+    """The recipe's multi-node args and env for the launched interconnect (else the profile's)."""
+    multinode = profile.get("launch.multinode", {}) or {}
+    interconnect = interconnect or profile.get("hardware.interconnect")
+    args: list[str] = []
+    env: dict[str, str] = {}
+    if interconnect == "rdma":
+        args += (multinode.get("rdma") or {}).get("args", [])
+        env.update((multinode.get("rdma") or {}).get("env", {}))
+    if interconnect in ("nvlink", "nvl"):
+        args += (multinode.get("nvlink") or {}).get("args", [])
+        env.update((multinode.get("nvlink") or {}).get("env", {}))
+    if interconnect == "nvl":
+        env.update(multinode.get("nvl_env", {}) or {})
+    return args, env
+
+
+def check_nccl_env(env: dict[str, str], args: list[str], profile: Profile, host: str | None,
+                   evidence: list[str], multinode: bool, scan: StartupScan | None = None,
+                   interconnect: str | None = None) -> Finding:
+    """The planned (or actual) launch env/args carry the recipe's multi-node settings;
+    NCCL_DMABUF_ENABLE=0 only when the startup log shows the mlx5dv_reg_dmabuf_mr error."""
+    check = "interconnect.nccl_env"
+    if not profile.has_gpus:
+        return not_applicable(check, host, "profile hardware.accelerator is none")
+    if not multinode:
+        return not_applicable(check, host, "single node: the recipe's multi-node NCCL/UCX settings do not apply")
+    want_args, want_env = expected_comm_settings(profile, interconnect)
+    have_args = _args_to_map(args)
+    workaround = (profile.get("launch.multinode.dmabuf_workaround_env", {}) or {"NCCL_DMABUF_ENABLE": "0"})
+    observed = {"env": comm_env(env), "all2all": have_args.get("--all2all-backend"),
+                "dmabuf_error_in_log": bool(scan and scan.dmabuf_errors) if scan is not None else None}
+    expected = {"args": want_args, "env": want_env}
+    rule = ("recipe multi-node args/env present for the interconnect; NCCL_DMABUF_ENABLE=0 only when the log "
+            "shows mlx5dv_reg_dmabuf_mr")
+    problems = []
+    for arg in want_args:
+        name, _, value = arg.partition("=")
+        if have_args.get(name.replace("_", "-")) != value:
+            problems.append(f"{name}={have_args.get(name)!r}, recipe {value!r}")
+    for name, value in want_env.items():
+        if env.get(name) != value:
+            problems.append(f"{name}={env.get(name)!r}, recipe {value!r}")
+    workaround_set = all(env.get(k) == v for k, v in workaround.items())
+    if scan is not None and scan.dmabuf_errors and not workaround_set:
+        problems.append("log shows mlx5dv_reg_dmabuf_mr" + (f" errno {scan.dmabuf_errno}" if scan.dmabuf_errno
+                                                            else "") + f": set {workaround} (falls back to "
+                        "nvidia_peermem)")
+    if problems:
+        return Finding(check=check, status=Status.FAIL, host=host, observed=observed, expected=expected, rule=rule,
+                       evidence=evidence, reason="; ".join(problems), consequence=Consequence.REBUILD,
+                       action="set the recipe's multi-node launch settings in the inventory/profile "
+                              "(one change at a time), then re-run acceptance")
+    if workaround_set and not (scan is not None and scan.dmabuf_errors):
+        return Finding(check=check, status=Status.WARN, host=host, observed=observed, expected=expected, rule=rule,
+                       evidence=evidence, consequence=Consequence.LIMIT,
+                       reason=f"{workaround} set without the mlx5dv_reg_dmabuf_mr error in the startup log",
+                       action="remove the workaround unless the log proves the error")
+    return Finding(check=check, status=Status.PASS, host=host, observed=observed, expected=expected, rule=rule,
+                   evidence=evidence, action="none")
+
+
+def planned_launch(profile: Profile, multinode: bool,
+                   plan: LaunchedPlan | None = None) -> tuple[list[str], dict[str, str]]:
+    """What the serve stage launches (serve/launch.py): the profile's args and env, the recipe's
+    multi-node settings for the launched interconnect, the inventory's extra environment and the
+    DMA-BUF workaround when the inventory asks for it."""
+    plan = plan or launched_plan(profile)
+    args = [str(a) for a in profile.get("launch.args", []) or []]
+    env = {k: str(v) for k, v in (profile.get("launch.env", {}) or {}).items()}
+    if multinode:
+        extra_args, extra_env = expected_comm_settings(profile, plan.interconnect)
+        args += [a for a in extra_args if a not in args]
+        env.update(extra_env)
+        if plan.dmabuf_workaround:
+            env.update({str(k): str(v) for k, v in (profile.get("launch.multinode.dmabuf_workaround_env", {})
+                                                    or {"NCCL_DMABUF_ENABLE": "0"}).items()})
+        env.update(plan.env)
+    return args, env
+
+
+def check_nccl_env_node(ctx: NodeContext) -> Finding:
+    """Judged on the launch the role was told about (inventory overrides), else the planned one."""
+    if not ctx.evidence.dir_exists and ctx.profile.has_gpus and ctx.multinode:
+        return missing("interconnect.nccl_env", ctx.host, why_missing(ctx))
+    inputs = ctx.evidence.inputs
+    default_args, default_env = planned_launch(ctx.profile, ctx.multinode, ctx.plan)
+    env = {k: str(v) for k, v in (inputs.get("launch_env") or default_env).items()}
+    args = [str(a) for a in (inputs.get("launch_args") or default_args)]
+    return check_nccl_env(env, args, ctx.profile, ctx.host, ctx.paths("inputs", "env"), ctx.multinode,
+                          ctx.startup_scan,
+                          interconnect=(ctx.plan or launched_plan(ctx.profile)).interconnect)
+
+
+# --- interconnect.nccl_bandwidth ------------------------------------------------------------
+
+def check_nccl_bandwidth(ctx: NodeContext) -> Finding:
+    check = "interconnect.nccl_bandwidth"
+    if (na := gpu_profile_na(check, ctx)) is not None:
+        return na
+    record = ctx.rec("nccl_allreduce")
+    evidence = ctx.paths("nccl_allreduce")
+    threshold = ctx.profile.get("thresholds.nccl_busbw_gbps")
+    if not record.ok:
+        if ctx.multinode:
+            return missing(check, ctx.host, why_missing(ctx, "nccl_allreduce"), Consequence.EXPAND, evidence)
+        return not_applicable(check, ctx.host, "single node and no nccl-tests output: the inter-node "
+                                               "bandwidth test is required for multi-node layouts only")
+    perf = parse_all_reduce_perf(record.stdout)
+    observed = {"max_busbw_gbps": perf.max_busbw, "avg_busbw_gbps": perf.avg_busbw, "ranks": perf.ranks,
+                "hosts": perf.hosts, "wrong": perf.wrong_results, "cmd": record.cmd}
+    rule = f"all_reduce_perf bus bandwidth >= {threshold} GB/s, no wrong results" + \
+        (", ranks spanning >= 2 nodes" if ctx.multinode else "")
+    if not perf.ok or perf.max_busbw is None:
+        return finding(check, Status.INCONCLUSIVE, ctx.host, observed=observed, expected=threshold, rule=rule,
+                        evidence=evidence, consequence=Consequence.EXPAND, reason="; ".join(perf.errors),
+                        action="check the nccl-tests output")
+    if perf.wrong_results or perf.out_of_bounds:
+        return finding(check, Status.FAIL, ctx.host, observed=observed, expected=threshold, rule=rule,
+                        evidence=evidence, consequence=Consequence.REBUILD,
+                        reason="nccl-tests reported wrong results (data corruption on the path)",
+                        action="inspect NVLink/NIC health (nvidia-smi nvlink -e, ibstat) before any load test")
+    if threshold is None:
+        return finding(check, Status.INCONCLUSIVE, ctx.host, observed=observed, expected=None, rule=rule,
+                        evidence=evidence, consequence=Consequence.EXPAND,
+                        reason="profile sets no thresholds.nccl_busbw_gbps", action="set the threshold")
+    if ctx.multinode and len(perf.hosts) < 2:
+        return finding(check, Status.INCONCLUSIVE, ctx.host, observed=observed, expected=threshold, rule=rule,
+                        evidence=evidence, consequence=Consequence.EXPAND,
+                        reason="the test ran on one node only; the inter-node path is unmeasured",
+                        action="set preflight_nccl_test_argv to an mpirun/srun line spanning the nodes")
+    if perf.max_busbw < float(threshold):
+        return finding(check, Status.FAIL, ctx.host, observed=observed, expected=threshold, rule=rule,
+                        evidence=evidence, consequence=Consequence.EXPAND,
+                        reason=f"bus bandwidth {perf.max_busbw} GB/s < {threshold} GB/s",
+                        action="check the interconnect (NVLink/NVSwitch, NIC rails, NCCL topology); change the "
+                               "topology or the interconnect rather than adding GPUs")
+    return finding(check, Status.PASS, ctx.host, observed=observed, expected=threshold, rule=rule,
+                    evidence=evidence, consequence=Consequence.EXPAND, action="none")
