@@ -400,3 +400,21 @@ def test_fabric_manager_without_an_answering_nvidia_smi_is_missing_not_pass(tmp_
     checks = _node_checks(tmp_path / "bad", NO_DRIVER, 9)
     assert checks["compat.fabric_manager"].status == Status.MISSING
     assert checks["compat.driver_branch"].status == Status.MISSING
+
+
+def test_gpu_memory_rise_fails_a_soak_that_passed_on_the_server_process_memory(tmp_path: Path) -> None:
+    """Attached with the server's pid: host RSS flat, one GPU leaking. The GPU decides (found by the
+    rehearsal: a rising GPU stream ended release)."""
+    run_dir = samples.make_run("release", tmp_path)
+    soak_without_process_memory(run_dir)
+    path = run_dir / "findings" / "load.json"
+    findings = read_findings(path)
+    for f in findings:
+        if f.check == "capacity.soak":
+            f.status, f.observed = Status.PASS, {**f.observed, "memory_growth_pct": 0.3, "memory_samples": 38}
+    write_findings(path, findings)
+    node_memory_stream(run_dir, samples.NODES[0], [100000, 110000, 130000, 150000, 170000, 190000, 200000, 207000])
+    report = build_report(run_dir, load_profile(KIMI))
+    assert report["verdict"] == "expand_capacity", report["verdict_reasons"]
+    node_memory_stream(run_dir, samples.NODES[0], [150000] * 8)
+    assert build_report(run_dir, load_profile(KIMI))["verdict"] == "release"

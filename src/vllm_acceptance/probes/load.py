@@ -530,11 +530,13 @@ def memory_growth_pct(series: list[int] | list[float]) -> float | None:
 
 
 def judge_soak_gpu_memory(finding: Finding, rows: list[dict[str, Any]]) -> Finding:
-    """capacity.soak left inconclusive for want of process memory (a GPU cluster): judge the per-GPU
-    series sampled on the nodes over the soak window, the worst GPU deciding."""
+    """capacity.soak judged on the per-GPU series sampled on the nodes over the soak window, the worst
+    GPU deciding: it decides a soak left inconclusive for want of process memory (a container, an
+    attached or remote server), and it can fail one that passed on the server process's memory alone
+    (host RSS stays flat while GPU memory leaks). A failed soak stays failed."""
     window = (finding.configuration or {}).get("window") or {}
     limit = (finding.configuration or {}).get("max_growth_pct")
-    if finding.status != Status.INCONCLUSIVE or not window or limit is None:
+    if finding.status not in (Status.INCONCLUSIVE, Status.PASS) or not window or limit is None:
         return finding
     by_series: dict[str, list[int]] = {}
     for row in rows:
