@@ -13,9 +13,9 @@ nshosts.py) `docker` is this script (stdlib only, run by the node's /usr/bin/pyt
 - `inspect --format '{{.State.Status}}' NAME` / `'{{json .Args}}'`, `ps`, `logs [--tail N] NAME`,
   `stop NAME`, `rm [-f] NAME` act on the supervised server.
 
-A fault a scenario sets in STATE/fault (`oom_after=N`: after N successful requests the server is killed
-and the recorded CUDA OOM line is written to its log, as a container that died of OOM leaves it;
-`crash_after=N`: the same with a worker crash line) is fault injection, not a happy path.
+A fault a scenario sets in STATE/fault (`oom_at_running=N`: once N requests run at once the server is
+killed and a CUDA OOM line is written to its log, as a container that died of OOM leaves it;
+`crash_at_running=N`: the same with a worker crash line) is fault injection, not a happy path.
 
     docker.py --state DIR --recorded PATH --lab-python PATH [--] DOCKER-ARGS...
 """
@@ -169,10 +169,12 @@ def metric(port: str, name: str) -> float | None:
 
 
 def fault(node: Node) -> tuple[str, int] | None:
+    """STATE/fault: `oom_at_running=N` / `crash_at_running=N` - the server dies once N requests run at
+    once (the load probe's concurrency ramp; the cache and agent probes send one at a time)."""
     path = node.state / "fault"
     if not path.is_file():
         return None
-    kind, _, n = path.read_text().strip().partition("_after=")
+    kind, _, n = path.read_text().strip().partition("_at_running=")
     return (kind, int(n)) if n.isdigit() else None
 
 
@@ -188,8 +190,8 @@ def supervise(node: Node, name: str) -> int:
     (box / "state").write_text("running")
     planned = fault(node)
     while proc.poll() is None:
-        time.sleep(1.0)
-        if planned and (metric(port, "vllm:request_success_total") or 0) >= planned[1]:
+        time.sleep(0.3 if planned else 1.0)
+        if planned and (metric(port, "vllm:num_requests_running") or 0) >= planned[1]:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             with (box / "log").open("a") as log:

@@ -296,9 +296,9 @@ PLAYS: dict[str, Play] = {
         r, p, "soak-memory-rising", gpu_nodes=["gb300-a01"], memory="rising"), ("capacity.soak",), suite=False),
     "single-node-container": Play("release", single_node_container,
                                   ("every required check passed with evidence",), suite=False),
-    "oom-mid-ramp": Play("expand_capacity", lambda r, p: oom_mid_ramp(r, p, "oom_after=12", "oom-mid-ramp"),
+    "oom-mid-ramp": Play("expand_capacity", lambda r, p: oom_mid_ramp(r, p, "oom_at_running=2", "oom-mid-ramp"),
                          ("capacity.crash", "torch.OutOfMemoryError: CUDA out of memory"), suite=False),
-    "crash-mid-ramp": Play("incomplete", lambda r, p: oom_mid_ramp(r, p, "crash_after=12", "crash-mid-ramp"),
+    "crash-mid-ramp": Play("incomplete", lambda r, p: oom_mid_ramp(r, p, "crash_at_running=2", "crash-mid-ramp"),
                            ("without an OOM signature", "died unexpectedly"), suite=False),
 }
 
