@@ -39,7 +39,8 @@ SILENT_TOO = {"VllmRunningAboveAccepted", "VllmRestarted", "VllmTargetDown", "Vl
 def accepted_report(server: Any, tmp_path: Path) -> dict[str, Any]:
     """Accepted figures measured now on the normal server: a short real load stage at the contracted step."""
     profile = load_profile(REPO / "profiles" / "cpu-lab.yml")
-    cfg = LoadProbeConfig.from_profile(profile, {"load.ramp": [4], "load.soak_s": 2, "load.requests_per_step": 8},
+    cfg = LoadProbeConfig.from_profile(profile, {"load.ramp": [4], "load.max_step": 4, "load.soak_s": 2,
+                                                "load.requests_per_step": 8},
                                        model=server.model, server_pid=server.pid)
     _, details = run_load_probe(server.base_url, DirectMetrics(server.metrics_url), cfg,
                                 EvidenceStore(tmp_path / "accepted-load"))

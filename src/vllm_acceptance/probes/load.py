@@ -1,31 +1,48 @@
 """Capacity under load (docs/acceptance.md "Capacity under load"): staged, each stage with its own evidence.
 
-Stages: long prompt (one request near the contracted context), context contract (one request
-over it must be rejected, the server still healthy), concurrency ramp (knee = largest step that
-meets the SLO with no errors and no preemption), mixed stream, soak. A sampler scrapes the
-server's metrics (and memory: per-GPU where there are GPUs, the server's RSS in the lab, labelled
-so) for the whole run, appending to JSONL as it goes. A server that dies mid-stage produces a
-crash/OOM record and the remaining stages are reported `missing`.
+Stages, in order: the KV cache readout against the contract (no traffic), one long prompt at the
+contracted context (prefill vs decode memory), the context contract (at it succeeds, just over it is
+rejected for its length), the concurrency ramp at the contract's shape (the profile's share of
+sessions at the contracted context, every prompt counted with the server's ``/tokenize``) past the
+contract to the real knee, a run at the proposed limit when the contract does not hold, the mixed
+stream and the soak (at the verified limit when there is one). A sampler scrapes the server's metrics
+and memory (per-GPU where there are GPUs, the server's RSS in the lab, labelled so), each sample
+tagged with its stage. A server that dies mid-stage leaves the OOM/crash record, its stage
+classified, and the remaining stages are reported `missing`. All judgement is in rules/capacity.py.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from ..core.evidence import EvidenceStore
-from ..core.findings import Consequence, Finding, Status, missing
+from ..core.findings import Finding, Status
 from ..core.profile import Profile
 from ..lab.server import rss_bytes, tail_lines
 from ..load.engine import Record, RequestSpec, run_closed_loop_sync
 from ..load.stats import summarize
 from ..parsers.causal import causal_line
-from .metrics import MetricsError, MetricsSource, Snapshot, delta, histogram_delta
+from ..parsers.startup_log import StartupScan, scan_startup_log
+from ..rules import capacity as rules
+from ..rules import registry
+from .metrics import (
+    MetricsError,
+    MetricsSource,
+    Snapshot,
+    cache_config,
+    delta,
+    histogram_delta,
+    histogram_quantile_delta,
+    server_root,
+)
 
 OOM_MARKERS = ("out of memory", "outofmemoryerror", "cuda error: out of memory", "killed process",
                "oom-kill", "cannot allocate memory")
@@ -38,8 +55,12 @@ class LoadProbeConfig:
     model: str
     contract_concurrency: int = 4
     context_tokens: int = 1536
+    max_output_tokens: int = 64
     max_model_len: int = 2048
     ramp: list[int] = field(default_factory=lambda: [1, 2, 4])
+    max_step: int | None = None            # the ramp's bound past the contract (default 4 x contract)
+    ramp_budget_s: float = 300.0           # no new step past the contract after this long
+    contract_share: float = 0.5            # share of ramp requests at the contracted context
     requests_per_step: int = 8
     prompt_tokens: int = 256
     output_tokens: int = 32
@@ -54,6 +75,14 @@ class LoadProbeConfig:
     server_pid: int | None = None
     server_log: str | None = None
     sample_interval_s: float = 0.25
+    verify_limit: bool = True
+    nodes: int | None = None
+    interconnect: str | None = None
+    parallel: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ramp_bound(self) -> int:
+        return self.max_step or 4 * self.contract_concurrency
 
     @classmethod
     def from_profile(cls, profile: Profile | None, overrides: dict[str, Any], **kw: Any) -> LoadProbeConfig:
@@ -62,11 +91,16 @@ class LoadProbeConfig:
                 return overrides[dotted]
             return profile.get(dotted, default) if profile else default
 
+        max_step = get("load.max_step", None)
         return cls(
             contract_concurrency=int(get("contract.concurrency", 4)),
             context_tokens=int(get("contract.context_tokens", 1536)),
+            max_output_tokens=int(get("contract.max_output_tokens", 64)),
             max_model_len=int(get("model.max_model_len", 2048)),
             ramp=[int(c) for c in get("load.ramp", [1, 2, 4])],
+            max_step=int(max_step) if max_step is not None else None,
+            ramp_budget_s=float(get("load.ramp_budget_s", 300)),
+            contract_share=float(get("load.contract_share", 0.5)),
             requests_per_step=int(get("load.requests_per_step", 8)),
             prompt_tokens=int(get("load.prompt_tokens", 256)),
             output_tokens=int(get("load.output_tokens", 32)),
@@ -77,24 +111,98 @@ class LoadProbeConfig:
             slo=dict(get("contract.slo", {})),
             max_preemptions=int(get("thresholds.max_preemptions", 0)),
             memory_growth_pct=float(get("thresholds.memory_growth_pct", 20)),
-            sample_interval_s=float(get("load.sample_interval_s", 0.25)), **kw)
+            sample_interval_s=float(get("load.sample_interval_s", 0.25)),
+            verify_limit=bool(get("load.verify_limit", True)),
+            nodes=get("hardware.min_nodes", None), interconnect=get("hardware.interconnect", None),
+            parallel=dict(get("parallel", {}) or {}), **kw)
 
 
 def filler(n_words: int, seed: int) -> str:
-    """Deterministic agent-like filler text of about n_words words (~1.3 tokens a word in the lab)."""
+    """Deterministic agent-like filler text of n_words words."""
     rng = random.Random(seed)
     return " ".join(rng.choice(WORDS) for _ in range(n_words))
 
 
 def spec(tokens: int, output: int, seed: int, tag: str, prefix: str = "") -> RequestSpec:
-    words = max(1, int(tokens / 1.3))
+    """A request of about ``tokens`` prompt tokens, estimated at 1.3 tokens a word (the distributed load
+    workers' shape; the load probe counts with /tokenize instead, see PromptBuilder)."""
+    return _spec(max(1, int(tokens / 1.3)), output, seed, tag, prefix)
+
+
+def _spec(words: int, output: int, seed: int, tag: str, prefix: str = "", text_seed: int | None = None) -> RequestSpec:
+    """The unique system line comes first, so two requests share no cache block whatever the filler."""
     return RequestSpec(messages=[{"role": "system", "content": prefix + f"Request {tag}-{seed}."},
-                                 {"role": "user", "content": filler(words, seed)}],
+                                 {"role": "user", "content": filler(words, seed if text_seed is None else text_seed)}],
                        max_tokens=output, tag=tag, extra={"temperature": 0.0, "ignore_eos": True})
 
 
+class PromptBuilder:
+    """Prompts of an exact token count, counted by the server itself (POST /tokenize with the chat
+    messages, so the chat template's tokens count too). Where the server has no /tokenize the count is
+    estimated and the workload says so."""
+
+    TOLERANCE = 2
+
+    def __init__(self, base_url: str, model: str, api_key: str | None = None) -> None:
+        self.url = server_root(base_url) + "/tokenize"
+        self.model = model
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.available: bool | None = None
+        self.max_model_len: int | None = None
+        self.words_per_token = 1 / 1.3
+        self.targets: dict[str, dict[str, Any]] = {}   # tag -> the shape its requests were built for
+        self.known: dict[tuple[int, int, bool], int] = {}  # shape -> words that gave it
+        self.calls = 0
+        self.client = httpx.Client(timeout=30, headers=self.headers)  # keep-alive: 4x fewer ms per count
+
+    def count(self, messages: list[dict[str, Any]]) -> int | None:
+        if self.available is False:
+            return None
+        try:
+            self.calls += 1
+            response = self.client.post(self.url, json={"model": self.model, "messages": messages})
+            data = response.json() if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            data = None
+        if not isinstance(data, dict) or "count" not in data:
+            self.available = False
+            return None
+        self.available = True
+        self.max_model_len = data.get("max_model_len") or self.max_model_len
+        return int(data["count"])
+
+    def spec(self, tokens: int, output: int, seed: int, tag: str, prefix: str = "",
+             at_least: bool = False) -> tuple[RequestSpec, int | None]:
+        """(request, its counted prompt tokens): within ``TOLERANCE`` tokens under ``tokens`` (or, with
+        ``at_least``, at or over it). The word count found for a shape seeds the next request's search."""
+        self.targets.setdefault(tag, {"prompt_tokens": tokens, "max_tokens": output})
+        key = (tokens, len(prefix), at_least)
+        words = self.known.get(key) or max(1, round(tokens * self.words_per_token))
+        best: tuple[RequestSpec, int, int] | None = None
+        for _ in range(10):
+            # One filler text per length (the unique system line keeps requests apart): the count found
+            # for a shape holds for the next seed within a token or two, so most requests cost one count.
+            req = _spec(words, output, seed, tag, prefix, text_seed=0)
+            n = self.count(req.messages)
+            if n is None:
+                return req, None
+            fits = n >= tokens if at_least else n <= tokens
+            if fits and (best is None or abs(n - tokens) < abs(best[1] - tokens)):
+                best = (req, n, words)
+            if best is not None and abs(best[1] - tokens) <= self.TOLERANCE:
+                break
+            self.words_per_token = max(0.2, min(2.0, words / max(1, n)))
+            words = max(1, words + (int((tokens - n) * self.words_per_token) or (1 if n < tokens else -1)))
+        if best is None:  # the fixed part alone (template, system line) is over the target
+            req = _spec(1, output, seed, tag, prefix, text_seed=0)
+            return req, self.count(req.messages)
+        self.known[key] = best[2]
+        return best[0], best[1]
+
+
 class Sampler(threading.Thread):
-    """Scrape metrics (and memory) every interval into samples.jsonl until stopped."""
+    """Scrape metrics (and memory) every interval into samples.jsonl / memory.jsonl until stopped; every
+    row carries the stage it was taken in (the stage boundaries are in ``bounds`` too)."""
 
     def __init__(self, source: MetricsSource, store: EvidenceStore, cfg: LoadProbeConfig) -> None:
         super().__init__(daemon=True)
@@ -119,13 +227,14 @@ class Sampler(threading.Thread):
             self.take_memory()
             self.stop_event.wait(self.cfg.sample_interval_s)
 
-    def take_memory(self) -> None:
+    def take_memory(self) -> int | None:
         rss = rss_bytes(self.cfg.server_pid) if self.cfg.server_pid else None
         if rss:
             mem = {"t": time.time(), "bytes": rss, "series": "rss:vllm", "label": "process RSS (no GPU)",
                    "stage": self.stage}
             self.memory.append(mem)
             self.store.append_jsonl("memory.jsonl", mem)
+        return rss
 
     def take(self) -> None:
         now = time.time()
@@ -162,6 +271,12 @@ class LoadRun:
         self.sampler = Sampler(source, store, cfg)
         self.bounds: list[dict[str, Any]] = []
         self.crashed: dict[str, Any] | None = None
+        self.prompts = PromptBuilder(base_url, cfg.model, cfg.api_key)
+        self.workload: list[dict[str, Any]] = []
+        self.scan: StartupScan | None = None
+        self.cache_cfg: dict[str, str] | None = None
+        self.healthy_at_start = False
+        self.readout = rules.KvReadout()
 
     def snapshot(self) -> Snapshot | None:
         """A metrics snapshot, or None when the server stopped answering (judged by `send`)."""
@@ -171,12 +286,18 @@ class LoadRun:
             return None
 
     def healthy(self) -> bool:
-        root = self.base_url.rstrip("/")
-        root = root[:-3] if root.endswith("/v1") else root
         try:
-            return httpx.get(f"{root}/health", timeout=5.0).status_code == 200
+            return httpx.get(f"{server_root(self.base_url)}/health", timeout=5.0).status_code == 200
         except httpx.HTTPError:
             return False
+
+    def build(self, tokens: int, output: int, seed: int, tag: str, prefix: str = "",
+              at_least: bool = False) -> RequestSpec:
+        req, counted = self.prompts.spec(tokens, output, seed, tag, prefix, at_least)
+        self.workload.append({"tag": tag, "seed": seed, "target_tokens": tokens, "counted_tokens": counted,
+                              "max_tokens": output, "counted_by": "/tokenize" if counted is not None else
+                              "estimate (no /tokenize)"})
+        return req
 
     def send(self, stage: str, specs: list[RequestSpec], concurrency: int) -> tuple[list[Record], float, float]:
         self.sampler.stage = stage
@@ -186,31 +307,82 @@ class LoadRun:
             stage_deadline_s=self.cfg.stage_timeout_s, api_key=self.cfg.api_key,
             on_record=lambda r: self.store.append_jsonl(f"records/{stage}.jsonl", r.to_dict()))
         end = time.time()
-        self.bounds.append({"stage": stage, "start": start, "end": end})
+        self.bounds.append({"stage": stage, "start": start, "end": end, "concurrency": concurrency})
         self.sampler.take()
         if any(r.status != "ok" for r in records) and not self.healthy():
-            self.crashed = self.crash_record(stage, records, start)
+            self.crashed = self.crash_record(stage, records, start, concurrency)
         return records, start, end
 
-    def crash_record(self, stage: str, records: list[Record], start: float) -> dict[str, Any]:
+    def process_state(self) -> str:
+        """After the server stopped answering: recovered (healthy again within ~10 s), exited, stuck."""
+        for _ in range(5):
+            if self.healthy():
+                return "recovered"
+            if self.cfg.server_pid and not rss_bytes(self.cfg.server_pid):
+                return "exited"
+            time.sleep(2)
+        return "stuck (process alive, /health does not answer)" if self.cfg.server_pid else \
+            "unresponsive (attached server: process state not observable)"
+
+    def crash_record(self, stage: str, records: list[Record], start: float, concurrency: int) -> dict[str, Any]:
         """The OOM record of docs/acceptance.md: what is known at the moment the server stopped answering."""
+        state = self.process_state()
         log = tail_lines(_path(self.cfg.server_log), 40)
         oom = [line for line in log.splitlines() if any(m in line.lower() for m in OOM_MARKERS)]
-        last = self.sampler.samples[-5:]
-        return {"stage": stage, "time": time.time(), "stage_started": start, "kind": "oom" if oom else "crash",
-                "oom_lines": oom, "log_tail": log.splitlines(),
-                "errors": [r.error for r in records if r.error][:5],
-                "requests_in_stage": len(records), "ok_before_crash": sum(r.status == "ok" for r in records),
-                "last_samples": last, "memory_before": self.sampler.memory[-10:],
-                "process_state": "exited" if self.cfg.server_pid and not rss_bytes(self.cfg.server_pid)
-                else ("unresponsive" if self.cfg.server_pid else "unknown (attached server)"),
-                "model_loaded": True, "max_model_len": self.cfg.max_model_len,
-                "prompt_tokens": max((r.prompt_tokens or 0) for r in records) if records else None}
+        now = time.time()
+        in_flight = [{"request_id": r.request_id, "tag": r.tag,
+                      "prompt_tokens": r.prompt_tokens or self.prompts.targets.get(r.tag, {}).get("prompt_tokens"),
+                      "max_tokens": self.prompts.targets.get(r.tag, {}).get("max_tokens"),
+                      "first_token": r.first_token is not None, "phase": "decode" if r.first_token else "prefill",
+                      "duration_s": round((r.end or now) - (r.sent or r.scheduled), 3), "error": r.error}
+                     for r in records if r.status != "ok"]
+        stage_samples = self.sampler.window(start, now)
+        model_loaded = bool(self.healthy_at_start or (self.scan and self.scan.ready)
+                            or any(r.status == "ok" for r in records))
+        trend = rules.kv_trend(stage_samples)
+        where, why = rules.classify_oom_stage(model_loaded, stage, concurrency, in_flight, trend)
+        last = self.sampler.samples[-1] if self.sampler.samples else {}
+        labels, args = self.cache_cfg or {}, (self.scan.non_default_args if self.scan else None) or {}
+        self.sampler.take_memory()  # the "after" point: none when the process is gone
+        record = {
+            "time": now, "kind": "oom" if oom else "crash", "probe_stage": stage, "stage_started": start,
+            "stage": where, "stage_evidence": why, "action": rules.oom_action(where),
+            "model_loaded": model_loaded, "kv_usage_trend": trend,
+            "memory_timeline": {"series": sorted({m["series"] for m in self.sampler.memory}) or None,
+                                "before": [m for m in self.sampler.memory if m["t"] < start][-10:],
+                                "during": [m for m in self.sampler.memory if start <= m["t"] <= now],
+                                "after": [m for m in self.sampler.memory if m["t"] > now]},
+            "in_flight": in_flight,
+            "prompt_tokens": max((r["prompt_tokens"] or 0) for r in in_flight) if in_flight else None,
+            "max_output_tokens": max((r["max_tokens"] or 0) for r in in_flight) if in_flight else None,
+            "request_duration_s": max(r["duration_s"] for r in in_flight) if in_flight else None,
+            "running": last.get("running"), "waiting": last.get("waiting"), "last_samples": self.sampler.samples[-5:],
+            "prefix_caching": labels.get("enable_prefix_caching"),
+            "kv_offload": {k: labels.get(k) for k in ("kv_offloading_backend", "kv_offloading_size")} if labels
+            else None,
+            "cross_node_transfer": args.get("kv_transfer_config") or (False if self.scan else None),
+            "max_model_len": self.prompts.max_model_len or self.cfg.max_model_len,
+            "gpu_memory_utilization": labels.get("gpu_memory_utilization"),
+            "max_num_batched_tokens": args.get("max_num_batched_tokens",
+                                               "vLLM default (not among the non-default args)" if self.scan else None),
+            "parallel_layout": self.layout(), "nodes": self.cfg.nodes, "interconnect": self.cfg.interconnect,
+            "concurrency": concurrency, "requests_in_stage": len(records),
+            "ok_before_crash": sum(r.status == "ok" for r in records),
+            "errors": [r.error for r in records if r.error][:5],
+            "log_tail": log.splitlines(), "oom_lines": oom, "process_state": state,
+        }
+        record["gaps"] = rules.record_gaps(record)
+        return record
+
+    def layout(self) -> dict[str, Any]:
+        scan = self.scan
+        return {"tensor": len(scan.tp_ranks) if scan and scan.tp_ranks else self.cfg.parallel.get("tensor"),
+                "pipeline": len(scan.pp_ranks) if scan and scan.pp_ranks else self.cfg.parallel.get("pipeline"),
+                "data": len(scan.dp_ranks) if scan and scan.dp_ranks else self.cfg.parallel.get("data"),
+                "world_size": scan.world_size if scan else None}
 
 
-def _path(p: str | None) -> Any:
-    from pathlib import Path
-
+def _path(p: str | None) -> Path | None:
     return Path(p) if p else None
 
 
@@ -222,7 +394,8 @@ def hung_requests(records: list[Record], limit: int = 20) -> dict[str, Any]:
 
 
 def step_row(concurrency: int, records: list[Record], samples: list[dict[str, Any]],
-             preempt: float | None, cfg: LoadProbeConfig) -> dict[str, Any]:
+             preempt: float | None, cfg: LoadProbeConfig, **measured: Any) -> dict[str, Any]:
+    """One step's figures; ``measured`` adds what the probe read around it (queue_p95, memory, ...)."""
     s = summarize(records)
 
     def pct(key: str, p: str) -> float | None:
@@ -238,28 +411,25 @@ def step_row(concurrency: int, records: list[Record], samples: list[dict[str, An
     row["max_waiting"] = max((x["waiting"] or 0) for x in samples) if samples else None
     row["max_kv_usage"] = max((x["kv_usage"] or 0) for x in samples) if samples else None
     row["preemptions"] = preempt
-    row["meets_slo"] = meets_slo(row, cfg)
+    row.update(measured)
+    row["breaches"] = rules.breaches(row, cfg.slo, cfg.max_preemptions)
+    row["meets_slo"] = not row["breaches"]
     return row
 
 
 def meets_slo(row: dict[str, Any], cfg: LoadProbeConfig) -> bool:
-    slo = cfg.slo
-    checks = [row["ok"] > 0, (row["error_rate"] or 0) <= slo.get("max_error_rate", 0.0),
-              row["preemptions"] is not None and row["preemptions"] <= cfg.max_preemptions]
-    for metric, key in (("ttft_p95", "ttft_p95_s"), ("e2e_p95", "e2e_p95_s"), ("itl_p95", "itl_p95_s")):
-        if key in slo:
-            checks.append(row[metric] is not None and row[metric] <= slo[key])
-    return all(checks)
+    """A step meets the SLO when it breaks no limit (rules.capacity.breaches); a row without a queue
+    figure (merged loadgen hosts) is not judged on the queue."""
+    return not rules.breaches(row, cfg.slo, cfg.max_preemptions)
 
 
 def knee_of(steps: list[dict[str, Any]]) -> int | None:
-    """Largest concurrency meeting the SLO, counting only up to the first step that breaks it."""
-    knee = None
-    for row in sorted(steps, key=lambda r: r["concurrency"]):
-        if not row["meets_slo"]:
-            break
-        knee = row["concurrency"]
-    return knee
+    return rules.knee_of(steps)
+
+
+def contract_shaped(i: int, share: float) -> bool:
+    """Spread the contract's share evenly over a step: request i is at the contracted context."""
+    return math.floor((i + 1) * share) > math.floor(i * share)
 
 
 def run_load_probe(base_url: str, source: MetricsSource, cfg: LoadProbeConfig, store: EvidenceStore
@@ -269,255 +439,360 @@ def run_load_probe(base_url: str, source: MetricsSource, cfg: LoadProbeConfig, s
         first = source.snapshot()
     except MetricsError as exc:
         ev = store.write_text("metrics-error.txt", str(exc))
-        return [Finding(check="capacity.metrics", status=Status.MISSING, observed=str(exc), evidence=[ev],
-                        consequence=Consequence.EXPAND, expected="readable metrics",
-                        action=f"make {source.description} readable")], {}
+        return [registry.get("capacity.metrics").missing(None, str(exc), evidence=[ev])], {}
+    run.healthy_at_start = run.healthy()
+    run.cache_cfg = cache_config(first)
+    log_text = _path(cfg.server_log).read_text(errors="replace") if cfg.server_log and Path(
+        cfg.server_log).is_file() else ""
+    run.scan = scan_startup_log(log_text) if log_text else None
+    readout = run.readout = rules.kv_readout(run.scan.kv_cache_tokens if run.scan else None,
+                               run.scan.max_concurrency if run.scan else None,
+                               run.scan.max_concurrency_len if run.scan else None, run.cache_cfg)
+    kv_ev = store.write_json("kv_capacity.json", {"readout": readout.to_dict(), "cache_config_info": run.cache_cfg,
+                                                  "startup_log": cfg.server_log})
     run.sampler.start()
     findings: list[Finding] = []
     steps: list[dict[str, Any]] = []
+    summary: dict[str, Any] = {}
+    proposed: list[dict[str, Any]] = []
+    attempts: list[dict[str, Any]] = []
+    limit: dict[str, Any] = {}
+    t0 = time.time()
     try:
         findings += stage_long_prompt(run)
         if not run.crashed:
             findings.append(stage_context_contract(run))
         if not run.crashed:
-            steps, ramp_findings = stage_ramp(run)
-            findings += ramp_findings
+            steps = stage_ramp(run)
+            summary = rules.ramp_summary(steps, cfg.contract_concurrency, cfg.ramp_bound)
+        if not run.crashed and steps:
+            proposed = rules.propose_limits(readout, summary["knee"], cfg.contract_concurrency, cfg.context_tokens,
+                                            cfg.max_output_tokens, min_context_tokens=cfg.prompt_tokens)
+            if cfg.verify_limit:
+                attempts = stage_verify(run, proposed)
+        verdict_ev = [store.write_json("verified_limit.json", {"proposed": proposed, "attempts": attempts})]
+        verified_finding, limit = rules.judge_verified_limit(proposed, attempts, evidence=verdict_ev + [
+            f"records/{a['stage']}.jsonl" for a in attempts if store.path(f"records/{a['stage']}.jsonl").exists()])
+        verified = bool(limit) if proposed else None
+        if steps:
+            ev = [store.write_json("ramp.json", {"summary": summary, "steps": steps})] + [
+                f"records/ramp_c{s['concurrency']}.jsonl" for s in steps
+                if store.path(f"records/ramp_c{s['concurrency']}.jsonl").exists()]
+            findings.append(rules.judge_ramp(steps, summary, evidence=ev, verified=verified,
+                                             request_timeout_s=cfg.request_timeout_s,
+                                             max_preemptions=cfg.max_preemptions))
+        if steps or proposed:
+            findings.append(verified_finding)
+        concurrency = int(limit.get("client_concurrency", cfg.contract_concurrency))
+        context = int(limit.get("context_tokens", cfg.context_tokens))
         if not run.crashed:
-            findings.append(stage_mixed(run))
+            findings.append(stage_mixed(run, concurrency, context))
         if not run.crashed:
-            findings.append(stage_soak(run))
+            findings.append(stage_soak(run, concurrency))
     finally:
         run.sampler.stop_event.set()
         run.sampler.join(timeout=5)
+    findings.insert(0, rules.judge_kv_capacity(readout, cfg.contract_concurrency, cfg.context_tokens,
+                                               cfg.max_output_tokens, evidence=[kv_ev], verified=verified))
+    store.write_json("workload.json", {"tokenize": run.prompts.available, "tokenize_calls": run.prompts.calls,
+                                       "contract_share": cfg.contract_share, "requests": run.workload})
     ev_samples = [p for p in ("samples.jsonl", "memory.jsonl") if store.path(p).exists()]
     if run.crashed:
-        ev = store.write_json("oom_record.json", run.crashed)
-        findings.append(crash_finding(run.crashed, [ev] + ev_samples))
-        done = {f.check for f in findings}
-        for check in ("capacity.context_contract", "capacity.ramp", "capacity.mixed", "capacity.soak"):
-            if check not in done:
-                findings.append(missing(check, None, f"not run: the server died in stage {run.crashed['stage']}",
-                                        Consequence.EXPAND))
-    knee = knee_of(steps)
-    limits = {}
-    if knee is not None and knee < cfg.contract_concurrency:
-        limits = {"max_num_seqs": knee, "client_concurrency": knee, "context_tokens": cfg.context_tokens,
-                  "reason": f"stable only up to concurrency {knee} < contracted {cfg.contract_concurrency}"}
-    details = {"contract_concurrency": cfg.contract_concurrency, "knee": knee, "steps": steps,
-               "memory_timeline": run.sampler.memory, "stage_bounds": run.bounds, "limits": limits,
-               "samples": len(run.sampler.samples), "crash": run.crashed,
-               "initial_preemptions": first.value("vllm:num_preemptions")}
+        findings += crash_findings(run, findings, ev_samples)
+    details = {"contract_concurrency": cfg.contract_concurrency, "knee": summary.get("knee"),
+               "headroom": summary.get("headroom"), "broke_on": summary.get("broke_on"),
+               "knee_text": summary.get("text"), "ramp_summary": summary, "steps": steps,
+               "kv_readout": readout.to_dict(), "proposed_limits": proposed, "limit_attempts": attempts,
+               "memory_timeline": run.sampler.memory, "stage_bounds": run.bounds, "limits": limit,
+               "samples": len(run.sampler.samples), "crash": run.crashed, "seconds": round(time.time() - t0, 1),
+               "initial_preemptions": first.value("vllm:num_preemptions"),
+               "workload": {"tokenize": run.prompts.available, "contract_share": cfg.contract_share}}
     return findings, details
+
+
+def crash_findings(run: LoadRun, findings: list[Finding], ev_samples: list[str]) -> list[Finding]:
+    crashed = run.crashed or {}
+    ev = run.store.write_json("oom_record.json", crashed)
+    out = [crash_finding(crashed, [ev] + ev_samples)]
+    done = {f.check for f in findings}
+    for check in ("capacity.context_contract", "capacity.ramp", "capacity.mixed", "capacity.soak"):
+        if check not in done:
+            out.append(registry.get(check).missing(
+                None, f"not run: the server died in stage {crashed.get('probe_stage') or crashed.get('stage')}"))
+    return out
 
 
 def crash_finding(record: dict[str, Any], evidence: list[str]) -> Finding:
     """capacity.crash from the crash record: an OOM is a capacity failure (expand_capacity, the OOM line
     quoted); a death without a capacity signature decides nothing about capacity (inconclusive, the
     causal line of the log or of the failed requests named), so the run is incomplete, never a release."""
-    observed = {k: record.get(k) for k in ("stage", "kind", "process_state")}
-    action = ("read the OOM record: at load -> weights/parallel layout/topology; under KV growth -> "
-              "context, concurrency, retention, prefill/decode balance; adjust limits before adding GPUs")
+    check = registry.get("capacity.crash")
+    stage = record.get("probe_stage") or record.get("stage")
+    observed = {k: record.get(k) for k in ("probe_stage", "stage", "kind", "process_state", "model_loaded",
+                                           "stage_evidence")}
     if record.get("oom_lines"):
-        return Finding(check="capacity.crash", status=Status.FAIL, observed=observed,
-                       expected="the server survives every stage", evidence=evidence, consequence=Consequence.EXPAND,
-                       rule="no OOM or crash at nominal load", action=action,
-                       reason=f"OOM in stage {record.get('stage')}: " + "; ".join(record["oom_lines"][-2:]))
+        return check.fail(observed=observed, expected="the server survives every stage", evidence=evidence,
+                          reason=f"OOM in stage {stage}: " + "; ".join(record["oom_lines"][-2:]),
+                          action=record.get("action") or "read the OOM record: at load -> weights/parallel "
+                          "layout/topology; under KV growth -> context, concurrency, retention, prefill/decode "
+                          "balance; adjust limits before adding GPUs")
     cause = causal_line("\n".join(record.get("log_tail") or [])) or causal_line(
         "\n".join(str(e) for e in record.get("errors") or []))
-    return Finding(check="capacity.crash", status=Status.INCONCLUSIVE, observed=observed,
-                   expected="the server survives every stage", evidence=evidence, consequence=Consequence.EXPAND,
-                   rule="no OOM or crash at nominal load",
-                   reason=f"the server died in stage {record.get('stage')} without an OOM signature: "
-                          + (cause or "no log line says why (give the server log)"),
-                   action="read the crash record and the server log: a crash that is not capacity (a bug, a "
-                          "killed process, a lost node) is fixed and the run repeated; it proves nothing about "
-                          "capacity")
+    return check.inconclusive(
+        observed=observed, expected="the server survives every stage", evidence=evidence,
+        reason=f"the server died in stage {stage} without an OOM signature: "
+               + (cause or "no log line says why (give the server log)"),
+        action="read the crash record and the server log: a crash that is not capacity (a bug, a killed process, "
+               "a lost node) is fixed and the run repeated; it proves nothing about capacity")
+
+
+def memory_split(run: LoadRun, rec: Record | None) -> dict[str, int | None]:
+    """Peak memory of one request's prefill (sent -> first token) and of its decode (first token -> end)."""
+    if rec is None or rec.sent is None:
+        return {"prefill_peak_bytes": None, "decode_peak_bytes": None}
+    cut = rec.first_token or rec.end or rec.sent
+    pre = run.sampler.memory_window(rec.sent, cut)
+    dec = [m["bytes"] for m in run.sampler.memory if cut <= m["t"] <= (rec.end or cut)]
+    return {"prefill_peak_bytes": max(pre) if pre else None, "decode_peak_bytes": max(dec) if dec else None}
 
 
 def stage_long_prompt(run: LoadRun) -> list[Finding]:
+    """One agent-like prompt at the contracted context (counted), concurrency 1; prefill vs decode memory."""
     cfg = run.cfg
-    tokens = min(cfg.long_prompt_tokens, cfg.context_tokens - cfg.output_tokens - 64)
-    records, start, end = run.send("long_prompt", [spec(tokens, cfg.output_tokens, 1, "long")], 1)
+    tokens = min(cfg.long_prompt_tokens, cfg.context_tokens)
+    records, start, end = run.send("long_prompt", [run.build(tokens, cfg.max_output_tokens, 1, "long")], 1)
     samples = run.sampler.window(start, end)
-    mem = run.sampler.memory_window(start, end)
     rec = records[0] if records else None
     ok = rec is not None and rec.status == "ok"
-    return [Finding(
-        check="capacity.long_prompt", status=Status.PASS if ok else Status.FAIL,
-        observed={"prompt_tokens": rec.prompt_tokens if rec else None, "status": rec.status if rec else None,
-                  "request_id": rec.request_id if rec else None,
-                  "error": rec.error if rec else "no record", "e2e_s": rec.e2e if rec else None,
-                  "peak_memory_bytes": max(mem) if mem else None, "max_kv_usage": max(
-                      (s["kv_usage"] or 0) for s in samples) if samples else None},
-        expected=f"one agent-like prompt of ~{tokens} tokens completes",
-        evidence=["records/long_prompt.jsonl"] if run.store.path("records/long_prompt.jsonl").exists() else [],
-        consequence=Consequence.EXPAND, rule="one long request near the contracted context, concurrency 1",
-        action="a failure here points at max-model-len, the cache format or one profile's capacity")]
+    check = registry.get("capacity.long_prompt")
+    observed = {"target_tokens": tokens, "prompt_tokens": rec.prompt_tokens if rec else None,
+                "status": rec.status if rec else None, "request_id": rec.request_id if rec else None,
+                "error": rec.error if rec else "no record", "e2e_s": rec.e2e if rec else None,
+                "ttft_s": rec.ttft if rec else None, **memory_split(run, rec),
+                "max_kv_usage": max((s["kv_usage"] or 0) for s in samples) if samples else None}
+    common = {"observed": observed, "expected": f"one agent-like prompt of {tokens} tokens completes",
+              "evidence": [p for p in ("records/long_prompt.jsonl", "memory.jsonl") if run.store.path(p).exists()]}
+    if ok:
+        return [check.passed(**common)]
+    return [check.fail(action="a failure here points at max-model-len, the cache format or one profile's capacity",
+                       reason=f"the long request ended {observed['status']}: {observed['error']}", **common)]
+
+
+def _post(run: LoadRun, req: RequestSpec) -> dict[str, Any]:
+    body = {"model": run.cfg.model, "messages": req.messages, "max_tokens": req.max_tokens, "temperature": 0.0}
+    headers = {"Authorization": f"Bearer {run.cfg.api_key}"} if run.cfg.api_key else {}
+    try:
+        response = httpx.post(run.base_url.rstrip("/") + "/chat/completions", json=body,
+                              timeout=run.cfg.request_timeout_s, headers=headers)
+        return {"http_status": response.status_code, "body": response.text[:600]}
+    except httpx.HTTPError as exc:
+        return {"http_status": 0, "body": f"{type(exc).__name__}: {exc}"}
 
 
 def stage_context_contract(run: LoadRun) -> Finding:
-    """A request over the contracted context must be rejected before the GPUs are exhausted."""
+    """At the contracted context (context + max output) a request succeeds; one token over is rejected."""
     cfg = run.cfg
-    over = spec(int(cfg.max_model_len * 1.2), 8, 2, "over-context")
-    body = {"model": cfg.model, "messages": over.messages, "max_tokens": 8}
-    headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
-    try:
-        response = httpx.post(run.base_url.rstrip("/") + "/chat/completions", json=body, timeout=60, headers=headers)
-        status, text = response.status_code, response.text[:500]
-    except httpx.HTTPError as exc:
-        status, text = 0, str(exc)
+    window = rules.tokens_per_session(cfg.context_tokens, cfg.max_output_tokens)
+    run.sampler.stage = "context_contract"
+    at_req = run.build(cfg.context_tokens, cfg.max_output_tokens, 3, "at-context")
+    at = {**_post(run, at_req), "prompt_tokens": run.workload[-1]["counted_tokens"],
+          "max_tokens": cfg.max_output_tokens}
+    # The whole contracted window plus one token in the prompt alone: over the contract whatever max_tokens.
+    over_req = run.build(window + 1, cfg.max_output_tokens, 2, "over-context", at_least=True)
+    over = {**_post(run, over_req), "prompt_tokens": run.workload[-1]["counted_tokens"],
+            "max_tokens": cfg.max_output_tokens}
     healthy = run.healthy()
-    ev = run.store.write_json("context_contract.json", {"http_status": status, "body": text, "healthy_after": healthy})
-    ok = 400 <= status < 500 and healthy
-    return Finding(check="capacity.context_contract", status=Status.PASS if ok else Status.FAIL,
-                   observed={"http_status": status, "healthy_after": healthy, "body": text[:200]},
-                   expected="HTTP 4xx rejection, server healthy after", evidence=[ev], consequence=Consequence.EXPAND,
-                   rule="a request over the contracted context is rejected before the GPUs are exhausted",
-                   action="set --max-model-len to the contracted context; an OOM here blocks release")
+    ev = run.store.write_json("context_contract.json", {"contract_window_tokens": window, "at_contract": at,
+                                                        "over_contract": over, "healthy_after": healthy,
+                                                        "counted_by": "/tokenize" if run.prompts.available
+                                                        else "estimate"})
+    return rules.judge_context_contract(at, over, healthy, cfg.context_tokens, cfg.max_output_tokens, evidence=[ev])
 
 
-def stage_ramp(run: LoadRun) -> tuple[list[dict[str, Any]], list[Finding]]:
+def run_step(run: LoadRun, stage: str, concurrency: int, context: int, seed0: int) -> dict[str, Any]:
+    """One step at the contract's shape: the profile's share at ``context`` (+ max output), the rest short."""
     cfg = run.cfg
-    steps = []
-    for concurrency in cfg.ramp:
-        before = run.snapshot()
-        specs = [spec(cfg.prompt_tokens, cfg.output_tokens, 1000 * concurrency + i, f"c{concurrency}")
-                 for i in range(max(cfg.requests_per_step, concurrency))]
-        records, start, end = run.send(f"ramp_c{concurrency}", specs, concurrency)
-        after = run.snapshot()
-        preempted = delta(before, after, "vllm:num_preemptions") if before and after else None
-        row = step_row(concurrency, records, run.sampler.window(start, end), preempted, cfg)
-        # Counters are exact where sampled gauges can miss a short peak: the queue-time histogram shows
-        # waiting, and a preemption happens only when no KV block can be allocated (the cache is full).
-        count, total = histogram_delta(before, after, "vllm:request_queue_time_seconds") if before and after \
-            else (None, None)
-        row["queue_time_mean_s"] = (total / count) if count and total is not None else None
-        row["kv_saturated"] = bool(preempted) or (row["max_kv_usage"] or 0) >= 0.99
-        steps.append(row)
-        if run.crashed:
+    n = max(cfg.requests_per_step, concurrency)
+    specs = [run.build(context, cfg.max_output_tokens, seed0 + i, f"{stage}-ctx")
+             if contract_shaped(i, cfg.contract_share) else
+             run.build(cfg.prompt_tokens, cfg.output_tokens, seed0 + i, f"{stage}-short") for i in range(n)]
+    before = run.snapshot()
+    records, start, end = run.send(stage, specs, concurrency)
+    after = run.snapshot()
+    have = before is not None and after is not None
+    preempted = delta(before, after, "vllm:num_preemptions") if have else None
+    count, total = histogram_delta(before, after, "vllm:request_queue_time_seconds") if have else (None, None)
+    queue_p95 = histogram_quantile_delta(before, after, "vllm:request_queue_time_seconds", 0.95) if have else None
+    mem = run.sampler.memory_window(start, end)
+    samples = run.sampler.window(start, end)
+    sat = rules.kv_saturated(samples, preempted, run.readout.tokens,
+                             rules.tokens_per_session(context, cfg.max_output_tokens), run.readout.block_size)
+    row = step_row(concurrency, records, samples, preempted, cfg, queue_p95=queue_p95,
+                   queue_time_mean_s=(total / count) if count and total is not None else None, **sat,
+                   peak_memory_bytes=max(mem) if mem else None, context_tokens=context, stage=stage,
+                   seconds=round(end - start, 2))
+    return row
+
+
+def stage_ramp(run: LoadRun) -> list[dict[str, Any]]:
+    """Step up through the profile's ramp to the contract, then past it (doubling, bounded by
+    ``load.max_step`` and ``load.ramp_budget_s``) until a step breaks: the real knee."""
+    cfg = run.cfg
+    steps: list[dict[str, Any]] = []
+    t0 = time.time()
+    for concurrency in rules.ramp_plan(cfg.ramp, cfg.contract_concurrency, cfg.ramp_bound):
+        if concurrency > cfg.contract_concurrency and time.time() - t0 > cfg.ramp_budget_s:
             break
-    ev = [run.store.write_json("ramp.json", steps)] + [f"records/ramp_c{s['concurrency']}.jsonl" for s in steps]
-    knee = knee_of(steps)
-    nominal = next((s for s in steps if s["concurrency"] == cfg.contract_concurrency), None)
-    observed = {"knee": knee, "contract": cfg.contract_concurrency,
-                "steps": [{k: s[k] for k in ("concurrency", "ok", "errors", "timeouts", "timed_out", "ttft_p95",
-                                              "e2e_p95", "max_waiting", "queue_time_mean_s", "max_kv_usage",
-                                              "kv_saturated", "preemptions", "meets_slo")} for s in steps]}
-    common = dict(check="capacity.ramp", observed=observed, evidence=ev,
-                  expected=f"SLO met up to the contracted concurrency {cfg.contract_concurrency}",
-                  rule="knee = largest concurrency meeting the SLO with no OOM and preemptions <= "
-                       f"{cfg.max_preemptions}")
-    if nominal is None:
-        return steps, [Finding(status=Status.INCONCLUSIVE, consequence=Consequence.EXPAND,
-                               reason="the ramp did not reach the contracted concurrency",
-                               action="add the contracted concurrency to load.ramp", **common)]
-    if knee is not None and knee >= cfg.contract_concurrency:
-        return steps, [Finding(status=Status.PASS, consequence=Consequence.EXPAND, action="none", **common)]
-    hung = "".join(f"; {s['timeouts']} request(s) hung at concurrency {s['concurrency']} (past "
-                   f"{cfg.request_timeout_s:g} s): {', '.join(s['timed_out'])}" for s in steps if s["timeouts"])
-    if knee is not None:
-        return steps, [Finding(
-            status=Status.FAIL, consequence=Consequence.LIMIT,
-            reason=f"stable only up to concurrency {knee}{hung}",
-            action=f"limited observation: cap --max-num-seqs / client concurrency at {knee}, write the limit into "
-                   "config and alerts, owner and re-check date; or expand capacity and re-run", **common)]
-    return steps, [Finding(status=Status.FAIL, consequence=Consequence.EXPAND,
-                           reason=f"no step of the ramp meets the SLO{hung}",
-                           action="expand capacity or change topology; adjust limits first", **common)]
+        row = run_step(run, f"ramp_c{concurrency}", concurrency, cfg.context_tokens, 1000 * concurrency)
+        steps.append(row)
+        if run.crashed or (concurrency >= cfg.contract_concurrency and not row["meets_slo"]):
+            break
+    return steps
+
+
+def stage_verify(run: LoadRun, proposed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Re-run at each proposed limit (client concurrency and context) until one holds."""
+    attempts = []
+    for setting in proposed:
+        stage = f"verify_{setting['kind']}"
+        row = run_step(run, stage, int(setting["client_concurrency"]), int(setting["context_tokens"]), 50_000)
+        attempts.append({"setting": setting, "stage": stage, "held": row["meets_slo"] and not run.crashed,
+                         "breaches": row["breaches"], "mode": "client driven at the limit (server as launched)",
+                         "row": {k: row.get(k) for k in ("concurrency", "ok", "errors", "ttft_p95", "e2e_p95",
+                                                          "queue_p95", "max_waiting", "max_kv_usage",
+                                                          "preemptions", "kv_saturated")}})
+        if run.crashed or attempts[-1]["held"]:
+            break
+    return attempts
 
 
 SHARED_PREFIX = ("Shared agent system prompt. " + filler(300, 99) + " ")
 
 
-def stage_mixed(run: LoadRun, windows: int = 3) -> Finding:
-    """Short, long, cold and repeated requests together: do long sessions evict the shared prefix
-    (hit ratio of each window), does the queue grow window over window?"""
+def repeated_hit_ratio(run: LoadRun, probe: RequestSpec) -> float | None:
+    """Send the repeated request alone and read its hit ratio from the counter deltas (no other traffic)."""
+    before = run.snapshot()
+    records, _, _ = run.send("mixed_repeated", [probe], 1)
+    after = run.snapshot()
+    if not before or not after or not records or records[0].status != "ok":
+        return None
+    hits = delta(before, after, "vllm:prefix_cache_hits")
+    queries = delta(before, after, "vllm:prefix_cache_queries")
+    return (hits / queries) if hits is not None and queries else None
+
+
+def stage_mixed(run: LoadRun, concurrency: int, context: int, windows: int = 3) -> Finding:
+    """Short, long, cold and repeated requests together: the repeated requests' hit ratio after each
+    window (a lone repeated request, counters), and the queue window over window."""
     cfg = run.cfg
+    repeated = run.build(64, cfg.output_tokens, 7, "mixed-repeated", prefix=SHARED_PREFIX)
+    warm = repeated_hit_ratio(run, repeated)  # the first send fills the cache
     rows = []
-    long_tokens = min(cfg.long_prompt_tokens, cfg.context_tokens - cfg.output_tokens - 64) // 2
     for w in range(windows):
         specs = []
-        for i in range(cfg.contract_concurrency * 2):
+        for i in range(concurrency * 2):
             seed = 10_000 * (w + 1) + i
             kind = i % 4
             if kind == 0:
-                specs.append(spec(64, cfg.output_tokens, seed, "mixed-short"))
+                specs.append(run.build(64, cfg.output_tokens, seed, "mixed-short"))
             elif kind == 1:
-                specs.append(spec(long_tokens, cfg.output_tokens, seed, "mixed-long"))
+                specs.append(run.build(context, cfg.max_output_tokens, seed, "mixed-long"))
             elif kind == 2:
-                specs.append(spec(cfg.prompt_tokens, cfg.output_tokens, seed, "mixed-cold"))
+                specs.append(run.build(cfg.prompt_tokens, cfg.output_tokens, seed, "mixed-cold"))
             else:
-                specs.append(spec(64, cfg.output_tokens, 7, "mixed-repeated", prefix=SHARED_PREFIX))
+                specs.append(repeated)
         before = run.snapshot()
-        records, start, end = run.send("mixed", specs, cfg.contract_concurrency)
+        records, start, end = run.send("mixed", specs, concurrency)
         after = run.snapshot()
-        hits = delta(before, after, "vllm:prefix_cache_hits") if before and after else None
-        queries = delta(before, after, "vllm:prefix_cache_queries") if before and after else None
+        count, total = histogram_delta(before, after, "vllm:request_queue_time_seconds") if before and after \
+            else (None, None)
         samples = run.sampler.window(start, end)
-        rows.append({"window": w + 1, "requests": len(records), "errors": sum(r.status != "ok" for r in records),
-                     **hung_requests(records),
-                     "hit_ratio": (hits / queries) if hits is not None and queries else None,
-                     "max_waiting": max((x["waiting"] or 0) for x in samples) if samples else None})
+        row = {"window": w + 1, "requests": len(records), "errors": sum(r.status != "ok" for r in records),
+               **hung_requests(records), "queue_time_mean_s": (total / count) if count and total is not None else None,
+               "max_waiting": max((x["waiting"] or 0) for x in samples) if samples else None}
+        if not run.crashed:
+            row["repeated_hit_ratio"] = repeated_hit_ratio(run, repeated)
+        rows.append(row)
         if run.crashed:
             break
-    ev = [run.store.write_json("mixed.json", rows)] + (["records/mixed.jsonl"] if run.store.path(
-        "records/mixed.jsonl").exists() else [])
-    errors = sum(r["errors"] for r in rows)
-    ratios = [r["hit_ratio"] for r in rows if r["hit_ratio"] is not None]
-    waiting = [r["max_waiting"] for r in rows if r["max_waiting"] is not None]
-    evicted = len(ratios) >= 2 and ratios[-1] < 0.5 * ratios[0]
-    queue_grows = len(waiting) >= 2 and all(b > a for a, b in zip(waiting, waiting[1:], strict=False)) \
-        and waiting[-1] > cfg.contract_concurrency
-    if errors or evicted or queue_grows:
-        status = Status.FAIL
-    elif len(ratios) < 2:
-        status = Status.INCONCLUSIVE
-    else:
-        status = Status.PASS
-    return Finding(check="capacity.mixed", status=status, consequence=Consequence.EXPAND, evidence=ev,
-                   observed={"windows": rows}, expected="no errors; hit ratio of repeated requests holds; queue "
-                   "does not grow window over window",
-                   reason="; ".join(x for x, bad in (("errors", errors), ("shared prefix evicted by long sessions",
-                                                                          evicted), ("queue grows", queue_grows))
-                                    if bad),
-                   rule="mixed stream: short, long, cold and repeated requests together",
-                   action="cache retention / context and concurrency limits; split prefill and decode")
+    ev = [run.store.write_json("mixed.json", {"warm_hit_ratio": warm, "concurrency": concurrency,
+                                              "context_tokens": context, "windows": rows})] + [
+        p for p in ("records/mixed.jsonl", "records/mixed_repeated.jsonl") if run.store.path(p).exists()]
+    finding = rules.judge_mixed(rows, cfg.contract_concurrency, evidence=ev)
+    finding.configuration = {"concurrency": concurrency, "context_tokens": context}
+    return finding
 
 
-def stage_soak(run: LoadRun) -> Finding:
-    """Fixed and varied samples alternating at the contracted concurrency: memory growth, errors, hangs."""
+def proc_start_time(pid: int | None) -> float | None:
+    """Start time of a local process (clock ticks since boot, /proc/PID/stat field 22)."""
+    if not pid:
+        return None
+    try:
+        return float(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def log_size(path: str | None) -> int:
+    try:
+        return Path(path).stat().st_size if path else 0
+    except OSError:
+        return 0
+
+
+def stage_soak(run: LoadRun, concurrency: int) -> Finding:
+    """Fixed and varied samples alternating at the (limited) contracted concurrency: memory growth,
+    errors, hangs, restarts (process start time), preemptions and communication errors in the log."""
     cfg = run.cfg
+    before = run.snapshot()
+    pid_start, log_from = proc_start_time(cfg.server_pid), log_size(cfg.server_log)
     deadline = time.time() + cfg.soak_s
     records: list[Record] = []
     start = time.time()
     batch = 0
     while time.time() < deadline and not run.crashed:
         seed = 7 if batch % 2 == 0 else 5000 + batch  # fixed sample, then a varied one
-        specs = [spec(cfg.prompt_tokens, cfg.output_tokens, seed + i, "soak") for i in range(cfg.contract_concurrency)]
-        got, _, _ = run.send("soak", specs, cfg.contract_concurrency)
+        specs = [run.build(cfg.prompt_tokens, cfg.output_tokens, seed + i, "soak") for i in range(concurrency)]
+        got, _, _ = run.send("soak", specs, concurrency)
         records += got
         batch += 1
     end = time.time()
+    after = run.snapshot()
+    restarts = []
+    for name, a, b in (("process_start_time_seconds", before and before.value("process_start_time_seconds"),
+                        after and after.value("process_start_time_seconds")),
+                       (f"/proc/{cfg.server_pid}/stat start time", pid_start, proc_start_time(cfg.server_pid))):
+        if a is not None and b is not None and a != b:
+            restarts.append(f"{name} {a} -> {b}")
+    new_log = _read_from(cfg.server_log, log_from)
+    scan = scan_startup_log(new_log) if new_log.strip() else None
+    comm = [f"{x.number}: {x.text[:300]}" for x in (scan.nccl_errors + scan.dmabuf_errors)] if scan else []
     mem = run.sampler.memory_window(start, end)
-    growth = memory_growth_pct(mem)
     s = summarize(records)
-    bad = s["errors"] + s["timeouts"]
-    hung = hung_requests(records)
-    ok = bad == 0 and records and (growth is None or growth <= cfg.memory_growth_pct)
-    status = Status.PASS if ok else Status.FAIL
-    if growth is None and ok:
-        status = Status.INCONCLUSIVE
-    return Finding(check="capacity.soak", status=status, consequence=Consequence.EXPAND,
-                   observed={"seconds": round(end - start, 1), "requests": s["count"], "errors": bad, **hung,
-                             "memory_growth_pct": growth, "memory_samples": len(mem)},
-                   expected=f"no errors or hangs; memory growth <= {cfg.memory_growth_pct}%",
-                   evidence=[p for p in ("records/soak.jsonl", "memory.jsonl") if run.store.path(p).exists()],
-                   configuration={"window": {"start": start, "end": end}, "max_growth_pct": cfg.memory_growth_pct},
-                   rule="a steady memory rise blocks release",
-                   reason="" if ok else "errors or memory growth" + (
-                       f"; {hung['timeouts']} request(s) hung past {cfg.request_timeout_s:g} s: "
-                       + ", ".join(hung["timed_out"]) if hung["timeouts"] else ""),
-                   action="look for leaks, fragmentation and eviction; re-run the soak for the agreed time")
+    obs = {"seconds": round(end - start, 1), "concurrency": concurrency, "requests": s["count"],
+           "errors": s["errors"] + s["timeouts"], **hung_requests(records),
+           "memory_growth_pct": memory_growth_pct(mem), "memory_samples": len(mem),
+           "preemptions": delta(before, after, "vllm:num_preemptions") if before and after else None,
+           "restarts": restarts, "start_times_seen": bool(
+               (before and before.value("process_start_time_seconds") is not None) or pid_start is not None),
+           "log_observed": bool(new_log.strip()), "comm_errors": comm}
+    ev = [run.store.write_json("soak.json", obs)] + [p for p in ("records/soak.jsonl", "memory.jsonl")
+                                                    if run.store.path(p).exists()]
+    return rules.judge_soak(obs, cfg.memory_growth_pct, cfg.max_preemptions, evidence=ev,
+                            configuration={"window": {"start": start, "end": end}, "concurrency": concurrency,
+                                           "max_growth_pct": cfg.memory_growth_pct},
+                            request_timeout_s=cfg.request_timeout_s)
+
+
+def _read_from(path: str | None, offset: int) -> str:
+    if not path:
+        return ""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            return handle.read().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def memory_growth_pct(series: list[int] | list[float]) -> float | None:
@@ -548,6 +823,9 @@ def judge_soak_gpu_memory(finding: Finding, rows: list[dict[str, Any]]) -> Findi
         return finding
     worst = max(known, key=lambda k: known[k])
     finding.observed = {**(finding.observed or {}), "gpu_memory_growth_pct": known, "worst_gpu": worst}
+    others = [u for u in (finding.observed.get("not_observed") or []) if not u.startswith("memory growth")]
+    if known[worst] <= limit and others:
+        return finding  # memory is now known, the rest still is not: never a pass
     finding.status = Status.PASS if known[worst] <= limit else Status.FAIL
     finding.reason = "" if finding.status == Status.PASS else f"GPU memory rises {known[worst]:.1f}% on {worst}"
     return finding

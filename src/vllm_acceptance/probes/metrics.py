@@ -88,6 +88,33 @@ def histogram_delta(before: Snapshot, after: Snapshot, name: str) -> tuple[float
     return delta(before, after, f"{name}_count"), delta(before, after, f"{name}_sum")
 
 
+def histogram_quantile_delta(before: Snapshot, after: Snapshot, name: str, q: float) -> float | None:
+    """The q-quantile of the observations a histogram gained between two snapshots (the upper bound of
+    the bucket holding it, as Prometheus' histogram_quantile without interpolation); None when absent
+    or when nothing was observed. Summed over the other labels (engines, models)."""
+    buckets: dict[float, float] = {}
+    for key in after.samples.get(canonical(f"{name}_bucket"), {}):
+        le = dict(key).get("le")
+        if le is None:
+            continue
+        bound = float("inf") if le in ("+Inf", "inf") else float(le)
+        if bound not in buckets:
+            d = delta(before, after, f"{name}_bucket", le=le)
+            if d is None:
+                return None
+            buckets[bound] = d
+    if not buckets:
+        return None
+    bounds = sorted(buckets)
+    total = buckets[bounds[-1]]
+    if total <= 0:
+        return None
+    for bound in bounds:
+        if buckets[bound] >= q * total:
+            return bound
+    return bounds[-1]
+
+
 class MetricsSource:
     """Where snapshots come from: a /metrics URL, or Prometheus scraping that server."""
 

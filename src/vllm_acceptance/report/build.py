@@ -21,6 +21,7 @@ from ..monitoring.generate import monitoring_summary
 from ..parsers.gpu_memory import memory_rows
 from ..probes.load import OOM_MARKERS, judge_soak_gpu_memory
 from ..rebuild.remediation import isolated_environment_record, route_for_report
+from ..rules.capacity import stage_peaks
 from ..rules.registry import get as catalog_get
 from ..verdict import IMMEDIATE_ACTION, REOPEN_TRIGGERS, ROLLBACK_TRIGGERS, Decision, annotate, decide, traffic_gates
 from .environment import environment_summary
@@ -229,6 +230,8 @@ def merge_gpu_memory(run_dir: Path, stages: dict[str, Any]) -> list[dict[str, An
     if not rows or not isinstance(stages.get("load"), dict):
         return []
     stages["load"]["memory_timeline"] = list(stages["load"].get("memory_timeline") or []) + rows
+    ready_at = (stages.get("serve") or {}).get("judged_at") if isinstance(stages.get("serve"), dict) else None
+    stages["load"]["memory_peaks_by_stage"] = stage_peaks(rows, ready_at, stages["load"].get("stage_bounds") or [])
     stages["load"]["memory_evidence"] = [f"evidence/memory/{p.name}"
                                          for p in sorted((run_dir / "evidence" / "memory").glob("*.csv"))]
     return rows

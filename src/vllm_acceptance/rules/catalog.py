@@ -344,35 +344,52 @@ register("capacity.metrics", stage="load", consequence=EXPAND,
          source="000: per step record running, waiting, queue time, KV usage, preemptions")
 register("capacity.long_prompt", stage="load", consequence=EXPAND,
          title="One long request near the contracted context",
-         rule="one long request near the contracted context, concurrency 1, answered without OOM",
-         evidence="probes/load/long_prompt*",
+         rule="one long request at the contracted context (counted with /tokenize), concurrency 1, answered "
+              "without OOM; memory during prefill and during decode recorded",
+         evidence="probes/load/records/long_prompt.jsonl, memory.jsonl",
          source="000: stage 2, one long request")
 register("capacity.context_contract", stage="load", consequence=EXPAND,
-         title="Over-long request rejected",
-         rule="a request over the contracted context is rejected before the GPUs are exhausted, the server "
-              "still healthy",
-         evidence="probes/load/context_contract*",
+         title="Context contract enforced",
+         rule="a request at the contracted context (context + max output) succeeds; one just over it is rejected "
+              "for its length before the GPUs are exhausted, the server still healthy; 401/404/429 decide nothing",
+         evidence="probes/load/context_contract.json",
          source="000: the contract test: a request over the contracted context must be rejected")
 register("capacity.ramp", stage="load", consequence=EXPAND,
-         title="Concurrency ramp and knee",
-         rule="knee = largest concurrency meeting the SLO with no OOM and preemptions within the profile's "
-              "threshold; knee >= contracted concurrency",
-         evidence="probes/load/ramp-*.jsonl, metrics.jsonl",
+         title="Concurrency ramp at the contracted shape: knee and headroom",
+         rule="knee = largest concurrency meeting the SLO (latency and queue p95) with no errors, no KV saturation "
+              "and preemptions within the profile's threshold; the ramp goes past the contract (load.max_step, "
+              "load.ramp_budget_s); knee >= contracted concurrency",
+         evidence="probes/load/ramp.json, records/ramp_c*.jsonl, samples.jsonl",
          source="000: stage 3, concurrency ramp")
+register("capacity.kv_capacity", stage="load", consequence=EXPAND,
+         title="KV cache holds the contract",
+         rule="contracted concurrency x (contracted context + max output) <= KV cache tokens of the startup log",
+         evidence="probes/load/kv_capacity.json: startup log KV readout; /metrics cache_config_info (block size, "
+                  "GPU blocks)",
+         source="000: the KV cache read out at start-up must hold the contract")
+register("capacity.verified_limit", stage="load", consequence=EXPAND,
+         title="A proposed limit verified by a run at that limit",
+         rule="a limit (fewer sessions, or a shorter context) is recommended only when a run at it holds in the "
+              "same run; every admissible setting failing -> expand_capacity",
+         evidence="probes/load/verified_limit.json, records/verify_*.jsonl",
+         source="000/004: stable only below the contract -> limited observation with the limit in config and alerts")
 register("capacity.mixed", stage="load", consequence=EXPAND,
          title="Mixed stream",
-         rule="short, long, cold and repeated requests together: no eviction of the shared cache, no queue growth",
-         evidence="probes/load/mixed*.jsonl",
+         rule="short, long, cold and repeated requests together: the repeated requests' hit ratio holds over the "
+              "windows, queue time does not grow window over window, no errors",
+         evidence="probes/load/mixed.json, records/mixed*.jsonl",
          source="000: stage 4, mixed stream")
 register("capacity.soak", stage="load", consequence=EXPAND,
          title="Soak",
-         rule="steady load for the agreed time: no steady memory rise, no restarts, no hung requests",
-         evidence="probes/load/soak*.jsonl, memory samples",
+         rule="steady load for the agreed time: no steady memory rise, no restarts, no hung requests, "
+              "preemptions within the threshold, no communication (NCCL) errors in the log over the window",
+         evidence="probes/load/soak.json, records/soak.jsonl, memory samples, server log",
          source="000: stage 5, soak: a steady memory rise blocks release")
 register("capacity.crash", stage="load", consequence=EXPAND,
          title="OOM or crash under load",
-         rule="no OOM or crash at nominal load; an OOM record is kept",
-         evidence="probes/load/crash_record.json, server log tail",
+         rule="no OOM or crash at nominal load; the OOM record names the stage (load, long prefill, decode, "
+              "concurrency, KV growth) from evidence and the action for it",
+         evidence="probes/load/oom_record.json, samples.jsonl, memory.jsonl, server log tail",
          source="000: any OOM at nominal load blocks release")
 register("capacity.distributed", stage="loadgen", consequence=EXPAND,
          title="Distributed load from every loadgen host",

@@ -4,6 +4,7 @@ configuration (not the command line) match the profile, and how long the model t
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,9 @@ def judge_serve(run_dir: Path, profile: Profile, facts: ServeFacts) -> list[Find
     findings.append(check_startup_log(scan, profile, facts.host, log_ev, plan_of_run(run_dir, profile)))
     findings.append(model_load(facts, log_ev + cmd_ev))
     details: dict[str, Any] = {"base_url": facts.base_url, "mode": facts.mode, "launch_command": facts.launch_command,
-                               "ready_s": facts.ready_s, "launch_error": facts.launch_error}
+                               "ready_s": facts.ready_s, "launch_error": facts.launch_error,
+                               # judged right after ready: the end of the model-load memory window
+                               "judged_at": time.time()}
     if scan is not None:
         details.update(scan.summary() if hasattr(scan, "summary") else {})
     if facts.launch_error is None:
