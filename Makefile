@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: demo test lint unit sysdeps venv lab-venv lab-model lab-up lab-down clean
+.PHONY: rehearsal demo test lint unit sysdeps venv lab-venv lab-model lab-up lab-down clean
 
 ## demo: set everything up on a fresh machine, run the acceptance on the lab inventory, print the verdict
 demo: venv lab-venv lab-model
@@ -22,6 +22,11 @@ demo: venv lab-venv lab-model
 ## test: set up and run the whole suite (ruff, ansible-lint, pytest with the real lab vLLM)
 test: sysdeps venv lab-venv lab-model lint
 	$(VENV)/bin/pytest -ra $(PYTEST_ARGS)
+
+## rehearsal: accept.yml on simulated GB300 nodes (namespace sshd, container stand-in running the real lab vLLM);
+## writes reports/rehearsal/summary.json, exits non-zero when a scenario's verdict or reasons differ; needs root
+rehearsal: sysdeps venv lab-venv lab-model
+	$(VENV)/bin/python -m vllm_acceptance.lab.rehearsal --out reports/rehearsal
 
 lint: venv
 	$(VENV)/bin/ruff check src tests benchmarks plugins

@@ -70,7 +70,13 @@ def decide(findings: list[Finding], *, experimental: bool = False,
     # start"): the stages it kept from running are not reached, not unknown. Node evidence still counts.
     launch_failed = [f for f in failing if f.check.endswith(".launch_triage")]
     not_reached = [f for f in unknown if launch_failed and not_reached_after_launch(f)]
+    # An OOM under load decides capacity (SPEC "Capacity under load"): the load stages it cut short are
+    # not reached, not unknown. A crash without a capacity signature stays unknown and is named.
+    oom = [f for f in failing if f.check == "capacity.crash"]
+    not_reached += [f for f in unknown if oom and f not in not_reached and f.check.startswith("capacity.")
+                    and f.status == Status.MISSING and "the server died" in (f.reason or "")]
     unknown = [f for f in unknown if f not in not_reached]
+    crashed = [f for f in unknown if f.check == "capacity.crash"]
 
     reasons: list[str] = []
     if rebuild:
@@ -84,9 +90,11 @@ def decide(findings: list[Finding], *, experimental: bool = False,
             reasons.append("unreachable hosts: " + ", ".join(sorted(unreachable_hosts)))
         if unknown:
             reasons.append("missing or inconclusive evidence: " + ", ".join(_ids(unknown)))
+        reasons += [f"{f.check}: {f.reason}" for f in crashed if f.reason]
     elif expand:
         verdict = "expand_capacity"
         reasons.append("capacity limits at nominal load: " + ", ".join(_ids(expand)))
+        reasons += [f"{f.check}: {f.reason}" for f in oom if f.reason]
     elif limit or warned or agent_blocked:
         verdict = "limited_observation"
         if limit:
@@ -103,7 +111,8 @@ def decide(findings: list[Finding], *, experimental: bool = False,
         reasons.append("every required check passed with evidence")
 
     if not_reached:
-        reasons.append("not reached because vLLM did not start: " + ", ".join(_ids(not_reached)))
+        reasons.append(("not reached because vLLM did not start: " if launch_failed else
+                        "not reached because the server died under load: ") + ", ".join(_ids(not_reached)))
 
     if experimental and verdict == "release":
         verdict = "limited_observation"

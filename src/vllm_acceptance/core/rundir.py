@@ -46,6 +46,20 @@ def validate_inventory_vars(variables: dict[str, Any], source: str, project_dir:
     """Every product variable declared and well typed (core/variables.py): a typo stops the run with the
     closest declared name. `project_dir` holds roles/*/meta/argument_specs.yml (the role options)."""
     validate_variables(variables, source, project_dir, host_variables)
+    validate_probe_overrides(variables.get("acceptance_probe_overrides") or {}, source)
+
+
+def validate_probe_overrides(overrides: dict[str, Any], source: str) -> None:
+    """A probe override tunes its own probe (`load.soak_s`, `cache.request_timeout_s`); it never changes
+    the contract or the pass rules the verdict signs (README 'Inventory variables')."""
+    for kind, fields in overrides.items():
+        for name in fields or {}:
+            if not str(name).startswith(f"{kind}."):
+                raise ConfigError(
+                    f"invalid inventory:\n  {source}: field `acceptance_probe_overrides.{kind}.{name}`: a {kind} "
+                    f"probe override may only tune `{kind}.*` settings (allowed: {kind}.<setting>); the contract "
+                    "(contract.*), the pass rules (thresholds.*) and the model come from the profile: write "
+                    "profiles/<site>.yml with the contract you test and set acceptance_profile to it")
 
 
 def new_run_id() -> str:

@@ -24,7 +24,7 @@ from ..core.profile import Profile
 from ..core.redact import redact_obj, redact_text
 from ..core.rundir import record_profile
 from ..parsers.node_evidence import host_dir, load_node_evidence
-from ..parsers.startup_log import StartupScan
+from ..parsers.startup_log import StartupScan, scan_startup_log
 from ..rules.compat import (
     NODE_RULES,
     NodeContext,
@@ -33,16 +33,32 @@ from ..rules.compat import (
     check_topology,
     host_driver_version,
 )
+from ..rules.launched import LaunchedPlan, plan_of_run
+from ..rules.registry import get as catalog_get
 
 # Evidence and host directory names: no path separators, no hidden or parent entries.
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:@-]*")
 
 
 def node_contexts(run_dir: Path, profile: Profile, hosts: list[str],
-                  startup_scans: dict[str, StartupScan] | None = None) -> list[NodeContext]:
+                  startup_scans: dict[str, StartupScan] | None = None,
+                  plan: LaunchedPlan | None = None) -> list[NodeContext]:
     startup_scans = startup_scans or {}
+    plan = plan or plan_of_run(Path(run_dir), profile)
+    justification = dmabuf_justification(plan)
     return [NodeContext(evidence=load_node_evidence(Path(run_dir), host), profile=profile, n_hosts=len(hosts),
-                        startup_scan=startup_scans.get(host)) for host in hosts]
+                        startup_scan=startup_scans.get(host) or justification, plan=plan) for host in hosts]
+
+
+def dmabuf_justification(plan: LaunchedPlan) -> StartupScan | None:
+    """The startup log that justified NCCL_DMABUF_ENABLE=0 (vllm_nccl_dmabuf_evidence): the run that
+    showed mlx5dv_reg_dmabuf_mr is an earlier one, the run with the workaround no longer shows it."""
+    if not plan.dmabuf_evidence:
+        return None
+    try:
+        return scan_startup_log(Path(plan.dmabuf_evidence).read_text(errors="replace"))
+    except OSError:
+        return None
 
 
 def judge(run_dir: Path, profile: Profile, hosts: list[str], *, today: dt.date | None = None,
@@ -52,11 +68,17 @@ def judge(run_dir: Path, profile: Profile, hosts: list[str], *, today: dt.date |
     hosts = list(dict.fromkeys(hosts))          # keep order, drop repeats
     record_profile(run_dir, profile)            # also when preflight.yml runs on its own
     findings = [check_recipe_record(profile, today)]
-    contexts = node_contexts(run_dir, profile, hosts, startup_scans)
+    if profile.has_gpus and not hosts:
+        findings.append(catalog_get("compat.gpu_nodes").missing(
+            None, f"profile {profile.name} needs GPUs, but the inventory's gpu_nodes group is empty or absent "
+                  "(misspelled?): no driver, container CUDA, GPU visibility, topology or Fabric Manager evidence; "
+                  "list every GPU node under gpu_nodes"))
+    plan = plan_of_run(Path(run_dir), profile)
+    contexts = node_contexts(run_dir, profile, hosts, startup_scans, plan)
     for ctx in contexts:
         findings.extend(rule(ctx) for rule in NODE_RULES)
     if contexts:
-        findings.append(check_topology(contexts, profile))
+        findings.append(check_topology(contexts, profile, plan))
         findings.append(check_image_uniform(contexts))
     return findings
 

@@ -30,6 +30,7 @@ from ..core.profile import Profile
 from ..lab.server import rss_bytes, tail_lines
 from ..load.engine import Record, RequestSpec, run_load
 from ..load.stats import client_summary, summarize
+from ..parsers.causal import causal_line
 from ..parsers.startup_log import StartupScan, scan_startup_log
 from ..rules import capacity as rules
 from ..rules import loadgen as loadgen_rules
@@ -558,18 +559,37 @@ def run_load_probe(base_url: str, source: MetricsSource, cfg: LoadProbeConfig, s
 def crash_findings(run: LoadRun, findings: list[Finding], ev_samples: list[str]) -> list[Finding]:
     crashed = run.crashed or {}
     ev = run.store.write_json("oom_record.json", crashed)
-    out = [registry.get("capacity.crash").fail(
-        observed={k: crashed.get(k) for k in ("probe_stage", "stage", "kind", "process_state", "model_loaded",
-                                               "stage_evidence")},
-        expected="the server survives every stage", evidence=[ev] + ev_samples,
-        reason="; ".join(crashed.get("oom_lines", [])[:2]) or f"server gone in {crashed.get('probe_stage')}",
-        action=crashed.get("action", ""))]
+    out = [crash_finding(crashed, [ev] + ev_samples)]
     done = {f.check for f in findings}
     for check in ("capacity.context_contract", "capacity.ramp", "capacity.mixed", "capacity.soak"):
         if check not in done:
             out.append(registry.get(check).missing(
-                None, f"not run: the server died in stage {crashed.get('probe_stage')}"))
+                None, f"not run: the server died in stage {crashed.get('probe_stage') or crashed.get('stage')}"))
     return out
+
+
+def crash_finding(record: dict[str, Any], evidence: list[str]) -> Finding:
+    """capacity.crash from the crash record: an OOM is a capacity failure (expand_capacity, the OOM line
+    quoted); a death without a capacity signature decides nothing about capacity (inconclusive, the
+    causal line of the log or of the failed requests named), so the run is incomplete, never a release."""
+    check = registry.get("capacity.crash")
+    stage = record.get("probe_stage") or record.get("stage")
+    observed = {k: record.get(k) for k in ("probe_stage", "stage", "kind", "process_state", "model_loaded",
+                                           "stage_evidence")}
+    if record.get("oom_lines"):
+        return check.fail(observed=observed, expected="the server survives every stage", evidence=evidence,
+                          reason=f"OOM in stage {stage}: " + "; ".join(record["oom_lines"][-2:]),
+                          action=record.get("action") or "read the OOM record: at load -> weights/parallel "
+                          "layout/topology; under KV growth -> context, concurrency, retention, prefill/decode "
+                          "balance; adjust limits before adding GPUs")
+    cause = causal_line("\n".join(record.get("log_tail") or [])) or causal_line(
+        "\n".join(str(e) for e in record.get("errors") or []))
+    return check.inconclusive(
+        observed=observed, expected="the server survives every stage", evidence=evidence,
+        reason=f"the server died in stage {stage} without an OOM signature: "
+               + (cause or "no log line says why (give the server log)"),
+        action="read the crash record and the server log: a crash that is not capacity (a bug, a killed process, "
+               "a lost node) is fixed and the run repeated; it proves nothing about capacity")
 
 
 def memory_split(run: LoadRun, rec: Record | None) -> dict[str, int | None]:
@@ -848,11 +868,13 @@ def memory_growth_pct(series: list[int] | list[float]) -> float | None:
 
 
 def judge_soak_gpu_memory(finding: Finding, rows: list[dict[str, Any]]) -> Finding:
-    """capacity.soak left inconclusive for want of process memory (a GPU cluster): judge the per-GPU
-    series sampled on the nodes over the soak window, the worst GPU deciding."""
+    """capacity.soak judged on the per-GPU series sampled on the nodes over the soak window, the worst
+    GPU deciding: it decides a soak left inconclusive for want of process memory (a container, an
+    attached or remote server), and it can fail one that passed on the server process's memory alone
+    (host RSS stays flat while GPU memory leaks). A failed soak stays failed."""
     window = (finding.configuration or {}).get("window") or {}
     limit = (finding.configuration or {}).get("max_growth_pct")
-    if finding.status != Status.INCONCLUSIVE or not window or limit is None:
+    if finding.status not in (Status.INCONCLUSIVE, Status.PASS) or not window or limit is None:
         return finding
     by_series: dict[str, list[int]] = {}
     for row in rows:

@@ -19,10 +19,11 @@ from ..core.findings import Consequence, Finding, Status, missing, read_findings
 from ..core.profile import Profile
 from ..monitoring.generate import monitoring_summary
 from ..parsers.gpu_memory import memory_rows
-from ..probes.load import judge_soak_gpu_memory
+from ..probes.load import OOM_MARKERS, judge_soak_gpu_memory
 from ..rebuild.remediation import isolated_environment_record, route_for_report
 from ..rules.capacity import stage_peaks
-from ..verdict import IMMEDIATE_ACTION, REOPEN_TRIGGERS, ROLLBACK_TRIGGERS, annotate, decide
+from ..rules.registry import get as catalog_get
+from ..verdict import IMMEDIATE_ACTION, REOPEN_TRIGGERS, ROLLBACK_TRIGGERS, Decision, annotate, decide, traffic_gates
 from .environment import environment_summary
 from .reopen import reopen_status
 from .signoff import attachments
@@ -64,6 +65,37 @@ def collect_findings(run_dir: Path) -> tuple[list[Finding], list[str]]:
     return findings, errors
 
 
+def probe_overrides(profile: Profile, overrides: Any) -> list[dict[str, Any]]:
+    """The inventory's probe overrides as tested: probe, field, the profile's value, the value used."""
+    rows = []
+    for kind, fields in sorted((overrides or {}).items()) if isinstance(overrides, dict) else []:
+        for name, value in sorted((fields or {}).items()):
+            rows.append({"probe": kind, "field": name, "profile": profile.get(name), "tested": value})
+    return [r for r in rows if r["profile"] != r["tested"]]
+
+
+def tested_on_overrides(decision: Decision, overrides: list[dict[str, Any]], findings: list[Finding]) -> None:
+    """The profile's test, weakened or not, is the one a release signs: a run whose probes ran with other
+    settings is at most limited_observation, the settings named (never a release of the profile's contract)."""
+    if not overrides or decision.verdict != "release":
+        return
+    decision.verdict = "limited_observation"
+    decision.reasons.append("the probes ran with inventory overrides, not the profile's test: " + ", ".join(
+        f"{r['field']} {r['profile']!r} -> {r['tested']!r}" for r in overrides)
+        + "; remove acceptance_probe_overrides (or write a profile with these settings) to sign a release")
+    decision.gates = traffic_gates(decision.verdict, findings)
+
+
+def gpu_nodes_named(profile: Profile, run: dict[str, Any], findings: list[Finding]) -> list[Finding]:
+    """A GPU profile judged without any GPU node (empty or misspelled gpu_nodes) is never a release:
+    the preflight file alone proves nothing when it holds no node's evidence."""
+    if not profile.has_gpus or run.get("hosts") or any(f.check == "compat.gpu_nodes" for f in findings):
+        return []
+    return [catalog_get("compat.gpu_nodes").missing(
+        None, f"profile {profile.name} needs GPUs, but the run names no GPU node (the inventory's gpu_nodes "
+              "group is empty or absent): list every GPU node under gpu_nodes")]
+
+
 def drop_dangling_evidence(run_dir: Path, findings: list[Finding]) -> None:
     """Contract: every evidence path exists. A vanished file is named, and its finding cannot pass."""
     for finding in findings:
@@ -87,19 +119,20 @@ def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
                  signoff: dict[str, Any] | None = None) -> dict[str, Any]:
     run = read_json(run_dir / "run.json") or {}
     findings, errors = collect_findings(run_dir)
+    findings += gpu_nodes_named(profile, run, findings)
     drop_dangling_evidence(run_dir, findings)
     review = profile.get("review", {}) or {}
     annotate(findings, owner or run.get("owner") or review.get("owner"), int(review.get("period_days", 30)))
     unreachable = sorted(run.get("unreachable_hosts", []))
-    decision = decide(findings, experimental=profile.experimental, unreachable_hosts=unreachable)
     stages = {p.stem: read_json(p) for p in sorted((run_dir / "stages").glob("*.json"))} \
         if (run_dir / "stages").is_dir() else {}
-    gpu_rows = merge_gpu_memory(run_dir, stages)
-    if gpu_rows:
-        findings = [judge_soak_gpu_memory(f, gpu_rows) if f.check == "capacity.soak" else f for f in findings]
-        for f in findings:
-            if f.check == "capacity.soak" and stages["load"].get("memory_evidence"):
-                f.evidence = sorted(set(f.evidence) | set(stages["load"]["memory_evidence"]))
+    # The soak of a server without a local process (container, attach, another node) is judged from the
+    # per-GPU memory sampled on the nodes, before the decision reads it.
+    findings = judge_soak_from_nodes(run_dir, findings, stages)
+    findings = crash_from_server_log(run_dir, findings)
+    decision = decide(findings, experimental=profile.experimental, unreachable_hosts=unreachable)
+    overrides = probe_overrides(profile, (run.get("inventory_vars") or {}).get("acceptance_probe_overrides"))
+    tested_on_overrides(decision, overrides, findings)
     facts = (stages.get("preflight") or {}).get("hosts") or {}
     environment = {**environment_summary(facts), **run.get("environment", {})} if facts else run.get("environment", {})
     signoff = {"scenario_version": scenario_version(profile), **(run.get("signoff") or {}), **(signoff or {})}
@@ -124,6 +157,7 @@ def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
         "limits": (stages.get("load") or {}).get("limits", {}),
         "slo": profile.get("contract.slo", {}),
         "contract": profile.get("contract", {}),
+        "probe_overrides": overrides,
         "hosts": run.get("hosts", []),
         "unreachable_hosts": unreachable,
         "missing": decision.missing,
@@ -137,14 +171,15 @@ def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
         "rollback_triggers": ROLLBACK_TRIGGERS,
         "errors": errors,
     }
+    inventory_vars = run.get("inventory_vars") or {}
     # A failed compatibility chain names the remediation route its evidence points to, and the command.
     compat_failed = [f for f in findings if f.check.startswith(("compat.", "interconnect."))
                      and f.status == Status.FAIL and f.consequence == Consequence.REBUILD]
     if compat_failed:
         report["remediation"] = route_for_report(
-            findings, {"inventory": f"inventories/{report['inventory']}",
+            findings, {"inventory": str(inventory_vars.get("acceptance_inventory_dir")
+                                        or f"inventories/{report['inventory']}"),
                        "findings_path": str(run_dir / "findings" / "preflight.json")})
-    inventory_vars = run.get("inventory_vars") or {}
     if any(k.startswith("isolated_env_") for k in inventory_vars):
         report["isolated_environment"] = isolated_environment_record(inventory_vars)
     # Monitoring derived from this run's figures (thresholds with their source, rollback triggers);
@@ -181,6 +216,42 @@ def server_state(teardown: Any) -> dict[str, Any]:
              "attached": f"attached to {teardown.get('base_url')}: not launched by this run, left running",
              "not_launched": "no server was launched"}
     return {**teardown, "state": action, "text": texts.get(str(action), f"unknown teardown action {action!r}")}
+
+
+def judge_soak_from_nodes(run_dir: Path, findings: list[Finding], stages: dict[str, Any]) -> list[Finding]:
+    """capacity.soak left inconclusive for want of process memory, judged on the per-GPU series."""
+    gpu_rows = merge_gpu_memory(run_dir, stages)
+    if not gpu_rows:
+        return findings
+    findings = [judge_soak_gpu_memory(f, gpu_rows) if f.check == "capacity.soak" else f for f in findings]
+    for f in findings:
+        if f.check == "capacity.soak" and stages["load"].get("memory_evidence"):
+            f.evidence = sorted(set(f.evidence) | set(stages["load"]["memory_evidence"]))
+    return findings
+
+
+AFTER_PROBES_LOGS = "evidence/serve/after-probes"
+
+
+def crash_from_server_log(run_dir: Path, findings: list[Finding]) -> list[Finding]:
+    """A server in a container or on another node dies under load with its OOM line in its own log,
+    which the load probe cannot read: the log taken after the probes (evidence/serve/after-probes/)
+    turns a crash without a signature into the OOM it was, the line quoted. No OOM line, no change."""
+    logs = sorted((run_dir / AFTER_PROBES_LOGS).glob("*.log")) if (run_dir / AFTER_PROBES_LOGS).is_dir() else []
+    if not logs:
+        return findings
+    for finding in findings:
+        if finding.check != "capacity.crash" or finding.status != Status.INCONCLUSIVE:
+            continue
+        oom = [(path, line.strip()) for path in logs for line in path.read_text(errors="replace").splitlines()
+               if any(m in line.lower() for m in OOM_MARKERS)]
+        if oom:
+            finding.status = Status.FAIL
+            finding.observed = {**(finding.observed or {}), "kind": "oom", "oom_lines": [line for _, line in oom[-3:]]}
+            finding.reason = (f"OOM in stage {(finding.observed or {}).get('stage')} (server log after the probes): "
+                              + oom[-1][1][:300])
+            finding.evidence = sorted(set(finding.evidence) | {str(p.relative_to(run_dir)) for p, _ in oom})
+    return findings
 
 
 def merge_gpu_memory(run_dir: Path, stages: dict[str, Any]) -> list[dict[str, Any]]:

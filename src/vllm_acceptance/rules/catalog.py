@@ -27,6 +27,12 @@ register("compat.preflight", stage="preflight", consequence=REBUILD,
          rule="the preflight stage wrote findings/preflight.json for this run",
          evidence="findings/preflight.json",
          source="004: fix the compatibility chain before any functional test")
+register("compat.gpu_nodes", stage="preflight", consequence=REBUILD,
+         title="GPU nodes named in the inventory",
+         rule="a GPU profile needs at least one host in the inventory's gpu_nodes group; without one no driver, "
+              "CUDA, GPU visibility or Fabric Manager evidence exists",
+         evidence="the inventory's gpu_nodes group (run.json hosts)",
+         source="README 'Pointing it at a real cluster': gpu_nodes lists every GPU node")
 register("compat.recipe_record", stage="preflight", consequence=LIMIT,
          title="Recipe recorded and recently re-checked",
          rule="recipe source, status and check date recorded; a pre-release recipe re-checked within "

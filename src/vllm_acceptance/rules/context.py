@@ -14,6 +14,7 @@ from ..parsers.node_evidence import CommandRecord, NodeEvidence
 from ..parsers.nvidia_smi import GpuList, parse_query_csv, parse_xml
 from ..parsers.startup_log import StartupScan
 from . import registry
+from .launched import LaunchedPlan
 
 # The rebuild routes (source 001's route selection; README "Beyond the verdict"), named in every action.
 ROUTE_DRIVER = ("upgrade the host driver (rolling, one node out of the scheduler at a time, state saved, "
@@ -34,6 +35,7 @@ class NodeContext:
     profile: Profile
     n_hosts: int = 1
     startup_scan: StartupScan | None = None
+    plan: LaunchedPlan | None = None          # what is launched (profile + inventory); None: the profile's
     _cache: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ..core.findings import Finding, Status, missing, not_applicable
 from ..parsers.base import version_at_least
+from ..parsers.causal import causal_line
 from ..parsers.driver import branch_of, parse_fabricmanager_version, parse_proc_version
 from ..parsers.nvidia_smi import SmiFailure, parse_query_csv, parse_smi_failure, parse_table, parse_xml
 from .context import ROUTE_DRIVER, ROUTE_ISOLATED, ROUTE_SELF_BUILT, NodeContext, finding, gpu_profile_na, why_missing
@@ -30,6 +31,16 @@ def _driver_sources(ctx: NodeContext) -> dict[str, str]:
     return sources
 
 
+def nvml_broken(ctx: NodeContext) -> str | None:
+    """nvidia-smi's own words when NVML refuses the loaded module (version mismatch): the causal line."""
+    for name in ("nvidia_smi", "nvidia_smi_query", "nvidia_smi_xml"):
+        rec = ctx.rec(name)
+        text = f"{rec.stdout}\n{rec.stderr}"
+        if rec.present and not rec.ok and "version mismatch" in text.lower():
+            return causal_line(text)
+    return None
+
+
 def host_driver_version(ctx: NodeContext) -> str | None:
     sources = _driver_sources(ctx)
     return sources.get("/proc/driver/nvidia/version") or next(iter(sources.values()), None)
@@ -43,6 +54,16 @@ def smi_failure(ctx: NodeContext) -> SmiFailure | None:
         if record.present and not record.ok and (failure := parse_smi_failure(record.stdout + "\n" + record.stderr)):
             return failure
     return None
+
+
+SMI_FAILURE_ACTIONS = {
+    "driver_library_mismatch": "reboot the node (or unload and reload the nvidia kernel modules) so that the kernel "
+                               "module and the user-space libraries are the same version, then re-run preflight",
+    "no_driver": "load the NVIDIA kernel module (modprobe nvidia; dmesg says why it fails) or install the driver for "
+                 f"this kernel ({ROUTE_DRIVER}), then re-run preflight",
+    "nvml_init_failed": "read dmesg and nvidia-bug-report for the GPU or driver fault (a GPU fallen off the bus needs "
+                        "a reset or a reboot), then re-run preflight",
+}
 
 
 def check_driver_branch(ctx: NodeContext) -> Finding:
@@ -62,10 +83,21 @@ def check_driver_branch(ctx: NodeContext) -> Finding:
                        expected={"min_branch": min_branch, "min_version": min_version},
                        rule="nvidia-smi answers from the loaded driver", evidence=evidence,
                        reason=f"nvidia-smi: {failure.line} ({failure.why})",
-                       action="reboot the node (or unload and reload the nvidia kernel modules) so that the kernel "
-                              "module and the user-space libraries are the same version, then re-run preflight")
+                       action=SMI_FAILURE_ACTIONS.get(failure.kind, SMI_FAILURE_ACTIONS["nvml_init_failed"]))
     if not sources:
         return missing(check, ctx.host, why_missing(ctx, *names), evidence=evidence)
+    nvml = nvml_broken(ctx)
+    if nvml is not None:
+        return finding(check, Status.FAIL, ctx.host, observed={"sources": sources, "nvidia-smi": nvml},
+                       expected="every driver source answers with one version", evidence=evidence,
+                       rule="kernel module, NVML (nvidia-smi) and the container see one driver version",
+                       reason=f"nvidia-smi cannot talk to the loaded driver: {nvml}",
+                       action="the kernel module and the user-space libraries differ (a driver upgrade without "
+                              "reboot): reboot the node or reload the nvidia kernel module, then re-run preflight")
+    silent = [n for n in ("nvidia_smi_xml", "nvidia_smi_query") if ctx.rec(n).present and not ctx.rec(n).ok]
+    if len(silent) == 2:
+        return missing(check, ctx.host, "NVML (nvidia-smi) did not answer, so the driver seen by the host's "
+                       "libraries is unknown: " + why_missing(ctx, *silent), evidence=evidence)
     version = host_driver_version(ctx)
     branch = branch_of(version)
     smi = ctx.parsed("nvidia_smi_xml", parse_xml) or ctx.parsed("nvidia_smi", parse_table)
@@ -75,7 +107,7 @@ def check_driver_branch(ctx: NodeContext) -> Finding:
     rule = f"driver branch >= {min_branch} and version >= {min_version} on every source (host and container)"
     probe_stderr = ctx.rec("image_probe").stderr
     if "unsatisfied condition: cuda" in probe_stderr:
-        observed["container_runtime_refused"] = probe_stderr.strip().splitlines()[-1][:300]
+        observed["container_runtime_refused"] = causal_line(probe_stderr)
     action = (f"{ROUTE_DRIVER} to R{min_branch} >= {min_version}; where the shared cluster cannot change: "
               f"{ROUTE_ISOLATED}; where no upgrade is possible: {ROUTE_SELF_BUILT}. No launch flag "
               "(--max-model-len, batch sizes, cache settings) turns one CUDA major into another.")
@@ -132,6 +164,10 @@ def check_fabric_manager(ctx: NodeContext) -> Finding:
     fm_version = parse_fabricmanager_version(version_rec.stdout).version if version_rec.ok else None
     driver = host_driver_version(ctx)
     xml = ctx.parsed("nvidia_smi_xml", parse_xml)
+    if state == "active" and (xml is None or not xml.gpus):
+        # The service runs, but whether the GPUs joined the fabric is read from nvidia-smi -q -x only.
+        return missing(check, ctx.host, "Fabric Manager is active, but the GPUs' fabric state is unknown: "
+                       + why_missing(ctx, "nvidia_smi_xml"), evidence=evidence)
     fabric = sorted({f"{g.fabric_state}/{g.fabric_status}" for g in (xml.gpus if xml else []) if g.fabric_state})
     observed = {"service": state, "fm_version": fm_version, "driver_version": driver, "gpu_fabric": fabric}
     rule = "nvidia-fabricmanager active, its version == the driver version, GPU fabric state Completed/Success"

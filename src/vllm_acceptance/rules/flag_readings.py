@@ -91,9 +91,16 @@ def parse_flags(args: list[str]) -> dict[str, Any]:
     return flags
 
 
-def requested_flags(profile: Profile) -> dict[str, Any]:
-    """The recipe's flags: launch.args, launch.required_flags (on) and the model's parsers."""
+LAYOUT_FLAGS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "data_parallel_size_local")
+
+
+def requested_flags(profile: Profile, plan: Any = None) -> dict[str, Any]:
+    """The recipe's flags: launch.args, launch.required_flags (on) and the model's parsers; with the
+    launched plan (rules/launched.py), the parallel layout is the plan's, not the profile's own."""
     wanted = parse_flags(list(profile.get("launch.args", []) or []))
+    if plan is not None:
+        wanted = {k: v for k, v in wanted.items() if k not in LAYOUT_FLAGS}
+        wanted.update({"tensor_parallel_size": plan.tensor, "pipeline_parallel_size": plan.pipeline})
     for flag in profile.get("launch.required_flags", []) or []:
         wanted.setdefault(str(flag), True)
     for key, field_name in (("tool_call_parser", "model.tool_call_parser"),

@@ -10,6 +10,7 @@ from ..parsers.nccl_tests import parse_all_reduce_perf
 from ..parsers.rdma import parse_ibv_devinfo, parse_rdma_link
 from ..parsers.startup_log import StartupScan
 from .context import NodeContext, finding, gpu_profile_na, why_missing
+from .launched import LaunchedPlan, launched_plan
 
 
 def check_rdma(ctx: NodeContext) -> Finding:
@@ -57,10 +58,10 @@ def _args_to_map(args: list[str]) -> dict[str, str]:
     return out
 
 
-def expected_comm_settings(profile: Profile) -> tuple[list[str], dict[str, str]]:
-    """The recipe's multi-node args and env for the profile's interconnect."""
+def expected_comm_settings(profile: Profile, interconnect: str | None = None) -> tuple[list[str], dict[str, str]]:
+    """The recipe's multi-node args and env for the launched interconnect (else the profile's)."""
     multinode = profile.get("launch.multinode", {}) or {}
-    interconnect = profile.get("hardware.interconnect")
+    interconnect = interconnect or profile.get("hardware.interconnect")
     args: list[str] = []
     env: dict[str, str] = {}
     if interconnect == "rdma":
@@ -75,7 +76,8 @@ def expected_comm_settings(profile: Profile) -> tuple[list[str], dict[str, str]]
 
 
 def check_nccl_env(env: dict[str, str], args: list[str], profile: Profile, host: str | None,
-                   evidence: list[str], multinode: bool, scan: StartupScan | None = None) -> Finding:
+                   evidence: list[str], multinode: bool, scan: StartupScan | None = None,
+                   interconnect: str | None = None) -> Finding:
     """The planned (or actual) launch env/args carry the recipe's multi-node settings;
     NCCL_DMABUF_ENABLE=0 only when the startup log shows the mlx5dv_reg_dmabuf_mr error."""
     check = "interconnect.nccl_env"
@@ -83,7 +85,7 @@ def check_nccl_env(env: dict[str, str], args: list[str], profile: Profile, host:
         return not_applicable(check, host, "profile hardware.accelerator is none")
     if not multinode:
         return not_applicable(check, host, "single node: the recipe's multi-node NCCL/UCX settings do not apply")
-    want_args, want_env = expected_comm_settings(profile)
+    want_args, want_env = expected_comm_settings(profile, interconnect)
     have_args = _args_to_map(args)
     workaround = (profile.get("launch.multinode.dmabuf_workaround_env", {}) or {"NCCL_DMABUF_ENABLE": "0"})
     observed = {"env": comm_env(env), "all2all": have_args.get("--all2all-backend"),
@@ -118,15 +120,22 @@ def check_nccl_env(env: dict[str, str], args: list[str], profile: Profile, host:
                    evidence=evidence, action="none")
 
 
-def planned_launch(profile: Profile, multinode: bool) -> tuple[list[str], dict[str, str]]:
-    """What the serve stage launches when the inventory overrides nothing: the profile's args and
-    env, plus the recipe's multi-node settings for the profile's interconnect."""
+def planned_launch(profile: Profile, multinode: bool,
+                   plan: LaunchedPlan | None = None) -> tuple[list[str], dict[str, str]]:
+    """What the serve stage launches (serve/launch.py): the profile's args and env, the recipe's
+    multi-node settings for the launched interconnect, the inventory's extra environment and the
+    DMA-BUF workaround when the inventory asks for it."""
+    plan = plan or launched_plan(profile)
     args = [str(a) for a in profile.get("launch.args", []) or []]
     env = {k: str(v) for k, v in (profile.get("launch.env", {}) or {}).items()}
     if multinode:
-        extra_args, extra_env = expected_comm_settings(profile)
+        extra_args, extra_env = expected_comm_settings(profile, plan.interconnect)
         args += [a for a in extra_args if a not in args]
         env.update(extra_env)
+        if plan.dmabuf_workaround:
+            env.update({str(k): str(v) for k, v in (profile.get("launch.multinode.dmabuf_workaround_env", {})
+                                                    or {"NCCL_DMABUF_ENABLE": "0"}).items()})
+        env.update(plan.env)
     return args, env
 
 
@@ -135,11 +144,12 @@ def check_nccl_env_node(ctx: NodeContext) -> Finding:
     if not ctx.evidence.dir_exists and ctx.profile.has_gpus and ctx.multinode:
         return missing("interconnect.nccl_env", ctx.host, why_missing(ctx))
     inputs = ctx.evidence.inputs
-    default_args, default_env = planned_launch(ctx.profile, ctx.multinode)
+    default_args, default_env = planned_launch(ctx.profile, ctx.multinode, ctx.plan)
     env = {k: str(v) for k, v in (inputs.get("launch_env") or default_env).items()}
     args = [str(a) for a in (inputs.get("launch_args") or default_args)]
     return check_nccl_env(env, args, ctx.profile, ctx.host, ctx.paths("inputs", "env"), ctx.multinode,
-                          ctx.startup_scan)
+                          ctx.startup_scan,
+                          interconnect=(ctx.plan or launched_plan(ctx.profile)).interconnect)
 
 
 # --- interconnect.nccl_bandwidth ------------------------------------------------------------

@@ -24,21 +24,23 @@ from .flag_readings import (
     read_from_startup_log,
     requested_flags,
 )
-from .topology import world_size
+from .launched import LaunchedPlan, launched_plan
 
 # --- compat.startup_log (called by the serve stage) -----------------------------------------
 
-def _option_mismatches(scan: StartupScan, profile: Profile) -> list[str]:
+def _option_mismatches(scan: StartupScan, profile: Profile, plan: LaunchedPlan) -> list[str]:
     """Recipe options whose value the startup log's non-default args show differently (structured values,
-    such as --attention-config's AttentionConfig repr, compared field by field)."""
+    such as --attention-config's AttentionConfig repr, compared field by field); the parallel layout is the
+    launched plan's (inventory vllm_parallel, else the profile's), not the profile's own."""
     if scan.non_default_args is None:
         return []
-    readings = [read_from_startup_log(key, want, scan, {}) for key, want in requested_flags(profile).items()]
+    wanted = requested_flags(profile, plan)
+    readings = [read_from_startup_log(key, want, scan, {}) for key, want in wanted.items()]
     return [r.describe() for r in readings if r.state == DIFFERS]
 
 
 def check_startup_log(scan: StartupScan | None, profile: Profile, host: str | None,
-                      evidence: list[str]) -> Finding:
+                      evidence: list[str], plan: LaunchedPlan | None = None) -> Finding:
     """The startup log against the recipe: version, options, device and backend initialisation,
     parallel layout, no backend fallback, no NCCL error, KV cache initialised; warnings listed."""
     check = "compat.startup_log"
@@ -47,7 +49,9 @@ def check_startup_log(scan: StartupScan | None, profile: Profile, host: str | No
                        evidence=evidence)
     observed = scan.summary()
     minimum = str(profile.get("vllm.min_version"))
-    expected = {"vllm": f">= {minimum}", "world_size": world_size(profile), "fallbacks": 0, "nccl_errors": 0,
+    plan = plan or launched_plan(profile)
+    expected = {"vllm": f">= {minimum}", "world_size": plan.engine_world, "layout": plan.layout(), "fallbacks": 0,
+                "nccl_errors": 0,
                 "kv_cache": "initialised"}
     rule = ("version >= profile minimum, recipe options in effect, no backend fallback, no NCCL/CUDA-driver/"
             "kernel-image error, no OOM, KV cache size and maximum concurrency read out")
@@ -71,13 +75,14 @@ def check_startup_log(scan: StartupScan | None, profile: Profile, host: str | No
     if scan.version is not None and version_at_least(scan.version, minimum) is False:
         problems.append(f"vLLM {scan.version} < {minimum}")
         actions.append(ROUTE_IMAGE)
-    mismatched = _option_mismatches(scan, profile)
+    mismatched = _option_mismatches(scan, profile, plan)
     if mismatched:
         problems.append("launch options differ from the profile: " + "; ".join(mismatched))
-        actions.append("launch with the profile's args")
-    if scan.world_size is not None and scan.world_size != world_size(profile):
-        problems.append(f"world size {scan.world_size} != layout {world_size(profile)}")
-        actions.append("launch with the profile's parallel layout")
+        actions.append("launch with the profile's args and the launched layout")
+    if scan.world_size is not None and scan.world_size != plan.engine_world:
+        problems.append(f"world size {scan.world_size} != launched layout tensor {plan.tensor} x pipeline "
+                        f"{plan.pipeline} = {plan.engine_world} ({plan.source})")
+        actions.append("launch with the planned parallel layout (vllm_parallel, else the profile's)")
     if scan.oom:
         if not problems:
             consequence = Consequence.EXPAND
@@ -149,11 +154,12 @@ def process_flags(process_args: list[str]) -> dict[str, Any]:
     return parse_flags(process_args)
 
 
-def check_actual_config(reports: ServerReports, profile: Profile, host: str | None) -> list[Finding]:
+def check_actual_config(reports: ServerReports, profile: Profile, host: str | None,
+                        plan: LaunchedPlan | None = None) -> list[Finding]:
     """What the running server actually does: prefix caching and the KV-cache flags per
-    vllm:cache_config_info, every other recipe flag per its startup log's non-default args,
-    max_model_len per /v1/models."""
-    wanted = requested_flags(profile)
+    vllm:cache_config_info, every other recipe flag per its startup log's non-default args (the parallel
+    layout per the launched plan), max_model_len per /v1/models."""
+    wanted = requested_flags(profile, plan)
     argv = parse_flags(reports.process_args) if reports.process_args is not None else {}
     return [_actual_prefix_caching(reports, wanted, host),
             _actual_cache(reports, wanted, argv, host),

@@ -8,26 +8,27 @@ import math
 from ..core.findings import Consequence, Finding, Status, missing, not_applicable
 from ..core.profile import Profile
 from .context import NodeContext, finding, gpu_profile_na, why_missing
+from .launched import LaunchedPlan, launched_plan
 
 # --- compat.gpu_visibility / compat.topology ------------------------------------------------
 
-def world_size(profile: Profile) -> int:
-    return int(profile.get("parallel.tensor", 1) or 1) * int(profile.get("parallel.pipeline", 1) or 1) * \
-        int(profile.get("parallel.data", 1) or 1)
+def world_size(profile: Profile, plan: LaunchedPlan | None = None) -> int:
+    """GPUs of the launched layout (tensor x pipeline x data): the plan's, else the profile's."""
+    return (plan or launched_plan(profile)).world
 
 
-def gpus_required_per_node(profile: Profile, n_hosts: int) -> int:
+def gpus_required_per_node(profile: Profile, n_hosts: int, plan: LaunchedPlan | None = None) -> int:
     """Every node of the layout must show its share: the profile's per-node count, or the
     tensor x pipeline x data world spread over the nodes, whichever is larger."""
     per_node = int(profile.get("hardware.gpus_per_node", 0) or 0)
-    return max(per_node, math.ceil(world_size(profile) / max(n_hosts, 1)))
+    return max(per_node, math.ceil(world_size(profile, plan) / max(n_hosts, 1)))
 
 
 def check_gpu_visibility(ctx: NodeContext) -> Finding:
     check = "compat.gpu_visibility"
     if (na := gpu_profile_na(check, ctx)) is not None:
         return na
-    required = gpus_required_per_node(ctx.profile, ctx.n_hosts)
+    required = gpus_required_per_node(ctx.profile, ctx.n_hosts, ctx.plan)
     gpu_class = ctx.profile.get("hardware.gpu_class")
     host_gpus, probe = ctx.gpus(), ctx.probe()
     evidence = ctx.paths("nvidia_smi_query", "nvidia_smi_xml", "image_probe")
@@ -37,7 +38,7 @@ def check_gpu_visibility(ctx: NodeContext) -> Finding:
                 "runtime_count": probe.device_count if probe else None,
                 "runtime_names": sorted(set(probe.devices)) if probe else None}
     expected = {"per_node": required, "gpu_class": gpu_class,
-                "layout": {k: ctx.profile.get(f"parallel.{k}") for k in ("tensor", "pipeline", "data", "expert")}}
+                "layout": (ctx.plan or launched_plan(ctx.profile)).layout()}
     rule = f"host and runtime each see >= {required} GPUs whose name contains {gpu_class!r}"
     problems = []
     if host_gpus.count < required:
@@ -61,7 +62,7 @@ def check_gpu_visibility(ctx: NodeContext) -> Finding:
                     evidence=evidence, action="none")
 
 
-def check_topology(contexts: list[NodeContext], profile: Profile) -> Finding:
+def check_topology(contexts: list[NodeContext], profile: Profile, plan: LaunchedPlan | None = None) -> Finding:
     """Cluster level: node count, total GPUs against the layout, interconnect type recorded."""
     check = "compat.topology"
     if not profile.has_gpus:
@@ -73,8 +74,9 @@ def check_topology(contexts: list[NodeContext], profile: Profile) -> Finding:
     observed = {"nodes": len(contexts), "gpus_per_node": counts,
                 "interconnect": profile.get("hardware.interconnect"),
                 "nvswitch": profile.get("hardware.nvswitch", False)}
-    needed = max(int(profile.get("hardware.min_gpus", 0) or 0), world_size(profile))
-    expected = {"min_nodes": profile.get("hardware.min_nodes", 1), "min_gpus": needed}
+    needed = max(int(profile.get("hardware.min_gpus", 0) or 0), world_size(profile, plan))
+    expected = {"min_nodes": profile.get("hardware.min_nodes", 1), "min_gpus": needed,
+                "layout": (plan or launched_plan(profile)).layout()}
     evidence = [p for ctx in contexts for p in ctx.paths("nvidia_smi_query")]
     rule = "nodes >= hardware.min_nodes and total GPUs >= max(hardware.min_gpus, tensor x pipeline x data)"
     unknown = [h for h, c in counts.items() if c is None]

@@ -12,10 +12,12 @@ from typing import Any
 from ..core.evidence import EvidenceStore
 from ..core.findings import Consequence, Finding, Status, missing, write_findings
 from ..core.profile import Profile
+from ..parsers.causal import causal_line
 from ..parsers.startup_log import StartupScan, scan_startup_log
 from ..probes.client import OpenAIClient, ServerUnreachable
 from ..probes.metrics import DirectMetrics, MetricsError, cache_config, server_root
 from ..rules.launch_triage import launch_findings
+from ..rules.launched import LaunchedPlan, plan_of_run
 from ..rules.serve import ServerReports, check_actual_config, check_startup_log, flag_readings
 
 
@@ -40,7 +42,8 @@ def judge_serve(run_dir: Path, profile: Profile, facts: ServeFacts) -> list[Find
     log_ev = [store.write_text("startup.log", facts.startup_log)] if facts.startup_log is not None else []
     cmd_ev = [store.write_text("launch-command.txt", facts.launch_command + "\n")] if facts.launch_command else []
     scan = scan_startup_log(facts.startup_log) if facts.startup_log is not None else None
-    findings.append(check_startup_log(scan, profile, facts.host, log_ev))
+    plan = plan_of_run(run_dir, profile)
+    findings.append(check_startup_log(scan, profile, facts.host, log_ev, plan))
     findings.append(model_load(facts, log_ev + cmd_ev))
     details: dict[str, Any] = {"base_url": facts.base_url, "mode": facts.mode, "launch_command": facts.launch_command,
                                "ready_s": facts.ready_s, "launch_error": facts.launch_error,
@@ -49,7 +52,7 @@ def judge_serve(run_dir: Path, profile: Profile, facts: ServeFacts) -> list[Find
     if scan is not None:
         details.update(scan.summary() if hasattr(scan, "summary") else {})
     if facts.launch_error is None:
-        findings += actual_config(store, profile, facts, details, scan, log_ev)
+        findings += actual_config(store, profile, facts, details, scan, log_ev, plan)
     else:
         findings.append(missing("compat.actual_config", facts.host, "the server did not come up",
                                 evidence=log_ev))
@@ -80,9 +83,11 @@ def model_load(facts: ServeFacts, evidence: list[str]) -> Finding:
                        reason="attached to a running server: load time not observed", evidence=evidence,
                        consequence=Consequence.EXPAND, action="launch through vllm_serve to measure model load")
     ok = facts.launch_error is None and facts.ready_s is not None
+    cause = causal_line(facts.launch_error) if facts.launch_error else ""
     return Finding(
         check="capacity.model_load", status=Status.PASS if ok else Status.FAIL, host=facts.host,
         observed={"ready_s": facts.ready_s, "error": facts.launch_error}, expected="ready within the timeout",
+        reason=cause,
         evidence=evidence, consequence=Consequence.EXPAND if ok else Consequence.REBUILD,
         rule="the server answers /health after loading the model",
         action="read the startup log: weights, parallel layout, container dependencies or base memory "
@@ -90,7 +95,8 @@ def model_load(facts: ServeFacts, evidence: list[str]) -> Finding:
 
 
 def actual_config(store: EvidenceStore, profile: Profile, facts: ServeFacts, details: dict[str, Any],
-                  scan: StartupScan | None = None, log_ev: list[str] | None = None) -> list[Finding]:
+                  scan: StartupScan | None = None, log_ev: list[str] | None = None,
+                  plan: LaunchedPlan | None = None) -> list[Finding]:
     """The running server's own reports (/v1/models, /metrics cache_config_info, its startup log), saved
     as evidence and judged flag by flag; the argv is saved as what was asked."""
     reports = ServerReports(startup=scan, process_args=facts.process_args, log_evidence=list(log_ev or []))
@@ -116,4 +122,4 @@ def actual_config(store: EvidenceStore, profile: Profile, facts: ServeFacts, det
     if reports.models and reports.models.get("data"):
         details["model"] = reports.models["data"][0].get("id")
         details["max_model_len"] = reports.models["data"][0].get("max_model_len")
-    return check_actual_config(reports, profile, facts.host)
+    return check_actual_config(reports, profile, facts.host, plan)

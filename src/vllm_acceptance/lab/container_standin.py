@@ -1,0 +1,274 @@
+"""A container-runtime stand-in for rehearsal nodes: `docker run -d` starts the REAL lab vLLM.
+
+There is no Docker engine and no GPU here. On a rehearsal node (a network-namespace sshd host, see
+nshosts.py) `docker` is this script (stdlib only, run by the node's /usr/bin/python3):
+
+- `run -d --name NAME ... -v HOST:/root/.cache/huggingface -e=KEY ... IMAGE@sha256:... MODEL ARGS...`
+  records the exact argv and the values of the `-e=KEY` variables it was given (calls.jsonl), then
+  starts the real vLLM OpenAI server of the lab venv (CPU) with ARGS, the model resolved in the mounted
+  cache (HOST/MODEL), bound where ARGS say (`--host 0.0.0.0`: this node's namespace address). A
+  detached supervisor keeps its log (`docker logs`) and its state (`docker inspect`, `docker ps`);
+- `run` without `-d` (the in-image probe of preflight), `version`, `info`, `image inspect`, `pull`
+  are answered by the node's recorded docker (tests/fixtures/generated-nodes/<case>/bin/docker);
+- `inspect --format '{{.State.Status}}' NAME` / `'{{json .Args}}'`, `ps`, `logs [--tail N] NAME`,
+  `stop NAME`, `rm [-f] NAME` act on the supervised server.
+
+A fault a scenario sets in STATE/fault (`oom_at_running=N`: once N requests run at once the server is
+killed and a CUDA OOM line is written to its log, as a container that died of OOM leaves it;
+`crash_at_running=N`: the same with a worker crash line) is fault injection, not a happy path.
+
+    docker.py --state DIR --recorded PATH --lab-python PATH [--] DOCKER-ARGS...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+OOM_LINE = ("(EngineCore pid=312) ERROR [core.py:710] torch.OutOfMemoryError: CUDA out of memory. Tried to "
+            "allocate 2.00 GiB. GPU 0 has a total capacity of 279.00 GiB of which 1.12 GiB is free.")
+CRASH_LINE = "(EngineCore pid=312) ERROR [core.py:710] RuntimeError: Worker proc VllmWorker-0 died unexpectedly"
+CACHE_MOUNT = "/root/.cache/huggingface"
+
+
+def options(argv: list[str]) -> tuple[dict[str, str], list[str]]:
+    """--state/--recorded/--lab-python, then the docker argv."""
+    opts: dict[str, str] = {}
+    rest = list(argv)
+    while rest and rest[0].startswith("--") and rest[0] != "--":
+        opts[rest[0][2:]] = rest[1]
+        rest = rest[2:]
+    if rest and rest[0] == "--":
+        rest = rest[1:]
+    return opts, rest
+
+
+class Node:
+    def __init__(self, opts: dict[str, str]) -> None:
+        self.state = Path(opts["state"])
+        self.recorded = opts["recorded"]
+        self.lab_python = opts["lab-python"]
+        self.state.mkdir(parents=True, exist_ok=True)
+
+    def box(self, name: str) -> Path:
+        return self.state / "containers" / name
+
+    def record(self, argv: list[str]) -> None:
+        env = {a[3:]: os.environ.get(a[3:]) for a in argv if a.startswith("-e=")}
+        with (self.state / "calls.jsonl").open("a") as calls:
+            calls.write(json.dumps({"t": time.time(), "argv": ["docker", *argv], "env": env}) + "\n")
+
+    def recorded_docker(self, argv: list[str]) -> int:
+        return subprocess.call([self.recorded, *argv])
+
+    def status(self, name: str) -> str | None:
+        box = self.box(name)
+        if not box.is_dir():
+            return None
+        state = (box / "state").read_text().strip() if (box / "state").is_file() else "created"
+        if state == "running" and not alive(read_int(box / "pid")):
+            return "exited"
+        return state
+
+
+def read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    try:   # a zombie is gone
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def split_run(argv: list[str]) -> tuple[str, dict[str, str], list[str], list[str]]:
+    """`run -d --name N [opts] IMAGE@digest MODEL ARGS` -> name, mounts, env keys, serve args."""
+    name, mounts, keys = "", {}, []
+    i = 1
+    while i < len(argv):
+        arg = argv[i]
+        if "@sha256:" in arg or not arg.startswith("-"):
+            return name, mounts, keys, argv[i + 1:]
+        if arg == "--name":
+            name = argv[i + 1]
+            i += 2
+            continue
+        if arg == "-v":
+            host, _, inside = argv[i + 1].partition(":")
+            mounts[inside] = host
+            i += 2
+            continue
+        if arg.startswith("-e="):
+            keys.append(arg[3:])
+        elif arg in ("--gpus", "--ipc", "--network", "--shm-size", "--ulimit", "--entrypoint", "-p"):
+            i += 1
+        i += 1
+    return name, mounts, keys, []
+
+
+def run_detached(node: Node, argv: list[str]) -> int:
+    name, mounts, keys, serve = split_run(argv)
+    if not name or not serve:
+        sys.stderr.write("docker: stand-in needs --name and IMAGE MODEL ARGS\n")
+        return 125
+    if node.status(name) is not None:
+        sys.stderr.write(f'docker: Error response from daemon: Conflict. The container name "/{name}" is already '
+                         "in use.\n")
+        return 125
+    box = node.box(name)
+    box.mkdir(parents=True)
+    (box / "args.json").write_text(json.dumps(serve))
+    (box / "env.json").write_text(json.dumps({k: os.environ.get(k, "") for k in keys}))
+    (box / "mounts.json").write_text(json.dumps(mounts))
+    (box / "state").write_text("created")
+    subprocess.Popen([sys.executable, __file__, "--state", str(node.state), "--recorded", node.recorded,
+                      "--lab-python", node.lab_python, "--", "__supervise", name],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True)
+    print(f"{abs(hash((name, time.time()))):064x}"[:64])
+    return 0
+
+
+def server_argv(node: Node, box: Path) -> list[str]:
+    serve = json.loads((box / "args.json").read_text())
+    mounts = json.loads((box / "mounts.json").read_text())
+    model, flags = serve[0], serve[1:]
+    cache = mounts.get(CACHE_MOUNT)
+    resolved = str(Path(cache) / model) if cache and (Path(cache) / model).is_dir() else model
+    return [node.lab_python, "-m", "vllm.entrypoints.openai.api_server", "--model", resolved, *flags]
+
+
+def metric(port: str, name: str) -> float | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return None
+    total = None
+    for line in text.splitlines():
+        if line.startswith(name) and not line.startswith("#"):
+            total = (total or 0.0) + float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def fault(node: Node) -> tuple[str, int] | None:
+    """STATE/fault: `oom_at_running=N` / `crash_at_running=N` - the server dies once N requests run at
+    once (the load probe's concurrency ramp; the cache and agent probes send one at a time)."""
+    path = node.state / "fault"
+    if not path.is_file():
+        return None
+    kind, _, n = path.read_text().strip().partition("_at_running=")
+    return (kind, int(n)) if n.isdigit() else None
+
+
+def supervise(node: Node, name: str) -> int:
+    box = node.box(name)
+    env = {**os.environ, **json.loads((box / "env.json").read_text())}
+    serve = json.loads((box / "args.json").read_text())
+    port = serve[serve.index("--port") + 1] if "--port" in serve else "8000"
+    with (box / "log").open("ab") as log:
+        proc = subprocess.Popen(server_argv(node, box), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True)
+    (box / "pid").write_text(str(proc.pid))
+    (box / "state").write_text("running")
+    planned = fault(node)
+    while proc.poll() is None:
+        time.sleep(0.3 if planned else 1.0)
+        if planned and (metric(port, "vllm:num_requests_running") or 0) >= planned[1]:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            with (box / "log").open("a") as log:
+                log.write((OOM_LINE if planned[0] == "oom" else CRASH_LINE) + "\n")
+            break
+    (box / "exit_code").write_text(str(proc.returncode))
+    if (box / "state").read_text().strip() == "running":
+        (box / "state").write_text("exited")
+    return 0
+
+
+def stop(node: Node, name: str, remove: bool) -> int:
+    box = node.box(name)
+    if not box.is_dir():
+        if remove:
+            return 0
+        sys.stderr.write(f"Error response from daemon: No such container: {name}\n")
+        return 1
+    pid = read_int(box / "pid")
+    if alive(pid):
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGTERM)   # type: ignore[arg-type]
+        for _ in range(30):
+            if not alive(pid):
+                break
+            time.sleep(0.5)
+        if alive(pid):
+            os.killpg(pid, signal.SIGKILL)   # type: ignore[arg-type]
+    (box / "state").write_text("exited")
+    if remove:
+        for path in sorted(box.iterdir()):
+            path.rename(node.state / f"removed-{name}-{time.time():.0f}-{path.name}")
+        box.rmdir()
+    print(name)
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    opts, args = options(argv)
+    node = Node(opts)
+    if args and args[0] == "__supervise":
+        return supervise(node, args[1])
+    node.record(args)
+    cmd = args[0] if args else ""
+    names = [a for a in args[1:] if not a.startswith("-")]
+    if cmd == "run" and "-d" in args:
+        return run_detached(node, args)
+    if cmd == "inspect":
+        fmt = args[args.index("--format") + 1] if "--format" in args else "{{json .}}"
+        name = [a for a in args[1:] if a != fmt and not a.startswith("-")][-1]
+        status = node.status(name)
+        if status is None:
+            sys.stderr.write(f"Error: No such object: {name}\n")
+            return 1
+        print((node.box(name) / "args.json").read_text() if "json .Args" in fmt else status)
+        return 0
+    if cmd == "logs":
+        name = names[-1]
+        if node.status(name) is None:
+            sys.stderr.write(f"Error response from daemon: No such container: {name}\n")
+            return 1
+        lines = (node.box(name) / "log").read_text(errors="replace").splitlines() if (
+            node.box(name) / "log").is_file() else []
+        if "--tail" in args:
+            lines = lines[-int(args[args.index("--tail") + 1]):]
+        print("\n".join(lines))
+        return 0
+    if cmd == "ps":
+        boxes = sorted((node.state / "containers").iterdir()) if (node.state / "containers").is_dir() else []
+        for box in boxes:
+            if "-a" in args or node.status(box.name) == "running":
+                print(box.name)
+        return 0
+    if cmd in ("stop", "rm"):
+        return max([stop(node, n, remove=cmd == "rm") for n in names if n not in ("-f", "--force")] or [0])
+    return node.recorded_docker(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,110 @@
+"""The cluster rehearsal in the suite: accept.yml on simulated GB300 nodes, each verdict for its reason.
+
+One stand-in cluster (two namespace sshd nodes: gb300-a01 recorded healthy, gb300-a02 on driver 575) is
+shared by every scenario here (src/vllm_acceptance/lab/rehearsal.py), each run once. The suite runs the
+short set (`Play.suite`: the scenarios that need no vLLM start, a few minutes); `make rehearsal` runs
+every scenario, the real lab vLLM in the node's container stand-in included, and writes
+reports/rehearsal/summary.json (REHEARSAL_FULL=1 runs the server scenarios' tests here). Each test
+asserts the exact verdict and the reasons that decide it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from vllm_acceptance.lab import rehearsal as rh
+
+from support.hosts import hosts_skip_reason
+
+pytestmark = pytest.mark.hosts
+
+SUITE = [name for name, play in rh.PLAYS.items() if play.suite]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[rh.Rehearsal]:
+    reason = hosts_skip_reason()
+    if reason is not None:
+        pytest.skip(f"namespace hosts unavailable: {reason}")
+    if not (rh.MODELS / "tiny-agent-k3" / "config.json").is_file() or not (rh.REPO / ".venv-lab").exists():
+        pytest.skip("no lab vLLM or K3 lab model: run `make lab-venv lab-model`")
+    work = tmp_path_factory.mktemp("rehearsal")
+    rehearsal = rh.Rehearsal(work)
+    try:
+        rehearsal.up()
+        yield rehearsal
+    finally:
+        rehearsal.down()
+
+
+@pytest.fixture(scope="module")
+def played(cluster: rh.Rehearsal, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, rh.Outcome]]:
+    """Each scenario runs once per module; the detail tests read the same run."""
+    outcomes: dict[str, rh.Outcome] = {}
+    runs = tmp_path_factory.mktemp("rehearsal-runs")
+
+    class Runs(dict):
+        def __missing__(self, name: str) -> rh.Outcome:
+            self[name] = rh.PLAYS[name].run(cluster, runs)
+            return self[name]
+
+    outcomes = Runs()
+    yield outcomes
+    summary = {name: rh.judge(name, outcome) for name, outcome in outcomes.items()}
+    (runs / "summary.json").write_text(json.dumps(summary, indent=2))
+
+
+@pytest.mark.parametrize("name", SUITE)
+def test_scenario_verdict_and_reasons(played: dict[str, rh.Outcome], name: str) -> None:
+    outcome = played[name]
+    line = rh.judge(name, outcome)
+    assert line["verdict"] == line["expected"], (line, outcome.output[-3000:])
+    assert not line["lacking_reasons"], (line, outcome.output[-3000:])
+
+
+FULL = pytest.mark.skipif(not os.environ.get("REHEARSAL_FULL"), reason="starts the real lab vLLM on a node "
+                          "(minutes): make rehearsal runs it (REHEARSAL_FULL=1 runs it here)")
+
+
+@FULL
+def test_attach_to_a_running_cluster_judges_the_soak_from_the_nodes_gpu_samples(
+        played: dict[str, rh.Outcome]) -> None:
+    """The server runs in a container (no local pid): the soak is decided by the node's per-GPU stream."""
+    soak = played["attach-running"].finding("capacity.soak")
+    assert soak["status"] == "pass" and soak["observed"]["memory_samples"] == 0
+    assert set(soak["observed"]["gpu_memory_growth_pct"]) == {f"gpu{i}@gb300-a01" for i in range(8)}
+    assert "evidence/memory/gb300-a01.csv" in soak["evidence"]
+
+
+def test_dead_url_fails_naming_the_url(cluster: rh.Rehearsal, played: dict[str, rh.Outcome]) -> None:
+    outcome = played["attach-dead-url"]
+    assert f"http://{cluster.address('gb300-a01')}:8999/v1 does not answer within 30 s" in outcome.output
+    assert outcome.verdict == "incomplete"
+    assert outcome.finding("capacity.model_load")["status"] in ("fail", "missing", "not_applicable")
+
+
+def test_driver_575_names_the_node_and_still_judges_the_other(cluster: rh.Rehearsal,
+                                                                played: dict[str, rh.Outcome]) -> None:
+    outcome = played["driver-575-one-node"]
+    assert outcome.verdict == "rebuild_environment"
+    bad = outcome.finding("compat.driver_branch", "gb300-a02")
+    assert bad["status"] == "fail" and "575.57.08" in bad["reason"]
+    assert outcome.finding("compat.driver_branch", "gb300-a01")["status"] == "pass"
+    assert any("compat.driver_branch@gb300-a02" in r for r in outcome.reasons)
+    assert outcome.report is not None and outcome.report["remediation"]["command"].startswith("ansible-playbook")
+    assert f"-i {cluster.workdir / 'inventories' / 'driver-575-one-node'}" in outcome.report["remediation"]["command"]
+
+
+@FULL
+@pytest.mark.xfail(reason="stopping a launched container at the end of the run is the serve/report playbooks' "
+                          "job (not on main yet); the stand-in shows whether it happened", strict=False)
+def test_container_gone_after_a_launched_run(cluster: rh.Rehearsal, played: dict[str, rh.Outcome]) -> None:
+    outcome = played["single-node-container"]
+    assert outcome.verdict == "release", outcome.reasons
+    launched = [c for c in cluster.calls("gb300-a01") if c["argv"][1:3] == ["run", "-d"]]
+    assert any(f"vllm/vllm-openai:kimi-k3@{rh.DIGEST}" in c["argv"] for c in launched)
+    assert cluster.container_status("gb300-a01") == "absent"
