@@ -149,7 +149,8 @@ class Rehearsal:
         node_vars = {"ansible_user": "root", "ansible_ssh_private_key_file": str(self.cluster.ssh_key),
                      "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null",
                      "ansible_python_interpreter": system_python()}
-        # `cat` is not faked: each node's driver version file is its recorded one (tests/fixtures/generated-nodes/README.md).
+        # `cat` is not faked: each node's driver version file is its recorded one
+        # (tests/fixtures/generated-nodes/README.md).
         hosts = {h: {"ansible_host": self.address(h), **node_vars,
                      "preflight_driver_version_file": str(FIXTURES / case / "proc-driver-nvidia-version")}
                  for h, case in NODES.items()}
