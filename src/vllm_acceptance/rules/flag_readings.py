@@ -99,8 +99,12 @@ def requested_flags(profile: Profile, plan: Any = None) -> dict[str, Any]:
     launched plan (rules/launched.py), the parallel layout is the plan's, not the profile's own."""
     wanted = parse_flags(list(profile.get("launch.args", []) or []))
     if plan is not None:
+        # The layout the run launched replaces the profile's; a size of 1 is vLLM's default, which its
+        # non-default args never show, so it is asked for only where the profile or the plan sets another.
+        layout = {"tensor_parallel_size": plan.tensor, "pipeline_parallel_size": plan.pipeline}
+        asked = {k for k in LAYOUT_FLAGS if k in wanted}
         wanted = {k: v for k, v in wanted.items() if k not in LAYOUT_FLAGS}
-        wanted.update({"tensor_parallel_size": plan.tensor, "pipeline_parallel_size": plan.pipeline})
+        wanted.update({k: v for k, v in layout.items() if k in asked or int(v) != 1})
     for flag in profile.get("launch.required_flags", []) or []:
         wanted.setdefault(str(flag), True)
     for key, field_name in (("tool_call_parser", "model.tool_call_parser"),
