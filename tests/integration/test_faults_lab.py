@@ -207,9 +207,10 @@ def test_a_hung_request_during_the_cache_probe_is_named_and_its_session_dropped(
 
 def test_a_hung_request_in_the_load_ramp_is_counted_and_named(lab_server_factory, tmp_path: Path) -> None:
     server = lab_server_factory("", port=8074)
-    # Chat requests through the gateway: #1 the long prompt, #2 the over-context request, #3 the first
-    # request of the ramp's concurrency-1 step: streamed, it gets its first chunk and then silence.
-    gateway, url = start_gateway(server.base_url, "--mode", "stall_nth", "--nth", "3", "--stall-s", "3600")
+    # Chat requests through the gateway: #1 the long prompt, #2 and #3 the context contract (at the
+    # contracted window, then one token over it), #4 the first request of the ramp's concurrency-1 step:
+    # streamed, it gets its first chunk and then silence.
+    gateway, url = start_gateway(server.base_url, "--mode", "stall_nth", "--nth", "4", "--stall-s", "3600")
     out = tmp_path / "load"
     try:
         began = time.time()
@@ -220,7 +221,7 @@ def test_a_hung_request_in_the_load_ramp_is_counted_and_named(lab_server_factory
         seconds = time.time() - began
     finally:
         log = stop(gateway)
-    assert "stalling chat request #3 (streamed" in log
+    assert "stalling chat request #4 (streamed" in log
     assert proc.returncode == 1, proc.stdout + proc.stderr  # the contracted step is not met: fail
     assert "Traceback" not in proc.stdout + proc.stderr
     result = json.loads((out / "result.json").read_text())
