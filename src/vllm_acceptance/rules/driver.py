@@ -31,16 +31,6 @@ def _driver_sources(ctx: NodeContext) -> dict[str, str]:
     return sources
 
 
-def nvml_broken(ctx: NodeContext) -> str | None:
-    """nvidia-smi's own words when NVML refuses the loaded module (version mismatch): the causal line."""
-    for name in ("nvidia_smi", "nvidia_smi_query", "nvidia_smi_xml"):
-        rec = ctx.rec(name)
-        text = f"{rec.stdout}\n{rec.stderr}"
-        if rec.present and not rec.ok and "version mismatch" in text.lower():
-            return causal_line(text)
-    return None
-
-
 def host_driver_version(ctx: NodeContext) -> str | None:
     sources = _driver_sources(ctx)
     return sources.get("/proc/driver/nvidia/version") or next(iter(sources.values()), None)
@@ -86,14 +76,6 @@ def check_driver_branch(ctx: NodeContext) -> Finding:
                        action=SMI_FAILURE_ACTIONS.get(failure.kind, SMI_FAILURE_ACTIONS["nvml_init_failed"]))
     if not sources:
         return missing(check, ctx.host, why_missing(ctx, *names), evidence=evidence)
-    nvml = nvml_broken(ctx)
-    if nvml is not None:
-        return finding(check, Status.FAIL, ctx.host, observed={"sources": sources, "nvidia-smi": nvml},
-                       expected="every driver source answers with one version", evidence=evidence,
-                       rule="kernel module, NVML (nvidia-smi) and the container see one driver version",
-                       reason=f"nvidia-smi cannot talk to the loaded driver: {nvml}",
-                       action="the kernel module and the user-space libraries differ (a driver upgrade without "
-                              "reboot): reboot the node or reload the nvidia kernel module, then re-run preflight")
     silent = [n for n in ("nvidia_smi_xml", "nvidia_smi_query") if ctx.rec(n).present and not ctx.rec(n).ok]
     if len(silent) == 2:
         return missing(check, ctx.host, "NVML (nvidia-smi) did not answer, so the driver seen by the host's "
