@@ -1,7 +1,7 @@
 """Sign-off, reopen detection and the restore rehearsal end to end on the lab (real vLLM, real playbooks).
 
 The story of one inventory: run A (the session's accept.yml run) is signed `release`; the contract
-then changes (context limit 1536 -> 1024, the recipe record re-checked) and run B is accepted again
+then changes (the context limit lowered to 1024, the recipe record re-checked) and run B is accepted again
 with a short ramp: B names the two reopen triggers that fired, `diff A B` names the same; the restore
 rehearsal relaunches A's exact server argv, smoke-tests it and records it in B; B's verdict is not
 release (its ramp stopped below the contracted concurrency: inconclusive), so signing `release` is
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from support.story import OVERRIDE_REASON, REHEARSAL_PORT, cli
 
@@ -24,6 +25,11 @@ pytestmark = pytest.mark.lab
 
 def report(run_dir: Path) -> dict[str, Any]:
     return json.loads((run_dir / "report.json").read_text())
+
+
+def contract_context(run_dir: Path) -> int:
+    """The context limit that run judged against (its frozen profile), whatever cpu-lab.yml says today."""
+    return int(yaml.safe_load((run_dir / "evidence" / "profile.yml").read_text())["contract"]["context_tokens"])
 
 
 def test_sign_records_who_when_decision_and_the_hash(lab_signoff_story: dict[str, Any]) -> None:
@@ -44,7 +50,7 @@ def test_run_b_names_the_reopen_triggers_that_fired(lab_signoff_story: dict[str,
     assert reopen["baseline"]["run_id"] == lab_signoff_story["a"].name and reopen["baseline"]["report_intact"] is True
     assert {t["trigger"] for t in reopen["fired"]} == {"context_limit", "recipe"}
     context = next(t for t in reopen["fired"] if t["trigger"] == "context_limit")
-    assert "context_tokens: 1536 -> 1024" in context["changed"]
+    assert f"context_tokens: {contract_context(lab_signoff_story['a'])} -> 1024" in context["changed"]
     html = (lab_signoff_story["b"] / "report.html").read_text()
     first = html[html.index('id="first-screen"'):html.index('id="not-proven"')]
     assert "Acceptance reopened" in first
@@ -55,7 +61,8 @@ def test_diff_says_the_same(lab_signoff_story: dict[str, Any]) -> None:
     out = cli("diff", str(lab_signoff_story["a"]), str(lab_signoff_story["b"]))
     assert out.returncode == 0, out.stderr
     assert "reopen triggers fired: 2" in out.stdout
-    assert "context limit or concurrency: context_tokens: 1536 -> 1024" in out.stdout
+    before = contract_context(lab_signoff_story["a"])
+    assert before != 1024 and f"context limit or concurrency: context_tokens: {before} -> 1024" in out.stdout
     assert "recipe record: checked: 2026-11-30 -> 2026-12-01" in out.stdout
     same = cli("diff", str(lab_signoff_story["a"]), str(lab_signoff_story["a"]))
     assert "reopen triggers fired: none" in same.stdout

@@ -109,6 +109,25 @@ def test_kv_bound_waiting_is_kv_saturation() -> None:
     assert rules.kv_saturated([], 3, None, 2048, None)["kv_saturated"]  # a preemption means the cache was full
 
 
+def test_more_tokens_in_flight_than_the_cache_holds_is_kv_saturation_without_a_sample() -> None:
+    """The pressure lab's ramp step at concurrency 4 (records/ramp_c4.jsonl of a real run, 3,072 KV tokens,
+    blocks of 128): up to three contract-shaped requests in flight together in 1.76 s,
+    and no scrape caught them waiting."""
+    def rec(sent: float, end: float, prompt: int, status: str = "ok") -> dict:
+        return {"sent": sent, "end": end, "prompt_tokens": prompt, "completion_tokens": 64, "status": status}
+    step = [rec(6.66, 6.81, 255), rec(6.66, 7.22, 255), rec(6.66, 7.32, 1981), rec(6.66, 8.04, 1981),
+            rec(6.81, 8.04, 255), rec(7.22, 8.04, 1981), rec(7.32, 8.04, 255), rec(8.04, 8.4, 1981)]
+    assert rules.peak_inflight_tokens(step, 128) == 3 * 2048 + 384  # 7.22-7.32 s: 3 contracted, 1 short
+    assert rules.peak_inflight_tokens(step[:2] + [rec(6.7, 9.0, 1981, "error")], 128) == 768  # only answered ones
+    assert rules.peak_inflight_tokens([rec(0, 1, 1981), rec(1, 2, 1981)], 128) == 2048  # back to back, not together
+    quiet = [{"waiting": 0.0, "kv_usage": 0.0}]
+    over = rules.kv_saturated(quiet, 0, 3072, 2048, 128, demand_tokens=4864, queued_s=1.57)
+    assert over["kv_saturated"] and over["kv_demand_over_capacity"]
+    assert not rules.kv_saturated(quiet, 0, 3072, 2048, 128, demand_tokens=4864, queued_s=0.0)["kv_saturated"]
+    assert not rules.kv_saturated(quiet, 0, 524288, 2048, 128, demand_tokens=4864, queued_s=1.57)["kv_saturated"]
+    assert not rules.kv_saturated(quiet, 0, None, 2048, 128, demand_tokens=4864, queued_s=1.57)["kv_saturated"]
+
+
 def test_limits_are_proposed_verified_and_refuted() -> None:
     readout = readout_of(PRESSURE_LOG, PRESSURE_METRICS)
     proposed = rules.propose_limits(readout, 1, 4, 1984, 64, min_context_tokens=256)

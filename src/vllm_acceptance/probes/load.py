@@ -685,8 +685,11 @@ def run_step(run: LoadRun, stage: str, concurrency: int, context: int, seed0: in
     queue_p95 = histogram_quantile_delta(before, after, "vllm:request_queue_time_seconds", 0.95) if have else None
     mem = run.sampler.memory_window(start, end)
     samples = run.sampler.window(start, end)
+    block = run.readout.block_size
     sat = rules.kv_saturated(samples, preempted, run.readout.tokens,
-                             rules.tokens_per_session(context, cfg.max_output_tokens), run.readout.block_size)
+                             rules.tokens_per_session(context, cfg.max_output_tokens), block,
+                             demand_tokens=rules.peak_inflight_tokens([r.to_dict() for r in records], block),
+                             queued_s=total)
     row = step_row(concurrency, records, samples, preempted, cfg, queue_p95=queue_p95,
                    queue_time_mean_s=(total / count) if count and total is not None else None, **sat,
                    peak_memory_bytes=max(mem) if mem else None, context_tokens=context, stage=stage,

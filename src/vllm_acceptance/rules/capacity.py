@@ -99,17 +99,42 @@ def kv_bound(sample: dict[str, Any], kv_tokens: int | None, session_tokens: int,
     shape: admission is bound by the cache (vLLM queues rather than preempts when a prompt does not fit)."""
     if not kv_tokens or not sample.get("waiting") or sample.get("kv_usage") is None:
         return False
-    need = -(-session_tokens // block_size) * block_size if block_size else session_tokens
-    return (1.0 - sample["kv_usage"]) * kv_tokens < need
+    return (1.0 - sample["kv_usage"]) * kv_tokens < blocks_of(session_tokens, block_size)
+
+
+def blocks_of(tokens: int, block_size: int | None) -> int:
+    """Tokens rounded up to whole KV blocks (vLLM allocates a request's cache in blocks)."""
+    return -(-tokens // block_size) * block_size if block_size else tokens
+
+
+def peak_inflight_tokens(records: Sequence[dict[str, Any]], block_size: int | None) -> int:
+    """The most KV tokens the client's requests held at once: over the answered requests' send-to-end
+    intervals, the sum of (prompt + completion) tokens, in whole blocks, of those in flight together."""
+    events: list[tuple[float, int]] = []
+    for rec in records:
+        if rec.get("status") != "ok" or rec.get("sent") is None or rec.get("end") is None:
+            continue
+        need = blocks_of(int(rec.get("prompt_tokens") or 0) + int(rec.get("completion_tokens") or 0), block_size)
+        events += [(float(rec["sent"]), need), (float(rec["end"]), -need)]
+    peak = held = 0
+    for _, change in sorted(events, key=lambda e: (e[0], e[1])):  # an end before a send at the same instant
+        held += change
+        peak = max(peak, held)
+    return peak
 
 
 def kv_saturated(samples: Sequence[dict[str, Any]], preemptions: float | None, kv_tokens: int | None,
-                 session_tokens: int, block_size: int | None) -> dict[str, Any]:
+                 session_tokens: int, block_size: int | None, *, demand_tokens: int | None = None,
+                 queued_s: float | None = None) -> dict[str, Any]:
     """The step's KV cache was full: a preemption (vLLM preempts only when no block can be allocated),
-    usage at 100%, or requests waiting for want of free blocks."""
+    usage at 100%, requests seen waiting for want of free blocks, or (read without sampling, so that a
+    short step cannot slip between two scrapes) the client held more tokens in flight than the cache
+    has while the server's queue-time histogram grew: requests were admitted one cache-full at a time."""
     peak = max((s.get("kv_usage") or 0 for s in samples), default=0)
     bound = sum(kv_bound(s, kv_tokens, session_tokens, block_size) for s in samples)
-    return {"kv_saturated": bool(preemptions) or peak >= KV_FULL or bound > 0, "kv_bound_samples": bound}
+    over = bool(kv_tokens and demand_tokens and demand_tokens > kv_tokens and (queued_s or 0) > 0)
+    return {"kv_saturated": bool(preemptions) or peak >= KV_FULL or bound > 0 or over, "kv_bound_samples": bound,
+            "inflight_tokens_peak": demand_tokens, "kv_demand_over_capacity": over}
 
 
 def judge_kv_capacity(readout: KvReadout, concurrency: int, context_tokens: int, max_output_tokens: int, *,
