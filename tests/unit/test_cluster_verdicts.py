@@ -124,6 +124,19 @@ def test_reason_quotes_the_causal_line_not_dockers_help_hint() -> None:
     assert "out of memory" in causal_line(oom).lower()
 
 
+
+def test_no_access_or_info_line_is_quoted_as_a_cause() -> None:
+    """A SIGKILLed lab server's real log tail (tests/integration/test_load_probe_lab.py, killed mid-ramp) ends
+    in uvicorn access lines: none of them says why, so none is the cause."""
+    from vllm_acceptance.parsers.causal import causal_line
+
+    tail = ['INFO:     127.0.0.1:57484 - "POST /tokenize HTTP/1.1" 200 OK',
+            '(APIServer pid=4242) INFO 12-01 19:40:01 [loggers.py:123] Engine 000: Avg prompt throughput: 0.0',
+            'INFO:     127.0.0.1:57614 - "GET /metrics HTTP/1.1" 200 OK']
+    assert causal_line("\n".join(tail)) == ""
+    assert causal_line("\n".join([*tail, "Killed"])) == "Killed"
+    assert "500" in causal_line('INFO:     127.0.0.1:1 - "POST /v1/chat/completions HTTP/1.1" 500 Internal Server Error')
+
 def test_model_load_reason_quotes_the_runtime_refusal(tmp_path: Path) -> None:
     from vllm_acceptance.serve.stage import ServeFacts, model_load
 

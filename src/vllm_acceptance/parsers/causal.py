@@ -12,6 +12,9 @@ import re
 
 # Lines that are never the cause: usage hints and process-exit bookkeeping.
 _HINTS = re.compile(r"run '.*--help'|see '.*--help'|for more information|^\s*$|^\s*\^+\s*$", re.IGNORECASE)
+# Lines that say nothing about a failure when no line names one: an HTTP access line (uvicorn's
+# ``INFO:     127.0.0.1:57614 - "GET /metrics HTTP/1.1" 200 OK``) and routine INFO/DEBUG output (vLLM 0.11+ prefixes it with "(APIServer pid=N)").
+_ROUTINE = re.compile(r'"[A-Z]+ \S+ HTTP/[\d.]+" \d{3}|^(\(\w+ pid=\d+\)\s+)?(INFO|DEBUG)\b', re.IGNORECASE)
 # Strongest first: a line matching an earlier pattern wins over a later one.
 _CAUSES = (
     re.compile(r"unsatisfied condition|requirement error|out of memory|outofmemoryerror|oom-kill|killed process"
@@ -28,4 +31,5 @@ def causal_line(text: str | None, limit: int = 300) -> str:
         found = [line for line in lines if pattern.search(line)]
         if found:
             return found[-1][:limit]
-    return lines[-1][:limit] if lines else ""
+    telling = [line for line in lines if not _ROUTINE.search(line)]
+    return telling[-1][:limit] if telling else ""

@@ -582,8 +582,9 @@ def crash_finding(record: dict[str, Any], evidence: list[str]) -> Finding:
                           action=record.get("action") or "read the OOM record: at load -> weights/parallel "
                           "layout/topology; under KV growth -> context, concurrency, retention, prefill/decode "
                           "balance; adjust limits before adding GPUs")
+    # The log's telling line, else the first failed request's error (the later ones only find the port closed).
     cause = causal_line("\n".join(record.get("log_tail") or [])) or causal_line(
-        "\n".join(str(e) for e in record.get("errors") or []))
+        "\n".join(str(e) for e in (record.get("errors") or [])[:1]))
     return check.inconclusive(
         observed=observed, expected="the server survives every stage", evidence=evidence,
         reason=f"the server died in stage {stage} without an OOM signature: "
