@@ -135,7 +135,9 @@ def test_no_access_or_info_line_is_quoted_as_a_cause() -> None:
             'INFO:     127.0.0.1:57614 - "GET /metrics HTTP/1.1" 200 OK']
     assert causal_line("\n".join(tail)) == ""
     assert causal_line("\n".join([*tail, "Killed"])) == "Killed"
-    assert "500" in causal_line('INFO:     127.0.0.1:1 - "POST /v1/chat/completions HTTP/1.1" 500 Internal Server Error')
+    failed = 'INFO:     127.0.0.1:1 - "POST /v1/chat/completions HTTP/1.1" 500 Internal Server Error'
+    assert "500" in causal_line(failed)
+
 
 def test_model_load_reason_quotes_the_runtime_refusal(tmp_path: Path) -> None:
     from vllm_acceptance.serve.stage import ServeFacts, model_load

@@ -13,7 +13,8 @@ import re
 # Lines that are never the cause: usage hints and process-exit bookkeeping.
 _HINTS = re.compile(r"run '.*--help'|see '.*--help'|for more information|^\s*$|^\s*\^+\s*$", re.IGNORECASE)
 # Lines that say nothing about a failure when no line names one: an HTTP access line (uvicorn's
-# ``INFO:     127.0.0.1:57614 - "GET /metrics HTTP/1.1" 200 OK``) and routine INFO/DEBUG output (vLLM 0.11+ prefixes it with "(APIServer pid=N)").
+# ``INFO:     127.0.0.1:57614 - "GET /metrics HTTP/1.1" 200 OK``) and routine INFO/DEBUG output
+# (newer vLLM prefixes it with "(APIServer pid=N)").
 _ROUTINE = re.compile(r'"[A-Z]+ \S+ HTTP/[\d.]+" \d{3}|^(\(\w+ pid=\d+\)\s+)?(INFO|DEBUG)\b', re.IGNORECASE)
 # Strongest first: a line matching an earlier pattern wins over a later one.
 _CAUSES = (
