@@ -21,7 +21,7 @@ demo: venv lab-venv lab-model
 
 ## test: set up and run the whole suite (ruff, ansible-lint, pytest with the real lab vLLM)
 test: sysdeps venv lab-venv lab-model lint
-	$(VENV)/bin/pytest -ra $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -ra --durations=30 $(PYTEST_ARGS)
 
 ## rehearsal: accept.yml on simulated GB300 nodes (namespace sshd, container stand-in running the real lab vLLM);
 ## writes reports/rehearsal/summary.json, exits non-zero when a scenario's verdict or reasons differ; needs root
