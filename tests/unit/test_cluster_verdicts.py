@@ -13,6 +13,7 @@ from pathlib import Path
 
 from vllm_acceptance.core.findings import Consequence, Finding, Status, read_findings, write_findings
 from vllm_acceptance.core.profile import load_profile
+from vllm_acceptance.probes.after import judge_after_probes
 from vllm_acceptance.report.build import build_report
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures" / "reports"))
@@ -51,6 +52,10 @@ def test_soak_judged_from_node_gpu_memory_before_the_decision_flat_releases(tmp_
     soak_without_process_memory(run_dir)
     for host in samples.NODES:
         node_memory_stream(run_dir, host, [150000] * 8)
+    # The report assembles: until the step after the probes has judged the series, the soak stays unknown.
+    assert build_report(run_dir, load_profile(KIMI))["verdict"] == "incomplete"
+    assert judge_after_probes(run_dir)["changed"] == ["capacity.soak"]
+    assert judge_after_probes(run_dir)["status"] == "already_judged"  # once per run: the timeline is not doubled
     report = build_report(run_dir, load_profile(KIMI))
     soak = next(f for f in report["findings"] if f["check"] == "capacity.soak")
     assert soak["status"] == "pass"
@@ -63,6 +68,7 @@ def test_soak_gpu_memory_rise_on_one_gpu_is_expand_capacity(tmp_path: Path) -> N
     soak_without_process_memory(run_dir)
     node_memory_stream(run_dir, samples.NODES[0], [150000] * 8)
     node_memory_stream(run_dir, samples.NODES[1], [100000, 110000, 130000, 150000, 170000, 190000, 200000, 207000])
+    judge_after_probes(run_dir)
     report = build_report(run_dir, load_profile(KIMI))
     soak = next(f for f in report["findings"] if f["check"] == "capacity.soak")
     assert soak["status"] == "fail"
@@ -74,6 +80,7 @@ def test_soak_gpu_memory_rise_on_one_gpu_is_expand_capacity(tmp_path: Path) -> N
 def test_soak_without_any_memory_source_stays_incomplete(tmp_path: Path) -> None:
     run_dir = samples.make_run("release", tmp_path)
     soak_without_process_memory(run_dir)
+    assert judge_after_probes(run_dir)["changed"] == []
     report = build_report(run_dir, load_profile(KIMI))
     assert report["verdict"] == "incomplete"
     assert "capacity.soak" in report["missing"]
@@ -201,6 +208,8 @@ def test_container_oom_seen_only_in_the_log_after_the_probes(tmp_path: Path) -> 
     after = run_dir / "evidence" / "serve" / "after-probes"
     after.mkdir(parents=True)
     (after / "gb300-node1.log").write_text(f"INFO ramp\n{OOM_LINE}\n")
+    assert build_report(run_dir, load_profile(KIMI))["verdict"] == "incomplete"  # the report does not re-judge
+    assert judge_after_probes(run_dir)["changed"] == ["capacity.crash"]
     report = build_report(run_dir, load_profile(KIMI))
     assert report["verdict"] == "expand_capacity", report["verdict_reasons"]
     crash = next(f for f in report["findings"] if f["check"] == "capacity.crash")
@@ -423,16 +432,20 @@ def test_fabric_manager_without_an_answering_nvidia_smi_is_missing_not_pass(tmp_
 def test_gpu_memory_rise_fails_a_soak_that_passed_on_the_server_process_memory(tmp_path: Path) -> None:
     """Attached with the server's pid: host RSS flat, one GPU leaking. The GPU decides (found by the
     rehearsal: a rising GPU stream ended release)."""
-    run_dir = samples.make_run("release", tmp_path)
-    soak_without_process_memory(run_dir)
-    path = run_dir / "findings" / "load.json"
-    findings = read_findings(path)
-    for f in findings:
-        if f.check == "capacity.soak":
-            f.status, f.observed = Status.PASS, {**f.observed, "memory_growth_pct": 0.3, "memory_samples": 38}
-    write_findings(path, findings)
-    node_memory_stream(run_dir, samples.NODES[0], [100000, 110000, 130000, 150000, 170000, 190000, 200000, 207000])
-    report = build_report(run_dir, load_profile(KIMI))
+    def attached_run(name: str, gpu_mib: list[int]) -> Path:
+        run_dir = samples.make_run("release", tmp_path / name)
+        soak_without_process_memory(run_dir)
+        path = run_dir / "findings" / "load.json"
+        findings = read_findings(path)
+        for f in findings:
+            if f.check == "capacity.soak":
+                f.status, f.observed = Status.PASS, {**f.observed, "memory_growth_pct": 0.3, "memory_samples": 38}
+        write_findings(path, findings)
+        node_memory_stream(run_dir, samples.NODES[0], gpu_mib)
+        judge_after_probes(run_dir)
+        return run_dir
+
+    leaking = attached_run("leak", [100000, 110000, 130000, 150000, 170000, 190000, 200000, 207000])
+    report = build_report(leaking, load_profile(KIMI))
     assert report["verdict"] == "expand_capacity", report["verdict_reasons"]
-    node_memory_stream(run_dir, samples.NODES[0], [150000] * 8)
-    assert build_report(run_dir, load_profile(KIMI))["verdict"] == "release"
+    assert build_report(attached_run("flat", [150000] * 8), load_profile(KIMI))["verdict"] == "release"

@@ -18,10 +18,7 @@ from typing import Any
 from ..core.findings import Consequence, Finding, Status, missing, read_findings
 from ..core.profile import Profile
 from ..monitoring.generate import monitoring_summary
-from ..parsers.gpu_memory import memory_rows
-from ..probes.load import OOM_MARKERS, judge_soak_gpu_memory
 from ..rebuild.remediation import isolated_environment_record, route_for_report
-from ..rules.capacity import stage_peaks
 from ..rules.registry import get as catalog_get
 from ..verdict import IMMEDIATE_ACTION, REOPEN_TRIGGERS, ROLLBACK_TRIGGERS, Decision, annotate, decide, traffic_gates
 from .environment import environment_summary
@@ -126,10 +123,8 @@ def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
     unreachable = sorted(run.get("unreachable_hosts", []))
     stages = {p.stem: read_json(p) for p in sorted((run_dir / "stages").glob("*.json"))} \
         if (run_dir / "stages").is_dir() else {}
-    # The soak of a server without a local process (container, attach, another node) is judged from the
-    # per-GPU memory sampled on the nodes, before the decision reads it.
-    findings = judge_soak_from_nodes(run_dir, findings, stages)
-    findings = crash_from_server_log(run_dir, findings)
+    # The nodes' GPU memory and the servers' logs after the probes were judged into the load stage by
+    # probes/after.py (playbooks/probes.yml): the report assembles, it does not judge them again.
     decision = decide(findings, experimental=profile.experimental, unreachable_hosts=unreachable)
     overrides = probe_overrides(profile, (run.get("inventory_vars") or {}).get("acceptance_probe_overrides"))
     tested_on_overrides(decision, overrides, findings)
@@ -216,55 +211,6 @@ def server_state(teardown: Any) -> dict[str, Any]:
              "attached": f"attached to {teardown.get('base_url')}: not launched by this run, left running",
              "not_launched": "no server was launched"}
     return {**teardown, "state": action, "text": texts.get(str(action), f"unknown teardown action {action!r}")}
-
-
-def judge_soak_from_nodes(run_dir: Path, findings: list[Finding], stages: dict[str, Any]) -> list[Finding]:
-    """capacity.soak left inconclusive for want of process memory, judged on the per-GPU series."""
-    gpu_rows = merge_gpu_memory(run_dir, stages)
-    if not gpu_rows:
-        return findings
-    findings = [judge_soak_gpu_memory(f, gpu_rows) if f.check == "capacity.soak" else f for f in findings]
-    for f in findings:
-        if f.check == "capacity.soak" and stages["load"].get("memory_evidence"):
-            f.evidence = sorted(set(f.evidence) | set(stages["load"]["memory_evidence"]))
-    return findings
-
-
-AFTER_PROBES_LOGS = "evidence/serve/after-probes"
-
-
-def crash_from_server_log(run_dir: Path, findings: list[Finding]) -> list[Finding]:
-    """A server in a container or on another node dies under load with its OOM line in its own log,
-    which the load probe cannot read: the log taken after the probes (evidence/serve/after-probes/)
-    turns a crash without a signature into the OOM it was, the line quoted. No OOM line, no change."""
-    logs = sorted((run_dir / AFTER_PROBES_LOGS).glob("*.log")) if (run_dir / AFTER_PROBES_LOGS).is_dir() else []
-    if not logs:
-        return findings
-    for finding in findings:
-        if finding.check != "capacity.crash" or finding.status != Status.INCONCLUSIVE:
-            continue
-        oom = [(path, line.strip()) for path in logs for line in path.read_text(errors="replace").splitlines()
-               if any(m in line.lower() for m in OOM_MARKERS)]
-        if oom:
-            finding.status = Status.FAIL
-            finding.observed = {**(finding.observed or {}), "kind": "oom", "oom_lines": [line for _, line in oom[-3:]]}
-            finding.reason = (f"OOM in stage {(finding.observed or {}).get('stage')} (server log after the probes): "
-                              + oom[-1][1][:300])
-            finding.evidence = sorted(set(finding.evidence) | {str(p.relative_to(run_dir)) for p, _ in oom})
-    return findings
-
-
-def merge_gpu_memory(run_dir: Path, stages: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per-GPU memory sampled on the nodes (evidence/memory/*.csv) joins the load stage's timeline."""
-    rows = memory_rows(run_dir)
-    if not rows or not isinstance(stages.get("load"), dict):
-        return []
-    stages["load"]["memory_timeline"] = list(stages["load"].get("memory_timeline") or []) + rows
-    ready_at = (stages.get("serve") or {}).get("judged_at") if isinstance(stages.get("serve"), dict) else None
-    stages["load"]["memory_peaks_by_stage"] = stage_peaks(rows, ready_at, stages["load"].get("stage_bounds") or [])
-    stages["load"]["memory_evidence"] = [f"evidence/memory/{p.name}"
-                                         for p in sorted((run_dir / "evidence" / "memory").glob("*.csv"))]
-    return rows
 
 
 def scenario_version(profile: Profile) -> str | None:

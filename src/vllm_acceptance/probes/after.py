@@ -1,0 +1,100 @@
+"""After the probes: what the nodes recorded while the load ran, judged into the load stage's artefacts.
+
+Two things the load probe cannot see from the controller are fetched from the nodes only once the probes
+are done (playbooks/probes.yml): the per-GPU memory series sampled on every GPU node
+(``evidence/memory/<host>.csv``, the gpu_memory_sampler role) and the log of a server in a container or on
+another node (``evidence/serve/after-probes/<host>.log``). This step judges them, once, into
+``findings/load.json`` and ``stages/load.json`` (docs/checks.md ``capacity.soak``, ``capacity.crash``):
+
+- the soak of a server without a local process is judged on the per-GPU series (and one that passed on the
+  process's memory alone can fail on it);
+- a crash the probe left without a signature becomes the OOM it was when the server's own log says so.
+
+The report only assembles what the stages wrote; it does not judge these again.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+from ..core.findings import Finding, Status
+from ..core.rundir import RunDir
+from ..parsers.gpu_memory import memory_rows
+from ..rules.capacity import stage_peaks
+from .load import OOM_MARKERS, judge_soak_gpu_memory
+
+STAGE = "load"
+AFTER_PROBES_LOGS = "evidence/serve/after-probes"
+MEMORY_DIR = "evidence/memory"
+
+
+def judge_after_probes(run_dir: Path) -> dict[str, Any]:
+    """Judge the nodes' memory series and the servers' logs into the load stage, once per run.
+
+    Returns what was done (``status``: ``judged``, ``already_judged`` or ``no_load_stage``)."""
+    run = RunDir.existing(run_dir)
+    details, findings = run.stage(STAGE), run.findings(STAGE)
+    if not isinstance(details, dict) or findings is None:
+        return {"status": "no_load_stage", "changed": []}
+    if details.get("after_probes"):
+        return {"status": "already_judged", "changed": [], **details["after_probes"]}
+    before = {f.check: f.status for f in findings}
+    rows = merge_gpu_memory(run.path, details)
+    if rows:
+        findings = soak_from_node_memory(findings, rows, details.get("memory_evidence") or [])
+    logs = server_logs(run.path)
+    findings = crash_from_server_logs(run.path, findings, logs)
+    changed = sorted(f.check for f in findings if before.get(f.check) != f.status)
+    details["after_probes"] = {"judged_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                               "memory_rows": len(rows), "server_logs": [str(p.relative_to(run.path)) for p in logs],
+                               "changed": changed}
+    run.write_findings(STAGE, findings)
+    run.write_stage(STAGE, details)
+    return {"status": "judged", **details["after_probes"]}
+
+
+def merge_gpu_memory(run_dir: Path, details: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per-GPU memory sampled on the nodes joins the load stage's timeline and its per-stage peaks."""
+    rows = memory_rows(run_dir)
+    if not rows:
+        return []
+    details["memory_timeline"] = list(details.get("memory_timeline") or []) + rows
+    serve = RunDir.existing(run_dir).stage("serve")
+    ready_at = serve.get("judged_at") if isinstance(serve, dict) else None
+    details["memory_peaks_by_stage"] = stage_peaks(rows, ready_at, details.get("stage_bounds") or [])
+    details["memory_evidence"] = [f"{MEMORY_DIR}/{p.name}" for p in sorted((run_dir / MEMORY_DIR).glob("*.csv"))]
+    return rows
+
+
+def soak_from_node_memory(findings: list[Finding], rows: list[dict[str, Any]], evidence: list[str]) -> list[Finding]:
+    """capacity.soak judged on the per-GPU series over its window, the series cited as its evidence."""
+    judged = [judge_soak_gpu_memory(f, rows) if f.check == "capacity.soak" else f for f in findings]
+    for finding in judged:
+        if finding.check == "capacity.soak" and evidence:
+            finding.evidence = sorted(set(finding.evidence) | set(evidence))
+    return judged
+
+
+def server_logs(run_dir: Path) -> list[Path]:
+    folder = run_dir / AFTER_PROBES_LOGS
+    return sorted(folder.glob("*.log")) if folder.is_dir() else []
+
+
+def crash_from_server_logs(run_dir: Path, findings: list[Finding], logs: list[Path]) -> list[Finding]:
+    """A crash without a signature turns into the OOM it was when a server's own log has the OOM line
+    (quoted, the log cited). No OOM line, no change: the crash stays inconclusive."""
+    oom = [(path, line.strip()) for path in logs for line in path.read_text(errors="replace").splitlines()
+           if any(marker in line.lower() for marker in OOM_MARKERS)]
+    if not oom:
+        return findings
+    for finding in findings:
+        if finding.check != "capacity.crash" or finding.status != Status.INCONCLUSIVE:
+            continue
+        finding.status = Status.FAIL
+        finding.observed = {**(finding.observed or {}), "kind": "oom", "oom_lines": [line for _, line in oom[-3:]]}
+        finding.reason = (f"OOM in stage {(finding.observed or {}).get('stage')} (server log after the probes): "
+                          + oom[-1][1][:300])
+        finding.evidence = sorted(set(finding.evidence) | {str(p.relative_to(run_dir)) for p, _ in oom})
+    return findings
