@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from vllm_acceptance.core.findings import Consequence, Finding, Status
 from vllm_acceptance.probes.load import LoadProbeConfig, judge_soak_gpu_memory, knee_of, meets_slo
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def row(c: int, ok: bool = True, ttft: float = 0.2, preempt: float = 0, errors: float = 0.0) -> dict:
@@ -52,3 +56,25 @@ def test_soak_stays_inconclusive_without_samples_in_its_window() -> None:
     outside = gpu_rows("gpu0@n1", [100] * 8, start=500.0)
     assert judge_soak_gpu_memory(soak(), outside).status == Status.INCONCLUSIVE
     assert judge_soak_gpu_memory(soak("fail"), gpu_rows("gpu0@n1", [1] * 8)).status == Status.FAIL
+
+
+def test_unreadable_metrics_leave_the_load_stage_missing_never_a_pass(tmp_path: Path) -> None:
+    """A metrics URL that answers nothing (a closed port here): without running/waiting/KV/preemption
+    counters no step can be judged, so the probe sends no load and files capacity.metrics as missing."""
+    import socket
+
+    from vllm_acceptance.core.evidence import EvidenceStore
+    from vllm_acceptance.core.profile import load_profile
+    from vllm_acceptance.probes.load import run_load_probe
+    from vllm_acceptance.probes.metrics import DirectMetrics
+    from vllm_acceptance.verdict import decide
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = LoadProbeConfig.from_profile(load_profile(REPO / "profiles" / "cpu-lab.yml"), {}, model="tiny-agent")
+    metrics = DirectMetrics(f"http://127.0.0.1:{port}/metrics", timeout_s=2)
+    findings, details = run_load_probe(f"http://127.0.0.1:{port}/v1", metrics, cfg, EvidenceStore(tmp_path))
+    assert [(f.check, f.status) for f in findings] == [("capacity.metrics", Status.MISSING)]
+    assert f"127.0.0.1:{port}/metrics" in findings[0].reason and details == {}
+    assert decide(findings).verdict == "incomplete"
