@@ -102,3 +102,19 @@ def test_cli_lists_the_catalog_as_json(capsys: pytest.CaptureFixture[str]) -> No
     assert cli.main(["checks", "--family", "cache"]) == 0
     table = capsys.readouterr().out
     assert "cache.hot_reuse" in table and "compat.driver_branch" not in table
+
+
+def test_every_registered_check_is_produced_somewhere() -> None:
+    """A catalog entry no code builds is a check that can neither pass nor fail. Ids are found as literals in
+    the package and the modules; the probe-stopped ids are built from probes/run.py's FAMILY table."""
+    from vllm_acceptance.probes.run import FAMILY
+    from vllm_acceptance.rules import registry
+
+    src = Path(__file__).resolve().parents[2]
+    text = "\n".join(p.read_text() for base in ("src/vllm_acceptance", "plugins") for p in (src / base).rglob("*.py")
+                     if p.name != "catalog.py")
+    built = {f"{family}.probe" for family in FAMILY.values()}
+    assert built <= set(registry.CHECKS)
+    unproduced = [cid for cid in sorted(registry.CHECKS) if cid not in built
+                  and f'"{cid}"' not in text and f"'{cid}'" not in text]
+    assert not unproduced, f"registered but never built: {unproduced}"

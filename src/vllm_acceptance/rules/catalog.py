@@ -367,6 +367,11 @@ register("agent.timeouts", stage="agent", consequence=AGENT,
 
 # --- capacity under load -------------------------------------------------------------------------
 
+register("capacity.probe", stage="load", consequence=EXPAND,
+         title="Load probe ran",
+         rule="the load probe ran to its end and wrote its result",
+         evidence="findings/load.json, stages/load.json",
+         source="000: capacity under load, stage by stage")
 register("capacity.load", stage="load", consequence=EXPAND,
          title="Load stage ran",
          rule="the load stage wrote findings/load.json for this run",
