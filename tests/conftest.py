@@ -93,6 +93,23 @@ def lab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
     stop_lab(server)
 
 
+# docs/lab.md's pressure configuration: 24 KV blocks (3,072 tokens) and 4 sequences on the tiny model.
+PRESSURE_ARGS = "--max-num-seqs 4 --num-gpu-blocks-override 24"
+
+
+@pytest.fixture(scope="session")
+def lab_pressure_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
+    """One real lab vLLM in the pressure configuration for the session (the capacity stage and the monitoring
+    test share it; neither restarts or kills it)."""
+    reason = lab_skip_reason()
+    if reason:
+        _skip_or_fail(reason)
+    port = int(os.environ.get("LAB_TEST_PORT_PRESSURE", "8024")) + int(os.environ.get("LAB_PORT_OFFSET", "0"))
+    server = start_lab(tmp_path_factory.mktemp("lab-pressure"), port=port, extra_args=PRESSURE_ARGS)
+    yield server
+    stop_lab(server)
+
+
 @pytest.fixture(scope="session")
 def k3_lab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
     """A real lab vLLM serving the Kimi K3 variant through vLLM's kimi_k3 tool and reasoning parsers."""

@@ -84,11 +84,11 @@ def test_normal_lab_holds_the_contract_with_knee_and_headroom(lab_server, tmp_pa
     assert "capacity.loadgen" in statuses and (tmp_path / "client.json").is_file()
 
 
-def test_pressure_configuration_fails_kv_capacity_and_verifies_a_limit(lab_server_factory, tmp_path: Path) -> None:
+def test_pressure_configuration_fails_kv_capacity_and_verifies_a_limit(lab_pressure_server, tmp_path: Path) -> None:
     """--max-num-seqs 4 --num-gpu-blocks-override 24 (3,072 KV tokens) with the default cpu-lab contract
     (4 x (1,984 + 64) = 8,192 tokens): the readout fails the contract with its numbers, the ramp at the
     contracted shape waits on a full cache, and the run at the proposed limit decides the verdict."""
-    server = lab_server_factory("--max-num-seqs 4 --num-gpu-blocks-override 24", port=8024)
+    server = lab_pressure_server
     started = time.time()
     proc = subprocess.run(cli("--base-url", server.base_url, "--out", str(tmp_path), "--server-pid", str(server.pid),
                               "--server-log", str(server.log_path), "--set", "load.soak_s=5"),

@@ -7,7 +7,6 @@ configuration at the accepted concurrency keeps them silent.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import threading
@@ -30,8 +29,6 @@ from support.prom import Prometheus
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.lab
-PRESSURE_ARGS = "--max-num-seqs 4 --num-gpu-blocks-override 24"
-PRESSURE_PORT = int(os.environ.get("MONITORING_PRESSURE_PORT", "8047"))
 CAPACITY_ALERTS = {"VllmRequestsWaiting", "VllmKvCacheUsageHigh", "VllmPreemptions"}
 SILENT_TOO = {"VllmRunningAboveAccepted", "VllmRestarted", "VllmTargetDown", "VllmRequestErrors"}
 
@@ -89,11 +86,11 @@ def vllm_names(rules: dict[str, Any]) -> set[str]:
 
 
 def test_alerts_fire_under_pressure_and_stay_silent_under_the_normal_configuration(
-        lab_server, lab_server_factory, tmp_path: Path) -> None:
+        lab_server, lab_pressure_server, tmp_path: Path) -> None:
     if shutil.which("prometheus") is None:
         pytest.skip("prometheus not installed: apt-get install prometheus (make test does)")
     t0 = time.time()
-    pressure = lab_server_factory(PRESSURE_ARGS, port=PRESSURE_PORT)
+    pressure = lab_pressure_server
     started = time.time()
     report = accepted_report(lab_server, tmp_path)
     rules = generate_rules(report, load_profile(REPO / "profiles" / "cpu-lab.yml"), for_s=3, window_s=60)
