@@ -112,8 +112,10 @@ def stop(proc: subprocess.Popen) -> str:
     return out
 
 
-def test_hung_requests_during_the_agent_probe_are_named_and_never_pass(lab_server_factory, tmp_path: Path) -> None:
-    server = lab_server_factory("", port=8072)
+# The hung-request faults sit in the gateway, not the server: they run against the session's lab server,
+# which answers every request the gateway forwards (only the kill test needs a server of its own).
+def test_hung_requests_during_the_agent_probe_are_named_and_never_pass(lab_server, tmp_path: Path) -> None:
+    server = lab_server
     # The 2nd chat request (one of the concurrent tool-call turns, not streamed) gets no byte; the 301st
     # (the streamed half of the stream check, after the 299 turns the 1 % threshold needs and the plain
     # half) gets its first chunk and then silence. Both are held far past the timeout.
@@ -166,9 +168,8 @@ def test_hung_requests_during_the_agent_probe_are_named_and_never_pass(lab_serve
     assert decide(findings).verdict != "release"
 
 
-def test_a_hung_request_during_the_cache_probe_is_named_and_its_session_dropped(lab_server_factory,
-                                                                                  tmp_path: Path) -> None:
-    server = lab_server_factory("", port=8073)
+def test_a_hung_request_during_the_cache_probe_is_named_and_its_session_dropped(lab_server, tmp_path: Path) -> None:
+    server = lab_server
     # The 2nd chat request of the protocol (session 1, hot A; streamed) gets its first chunk, then silence.
     gateway, url = start_gateway(server.base_url, "--mode", "stall_nth", "--nth", "2", "--stall-s", "3600")
     out = tmp_path / "cache"
@@ -205,8 +206,8 @@ def test_a_hung_request_during_the_cache_probe_is_named_and_its_session_dropped(
     assert result["status"] == "inconclusive"  # but the probe as a whole is not a pass
 
 
-def test_a_hung_request_in_the_load_ramp_is_counted_and_named(lab_server_factory, tmp_path: Path) -> None:
-    server = lab_server_factory("", port=8074)
+def test_a_hung_request_in_the_load_ramp_is_counted_and_named(lab_server, tmp_path: Path) -> None:
+    server = lab_server
     # Chat requests through the gateway: #1 the long prompt, #2 and #3 the context contract (at the
     # contracted window, then one token over it), #4 the first request of the ramp's concurrency-1 step:
     # streamed, it gets its first chunk and then silence.
