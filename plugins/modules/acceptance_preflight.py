@@ -44,6 +44,17 @@ options:
     description: File name under C(<run_dir>/findings/).
     type: str
     default: preflight.json
+  cluster:
+    description:
+      - C(judge) only. Every GPU node of the cluster when I(hosts) are some of its members re-checked after a
+        change (playbooks/tasks/rebuild_node.yml) - they are judged with the cluster's expectations (multi-node:
+        peer memory, RDMA).
+    type: list
+    elements: str
+  reference_run_dir:
+    description: C(judge) with I(cluster) only. Run directory holding the other members' preflight evidence (topology,
+      image uniformity).
+    type: path
 extends_documentation_fragment:
   - acceptance
   - acceptance.profile
@@ -165,7 +176,8 @@ def run_judge(module: AcceptanceModule) -> None:
     params = module.params
     run, profile = module.run(), module.profile()
     hosts = params["hosts"]
-    findings = module.guard(judge, run.path, profile, hosts)
+    findings = module.guard(judge, run.path, profile, hosts, cluster=params["cluster"],
+                            reference_run_dir=params["reference_run_dir"])
     down = unreachable(run.path, hosts)
     stage = params["findings_name"].removesuffix(".json")
     path = run.findings_path(stage)
@@ -192,6 +204,8 @@ def main() -> None:
             "action": {"type": "str", "choices": ["judge", "unpack"], "default": "judge"},
             "hosts": {"type": "list", "elements": "str"},
             "findings_name": {"type": "str", "default": "preflight.json"},
+            "cluster": {"type": "list", "elements": "str"},
+            "reference_run_dir": {"type": "path"},
             "nodes": {"type": "dict"},
             "secrets": {"type": "list", "elements": "str", "default": [], "no_log": True},
         },

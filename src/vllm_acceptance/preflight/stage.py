@@ -42,11 +42,12 @@ _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:@-]*")
 
 def node_contexts(run_dir: Path, profile: Profile, hosts: list[str],
                   startup_scans: dict[str, StartupScan] | None = None,
-                  plan: LaunchedPlan | None = None) -> list[NodeContext]:
+                  plan: LaunchedPlan | None = None, n_hosts: int | None = None) -> list[NodeContext]:
     startup_scans = startup_scans or {}
     plan = plan or plan_of_run(Path(run_dir), profile)
     justification = dmabuf_justification(plan)
-    return [NodeContext(evidence=load_node_evidence(Path(run_dir), host), profile=profile, n_hosts=len(hosts),
+    return [NodeContext(evidence=load_node_evidence(Path(run_dir), host), profile=profile,
+                        n_hosts=n_hosts or len(hosts),
                         startup_scan=startup_scans.get(host) or justification, plan=plan) for host in hosts]
 
 
@@ -62,10 +63,19 @@ def dmabuf_justification(plan: LaunchedPlan) -> StartupScan | None:
 
 
 def judge(run_dir: Path, profile: Profile, hosts: list[str], *, today: dt.date | None = None,
-          startup_scans: dict[str, StartupScan] | None = None) -> list[Finding]:
+          startup_scans: dict[str, StartupScan] | None = None, cluster: list[str] | None = None,
+          reference_run_dir: Path | None = None) -> list[Finding]:
     """Every compatibility finding of the run: the recipe record once, each rule per host, the
-    cluster topology and image uniformity once. A host without evidence gets `missing` for each required check."""
+    cluster topology and image uniformity once. A host without evidence gets `missing` for each required check.
+
+    cluster / reference_run_dir: judge `hosts` (fresh evidence in run_dir) as members of `cluster`, with
+    the cluster's expectations (multi-node: peer memory, RDMA); the topology and image uniformity
+    take the other members' evidence from reference_run_dir (a node re-checked after its change,
+    playbooks/tasks/rebuild_node.yml)."""
     hosts = list(dict.fromkeys(hosts))          # keep order, drop repeats
+    if cluster:
+        return _judge_in_cluster(run_dir, profile, hosts, list(dict.fromkeys(cluster)), reference_run_dir,
+                                 today=today, startup_scans=startup_scans)
     record_profile(run_dir, profile)            # also when preflight.yml runs on its own
     findings = [check_recipe_record(profile, today)]
     if profile.has_gpus and not hosts:
@@ -80,6 +90,25 @@ def judge(run_dir: Path, profile: Profile, hosts: list[str], *, today: dt.date |
     if contexts:
         findings.append(check_topology(contexts, profile, plan))
         findings.append(check_image_uniform(contexts))
+    return findings
+
+
+def _judge_in_cluster(run_dir: Path, profile: Profile, hosts: list[str], cluster: list[str],
+                      reference_run_dir: Path | None, *, today: dt.date | None,
+                      startup_scans: dict[str, StartupScan] | None) -> list[Finding]:
+    record_profile(run_dir, profile)
+    findings = [check_recipe_record(profile, today)]
+    plan = plan_of_run(Path(run_dir), profile)
+    size = len(set(cluster) | set(hosts))
+    contexts = node_contexts(run_dir, profile, hosts, startup_scans, plan, n_hosts=size)
+    for ctx in contexts:
+        findings.extend(rule(ctx) for rule in NODE_RULES)
+    others = [h for h in cluster if h not in hosts]
+    if reference_run_dir is not None and others:
+        contexts = contexts + node_contexts(Path(reference_run_dir), profile, others, startup_scans, plan,
+                                            n_hosts=size)
+    findings.append(check_topology(contexts, profile, plan))
+    findings.append(check_image_uniform(contexts))
     return findings
 
 

@@ -37,6 +37,7 @@ from ..core.profile import ConfigError, Profile, validate_document
 from ..parsers.base import version_at_least
 from ..parsers.driver import branch_of, parse_fabricmanager_version, parse_proc_version
 from ..parsers.lsmod import parse_lsmod
+from ..parsers.node_evidence import load_node_evidence
 from ..parsers.nvidia_smi import parse_query_csv
 
 DRIVER_UPGRADE = "driver_upgrade"
@@ -56,14 +57,21 @@ TITLES = {
 
 # Node-level checks whose failure after a change stops the roll (everything the node's own
 # evidence judges; the NCCL bandwidth and startup log belong to later stages).
-NODE_CHECKS_SKIPPED_AFTER_CHANGE = {"compat.startup_log", "compat.nccl_bandwidth"}
+NODE_CHECKS_SKIPPED_AFTER_CHANGE = {"compat.startup_log", "interconnect.nccl_bandwidth"}
 # A rollback returns a node to its recorded (old) driver: these must still hold.
 ROLLBACK_REQUIRED = ("compat.driver_module", "compat.gpu_visibility", "compat.fabric_manager",
-                     "compat.state_snapshot")
+                     "compat.state_snapshot", "compat.peermem")
 
 # The captured state must hold at least these (source 001: hostname, uname -a, nvidia-smi, the
-# driver version) for a rollback target to be known.
+# driver version) for an upgrade to start from a known state.
 CAPTURE_REQUIRED = ("hostname", "uname_a", "nvidia_smi", "nvidia_smi_query")
+# A rollback starts from a node that may be broken: the package database and some driver evidence
+# (the loaded module's version file, or nvidia-smi's answer whatever its exit status) are enough;
+# a failing nvidia-smi is the evidence of the broken state, kept with its output and exit status.
+ROLLBACK_CAPTURE_REQUIRED = ("hostname", "packages")
+ROLLBACK_SCOPES = ("failed", "all")
+# Preflight evidence older than this does not prove today's incompatibility (profile remediation.evidence_max_age_h).
+DEFAULT_EVIDENCE_MAX_AGE_H = 72
 
 
 # --- the route checklist (source 001 "Чек-лист выбора маршрута") -----------------------------
@@ -313,6 +321,9 @@ class EntryDecision:
     hosts: list[str]
     rollback_versions: dict[str, str | None]
     current_versions: dict[str, str | None] = field(default_factory=dict)
+    # Rollback: the nodes it changes (host -> why), and per target what it restores.
+    targets: dict[str, str] = field(default_factory=dict)
+    restore: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -340,14 +351,21 @@ def parse_window(text: str) -> tuple[dt.datetime, dt.datetime]:
 def entry_conditions(findings: Iterable[Finding] | None, *, hosts: list[str], maintenance_window: str | None,
                      captures: Mapping[str, Mapping[str, Any]], rollback_plan: str | None,
                      kind: str = "upgrade", recorded: Mapping[str, Mapping[str, Any]] | None = None,
-                     now: dt.datetime | None = None) -> EntryDecision:
+                     now: dt.datetime | None = None, findings_path: Path | None = None,
+                     evidence_max_age_h: float = DEFAULT_EVIDENCE_MAX_AGE_H,
+                     upgrade_record: Mapping[str, Any] | None = None, scope: str = "failed") -> EntryDecision:
     """Checked before anything changes (source 001's checklist). kind 'upgrade' needs preflight
-    evidence of the driver incompatibility; 'rollback' needs the recorded version of every host.
-    Both need an open maintenance window, a usable state capture of every host and a recorded
-    rollback path. `captures`: each host's state now; `recorded` (rollback): the state captured
-    before the upgrade, whose driver version the rollback returns to (default: `captures`)."""
+    evidence of the driver incompatibility on every node to be changed, from these nodes and recent
+    (`evidence_binding`); 'rollback' needs the recorded version and packages of every node it changes
+    (`rollback_targets` by `scope`), and accepts a broken node's capture (a failing nvidia-smi is the
+    evidence of its state). Both need an open maintenance window, a capture of every node and a
+    recorded rollback path. `captures`: each host's state now; `recorded` (rollback): the state captured
+    before the upgrade, whose driver version and packages the rollback returns to (default: `captures`)."""
     now = now or dt.datetime.now(dt.UTC)
     conditions: list[Condition] = []
+    recorded = captures if recorded is None else recorded
+    changed = list(hosts)
+    targets: dict[str, str] = {}
     if kind == "upgrade":
         incompat = driver_incompatibility(findings or [])
         detail = (", ".join(f"{h}: {incompat.versions[h]}" for h in incompat.confirmed_hosts)
@@ -357,21 +375,44 @@ def entry_conditions(findings: Iterable[Finding] | None, *, hosts: list[str], ma
                    + (": " + "; ".join(incompat.notes) if incompat.notes else "")))
         conditions.append(Condition("incompatibility_confirmed", "preflight evidence confirms a driver below the "
                                     "profile's minimum (not a model or auth error)", incompat.confirmed, detail))
+        if incompat.confirmed:
+            conditions.append(evidence_binding(findings_path, changed, captures, incompat.confirmed_hosts,
+                                               max_age_h=evidence_max_age_h, now=now))
+    else:
+        targets = rollback_targets(hosts, captures, recorded, upgrade_record, scope)
+        changed = [h for h in hosts if h in targets]
+        conditions.append(Condition("rollback_targets", f"nodes to roll back (scope {scope})", True,
+                                    "; ".join(f"{h}: {why}" for h, why in targets.items())
+                                    or "none: every node is at its recorded state or out of scope"))
     conditions.append(_window_condition(maintenance_window, now))
-    conditions.append(_capture_condition(hosts, captures))
-    recorded = captures if recorded is None else recorded
-    versions = {h: (recorded.get(h) or {}).get("driver_version") for h in hosts}
+    conditions.append(_capture_condition(changed, captures, kind))
+    versions = {h: (recorded.get(h) or {}).get("driver_version") for h in changed}
     current = {h: (captures.get(h) or {}).get("driver_version") for h in hosts}
     plan = str(rollback_plan or "").strip()
     no_version = [h for h, v in versions.items() if not v]
-    conditions.append(Condition("rollback_recorded", "a rollback path is recorded (plan + each node's current "
-                                "driver version from the captured state)", bool(plan) and not no_version,
+    no_packages = [h for h in changed if kind == "rollback" and not (recorded.get(h) or {}).get("packages")]
+    conditions.append(Condition("rollback_recorded", "a rollback path is recorded (plan + each node's driver "
+                                "version and packages from the captured state)",
+                                bool(plan) and not no_version and not no_packages,
                                 (f"plan: {plan}" if plan else "rebuild_rollback_plan is empty")
-                                + (f"; no recorded driver version for {no_version}" if no_version else "")))
+                                + (f"; no recorded driver version for {no_version}" if no_version else "")
+                                + (f"; no recorded packages for {no_packages}" if no_packages else "")))
+    restore = {h: _restore_plan(captures.get(h) or {}, recorded.get(h) or {}, targets[h])
+               for h in changed} if kind == "rollback" else {}
     refused = [c for c in conditions if c.met is not True]
     reasons = [f"{c.text}: {c.detail or 'not met'}" for c in refused]
     return EntryDecision(allowed=not refused, kind=kind, reasons=reasons, conditions=conditions,
-                         hosts=list(hosts), rollback_versions=versions, current_versions=current)
+                         hosts=list(hosts), rollback_versions=versions, current_versions=current,
+                         targets=targets, restore=restore)
+
+
+def _restore_plan(now: Mapping[str, Any], before: Mapping[str, Any], reason: str) -> dict[str, Any]:
+    """What a rollback restores on one node: the recorded packages (exact versions), and whether a
+    reboot is needed even if no package changes (the loaded module is not the recorded one)."""
+    version = before.get("driver_version")
+    return {"version": version, "packages": restore_specs(before.get("packages") or []), "reason": reason,
+            "from": now.get("sources") or {}, "gpu_tool": now.get("gpu_tool"),
+            "reboot_required": (now.get("sources") or {}).get("kernel_module") != version}
 
 
 def _window_condition(window: str | None, now: dt.datetime) -> Condition:
@@ -387,26 +428,36 @@ def _window_condition(window: str | None, now: dt.datetime) -> Condition:
     return Condition("maintenance_window", text, True, str(window))
 
 
-def _capture_condition(hosts: list[str], captures: Mapping[str, Mapping[str, Any]]) -> Condition:
+def _capture_condition(hosts: list[str], captures: Mapping[str, Mapping[str, Any]], kind: str) -> Condition:
     problems = []
+    broken = []
+    key = "missing_for_rollback" if kind == "rollback" else "missing"
     for host in hosts:
         capture = captures.get(host)
         if not capture:
             problems.append(f"{host}: no state captured")
-        elif capture.get("missing"):
-            problems.append(f"{host}: capture lacks {', '.join(capture['missing'])}")
-    return Condition("state_captured", "the state of every node was captured before any change", not problems,
-                     "; ".join(problems) or f"{len(hosts)} nodes captured")
+        elif capture.get(key):
+            problems.append(f"{host}: capture lacks {', '.join(capture[key])}")
+        elif kind == "rollback" and capture.get("gpu_tool") and not capture["gpu_tool"].get("ok"):
+            broken.append(f"{host}: nvidia-smi exit {capture['gpu_tool']['rc']} (kept as the broken state)")
+    return Condition("state_captured", "the state of every node to be changed was captured before any change",
+                     not problems, "; ".join(problems + broken) or f"{len(hosts)} nodes captured")
 
 
 # --- the captured state (roles/node_state) -----------------------------------------------------
 
 def load_capture(state_dir: Path) -> dict[str, Any]:
     """Summarise roles/node_state's bundle: the driver and Fabric Manager versions a rollback
-    returns to, modules, containers; `missing` names required records that did not succeed."""
+    returns to, modules, containers, the installed packages, the boot id, and what nvidia-smi
+    answered (exit status and output, also when it fails). `missing` names required records of an
+    upgrade's capture that did not succeed; `missing_for_rollback` those a rollback needs (a broken
+    node's capture is usable). `sources` is the driver version each source reports; `mixed` says
+    they disagree (new user space over an old kernel module, Fabric Manager apart from the driver)."""
     bundle_path = Path(state_dir) / "state.json"
     if not bundle_path.is_file():
-        return {"missing": list(CAPTURE_REQUIRED), "path": str(bundle_path), "driver_version": None}
+        return {"missing": list(CAPTURE_REQUIRED), "missing_for_rollback": list(ROLLBACK_CAPTURE_REQUIRED),
+                "path": str(bundle_path), "driver_version": None, "sources": {}, "mixed": False,
+                "packages": [], "gpu_tool": None}
     bundle = json.loads(bundle_path.read_text())
     records = {r["name"]: r for r in bundle.get("records", [])}
 
@@ -419,33 +470,170 @@ def load_capture(state_dir: Path) -> dict[str, Any]:
     proc = ok("driver_version")
     proc_version = parse_proc_version(proc).version if proc else None
     fm = ok("fabricmanager_version")
+    fm_version = parse_fabricmanager_version(fm).version if fm else None
     lsmod_text = ok("lsmod")
-    driver_version = proc_version or (gpus.driver_version if gpus is not None else None)
+    packages = (ok("packages") or "").strip().splitlines()
+    smi_version = gpus.driver_version if gpus is not None else None
+    driver_version = proc_version or smi_version
+    gpu_tool = _gpu_tool(records.get("nvidia_smi"))
+    sources = {k: v for k, v in {"kernel_module": proc_version, "nvidia_smi": smi_version,
+                                 "packages": package_driver_version(packages),
+                                 "fabricmanager": fm_version}.items() if v}
+    mixed = len(set(sources.values())) > 1 or bool(gpu_tool and gpu_tool["version_mismatch"])
     return {
         "host": bundle.get("host"),
         "path": str(bundle_path),
         "hostname": (ok("hostname") or "").strip() or None,
+        "boot_id": (ok("boot_id") or "").strip() or None,
         "driver_version": driver_version,
         "driver_branch": branch_of(driver_version) if driver_version else None,
         "gpu_count": gpus.count if gpus is not None else None,
-        "fabricmanager_version": parse_fabricmanager_version(fm).version if fm else None,
+        "fabricmanager_version": fm_version,
         "modules": parse_lsmod(lsmod_text).nvidia_modules() if lsmod_text else [],
         "containers": [line for line in (ok("containers") or "").splitlines() if line.strip()],
-        "packages": (ok("packages") or "").strip().splitlines(),
+        "packages": packages,
+        "gpu_tool": gpu_tool,
+        "sources": sources,
+        "mixed": mixed,
         "missing": [name for name in CAPTURE_REQUIRED if ok(name) is None]
                    + ([] if driver_version else ["driver version (nvidia-smi query or driver version file)"]),
+        "missing_for_rollback": [name for name in ROLLBACK_CAPTURE_REQUIRED if not (ok(name) or "").strip()]
+                                + ([] if proc_version or gpu_tool else
+                                   ["driver evidence (driver version file or nvidia-smi's answer)"]),
     }
+
+
+def _gpu_tool(record: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """nvidia-smi as it answered: exit status and exact output, failing or not (None: not run)."""
+    if not record or record.get("missing") or record.get("rc") is None:
+        return None
+    output = "\n".join(x for x in (str(record.get("stdout") or ""), str(record.get("stderr") or "")) if x.strip())
+    return {"rc": record.get("rc"), "output": output[:4000], "ok": record.get("rc") == 0,
+            "version_mismatch": "Driver/library version mismatch" in output,
+            "no_devices": "No devices were found" in output}
+
+
+_VERSION = re.compile(r"(\d{3,}\.\d+(?:\.\d+)?)")
+
+
+def package_driver_version(packages: Iterable[str]) -> str | None:
+    """The driver version of the installed driver package (dpkg `NAME VERSION` or rpm NEVRA lines)."""
+    for line in packages:
+        parts = line.split()
+        if not parts or not re.match(r"^(nvidia-driver|nvidia-open|cuda-drivers)", parts[0]):
+            continue
+        match = _VERSION.search(parts[1] if len(parts) > 1 else parts[0])
+        if match:
+            return match.group(1)
+    return None
+
+
+def restore_specs(packages: Iterable[str]) -> list[str]:
+    """Package specs that reinstall exactly the recorded packages: dpkg `NAME VERSION` lines become
+    apt's NAME=VERSION; a one-word line (rpm -qa NEVRA) is dnf's spec as it stands."""
+    specs = []
+    for line in packages:
+        parts = line.split()
+        if len(parts) >= 2:
+            specs.append(f"{parts[0]}={parts[1]}")
+        elif parts:
+            specs.append(parts[0])
+    return specs
+
+
+def rollback_targets(hosts: list[str], captures: Mapping[str, Mapping[str, Any]],
+                     recorded: Mapping[str, Mapping[str, Any]], upgrade_record: Mapping[str, Any] | None,
+                     scope: str = "failed") -> dict[str, str]:
+    """Which nodes a rollback changes, each with why. `failed`: the node the upgrade stopped on and
+    any node left in a mixed state (driver sources that disagree, NVML's version mismatch); `all`:
+    also every node whose driver or packages differ from the state recorded before the upgrade."""
+    if scope not in ROLLBACK_SCOPES:
+        raise ConfigError(f"rollback_scope {scope!r}: choose failed (the failed node and any node in a mixed "
+                          "state) or all (every node not at its recorded state)")
+    failed = (upgrade_record or {}).get("failed") or {}
+    targets: dict[str, str] = {}
+    for host in hosts:
+        now, before = captures.get(host) or {}, recorded.get(host) or {}
+        if failed.get("host") == host:
+            targets[host] = f"the upgrade stopped on it at step {failed.get('step')!r}"
+        elif now.get("mixed"):
+            targets[host] = f"mixed state: {_describe_sources(now)}"
+        elif scope == "all" and _differs(now, before):
+            targets[host] = (f"not at its recorded state (driver {now.get('driver_version')}, recorded "
+                             f"{before.get('driver_version')})")
+    return targets
+
+
+def _describe_sources(capture: Mapping[str, Any]) -> str:
+    tool = capture.get("gpu_tool") or {}
+    parts = [", ".join(f"{k} {v}" for k, v in (capture.get("sources") or {}).items())]
+    if tool and not tool.get("ok"):
+        parts.append(f"nvidia-smi exit {tool.get('rc')}: {str(tool.get('output') or '').splitlines()[0][:120]}"
+                     if tool.get("output") else f"nvidia-smi exit {tool.get('rc')}")
+    return "; ".join(p for p in parts if p)
+
+
+def _differs(now: Mapping[str, Any], before: Mapping[str, Any]) -> bool:
+    return (now.get("driver_version") != before.get("driver_version")
+            or sorted(now.get("packages") or []) != sorted(before.get("packages") or []))
+
+
+# --- evidence bound to the change --------------------------------------------------------------
+
+def evidence_binding(findings_path: Path | None, hosts: list[str], captures: Mapping[str, Mapping[str, Any]],
+                     confirmed_hosts: list[str], *, max_age_h: float, now: dt.datetime) -> Condition:
+    """The incompatibility proof covers every node to be changed, is from these nodes (the hostname
+    its preflight evidence recorded is the one the node answers now) and is recent (the `date -u`
+    its preflight recorded is at most max_age_h old). A node without its own proof is named."""
+    text = (f"every node to be changed has its own preflight proof, from this inventory, at most {max_age_h:g} h old")
+    problems: list[str] = []
+    run_dir = Path(findings_path).parent.parent if findings_path else None
+    for host in hosts:
+        if host not in confirmed_hosts:
+            problems.append(f"{host}: no compat.driver_branch failure of its own in the preflight findings")
+            continue
+        if run_dir is None:
+            continue
+        evidence = load_node_evidence(run_dir, host)
+        recorded_name = evidence.get("hostname").stdout.strip() if evidence.get("hostname").ok else ""
+        current_name = str((captures.get(host) or {}).get("hostname") or "")
+        if not recorded_name:
+            problems.append(f"{host}: its preflight evidence records no hostname")
+        elif current_name and recorded_name != current_name:
+            problems.append(f"{host}: the preflight evidence is of host {recorded_name!r}, the node answers "
+                            f"{current_name!r} (evidence from another inventory)")
+        taken = _parse_date_u(evidence.get("date_u").stdout if evidence.get("date_u").ok else "")
+        if taken is None:
+            problems.append(f"{host}: its preflight evidence has no readable `date -u`")
+        elif (now - taken).total_seconds() > max_age_h * 3600:
+            problems.append(f"{host}: its preflight evidence is from {taken.isoformat()}, older than {max_age_h:g} h: "
+                            "run playbooks/preflight.yml again")
+    return Condition("evidence_bound", text, not problems, "; ".join(problems) or f"{len(hosts)} nodes proven")
+
+
+def _parse_date_u(text: str) -> dt.datetime | None:
+    """`date -u` as coreutils prints it: 'Tue Dec  1 19:30:19 UTC 2026'."""
+    words = text.split()
+    if len(words) != 6 or words[4] != "UTC":
+        return None
+    try:
+        return dt.datetime.strptime(" ".join(words[:4] + words[5:]), "%a %b %d %H:%M:%S %Y").replace(tzinfo=dt.UTC)
+    except ValueError:
+        return None
 
 
 # --- after a change: did the node come back healthy? --------------------------------------------
 
 def post_check(findings: Iterable[Finding], host: str, *, expect_version: str | None,
-               kind: str = "upgrade") -> tuple[bool, list[str]]:
+               kind: str = "upgrade", before: Iterable[Finding] | None = None) -> tuple[bool, list[str]]:
     """Judge one node's preflight findings after its change. Upgrade: every node check passes
     (or is not applicable) and the driver is the expected version. Rollback: the node is back on
     its recorded version (compat.driver_branch may fail again: that is where it came from) and
-    its module, GPUs, Fabric Manager and snapshot neither fail nor lack evidence. Missing or
-    inconclusive evidence is a failure: a node is never put back on a guess."""
+    its module, GPUs, Fabric Manager, peer memory and snapshot neither fail nor lack evidence.
+    Both: any check of this node, or of the cluster (host null), that passed in `before` (the entry
+    preflight, judged with the cluster's expectations) and does not pass now stops the roll.
+    Missing or inconclusive evidence is a failure: a node is never put back on a guess."""
+    findings = list(findings)
     own = [f for f in findings if f.host == host and f.check not in NODE_CHECKS_SKIPPED_AFTER_CHANGE]
     problems: list[str] = []
     if not own:
@@ -473,7 +661,36 @@ def post_check(findings: Iterable[Finding], host: str, *, expect_version: str | 
         for finding in own:
             if finding.status not in (Status.PASS, Status.NOT_APPLICABLE, Status.WARN):
                 problems.append(f"{finding.check} {finding.status.value}: {finding.reason}")
+    problems.extend(p for p in regressions(before or [], findings, host) if p not in problems)
     return not problems, problems
+
+
+def regressions(before: Iterable[Finding], after: Iterable[Finding], host: str) -> list[str]:
+    """Checks of `host` (and cluster-level ones) that passed before the change and do not pass after.
+    A check absent after the change counts: its evidence is gone."""
+    def key(f: Finding) -> tuple[str, str | None]:
+        return f.check, f.host
+
+    relevant = [f for f in before if f.host in (host, None) and f.check not in NODE_CHECKS_SKIPPED_AFTER_CHANGE
+                and f.check != "compat.recipe_record"]
+    now = {key(f): f for f in after}
+    problems = []
+    for finding in relevant:
+        if finding.status != Status.PASS:
+            continue
+        later = now.get(key(finding))
+        if later is None:
+            problems.append(f"{finding.check} passed before the change and has no finding after it")
+        elif later.status != Status.PASS:
+            problems.append(f"{finding.check} passed before the change and is {later.status.value} after it: "
+                            f"{later.reason}")
+    return problems
+
+
+def checks_summary(findings: Iterable[Finding], host: str) -> dict[str, str]:
+    """check -> status of one node's findings and the cluster-level ones (the record's `verified`)."""
+    return {f.check if f.host == host else f"{f.check} (cluster)": f.status.value
+            for f in findings if f.host in (host, None)}
 
 
 # --- the rebuild record (which step on which node) -----------------------------------------------
@@ -496,6 +713,8 @@ class Ledger:
     def save(self, data: dict[str, Any]) -> None:
         nodes = data.get("nodes", {})
         data["untouched"] = [h for h in data.get("hosts", []) if not nodes.get(h, {}).get("steps")]
+        for node in nodes.values():
+            node.update(_node_summary(node.get("steps", []), str(data.get("kind"))))
         atomic_write(self.path, json.dumps(data, indent=2, default=str) + "\n")
 
     def start(self, kind: str, hosts: list[str], plan: Mapping[str, Any]) -> dict[str, Any]:
@@ -521,6 +740,26 @@ class Ledger:
                 data["status"] = "completed"
         self.save(data)
         return data
+
+
+VERIFY_STEPS = ("preflight", "smoke", "workload")
+
+
+def _node_summary(steps: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    """Per node, what was restored (or installed) and what was verified, read from its steps: the
+    install step's packages and reboot; each verification step's status and its checks."""
+    install = next((s for s in reversed(steps) if s.get("step") == "install"), None)
+    verified: dict[str, Any] = {}
+    for step in steps:
+        name = step.get("step")
+        if name in VERIFY_STEPS:
+            detail = step.get("detail") if isinstance(step.get("detail"), Mapping) else {}
+            verified[name] = {"status": step.get("status"),
+                              **({"checks": detail["checks"]} if "checks" in detail else {})}
+    failed = next((s for s in steps if s.get("status") == "failed"), None)
+    if failed is not None and failed.get("step") in VERIFY_STEPS:
+        verified[failed["step"]] = {"status": "failed", "problems": (failed.get("detail") or {}).get("problems")}
+    return {"restored" if kind == "rollback" else "installed": (install or {}).get("detail"), "verified": verified}
 
 
 def _now() -> str:
