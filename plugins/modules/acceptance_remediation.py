@@ -53,9 +53,26 @@ options:
     default: {}
   recorded_dirs:
     description: Host -> directory of the state captured before the upgrade (C(entry) with kind rollback); the
-      rollback returns to its driver version.
+      rollback returns to its driver version and packages.
     type: dict
     default: {}
+  upgrade_record:
+    description: The upgrade's C(rebuild.json) (C(entry) with kind rollback) - which node it stopped on.
+    type: path
+  rollback_scope:
+    description: C(failed) - the node the upgrade stopped on and any node left in a mixed state; C(all) - also
+      every node not at its recorded state (C(entry) with kind rollback).
+    type: str
+    default: failed
+    choices: [failed, all]
+  profile_path:
+    description: The profile (C(entry) with kind upgrade) - its C(remediation.evidence_max_age_h) bounds the age
+      of the preflight evidence (default 72 h).
+    type: path
+  before_findings:
+    description: The entry preflight's C(findings/preflight.json) (C(post_check)) - any check that passed there
+      and does not pass after the change stops the roll.
+    type: path
   state_dir:
     description: One node's capture directory (C(capture)).
     type: path
@@ -145,6 +162,14 @@ rollback_versions:
   description: Host -> driver version recorded before any change (C(entry)).
   type: dict
   returned: when action is entry
+targets:
+  description: Rollback - host -> why it is rolled back (C(entry) with kind rollback).
+  type: dict
+  returned: when action is entry
+checks:
+  description: check -> status of the node's findings and the cluster-level ones (C(post_check)).
+  type: dict
+  returned: when action is post_check
 route:
   description: The route (name, title, reasons, command, conditions, blocked_by) (C(route), C(entry)).
   type: dict
@@ -212,13 +237,32 @@ def _findings(module, path):
         module.fail_json(msg=f"{path} is not a findings file ({exc}): pass <run>/findings/preflight.json")
 
 
+def _max_age(module, p):
+    if not p["profile_path"]:
+        return rem.DEFAULT_EVIDENCE_MAX_AGE_H
+    profile = module.guard(load_profile, p["profile_path"])
+    return float(profile.get("remediation.evidence_max_age_h", rem.DEFAULT_EVIDENCE_MAX_AGE_H))
+
+
+def _upgrade_record(module, path):
+    if not path or not Path(path).is_file():
+        return None
+    try:
+        return json.loads(Path(path).read_text())
+    except ValueError as exc:
+        module.fail_json(msg=f"{path} is not a rebuild record ({exc}): pass the upgrade run's rebuild.json")
+
+
 def do_entry(module, p):
     findings = _findings(module, p["preflight_findings"])
     captures = {host: rem.load_capture(Path(d)) for host, d in p["capture_dirs"].items()}
     recorded = {host: rem.load_capture(Path(d)) for host, d in p["recorded_dirs"].items()} or None
-    decision = rem.entry_conditions(findings, hosts=p["hosts"], maintenance_window=p["maintenance_window"],
-                                    captures=captures, rollback_plan=p["rollback_plan"], kind=p["kind"],
-                                    recorded=recorded)
+    decision = module.guard(
+        rem.entry_conditions, findings, hosts=p["hosts"], maintenance_window=p["maintenance_window"],
+        captures=captures, rollback_plan=p["rollback_plan"], kind=p["kind"], recorded=recorded,
+        findings_path=Path(p["preflight_findings"]) if p["preflight_findings"] else None,
+        evidence_max_age_h=_max_age(module, p), upgrade_record=_upgrade_record(module, p["upgrade_record"]),
+        scope=p["rollback_scope"])
     route = rem.route_for_report(findings, {"maintenance_window": p["maintenance_window"],
                                             "rollback_recorded": bool(p["rollback_plan"]),
                                             **p["site_facts"]}) if findings is not None else None
@@ -230,15 +274,21 @@ def do_entry(module, p):
         module.fail_json(msg=f"refused: the {p['kind']} changes nothing until these are met: "
                              + " | ".join(decision.reasons), decision=decision.to_dict(), route=route)
     module.exit_json(changed=False, allowed=True, decision=decision.to_dict(), route=route,
-                     rollback_versions=decision.rollback_versions)
+                     rollback_versions=decision.rollback_versions, targets=decision.targets)
 
 
 def do_post_check(module, p):
     path = Path(p["findings_path"])
     if not path.is_file():
         module.exit_json(changed=False, ok=False, problems=[f"no findings at {path}: the preflight judge did not run"])
-    ok, problems = rem.post_check(read_findings(path), p["host"], expect_version=p["expect_version"], kind=p["kind"])
-    module.exit_json(changed=False, ok=ok, problems=problems)
+    before = read_findings(Path(p["before_findings"])) if p["before_findings"] else None
+    if p["before_findings"] and not Path(p["before_findings"]).is_file():
+        module.exit_json(changed=False, ok=False, problems=[f"no entry findings at {p['before_findings']}: "
+                                                            "nothing to compare the node with"])
+    findings = read_findings(path)
+    ok, problems = rem.post_check(findings, p["host"], expect_version=p["expect_version"], kind=p["kind"],
+                                  before=before)
+    module.exit_json(changed=False, ok=ok, problems=problems, checks=rem.checks_summary(findings, p["host"]))
 
 
 def do_experimental_profile(module, p):
@@ -269,6 +319,10 @@ def main() -> None:
         "rollback_plan": {"type": "str"},
         "capture_dirs": {"type": "dict", "default": {}},
         "recorded_dirs": {"type": "dict", "default": {}},
+        "upgrade_record": {"type": "path"},
+        "rollback_scope": {"type": "str", "default": "failed", "choices": ["failed", "all"]},
+        "profile_path": {"type": "path"},
+        "before_findings": {"type": "path"},
         "state_dir": {"type": "path"},
         "expect_version": {"type": "str"},
         "findings_path": {"type": "path"},

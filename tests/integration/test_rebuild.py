@@ -48,16 +48,31 @@ def _window(start_h: float = -1, end_h: float = 2) -> str:
 
 def make_cluster(factory: ClusterFactory, work: Path, *, driver: str = OLD,
                  after_upgrade_case: dict[str, str] | None = None,
-                 host_vars: dict[str, dict[str, Any]] | None = None) -> tuple[Cluster, dict[str, Path], Path]:
-    bins = {h: fakenode.make_node(work / h / "bin", driver, after_upgrade_case=(after_upgrade_case or {}).get(h))
-            for h in HOSTS}
-    cluster = factory([HostSpec(h, bins[h]) for h in HOSTS], name="rebuild-hosts")
+                 host_vars: dict[str, dict[str, Any]] | None = None, reboot: bool = False,
+                 faults: dict[str, list[str]] | None = None,
+                 hosts: list[str] | None = None) -> tuple[Cluster, dict[str, Path], Path]:
+    """reboot: the nodes' kernel module changes only when the driver_upgrade role reboots them (through
+    the fake node's `reboot`, which changes the boot id ansible.builtin.reboot waits for)."""
+    hosts = hosts or HOSTS
+    bins = {h: fakenode.make_node(work / h / "bin", driver, after_upgrade_case=(after_upgrade_case or {}).get(h),
+                                  reboot=reboot, faults=(faults or {}).get(h, []))
+            for h in hosts}
+    cluster = factory([HostSpec(h, bins[h]) for h in hosts], name="rebuild-hosts")
+    reboot_vars = {
+        "driver_upgrade_reboot": True,
+        "driver_upgrade_reboot_command": fakenode.NODE_REBOOT_COMMAND,
+        "driver_upgrade_boot_time_command": fakenode.NODE_BOOT_ID_COMMAND,
+    } if reboot else {
+        "driver_upgrade_reboot": False,  # the fake module changes at install
+    }
     inventory = cluster.write_inventory(work / "inventory.yml", group="gpu_nodes", host_vars=host_vars, extra_vars={
         "preflight_driver_version_file": fakenode.NODE_PROC_FILE,
         "node_state_driver_version_file": fakenode.NODE_PROC_FILE,
+        "node_state_boot_id_file": fakenode.NODE_BOOT_ID_FILE,
         "node_state_package_query": ["pkg", "list"],
         "driver_upgrade_package_use": "fake_pkg",
-        "driver_upgrade_reboot": False,  # a namespace host cannot reboot; the fake module changes at install
+        "driver_upgrade_dkms_log_glob": fakenode.NODE_DKMS_LOG_GLOB,
+        **reboot_vars,
         "scheduler_hook_kind": "slurm",
         "scheduler_hook_delegate_to": "{{ inventory_hostname }}",
         "rebuild_workload": {"name": "legacy-llm-regression", "argv": ["legacy-workload", "--steps", "200"]},
@@ -203,13 +218,17 @@ def test_rollback_restores_the_recorded_version(rolled: dict[str, Any]) -> None:
     run_dir = rolled["work"] / "rollback"
     proc = run_playbook("playbooks/rollback.yml", rolled["inventory"], {
         "rebuild_run_dir": str(run_dir), "rollback_from_run": str(rolled["run_dir"]),
-        "acceptance_profile_path": PROFILE,
+        "acceptance_profile_path": PROFILE, "rollback_scope": "all",
         "rebuild_maintenance_window": _window()})
     assert proc.returncode == 0, out(proc)
     assert {h: state(rolled["bins"][h]) for h in HOSTS} == {h: (OLD, OLD) for h in HOSTS}
     book = ledger(run_dir)
     assert book["kind"] == "rollback" and book["status"] == "completed"
     assert book["plan"]["targets"] == {h: OLD for h in HOSTS}
+    assert book["plan"]["scope"] == "all" and all("not at its recorded state" in book["plan"]["why"][h] for h in HOSTS)
+    assert book["nodes"]["node0"]["restored"]["packages"] == [f"nvidia-driver-575-open={OLD}-0ubuntu1",
+                                                              f"nvidia-fabricmanager-575={OLD}-1"]
+    assert book["nodes"]["node0"]["verified"]["workload"]["status"] == "ok"
     for h in HOSTS:
         assert [c for c in changes(rolled["bins"][h]) if c.startswith("pkg install")] == [
             f"pkg install nvidia-driver-575-open={OLD} nvidia-fabricmanager-575={OLD}"]
@@ -317,3 +336,144 @@ def test_smoke_test_hits_the_real_model_and_a_failing_smoke_stops_the_roll(
     assert node0_smoke["status"] == "ok" and node0_smoke["detail"]["model"] == lab_server.model
     assert book["failed"]["host"] == "node1" and book["failed"]["step"] == "smoke"
     assert book["untouched"] == ["node2"] and changes(bins["node2"]) == []
+
+
+# --- a broken node: failed install, old module after reboot, GPUs or peer memory gone, foreign evidence -----
+# Reboot mode: the kernel module loads only at the role's reboot (the fake node's `reboot`), as on a real node.
+
+REBOOT_MODE_FAULTS = {"failed_install": {"node1": ["dkms_fails"]}, "old_module": {"node0": ["stale_initramfs"]},
+                      "gpus_lost": {"node0": ["gpus_lost"]}, "peermem_lost": {"node0": ["peermem_lost"]}}
+
+
+def _broken_roll(factory: ClusterFactory, old_cluster: dict[str, Any], work: Path, case: str) -> dict[str, Any]:
+    cluster, bins, inventory = make_cluster(factory, work, reboot=True, faults=REBOOT_MODE_FAULTS[case])
+    boot = {h: fakenode.state_of(bins[h])["boot_id"] for h in HOSTS}
+    run_dir = work / "upgrade"
+    proc = run_playbook("playbooks/rebuild.yml", inventory, upgrade_vars(run_dir, old_cluster["findings"]))
+    return {"proc": proc, "bins": bins, "inventory": inventory, "run_dir": run_dir, "work": work, "boot": boot}
+
+
+def _rollback(roll: dict[str, Any], **extra: Any) -> tuple[subprocess.CompletedProcess[str], Path]:
+    run_dir = roll["work"] / "rollback"
+    proc = run_playbook("playbooks/rollback.yml", roll["inventory"], {
+        "rebuild_run_dir": str(run_dir), "rollback_from_run": str(roll["run_dir"]),
+        "acceptance_profile_path": PROFILE, "rebuild_maintenance_window": _window(), **extra})
+    return proc, run_dir
+
+
+def _module(bin_dir: Path) -> tuple[str, str]:
+    """(user-space driver, loaded kernel module) of a fake node."""
+    s = fakenode.state_of(bin_dir)
+    return s["driver"], s["module_loaded"]
+
+
+@pytest.fixture(scope="module")
+def failed_install(hosts_module: ClusterFactory, old_cluster: dict[str, Any],
+                   tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """node0 upgrades and reboots; node1's DKMS build fails in the package's post-install script."""
+    roll = _broken_roll(hosts_module, old_cluster, tmp_path_factory.mktemp("rebuild-dkms"), "failed_install")
+    roll["after_upgrade"] = {h: _module(roll["bins"][h]) for h in HOSTS}
+    roll["rollback"] = _rollback(roll)
+    return roll
+
+
+def test_failed_install_keeps_its_cause_and_stops_the_roll(failed_install: dict[str, Any]) -> None:
+    proc = failed_install["proc"]
+    assert proc.returncode != 0 and "stopped on node1 at step 'install'" in proc.stdout, out(proc)
+    # node0 rebooted into R580; node1 is half-installed: new user space over the old module.
+    assert failed_install["after_upgrade"] == {"node0": (NEW, NEW), "node1": (NEW, OLD), "node2": (OLD, OLD)}
+    book = ledger(failed_install["run_dir"])
+    assert book["failed"]["host"] == "node1" and book["failed"]["step"] == "install"
+    assert book["untouched"] == ["node2"]
+    assert book["nodes"]["node0"]["installed"]["rebooted"] in (True, "True")
+    cause = book["failed"]["detail"]["install_failure"]
+    assert any("post-installation script subprocess returned error exit status 10" in line
+               for line in cause["stderr_tail"]), cause
+    assert any("unrecognized command-line option" in line for line in cause["dkms_log_tail"]), cause
+    assert "make.log" in book["failed"]["detail"]["msg"]
+
+
+def test_rollback_of_a_broken_node_restores_only_the_failed_node(failed_install: dict[str, Any]) -> None:
+    proc, run_dir = failed_install["rollback"]
+    assert proc.returncode == 0, out(proc)
+    bins = failed_install["bins"]
+    # Default scope `failed`: node1 back on R575 (packages and module, after a reboot); node0 keeps its
+    # healthy upgrade; node2 was never changed.
+    assert {h: _module(bins[h]) for h in HOSTS} == {"node0": (NEW, NEW), "node1": (OLD, OLD), "node2": (OLD, OLD)}
+    assert state(bins["node1"]) == (OLD, OLD)
+    assert fakenode.state_of(bins["node1"])["boot_id"] != failed_install["boot"]["node1"]
+    entry = json.loads((run_dir / "rollback-entry.json").read_text())
+    tool = entry["captures"]["node1"]["gpu_tool"]
+    assert tool["rc"] == 18 and "Failed to initialize NVML: Driver/library version mismatch" in tool["output"]
+    assert entry["decision"]["allowed"] is True
+    book = ledger(run_dir)
+    assert book["hosts"] == ["node1"] and book["status"] == "completed"
+    assert book["plan"]["not_in_scope"] == ["node0", "node2"]
+    assert "stopped on it at step 'install'" in book["plan"]["why"]["node1"]
+    node = book["nodes"]["node1"]
+    assert node["restored"]["packages"] == [f"nvidia-driver-575-open={OLD}-0ubuntu1",
+                                            f"nvidia-fabricmanager-575={OLD}-1"]
+    assert node["restored"]["rebooted"] in (True, "True") and node["restored"]["gpu_tool_before"]["rc"] == 18
+    checks = node["verified"]["preflight"]["checks"]
+    assert {checks[c] for c in ("compat.driver_module", "compat.gpu_visibility", "compat.fabric_manager",
+                                "compat.peermem")} == {"pass"}
+    assert node["verified"]["workload"]["status"] == "ok"
+
+
+def test_old_module_after_reboot_stops_the_roll(hosts_module: ClusterFactory, old_cluster: dict[str, Any],
+                                                 tmp_path: Path) -> None:
+    roll = _broken_roll(hosts_module, old_cluster, tmp_path, "old_module")
+    proc = roll["proc"]
+    assert proc.returncode != 0 and "stopped on node0 at step 'preflight'" in proc.stdout, out(proc)
+    # Rebooted (a new boot id), but the stale initramfs loaded the R575 module under R580 user space.
+    assert _module(roll["bins"]["node0"]) == (NEW, OLD)
+    assert fakenode.state_of(roll["bins"]["node0"])["boot_id"] != roll["boot"]["node0"]
+    problems = ledger(roll["run_dir"])["failed"]["detail"]["problems"]
+    assert any(f"expected {NEW} on every source" in p for p in problems), problems
+    assert ledger(roll["run_dir"])["untouched"] == ["node1", "node2"]
+    assert not any("state=resume" in c for c in changes(roll["bins"]["node0"]))
+
+
+def test_gpus_missing_after_upgrade_then_rollback_accepts_the_failing_gpu_tool(
+        hosts_module: ClusterFactory, old_cluster: dict[str, Any], tmp_path: Path) -> None:
+    roll = _broken_roll(hosts_module, old_cluster, tmp_path, "gpus_lost")
+    assert roll["proc"].returncode != 0, out(roll["proc"])
+    assert "stopped on node0 at step 'preflight'" in roll["proc"].stdout, out(roll["proc"])
+    problems = ledger(roll["run_dir"])["failed"]["detail"]["problems"]
+    assert any(p.startswith("compat.gpu_visibility") for p in problems), problems
+    proc, run_dir = _rollback(roll)
+    assert proc.returncode == 0, out(proc)
+    entry = json.loads((run_dir / "rollback-entry.json").read_text())
+    tool = entry["captures"]["node0"]["gpu_tool"]
+    assert tool["rc"] == 6 and tool["output"].strip() == "No devices were found"
+    assert "nvidia-smi exit 6 (kept as the broken state)" in json.dumps(entry["decision"]["conditions"])
+    assert _module(roll["bins"]["node0"]) == (OLD, OLD)
+    book = ledger(run_dir)
+    assert book["hosts"] == ["node0"] and book["status"] == "completed"
+    assert book["nodes"]["node0"]["verified"]["preflight"]["checks"]["compat.gpu_visibility"] == "pass"
+
+
+def test_lost_peer_memory_module_stops_the_roll_in_cluster_context(
+        hosts_module: ClusterFactory, old_cluster: dict[str, Any], tmp_path: Path) -> None:
+    roll = _broken_roll(hosts_module, old_cluster, tmp_path, "peermem_lost")
+    proc = roll["proc"]
+    assert proc.returncode != 0 and "stopped on node0 at step 'preflight'" in proc.stdout, out(proc)
+    problems = ledger(roll["run_dir"])["failed"]["detail"]["problems"]
+    assert any(p.startswith("compat.peermem fail") for p in problems), problems
+    assert any(p.startswith("compat.peermem passed before the change and is fail after it") for p in problems)
+    assert _module(roll["bins"]["node0"]) == (NEW, NEW)
+    assert not any("state=resume" in c for c in changes(roll["bins"]["node0"]))
+
+
+def test_foreign_evidence_is_refused_by_node_name(hosts_module: ClusterFactory, old_cluster: dict[str, Any],
+                                                  tmp_path: Path) -> None:
+    # The preflight proved the incompatibility on node0..node2; this inventory also changes node7.
+    cluster, bins, inventory = make_cluster(hosts_module, tmp_path, hosts=["node0", "node7"])
+    run_dir = tmp_path / "refused"
+    proc = run_playbook("playbooks/rebuild.yml", inventory, upgrade_vars(run_dir, old_cluster["findings"]))
+    assert proc.returncode != 0
+    assert "refused" in proc.stdout, out(proc)
+    assert "node7: no compat.driver_branch failure of its own" in proc.stdout, out(proc)
+    bound = json.loads((run_dir / "upgrade-entry.json").read_text())["decision"]["conditions"][1]
+    assert bound["key"] == "evidence_bound" and bound["met"] is False and "node0:" not in bound["detail"]
+    assert all(changes(bins[h]) == [] and state(bins[h]) == (OLD, OLD) for h in bins)

@@ -410,7 +410,7 @@ def _restore_plan(now: Mapping[str, Any], before: Mapping[str, Any], reason: str
     """What a rollback restores on one node: the recorded packages (exact versions), and whether a
     reboot is needed even if no package changes (the loaded module is not the recorded one)."""
     version = before.get("driver_version")
-    return {"version": version, "packages": restore_specs(before.get("packages") or []), "reason": reason,
+    return {"version": version, "packages": restore_specs(before.get("packages") or [], version), "reason": reason,
             "from": now.get("sources") or {}, "gpu_tool": now.get("gpu_tool"),
             "reboot_required": (now.get("sources") or {}).get("kernel_module") != version}
 
@@ -528,12 +528,16 @@ def package_driver_version(packages: Iterable[str]) -> str | None:
     return None
 
 
-def restore_specs(packages: Iterable[str]) -> list[str]:
+def restore_specs(packages: Iterable[str], version: str | None = None) -> list[str]:
     """Package specs that reinstall exactly the recorded packages: dpkg `NAME VERSION` lines become
-    apt's NAME=VERSION; a one-word line (rpm -qa NEVRA) is dnf's spec as it stands."""
+    apt's NAME=VERSION; a one-word line (rpm -qa NEVRA) is dnf's spec as it stands. With `version`,
+    only the packages of that driver version (the ones a driver change replaces; nvidia-container-toolkit
+    and other nvidia-* packages of their own versions stay as they are)."""
     specs = []
     for line in packages:
         parts = line.split()
+        if version and version not in line:
+            continue
         if len(parts) >= 2:
             specs.append(f"{parts[0]}={parts[1]}")
         elif parts:
