@@ -21,7 +21,7 @@ options:
     description: What to do.
     type: str
     required: true
-    choices: [entry, route, capture, post_check, start, record, experimental_profile]
+    choices: [entry, route, capture, post_check, smoke_judge, start, record, experimental_profile]
   run_dir:
     description: Run directory on the controller (all actions but C(experimental_profile)).
     type: path
@@ -82,6 +82,19 @@ options:
   findings_path:
     description: The node's post-change C(findings/preflight.json) (C(post_check)).
     type: path
+  smoke_status:
+    description: HTTP status of the smoke request (C(smoke_judge)).
+    type: int
+  smoke_body:
+    description: The smoke request's JSON answer (C(smoke_judge)).
+    type: raw
+  smoke_tool_call:
+    description: The smoke test must return a tool call (agent profiles) (C(smoke_judge)).
+    type: bool
+    default: false
+  smoke_expect:
+    description: Regular expression the smoke answer must match (C(smoke_judge), completion kind).
+    type: str
   step:
     description: Step name (C(record)).
     type: str
@@ -179,14 +192,18 @@ capture:
   type: dict
   returned: when action is capture
 ok:
-  description: The node passed its post-change check (C(post_check)).
+  description: The node passed its post-change check (C(post_check)), or the smoke answer its rule (C(smoke_judge)).
   type: bool
-  returned: when action is post_check
+  returned: when action is post_check or smoke_judge
 problems:
-  description: Why the node did not pass (C(post_check)).
+  description: Why the node (C(post_check)) or the smoke answer (C(smoke_judge)) did not pass.
   type: list
   elements: str
-  returned: when action is post_check
+  returned: when action is post_check or smoke_judge
+answer:
+  description: The smoke answer (text, or the tool call) (C(smoke_judge)).
+  type: str
+  returned: when action is smoke_judge
 ledger:
   description: The rebuild record after this call (C(start), C(record)).
   type: dict
@@ -309,7 +326,8 @@ def do_experimental_profile(module, p):
 def main() -> None:
     module = AcceptanceModule(run_dir=False, import_error=IMPORT_ERROR, argument_spec={
         "action": {"type": "str", "required": True,
-                   "choices": ["entry", "route", "capture", "post_check", "start", "record", "experimental_profile"]},
+                   "choices": ["entry", "route", "capture", "post_check", "smoke_judge", "start", "record",
+                               "experimental_profile"]},
         "run_dir": {"type": "path"},
         "kind": {"type": "str", "default": "upgrade", "choices": ["upgrade", "rollback"]},
         "hosts": {"type": "list", "elements": "str", "default": []},
@@ -326,6 +344,10 @@ def main() -> None:
         "state_dir": {"type": "path"},
         "expect_version": {"type": "str"},
         "findings_path": {"type": "path"},
+        "smoke_status": {"type": "int"},
+        "smoke_body": {"type": "raw"},
+        "smoke_tool_call": {"type": "bool", "default": False},
+        "smoke_expect": {"type": "str"},
         "step": {"type": "str"},
         "status": {"type": "str", "default": "ok", "choices": ["ok", "changed", "skipped", "failed"]},
         "detail": {"type": "raw"},
@@ -354,6 +376,10 @@ def main() -> None:
         module.exit_json(changed=False, capture=rem.load_capture(Path(p["state_dir"])))
     elif action == "post_check":
         do_post_check(module, p)
+    elif action == "smoke_judge":
+        result = rem.judge_smoke(p["smoke_status"], p["smoke_body"], tool_call=p["smoke_tool_call"],
+                                 expect=p["smoke_expect"])
+        module.exit_json(changed=False, **result)
     elif action == "start":
         # The record is controller evidence: written in check mode as well (the plan is the point).
         ledger = rem.Ledger(Path(p["run_dir"])).start(p["kind"], p["hosts"], p["detail"] or {})

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from vllm_acceptance.lab.nshosts import Cluster, HostSpec
+from vllm_acceptance.rebuild.remediation import load_capture
 
 from support.hosts import REPO, ClusterFactory, ansible_bin, ansible_env, cluster_factory
 
@@ -325,8 +326,10 @@ def test_unmet_entry_conditions_refuse_with_the_reason(
 def test_smoke_test_hits_the_real_model_and_a_failing_smoke_stops_the_roll(
         ns_hosts: ClusterFactory, old_cluster: dict[str, Any], lab_server: Any, tmp_path: Path) -> None:
     url = lab_server.base_url + "/completions"
-    smoke = {"node0": {"rebuild_smoke_url": url, "rebuild_smoke_model": lab_server.model},
-             "node1": {"rebuild_smoke_url": url, "rebuild_smoke_model": "no-such-model"}}
+    smoke = {"node0": {"rebuild_smoke_url": url, "rebuild_smoke_model": lab_server.model,
+                       "rebuild_smoke_tool_call": False},
+             "node1": {"rebuild_smoke_url": url, "rebuild_smoke_model": "no-such-model",
+                       "rebuild_smoke_tool_call": False}}
     cluster, bins, inventory = make_cluster(ns_hosts, tmp_path, host_vars=smoke)
     run_dir = tmp_path / "upgrade"
     proc = run_playbook("playbooks/rebuild.yml", inventory, upgrade_vars(run_dir, old_cluster["findings"]))
@@ -359,6 +362,13 @@ def _rollback(roll: dict[str, Any], **extra: Any) -> tuple[subprocess.CompletedP
         "rebuild_run_dir": str(run_dir), "rollback_from_run": str(roll["run_dir"]),
         "acceptance_profile_path": PROFILE, "rebuild_maintenance_window": _window(), **extra})
     return proc, run_dir
+
+
+def _entry_status(roll: dict[str, Any], check: str, host: str) -> str:
+    """The check's status in the preflight every roll here starts from."""
+    upgrade_entry = json.loads((roll["run_dir"] / "upgrade-entry.json").read_text())
+    findings = json.loads(Path(upgrade_entry["preflight_findings"]).read_text())
+    return next(f["status"] for f in findings if f["check"] == check and f["host"] == host)
 
 
 def _module(bin_dir: Path) -> tuple[str, str]:
@@ -415,8 +425,11 @@ def test_rollback_of_a_broken_node_restores_only_the_failed_node(failed_install:
                                             f"nvidia-fabricmanager-575={OLD}-1"]
     assert node["restored"]["rebooted"] in (True, "True") and node["restored"]["gpu_tool_before"]["rc"] == 18
     checks = node["verified"]["preflight"]["checks"]
-    assert {checks[c] for c in ("compat.driver_module", "compat.gpu_visibility", "compat.fabric_manager",
-                                "compat.peermem")} == {"pass"}
+    assert {checks[c] for c in ("compat.driver_module", "compat.fabric_manager", "compat.peermem",
+                                "compat.topology (cluster)", "compat.image_uniform (cluster)")} == {"pass"}
+    # Back on R575 the cu130 image is refused again: the in-container GPU check is as before the upgrade.
+    assert checks["compat.gpu_visibility"] == _entry_status(failed_install, "compat.gpu_visibility", "node1")
+    assert load_capture(run_dir / "evidence" / "rebuild" / "node1" / "after")["gpu_count"] == 8
     assert node["verified"]["workload"]["status"] == "ok"
 
 
@@ -450,7 +463,9 @@ def test_gpus_missing_after_upgrade_then_rollback_accepts_the_failing_gpu_tool(
     assert _module(roll["bins"]["node0"]) == (OLD, OLD)
     book = ledger(run_dir)
     assert book["hosts"] == ["node0"] and book["status"] == "completed"
-    assert book["nodes"]["node0"]["verified"]["preflight"]["checks"]["compat.gpu_visibility"] == "pass"
+    after = load_capture(run_dir / "evidence" / "rebuild" / "node0" / "after")
+    assert after["gpu_count"] == 8 and after["gpu_tool"]["rc"] == 0 and after["mixed"] is False
+    assert book["nodes"]["node0"]["verified"]["preflight"]["status"] == "ok"
 
 
 def test_lost_peer_memory_module_stops_the_roll_in_cluster_context(

@@ -34,11 +34,13 @@ from typing import Any
 from ..core.evidence import atomic_write
 from ..core.findings import Finding, Status
 from ..core.profile import ConfigError, Profile, validate_document
+from ..core.redact import redact_text
 from ..parsers.base import version_at_least
 from ..parsers.driver import branch_of, parse_fabricmanager_version, parse_proc_version
 from ..parsers.lsmod import parse_lsmod
 from ..parsers.node_evidence import load_node_evidence
 from ..parsers.nvidia_smi import parse_query_csv
+from ..preflight.stage import split_stream
 
 DRIVER_UPGRADE = "driver_upgrade"
 SELF_BUILT_IMAGE = "self_built_image"
@@ -446,6 +448,28 @@ def _capture_condition(hosts: list[str], captures: Mapping[str, Mapping[str, Any
 
 # --- the captured state (roles/node_state) -----------------------------------------------------
 
+def capture_records(stream: str, marker: str, commands: list[Mapping[str, Any]],
+                    secrets: list[str] | None = None) -> list[dict[str, Any]]:
+    """roles/node_state's records from its one-call script (the framing of roles/preflight's
+    node_script.sh.j2, cut by preflight.stage.split_stream): one record per command, in order, with
+    raw stdout and stderr (secrets redacted), the exit status and whether the tool was absent. A
+    command the answer never reached (connection lost) gets rc None and says so."""
+    records, _finished = split_stream(stream, marker)
+    by_name = {r.name: r for r in records}
+    out = []
+    for command in commands:
+        name = str(command.get("name"))
+        record = by_name.get(name)
+        out.append({
+            "name": name, "cmd": list(command.get("argv") or []), "image": command.get("image"),
+            "rc": record.rc if record else None,
+            "stdout": redact_text(record.stdout, secrets) if record else "",
+            "stderr": redact_text(record.stderr, secrets) if record else "the node's answer never reached this command",
+            "missing": bool(record and record.missing), "timed_out": bool(record and record.timed_out),
+            "skipped": False})
+    return out
+
+
 def load_capture(state_dir: Path) -> dict[str, Any]:
     """Summarise roles/node_state's bundle: the driver and Fabric Manager versions a rollback
     returns to, modules, containers, the installed packages, the boot id, and what nvidia-smi
@@ -695,6 +719,58 @@ def checks_summary(findings: Iterable[Finding], host: str) -> dict[str, str]:
     """check -> status of one node's findings and the cluster-level ones (the record's `verified`)."""
     return {f.check if f.host == host else f"{f.check} (cluster)": f.status.value
             for f in findings if f.host in (host, None)}
+
+
+# --- the model smoke test after a change ----------------------------------------------------------
+
+SMOKE_TOOL = {"type": "function", "function": {
+    "name": "report_status", "description": "Report the status of the service.",
+    "parameters": {"type": "object", "properties": {"status": {"type": "string"}}, "required": ["status"]}}}
+
+
+def judge_smoke(status: int | None, body: Any, *, tool_call: bool, expect: str | None = None) -> dict[str, Any]:
+    """The smoke test's rule: HTTP 200 and a non-empty answer (matching `expect`, a regular expression,
+    when given); on an agent profile (`tool_call`) a call of SMOKE_TOOL whose arguments are a JSON object
+    with its required field. An empty completion, a refusal or a tool call with broken arguments fail."""
+    problems: list[str] = []
+    answer = ""
+    choices = body.get("choices") if isinstance(body, Mapping) else None
+    first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], Mapping) else None
+    if status != 200:
+        problems.append(f"HTTP {status}: {str(body)[:200]}")
+    elif first is None:
+        problems.append("the answer has no choices")
+    elif tool_call:
+        answer = _smoke_tool_call(first, problems)
+    else:
+        answer = str(first.get("text") if "text" in first else (first.get("message") or {}).get("content") or "")
+        if not answer.strip():
+            problems.append(f"empty answer (finish_reason {first.get('finish_reason')!r})")
+        elif expect and not re.search(expect, answer):
+            problems.append(f"answer {answer[:120]!r} does not match rebuild_smoke_expect {expect!r}")
+    return {"ok": not problems, "problems": problems, "answer": answer[:200], "tool_call": tool_call}
+
+
+def _smoke_tool_call(choice: Mapping[str, Any], problems: list[str]) -> str:
+    name = SMOKE_TOOL["function"]["name"]
+    message = choice.get("message") if isinstance(choice.get("message"), Mapping) else {}
+    calls = [c for c in message.get("tool_calls") or [] if isinstance(c, Mapping)]
+    if not calls:
+        problems.append(f"no tool call (content {str(message.get('content') or '')[:120]!r}, finish_reason "
+                        f"{choice.get('finish_reason')!r}): an agent profile's smoke test needs a call of {name}")
+        return str(message.get("content") or "")
+    function = calls[0].get("function") if isinstance(calls[0].get("function"), Mapping) else {}
+    raw = str(function.get("arguments") or "")
+    if function.get("name") != name:
+        problems.append(f"tool call names {function.get('name')!r}, expected {name}")
+    try:
+        arguments = json.loads(raw)
+    except ValueError:
+        problems.append(f"tool call arguments are not JSON: {raw[:120]!r}")
+        return raw
+    if not isinstance(arguments, dict) or not isinstance(arguments.get("status"), str):
+        problems.append(f"tool call arguments {raw[:120]!r} lack the required string field 'status'")
+    return f"{function.get('name')}({raw[:150]})"
 
 
 # --- the rebuild record (which step on which node) -----------------------------------------------
