@@ -155,11 +155,18 @@ def test_entry_refused_with_the_reason(change: dict[str, object], reason: str) -
 
 
 def test_rollback_entry_takes_versions_from_the_recorded_state() -> None:
+    recorded = {**capture("575.57.08"), "packages": ["nvidia-driver-575-open 575.57.08-0ubuntu1"]}
     decision = rem.entry_conditions(None, hosts=["n1"], maintenance_window=WINDOW, kind="rollback",
-                                    captures={"n1": capture("580.95.05")}, recorded={"n1": capture("575.57.08")},
-                                    rollback_plan="re-run rebuild.yml", now=NOW)
+                                    captures={"n1": capture("580.95.05")}, recorded={"n1": recorded},
+                                    rollback_plan="re-run rebuild.yml", now=NOW, scope="all")
     assert decision.allowed, decision.reasons
     assert decision.rollback_versions == {"n1": "575.57.08"} and decision.current_versions == {"n1": "580.95.05"}
+    assert decision.restore["n1"]["packages"] == ["nvidia-driver-575-open=575.57.08-0ubuntu1"]
+    # Scope `failed`: a healthy upgraded node (no failure, no mixed state) is left as it is.
+    kept = rem.entry_conditions(None, hosts=["n1"], maintenance_window=WINDOW, kind="rollback",
+                                captures={"n1": capture("580.95.05")}, recorded={"n1": recorded},
+                                rollback_plan="re-run rebuild.yml", now=NOW)
+    assert kept.allowed and kept.targets == {} and kept.rollback_versions == {}
 
 
 # --- post-change check ----------------------------------------------------------------------------------
@@ -275,3 +282,147 @@ def test_isolated_environment_record_needs_owner_review_date_and_criteria() -> N
     assert partial["problems"] == ["isolated_env_review_date is not set", "isolated_env_move_back_criteria is not set"]
     overdue = rem.isolated_environment_record({**full, "isolated_env_review_date": "2026-08-01"}, today)
     assert not overdue["complete"] and "has passed" in overdue["problems"][0]
+
+
+# --- a broken node: its capture, the rollback's targets, evidence bound to the nodes ---------------------------
+
+REAL = REPO / "tests" / "fixtures" / "real"
+GEN = REPO / "tests" / "fixtures" / "generated-nodes" / "driver-575"
+
+
+def _state(tmp_path: Path, **records: tuple[int, str]) -> Path:
+    rows = [{"name": n, "rc": rc, "stdout": out, "stderr": "", "missing": rc == 127}
+            for n, (rc, out) in records.items()]
+    (tmp_path / "state.json").write_text(json.dumps({"host": "gpu-01", "records": rows}))
+    return tmp_path
+
+
+def test_a_capture_whose_nvidia_smi_fails_is_the_evidence_of_a_broken_node(tmp_path: Path) -> None:
+    mismatch = (REAL / "nvidia-smi-error" / "mismatch-580-truenas.txt").read_text()   # real capture
+    proc = (REAL / "driver-version").glob("*580*truenas*")
+    state = _state(tmp_path, hostname=(0, "gpu-01\n"), uname_a=(0, "Linux"), nvidia_smi=(18, mismatch),
+                   nvidia_smi_query=(18, mismatch), driver_version=(0, next(proc).read_text()),
+                   lsmod=(0, (GEN / "lsmod.txt").read_text()), boot_id=(0, "b3c1\n"),
+                   packages=(0, "nvidia-driver-580-open 580.178-0ubuntu1\nnvidia-fabricmanager-580 580.178-1\n"))
+    capture = rem.load_capture(state)
+    assert capture["gpu_tool"]["rc"] == 18 and capture["gpu_tool"]["version_mismatch"]
+    assert capture["gpu_tool"]["output"].startswith("Failed to initialize NVML: Driver/library version mismatch")
+    assert capture["sources"] == {"kernel_module": "580.173.02", "packages": "580.178"}
+    assert capture["mixed"] and capture["boot_id"] == "b3c1"
+    assert "nvidia_smi" in capture["missing"]            # not a start for an upgrade
+    assert capture["missing_for_rollback"] == []         # but enough for a rollback
+    targets = rem.rollback_targets(["gpu-01"], {"gpu-01": capture}, {"gpu-01": {}}, None)
+    assert targets["gpu-01"].startswith("mixed state: kernel_module 580.173.02, packages 580.178; nvidia-smi exit 18")
+    no_packages = _state(tmp_path, hostname=(0, "gpu-01\n"), nvidia_smi=(6, "No devices were found\n"))
+    assert rem.load_capture(no_packages)["missing_for_rollback"] == ["packages"]
+
+
+def test_rollback_scope_failed_takes_the_failed_and_mixed_nodes_all_takes_every_changed_one() -> None:
+    same = {"driver_version": "575.57.08", "packages": ["nvidia-driver-575-open 575.57.08-0ubuntu1"]}
+    upgraded = {"driver_version": "580.95.05", "packages": ["nvidia-driver-580-open 580.95.05-0ubuntu1"]}
+    mixed = {**upgraded, "mixed": True, "sources": {"kernel_module": "575.57.08", "packages": "580.95.05"}}
+    captures = {"a": upgraded, "b": mixed, "c": same, "d": upgraded}
+    recorded = dict.fromkeys(captures, same)
+    record = {"failed": {"host": "d", "step": "preflight"}}
+    assert set(rem.rollback_targets(list(captures), captures, recorded, record)) == {"b", "d"}
+    assert set(rem.rollback_targets(list(captures), captures, recorded, record, "all")) == {"a", "b", "d"}
+    with pytest.raises(ConfigError, match="rollback_scope 'some'"):
+        rem.rollback_targets(["a"], captures, recorded, record, "some")
+
+
+def test_restore_specs_pin_the_recorded_driver_packages_only() -> None:
+    dpkg = ["nvidia-driver-575-open 575.57.08-0ubuntu1", "libnvidia-compute-575 575.57.08-0ubuntu1",
+            "nvidia-container-toolkit 1.17.8-1"]
+    assert rem.restore_specs(dpkg, "575.57.08") == ["nvidia-driver-575-open=575.57.08-0ubuntu1",
+                                                     "libnvidia-compute-575=575.57.08-0ubuntu1"]
+    rpm = ["nvidia-driver-580.95.05-1.el9.x86_64", "nvidia-fabricmanager-580-580.95.05-1.x86_64"]
+    assert rem.restore_specs(rpm, "580.95.05") == rpm
+    assert rem.package_driver_version(dpkg) == "575.57.08" and rem.package_driver_version(rpm) == "580.95.05"
+
+
+def _preflight_evidence(run_dir: Path, host: str, hostname: str, date_u: str) -> None:
+    base = run_dir / "evidence" / "preflight" / host
+    base.mkdir(parents=True)
+    for name, text in (("hostname", hostname + "\n"), ("date_u", date_u + "\n")):
+        (base / f"{name}.txt").write_text(text)
+        (base / f"{name}.json").write_text(json.dumps({"rc": 0}))
+
+
+@pytest.mark.parametrize(("hostname", "date_u", "problem"), [
+    ("n1", "Sun Aug 30 21:00:00 UTC 2026", None),
+    ("gpu-17", "Sun Aug 30 21:00:00 UTC 2026", "n1: the preflight evidence is of host 'gpu-17'"),
+    ("n1", "Wed Aug 26 21:00:00 UTC 2026", "older than 72 h"),
+    ("n1", "yesterday", "no readable `date -u`"),
+])
+def test_upgrade_evidence_must_be_each_nodes_own_and_recent(tmp_path: Path, hostname: str, date_u: str,
+                                                            problem: str | None) -> None:
+    run_dir = tmp_path / "run"
+    _preflight_evidence(run_dir, "n1", hostname, date_u)
+    _preflight_evidence(run_dir, "n2", "n2", "Sun Aug 30 21:00:00 UTC 2026")
+    captures = {h: {**capture("575.57.08"), "hostname": h} for h in ("n1", "n2")}
+    decision = rem.entry_conditions(OLD_575, hosts=["n1", "n2"], maintenance_window=WINDOW, captures=captures,
+                                    rollback_plan="playbooks/rollback.yml", now=NOW,
+                                    findings_path=run_dir / "findings" / "preflight.json")
+    bound = next(c for c in decision.conditions if c.key == "evidence_bound")
+    if problem is None:
+        assert decision.allowed and bound.met, decision.reasons
+    else:
+        assert not decision.allowed and problem in bound.detail and "n2:" not in bound.detail
+
+
+def test_a_node_without_its_own_proof_is_refused_by_name() -> None:
+    decision = rem.entry_conditions(OLD_575[:1], hosts=["n1", "n2"], maintenance_window=WINDOW,
+                                    captures={"n1": capture("575.57.08"), "n2": capture("575.57.08")},
+                                    rollback_plan="playbooks/rollback.yml", now=NOW)
+    assert not decision.allowed
+    assert any("n2: no compat.driver_branch failure of its own" in r for r in decision.reasons), decision.reasons
+
+
+def test_a_check_that_passed_before_and_not_after_stops_the_roll() -> None:
+    before = [driver("n1", "575.57.08"), node("n1", "compat.peermem", Status.PASS),
+              node(None, "compat.image_uniform", Status.PASS), node("n2", "compat.peermem", Status.PASS),
+              node("n1", "interconnect.nccl_bandwidth", Status.PASS)]   # type: ignore[arg-type]
+    after = [driver("n1", "580.95.05", Status.PASS), node("n1", "compat.peermem", Status.NOT_APPLICABLE),
+             node(None, "compat.image_uniform", Status.PASS), node("n1", "interconnect.nccl_bandwidth", Status.FAIL)]  # type: ignore[arg-type]
+    ok, problems = rem.post_check(after, "n1", expect_version="580.95.05", before=before)
+    assert not ok and problems == ["compat.peermem passed before the change and is not_applicable after it: "
+                                   "compat.peermem not_applicable"]
+    assert {"compat.startup_log", "interconnect.nccl_bandwidth"} == rem.NODE_CHECKS_SKIPPED_AFTER_CHANGE
+    assert rem.post_check(after[:1] + after[2:3], "n1", expect_version="580.95.05", before=before[:1])[0]
+
+
+@pytest.mark.parametrize(("status", "body", "tool_call", "expect", "problem"), [
+    (200, {"choices": [{"text": " OK.", "finish_reason": "stop"}]}, False, None, None),
+    (200, {"choices": [{"text": "", "finish_reason": "length"}]}, False, None, "empty answer"),
+    (200, {"choices": [{"text": "Hello"}]}, False, "(?i)ok", "does not match"),
+    (404, {"object": "error", "message": "The model `x` does not exist."}, False, None, "HTTP 404"),
+    (200, {"choices": [{"message": {"role": "assistant", "tool_calls": [{"type": "function", "function": {
+        "name": "report_status", "arguments": "{\"status\": \"ok\"}"}}]}, "finish_reason": "tool_calls"}]},
+     True, None, None),
+    (200, {"choices": [{"message": {"role": "assistant", "content": "All good", "tool_calls": []},
+                        "finish_reason": "stop"}]}, True, None, "no tool call"),
+    (200, {"choices": [{"message": {"tool_calls": [{"function": {"name": "report_status",
+                                                                 "arguments": "{\"status\": "}}]}}]},
+     True, None, "not JSON"),
+    (200, {"choices": [{"message": {"tool_calls": [{"function": {"name": "report_status",
+                                                                 "arguments": "{\"state\": 1}"}}]}}]},
+     True, None, "lack the required string field"),
+])
+def test_smoke_rule(status: int, body: dict[str, object], tool_call: bool, expect: str | None,
+                    problem: str | None) -> None:
+    result = rem.judge_smoke(status, body, tool_call=tool_call, expect=expect)
+    assert result["ok"] is (problem is None), result
+    assert problem is None or any(problem in p for p in result["problems"]), result
+
+
+def test_capture_records_cut_the_framed_answer(tmp_path: Path) -> None:
+    marker = "@@node-state-" + "x" * 24
+    stream = (f"{marker} begin hostname [\"hostname\"]\ngpu-01\n\n{marker} end hostname 0 \n\n{marker} done hostname\n"
+              f"{marker} begin nvidia_smi [\"nvidia-smi\"]\nNo devices were found\n\n{marker} end nvidia_smi 6 \n\n"
+              f"{marker} done nvidia_smi\n{marker} fin\n")
+    commands = [{"name": "hostname", "argv": ["hostname"]}, {"name": "nvidia_smi", "argv": ["nvidia-smi"]},
+                {"name": "lsmod", "argv": ["lsmod"]}]
+    records = rem.capture_records(stream, marker, commands)
+    assert [(r["name"], r["rc"], r["stdout"]) for r in records] == [
+        ("hostname", 0, "gpu-01\n"), ("nvidia_smi", 6, "No devices were found\n"), ("lsmod", None, "")]
+    assert records[2]["stderr"] == "the node's answer never reached this command"
