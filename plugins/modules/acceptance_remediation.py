@@ -21,7 +21,7 @@ options:
     description: What to do.
     type: str
     required: true
-    choices: [entry, route, capture, post_check, smoke_judge, start, record, experimental_profile]
+    choices: [entry, route, capture, save_capture, post_check, smoke_judge, start, record, experimental_profile]
   run_dir:
     description: Run directory on the controller (all actions but C(experimental_profile)).
     type: path
@@ -73,6 +73,12 @@ options:
     description: The entry preflight's C(findings/preflight.json) (C(post_check)) - any check that passed there
       and does not pass after the change stops the roll.
     type: path
+  bundles:
+    description: The nodes' capture bundles of roles/node_state, each with C(host) and C(dest), the directory its
+      C(state.json) goes to (C(save_capture)).
+    type: list
+    elements: dict
+    default: []
   state_dir:
     description: One node's capture directory (C(capture)).
     type: path
@@ -187,6 +193,11 @@ route:
   description: The route (name, title, reasons, command, conditions, blocked_by) (C(route), C(entry)).
   type: dict
   returned: when action is route or entry
+paths:
+  description: The state.json files written (C(save_capture)).
+  type: list
+  elements: str
+  returned: when action is save_capture
 capture:
   description: Summary of one node's captured state (C(capture)).
   type: dict
@@ -326,8 +337,8 @@ def do_experimental_profile(module, p):
 def main() -> None:
     module = AcceptanceModule(run_dir=False, import_error=IMPORT_ERROR, argument_spec={
         "action": {"type": "str", "required": True,
-                   "choices": ["entry", "route", "capture", "post_check", "smoke_judge", "start", "record",
-                               "experimental_profile"]},
+                   "choices": ["entry", "route", "capture", "save_capture", "post_check", "smoke_judge", "start",
+                               "record", "experimental_profile"]},
         "run_dir": {"type": "path"},
         "kind": {"type": "str", "default": "upgrade", "choices": ["upgrade", "rollback"]},
         "hosts": {"type": "list", "elements": "str", "default": []},
@@ -341,6 +352,7 @@ def main() -> None:
         "rollback_scope": {"type": "str", "default": "failed", "choices": ["failed", "all"]},
         "profile_path": {"type": "path"},
         "before_findings": {"type": "path"},
+        "bundles": {"type": "list", "elements": "dict", "default": []},
         "state_dir": {"type": "path"},
         "expect_version": {"type": "str"},
         "findings_path": {"type": "path"},
@@ -374,6 +386,10 @@ def main() -> None:
         module.exit_json(changed=False, route=route)
     elif action == "capture":
         module.exit_json(changed=False, capture=rem.load_capture(Path(p["state_dir"])))
+    elif action == "save_capture":
+        # Controller evidence of a read-only capture: written in check mode too (as the record is).
+        paths = module.guard(rem.save_captures, p["bundles"])
+        module.exit_json(changed=False, paths=paths)
     elif action == "post_check":
         do_post_check(module, p)
     elif action == "smoke_judge":

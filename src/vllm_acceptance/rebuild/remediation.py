@@ -470,6 +470,22 @@ def capture_records(stream: str, marker: str, commands: list[Mapping[str, Any]],
     return out
 
 
+def save_captures(bundles: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Write each node's capture bundle (roles/node_state: host, dest, runtime, records) to
+    <dest>/state.json, atomically; `dest` itself is not part of the file."""
+    paths = []
+    for bundle in bundles:
+        if not bundle.get("dest") or not bundle.get("host"):
+            raise ConfigError(f"a capture bundle needs host and dest (got keys {sorted(bundle)}): roles/node_state "
+                              "sets both")
+        path = Path(str(bundle["dest"])) / "state.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = {k: v for k, v in bundle.items() if k != "dest"}
+        atomic_write(path, json.dumps(data, indent=2, default=str) + "\n")
+        paths.append(str(path))
+    return paths
+
+
 def load_capture(state_dir: Path) -> dict[str, Any]:
     """Summarise roles/node_state's bundle: the driver and Fabric Manager versions a rollback
     returns to, modules, containers, the installed packages, the boot id, and what nvidia-smi
