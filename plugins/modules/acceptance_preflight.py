@@ -47,8 +47,8 @@ options:
   cluster:
     description:
       - C(judge) only. Every GPU node of the cluster when I(hosts) are some of its members re-checked after a
-        change (playbooks/tasks/rebuild_node.yml) - they are judged with the cluster's expectations (multi-node:
-        peer memory, RDMA).
+        change (playbooks/tasks/rebuild_node.yml) - they are judged with the cluster's expectations (multi-node,
+        so peer memory and RDMA apply).
     type: list
     elements: str
   reference_run_dir:
