@@ -325,11 +325,13 @@ def test_unmet_entry_conditions_refuse_with_the_reason(
 @pytest.mark.lab
 def test_smoke_test_hits_the_real_model_and_a_failing_smoke_stops_the_roll(
         ns_hosts: ClusterFactory, old_cluster: dict[str, Any], lab_server: Any, tmp_path: Path) -> None:
-    url = lab_server.base_url + "/completions"
+    # The agent profile's smoke rule: a report_status tool call with JSON arguments (the tiny lab model
+    # answers plain text prompts with EOS at once, which the rule rightly refuses as an empty answer).
+    url = lab_server.base_url + "/chat/completions"
     smoke = {"node0": {"rebuild_smoke_url": url, "rebuild_smoke_model": lab_server.model,
-                       "rebuild_smoke_tool_call": False},
+                       "rebuild_smoke_tool_call": True},
              "node1": {"rebuild_smoke_url": url, "rebuild_smoke_model": "no-such-model",
-                       "rebuild_smoke_tool_call": False}}
+                       "rebuild_smoke_tool_call": True}}
     cluster, bins, inventory = make_cluster(ns_hosts, tmp_path, host_vars=smoke)
     run_dir = tmp_path / "upgrade"
     proc = run_playbook("playbooks/rebuild.yml", inventory, upgrade_vars(run_dir, old_cluster["findings"]))
