@@ -67,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     checks.add_argument("--format", choices=("table", "json", "md"), default="table")
     checks.add_argument("--family", choices=FAMILIES, help="only this family")
     _add_sign(sub)
+    _add_remediation(sub)
 
     lab = sub.add_parser("lab", help="the embedded lab: real vLLM on CPU")
     lab_sub = lab.add_subparsers(dest="lab_command", required=True)
@@ -107,6 +108,62 @@ def _add_sign(sub: argparse._SubParsersAction) -> None:
     sign.add_argument("--confirm", action="append", default=[], metavar="FIELD=TEXT",
                       help="an item a person confirms at sign-off; FIELD one of " + ", ".join(CONFIRM_FIELDS))
     sign.add_argument("--replace", action="store_true", help="sign again over an existing signoff.json")
+
+
+def _add_remediation(sub: argparse._SubParsersAction) -> None:
+    from .rebuild.remediation import ROUTES
+
+    dec = sub.add_parser("remediation-decision",
+                         help="after remediation: the four signs and the choice (keep / isolate / revert); "
+                              "exit 0 keep, 1 revert, 3 no choice (a sign lacks evidence)")
+    dec.add_argument("run_dir", type=Path, help="the acceptance re-run after the change (its run directory)")
+    dec.add_argument("--before", type=Path, help="the acceptance run that failed before the change")
+    dec.add_argument("--record", type=Path, help="the rebuild record (rebuild.json or its run directory)")
+    dec.add_argument("--route", choices=ROUTES, help="the remediation taken (default: from the record or the run)")
+    dec.add_argument("--max-manual-actions", type=int, default=0,
+                     help="manual actions the site accepts for keeping the environment (default 0)")
+    dec.add_argument("--json", action="store_true", help="print the decision as JSON")
+    man = sub.add_parser("rebuild-manual", help="record a manual action (or that there were none) in a rebuild record")
+    man.add_argument("record", type=Path, help="rebuild.json or its run directory")
+    man.add_argument("--what", help="what was done by hand")
+    man.add_argument("--host", help="on which node")
+    man.add_argument("--by", help="who did it")
+    man.add_argument("--none", action="store_true", help="state that no manual action was needed")
+
+
+def cmd_remediation_decision(args: argparse.Namespace) -> int:
+    from .rebuild.decision import REVERT, DecisionInputError, decide_after_remediation, write_decision
+    from .report.signoff import rerender
+
+    try:
+        decision = decide_after_remediation(args.run_dir, before_dir=args.before, record=args.record,
+                                            route=args.route, max_manual_actions=args.max_manual_actions)
+    except DecisionInputError as exc:
+        print(f"vllm-acceptance remediation-decision: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    path = write_decision(args.run_dir, decision)
+    rerender(args.run_dir)
+    for sign in decision["signs"].values():
+        print(f"{sign['status']:>14}  {sign['check']}  {sign['reason']}")
+    print(f"choice: {decision['choice'] or 'none'} ({decision['title']})")
+    for reason in decision["reasons"]:
+        print(f"  - {reason}")
+    print(f"decision: {path}")
+    if args.json:
+        print(json.dumps(decision, default=str))
+    return 3 if decision["choice"] is None else 1 if decision["choice"] == REVERT else 0
+
+
+def cmd_rebuild_manual(args: argparse.Namespace) -> int:
+    from .rebuild.decision import DecisionInputError, record_manual_action
+
+    try:
+        data = record_manual_action(args.record, what=args.what, host=args.host, by=args.by, none=args.none)
+    except DecisionInputError as exc:
+        print(f"vllm-acceptance rebuild-manual: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"manual actions recorded: {len(data['manual_actions'])}")
+    return 0
 
 
 def cmd_sign(args: argparse.Namespace) -> int:
@@ -288,6 +345,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_run(args)
         if args.command == "sign":
             return cmd_sign(args)
+        if args.command == "remediation-decision":
+            return cmd_remediation_decision(args)
+        if args.command == "rebuild-manual":
+            return cmd_rebuild_manual(args)
     except (ConfigError, ServerUnreachable) as exc:
         print(f"vllm-acceptance: {exc}", file=sys.stderr)
         return EXIT_USAGE
