@@ -68,6 +68,15 @@ def build_parser() -> argparse.ArgumentParser:
     checks.add_argument("--family", choices=FAMILIES, help="only this family")
     _add_sign(sub)
     _add_remediation(sub)
+    lin = sub.add_parser("lineage", help="a self-built image's lineage, reproducibility, results against the official "
+                                         "run, and where it may be released; exit 0 all pass, 1 a check fails, 3 "
+                                         "evidence missing")
+    lin.add_argument("profile", help="the experimental profile (profiles/<name>.yml written by build_image.yml)")
+    lin.add_argument("--build", type=Path, help="the build's lineage.json (default: beside lineage.build_log)")
+    lin.add_argument("--rebuild", type=Path, help="a rebuild's lineage.json (default: reproduction.json beside it)")
+    lin.add_argument("--run", type=Path, help="an acceptance run on this experimental profile")
+    lin.add_argument("--official", type=Path,
+                     help="the official run to compare with (default: the newest base-profile run beside --run)")
 
     lab = sub.add_parser("lab", help="the embedded lab: real vLLM on CPU")
     lab_sub = lab.add_subparsers(dest="lab_command", required=True)
@@ -152,6 +161,37 @@ def cmd_remediation_decision(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(decision, default=str))
     return 3 if decision["choice"] is None else 1 if decision["choice"] == REVERT else 0
+
+
+def cmd_lineage(args: argparse.Namespace) -> int:
+    from .core.findings import Status
+    from .rebuild.lineage import last_official_run, lineage_checks, load_lineage
+
+    profile = load_profile(args.profile)
+    lineage = profile.get("lineage") or {}
+    build_dir = Path(str(lineage["build_log"])).parent if lineage.get("build_log") else None
+    build_path = args.build or (build_dir / "lineage.json" if build_dir else None)
+    rebuilt_path = args.rebuild or (build_path.parent / "reproduction.json" if build_path else None)
+    run = official = None
+    official_dir = args.official
+    if args.run:
+        run = json.loads((args.run / "report.json").read_text())
+        if official_dir is None and lineage.get("base_profile"):
+            official_dir = last_official_run(args.run.resolve().parent, str(lineage["base_profile"]), exclude=args.run)
+    if official_dir is not None:
+        official = json.loads((official_dir / "report.json").read_text())
+    checks = lineage_checks(profile.data, build=load_lineage(build_path), rebuilt=load_lineage(rebuilt_path),
+                            rebuilt_path=str(rebuilt_path) if rebuilt_path else None, run=run, official=official,
+                            official_path=str(official_dir) if official_dir else None)
+    for finding in checks.values():
+        print(f"{finding.status.value:>14}  {finding.check}  {finding.reason}")
+    # A check that fails decides (1); else missing evidence (3); else the release scope itself (0 or 1).
+    statuses = {f.status for k, f in checks.items() if k != "compat.lineage.release_scope"}
+    if Status.FAIL in statuses:
+        return 1
+    if statuses & {Status.MISSING, Status.INCONCLUSIVE}:
+        return 3
+    return 0 if checks["compat.lineage.release_scope"].status in (Status.PASS, Status.NOT_APPLICABLE) else 1
 
 
 def cmd_rebuild_manual(args: argparse.Namespace) -> int:
@@ -349,6 +389,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_remediation_decision(args)
         if args.command == "rebuild-manual":
             return cmd_rebuild_manual(args)
+        if args.command == "lineage":
+            return cmd_lineage(args)
     except (ConfigError, ServerUnreachable) as exc:
         print(f"vllm-acceptance: {exc}", file=sys.stderr)
         return EXIT_USAGE

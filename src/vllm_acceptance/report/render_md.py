@@ -60,6 +60,11 @@ def render_markdown(report: dict[str, Any]) -> str:
         out += ["> **Experimental (self-built) image.** Never an acceptance of the official profile. "
                 f"Owner: {fmt(lineage.get('owner'))}; exit date: {fmt(lineage.get('exit_date'))}; "
                 f"base profile: {fmt(lineage.get('base_profile'))}.", ""]
+        if verdict == "release":
+            out += [f"> **EXPERIMENTAL release on the profile `{report.get('profile')}` only**; it never stands "
+                    f"for the official profile `{fmt(lineage.get('base_profile'))}`.", ""]
+        out += [f"- `{c.get('check')}` **{c.get('status')}**: {cell(c.get('reason'), 400)}"
+                for c in (report.get("lineage_checks") or {}).values()] + [""]
     out += [f"- Profile: `{report.get('profile')}`; started {fmt(report.get('started'))}; "
             f"finished {fmt(report.get('finished'))}"]
     if isinstance(report.get("server"), dict):
