@@ -98,7 +98,7 @@ def reproducible(recorded: Mapping[str, Any] | None, rebuilt: Mapping[str, Any] 
         return check.missing(None, "no lineage of the original build recorded")
     if not rebuilt:
         return check.missing(None, "no rebuild from the recorded inputs: run playbooks/build_image.yml -e "
-                                   "build_image_reproduce_from=<the build's lineage.json> and compare",
+                                   "build_image_reproduce_from=BUILD_DIR/evidence/build/lineage.json and compare",
                              evidence=evidence)
     want, got = recorded.get("image_digest"), rebuilt.get("image_digest")
     differences = [{"field": k, "recorded": recorded.get(k), "rebuilt": rebuilt.get(k)}
