@@ -41,11 +41,19 @@ def probe_findings(name: str) -> list[dict[str, Any]]:
     return json.loads((FIX / name).read_text())["findings"]
 
 
+# The recorded runs were taken at other hours than the recorded rolls (18:14-18:17 UTC): their times are
+# set around the roll here (the failed run before it, the re-run after it); the chronology test keeps them.
+BEFORE_ROLL = {"started": "2026-12-01T17:00:00+00:00", "finished": "2026-12-01T17:30:00Z"}
+AFTER_ROLL = {"started": "2026-12-01T19:00:00+00:00", "finished": "2026-12-01T19:30:00Z"}
+
+
 def run(tmp: Path, name: str, *, family: str | None = None, with_probe: str | None = None,
-        drop: tuple[str, ...] = (), **extra: Any) -> Path:
+        drop: tuple[str, ...] = (), when: str = "after", **extra: Any) -> Path:
     """A run directory holding the recorded run `name`; with `family` replaced by a real probe's findings
-    (or removed), checks in `drop` removed, and extra report fields."""
+    (or removed), checks in `drop` removed, its times before or after the roll (or as recorded), and extra
+    report fields."""
     report = report_of(name)
+    report.update({"before": BEFORE_ROLL, "after": AFTER_ROLL}.get(when, {}))
     findings = report["findings"]
     if family:
         findings = [f for f in findings if not f["check"].startswith(family)]
@@ -56,6 +64,11 @@ def run(tmp: Path, name: str, *, family: str | None = None, with_probe: str | No
     out.mkdir()
     (out / "report.json").write_text(json.dumps(report))
     return out
+
+
+def failed_before(tmp: Path) -> Path:
+    """The lab run whose compat.actual_config.flags failed, as the run before the change."""
+    return run(tmp, FLAGS_FAIL, when="before")
 
 
 def record(tmp: Path, name: str = "rebuild-completed.json", *, manual: list[str] | None = None) -> Path:
@@ -78,7 +91,7 @@ def signs(decision: dict[str, Any]) -> dict[str, str]:
 # --- sign 1: does the original error recur -----------------------------------------------------------
 
 def test_original_error_fixed_in_the_rerun(tmp_path: Path) -> None:
-    d = decide_after_remediation(run(tmp_path, HEALTHY), before_dir=run(tmp_path, FLAGS_FAIL),
+    d = decide_after_remediation(run(tmp_path, HEALTHY), before_dir=failed_before(tmp_path),
                                  record=record(tmp_path, manual=[]))
     sign = d["signs"]["recurrence"]
     assert sign["status"] == "pass"
@@ -87,7 +100,7 @@ def test_original_error_fixed_in_the_rerun(tmp_path: Path) -> None:
 
 
 def test_original_error_recurs_and_the_choice_is_revert_naming_it(tmp_path: Path) -> None:
-    d = decide_after_remediation(run(tmp_path, K3_FAIL), before_dir=run(tmp_path, FLAGS_FAIL),
+    d = decide_after_remediation(run(tmp_path, K3_FAIL), before_dir=failed_before(tmp_path),
                                  record=record(tmp_path, manual=[]))
     assert d["signs"]["recurrence"]["status"] == "fail"
     assert d["choice"] == REVERT
@@ -97,8 +110,8 @@ def test_original_error_recurs_and_the_choice_is_revert_naming_it(tmp_path: Path
 
 @pytest.mark.parametrize("case", ["no before run", "before run without a failure", "not judged again"])
 def test_recurrence_without_evidence_is_never_fine(tmp_path: Path, case: str) -> None:
-    before = {"no before run": None, "before run without a failure": run(tmp_path, HEALTHY),
-              "not judged again": run(tmp_path, FLAGS_FAIL)}[case]
+    before = {"no before run": None, "before run without a failure": run(tmp_path, HEALTHY, when="before"),
+              "not judged again": failed_before(tmp_path)}[case]
     after = run(tmp_path, HEALTHY, drop=("compat.actual_config.flags",) if case == "not judged again" else ())
     d = decide_after_remediation(after, before_dir=before, record=record(tmp_path, manual=[]))
     assert d["signs"]["recurrence"]["status"] == "missing"
@@ -110,7 +123,7 @@ def test_recurrence_without_evidence_is_never_fine(tmp_path: Path, case: str) ->
 
 def test_prefix_caching_off_in_the_rerun_fails_and_reverts(tmp_path: Path) -> None:
     after = run(tmp_path, HEALTHY, family="cache.", with_probe="probe-caching-off.json")
-    d = decide_after_remediation(after, before_dir=run(tmp_path, FLAGS_FAIL), record=record(tmp_path, manual=[]))
+    d = decide_after_remediation(after, before_dir=failed_before(tmp_path), record=record(tmp_path, manual=[]))
     assert signs(d)["prefix_cache"] == "fail" and signs(d)["recurrence"] == "pass"
     assert d["choice"] == REVERT
     assert {"cache.config", "cache.reuse"} <= set(d["failed_checks"])
@@ -118,7 +131,7 @@ def test_prefix_caching_off_in_the_rerun_fails_and_reverts(tmp_path: Path) -> No
 
 def test_prefix_cache_without_cache_findings_lacks_evidence(tmp_path: Path) -> None:
     after = run(tmp_path, HEALTHY, family="cache.")
-    d = decide_after_remediation(after, before_dir=run(tmp_path, FLAGS_FAIL), record=record(tmp_path, manual=[]))
+    d = decide_after_remediation(after, before_dir=failed_before(tmp_path), record=record(tmp_path, manual=[]))
     assert signs(d)["prefix_cache"] == "missing" and d["choice"] is None
     assert "no passing cache. finding" in d["signs"]["prefix_cache"]["reason"]
 
@@ -127,14 +140,14 @@ def test_prefix_cache_without_cache_findings_lacks_evidence(tmp_path: Path) -> N
 
 def test_structured_output_broken_by_a_gateway_fails_the_agent_sign(tmp_path: Path) -> None:
     after = run(tmp_path, HEALTHY, family="agent.", with_probe="probe-agent-drop-field.json")
-    d = decide_after_remediation(after, before_dir=run(tmp_path, FLAGS_FAIL), record=record(tmp_path, manual=[]))
+    d = decide_after_remediation(after, before_dir=failed_before(tmp_path), record=record(tmp_path, manual=[]))
     assert signs(d)["agent"] == "fail" and d["choice"] == REVERT
     assert "agent.structured_output" in d["failed_checks"]
 
 
 def test_agent_sign_needs_structured_output_evidence(tmp_path: Path) -> None:
     after = run(tmp_path, HEALTHY, drop=("agent.structured_output",))
-    d = decide_after_remediation(after, before_dir=run(tmp_path, FLAGS_FAIL), record=record(tmp_path, manual=[]))
+    d = decide_after_remediation(after, before_dir=failed_before(tmp_path), record=record(tmp_path, manual=[]))
     assert signs(d)["agent"] == "missing" and d["choice"] is None
     assert "agent.structured_output" in d["signs"]["agent"]["reason"]
 
@@ -142,7 +155,7 @@ def test_agent_sign_needs_structured_output_evidence(tmp_path: Path) -> None:
 # --- sign 4: manual actions ----------------------------------------------------------------------
 
 def test_manual_actions_not_stated_are_not_zero(tmp_path: Path) -> None:
-    d = decide_after_remediation(run(tmp_path, HEALTHY), before_dir=run(tmp_path, FLAGS_FAIL),
+    d = decide_after_remediation(run(tmp_path, HEALTHY), before_dir=failed_before(tmp_path),
                                  record=record(tmp_path))  # the record as rebuild.yml wrote it
     assert signs(d)["manual_actions"] == "missing" and d["choice"] is None
     assert "never assumed zero" in d["signs"]["manual_actions"]["reason"]
@@ -150,12 +163,12 @@ def test_manual_actions_not_stated_are_not_zero(tmp_path: Path) -> None:
 
 def test_manual_actions_over_the_limit_fail_and_within_it_pass(tmp_path: Path) -> None:
     rec = record(tmp_path, manual=["reloaded nvidia_peermem by hand after the reboot"])
-    over = decide_after_remediation(run(tmp_path, HEALTHY), before_dir=run(tmp_path, FLAGS_FAIL), record=rec)
+    over = decide_after_remediation(run(tmp_path, HEALTHY), before_dir=failed_before(tmp_path), record=rec)
     assert signs(over)["manual_actions"] == "fail" and over["choice"] == REVERT
     assert over["failed_checks"] == ["compat.remediation.manual_actions"]
     assert "reloaded nvidia_peermem by hand after the reboot on node1 by oncall" in \
         over["signs"]["manual_actions"]["reason"]
-    within = decide_after_remediation(run(tmp_path, HEALTHY), before_dir=run(tmp_path, FLAGS_FAIL), record=rec,
+    within = decide_after_remediation(run(tmp_path, HEALTHY), before_dir=failed_before(tmp_path), record=rec,
                                       max_manual_actions=1)
     assert signs(within)["manual_actions"] == "pass" and within["choice"] == KEEP_UPGRADED
 
@@ -169,14 +182,14 @@ def test_none_cannot_hide_recorded_manual_actions(tmp_path: Path) -> None:
 # --- the choices ---------------------------------------------------------------------------------
 
 def test_every_sign_holds_after_a_completed_roll_keeps_the_upgraded_cluster(tmp_path: Path) -> None:
-    d = decide_after_remediation(run(tmp_path, HEALTHY), before_dir=run(tmp_path, FLAGS_FAIL),
+    d = decide_after_remediation(run(tmp_path, HEALTHY), before_dir=failed_before(tmp_path),
                                  record=record(tmp_path, manual=[]))
     assert signs(d) == dict.fromkeys(("recurrence", "prefix_cache", "agent", "manual_actions"), "pass")
     assert d["route"] == "driver_upgrade" and d["choice"] == KEEP_UPGRADED and not d["failed_checks"]
 
 
 def test_a_stopped_roll_reverts_naming_the_check_that_failed_on_the_node(tmp_path: Path) -> None:
-    d = decide_after_remediation(run(tmp_path, HEALTHY), before_dir=run(tmp_path, FLAGS_FAIL),
+    d = decide_after_remediation(run(tmp_path, HEALTHY), before_dir=failed_before(tmp_path),
                                  record=record(tmp_path, "rebuild-stopped.json", manual=[]))
     assert d["choice"] == REVERT
     assert d["failed_checks"] == ["compat.gpu_visibility@node1"]
@@ -186,21 +199,22 @@ def test_a_stopped_roll_reverts_naming_the_check_that_failed_on_the_node(tmp_pat
 def test_isolated_environment_kept_with_owner_review_date_and_conditions(tmp_path: Path) -> None:
     iso = {"owner": "inference-team", "review_date": "2099-01-31", "move_back_criteria": "R580 on the shared cluster",
            "problems": [], "complete": True}
-    d = decide_after_remediation(run(tmp_path, HEALTHY, isolated_environment=iso), before_dir=run(tmp_path, FLAGS_FAIL),
+    d = decide_after_remediation(run(tmp_path, HEALTHY, isolated_environment=iso), before_dir=failed_before(tmp_path),
                                  record=record(tmp_path, manual=[]), route="isolated_environment")
     assert d["choice"] == KEEP_ISOLATED and d["terms"]["owner"] == "inference-team"
     lacking = {**iso, "owner": None, "problems": ["isolated_env_owner is not set"], "complete": False}
     d = decide_after_remediation(run(tmp_path, HEALTHY, isolated_environment=lacking),
-                                 before_dir=run(tmp_path, FLAGS_FAIL), record=record(tmp_path, manual=[]),
+                                 before_dir=failed_before(tmp_path), record=record(tmp_path, manual=[]),
                                  route="isolated_environment")
     assert d["choice"] is None and any("isolated_env_owner is not set" in x for x in d["lacking_evidence"])
 
 
 def test_cli_writes_the_decision_and_the_report_shows_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    after_dir, before_dir = run(tmp_path, HEALTHY), run(tmp_path, FLAGS_FAIL)
+    after_dir, before_dir = run(tmp_path, HEALTHY), failed_before(tmp_path)
     rec = record(tmp_path, manual=[])
     assert cli.main(["remediation-decision", str(after_dir), "--before", str(before_dir), "--record", str(rec)]) == 0
     assert json.loads((after_dir / DECISION_FILE).read_text())["choice"] == KEEP_UPGRADED
+    assert json.loads(rec.read_text())["decision"]["choice"] == KEEP_UPGRADED  # the rebuild record says it too
     md, html = (after_dir / "report.md").read_text(), (after_dir / "report.html").read_text()
     assert "Decision after remediation: Keep the upgraded cluster" in md
     assert 'id="remediation-decision"' in html and "compat.remediation.manual_actions" in html
@@ -213,13 +227,24 @@ def test_cli_writes_the_decision_and_the_report_shows_it(tmp_path: Path, capsys:
     assert cli.main(["remediation-decision", str(after_dir), "--before", str(before_dir), "--record", str(rec)]) == 1
 
 
+def test_a_rerun_older_than_the_roll_proves_nothing(tmp_path: Path) -> None:
+    """The recorded times as they were: the healthy lab run (16:20) is older than the roll (18:14) and than
+    the failed run (18:07): it cannot show the remediated environment."""
+    d = decide_after_remediation(run(tmp_path, HEALTHY, when="as recorded"),
+                                 before_dir=run(tmp_path, FLAGS_FAIL, when="as recorded"),
+                                 record=record(tmp_path, manual=[]))
+    assert d["choice"] is None
+    assert any("before the change ended" in x for x in d["lacking_evidence"])
+    assert any("older than the run before the change" in x for x in d["lacking_evidence"])
+
+
 def test_gpu_cluster_story_driver_below_minimum_fixed_by_the_upgrade(tmp_path: Path) -> None:
     """The sample two-node GB300 runs (generated, tests/fixtures/reports/samples.py): node2 on R575 before,
     every check passing after."""
     dirs = []
-    for kind in ("rebuild", "release"):
+    for kind, when in (("rebuild", BEFORE_ROLL), ("release", AFTER_ROLL)):
         run_dir, report = samples.build(kind, tmp_path / kind)
-        (run_dir / "report.json").write_text(json.dumps(report, default=str))
+        (run_dir / "report.json").write_text(json.dumps({**report, **when}, default=str))
         dirs.append(run_dir)
     d = decide_after_remediation(dirs[1], before_dir=dirs[0], record=record(tmp_path, manual=[]))
     assert "compat.driver_branch@gb300-node2" in d["signs"]["recurrence"]["observed"]["fixed"]

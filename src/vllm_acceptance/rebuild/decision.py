@@ -310,6 +310,37 @@ def roll_problems(record: Mapping[str, Any] | None) -> tuple[list[str], list[str
     return [], unproven, []
 
 
+def _when(value: Any) -> dt.datetime | None:
+    try:
+        when = dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return when if when.tzinfo else when.replace(tzinfo=dt.UTC)
+
+
+def chronology(before: RunFindings | None, after: RunFindings, record: Mapping[str, Any] | None) -> list[str]:
+    """The runs must frame the change: the failed run before it, the re-run after it (a stale run proves
+    nothing about the remediated environment). Unknown times are named too."""
+    problems = []
+    after_start = _when(after.report.get("started"))
+    if after_start is None:
+        problems.append(f"the re-run {after.label} has no start time")
+    steps = [_when(s.get("at")) for n in ((record or {}).get("nodes") or {}).values() for s in n.get("steps") or []]
+    steps = [s for s in steps if s is not None]
+    change_start = _when((record or {}).get("started")) or (min(steps) if steps else None)
+    change_end = max(steps) if steps else change_start
+    before_end = _when(before.report.get("finished")) if before else None
+    if after_start and change_end and after_start < change_end:
+        problems.append(f"the re-run {after.label} started {after_start.isoformat()}, before the change ended "
+                        f"({change_end.isoformat()}): re-run the acceptance after the change")
+    if before and before_end and change_start and before_end > change_start:
+        problems.append(f"the run before the change {before.label} finished {before_end.isoformat()}, after the "
+                        f"change began ({change_start.isoformat()}): give the run that failed before it")
+    if before and before_end and after_start and before_end > after_start:
+        problems.append(f"the re-run {after.label} is older than the run before the change {before.label}")
+    return problems
+
+
 def keep_isolated_terms(after: RunFindings, route: str) -> tuple[dict[str, Any], list[str]]:
     """Owner, review date and conditions to move of an isolated environment (or a self-built image's lineage)."""
     if route == SELF_BUILT_IMAGE:
@@ -338,6 +369,7 @@ def decide_after_remediation(after_dir: Path, *, before_dir: Path | None = None,
     lacking = [f"{name} ({f.check}): {f.reason}" for name, f in signs.items() if f.status in UNKNOWN]
     terms: dict[str, Any] = {}
     roll_checks: list[str] = []
+    lacking += [f"chronology: {p}" for p in chronology(before, after, record_data)]
     if taken == DRIVER_UPGRADE:
         roll_failed, roll_unproven, roll_checks = roll_problems(record_data)
         failed += roll_failed
@@ -385,6 +417,14 @@ def failed_ids(sign: Finding) -> list[str]:
 
 
 def write_decision(run_dir: Path, decision: Mapping[str, Any]) -> Path:
+    """remediation-decision.json beside the re-run's report; the rebuild record (when one was read) gets
+    the choice too, so the record of the change says how it ended."""
     path = Path(run_dir) / DECISION_FILE
     atomic_write(path, json.dumps(decision, indent=2, default=str) + "\n")
+    record_path, record = load_record(Path(decision["record"])) if decision.get("record") else (None, None)
+    if record_path is not None and record is not None:
+        record["decision"] = {k: decision.get(k) for k in ("choice", "title", "route", "failed_checks",
+                                                           "lacking_evidence", "decided_at")}
+        record["decision"]["run"] = str(path)
+        atomic_write(record_path, json.dumps(record, indent=2, default=str) + "\n")
     return path
