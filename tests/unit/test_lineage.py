@@ -157,5 +157,10 @@ def test_report_of_an_experimental_run_shows_the_lineage_checks_and_label(tmp_pa
     # No official-profile run beside it on this inventory: the comparison is missing, and named.
     assert report["lineage_checks"]["compat.lineage.official_diff"]["status"] == "missing"
     assert "EXPERIMENTAL release on the profile `kimi-k3-cu129` only" in render_markdown(report)
+    # The inventory's last official-profile run beside it: the results are compared.
+    official_dir, official = samples.build("release", tmp_path / "runs")
+    (official_dir / "report.json").write_text(json.dumps(official, default=str))
+    diff = build_report(run_dir, load_profile(path))["lineage_checks"]["compat.lineage.official_diff"]
+    assert diff["status"] == "pass" and diff["observed"]["official_run"] == official_dir.name
     (build_dir / "reproduction.json").write_text((LIN / "rebuild-unpinned.json").read_text())
     assert build_report(run_dir, load_profile(path))["verdict"] == "limited_observation"

@@ -209,6 +209,22 @@ def test_isolated_environment_kept_with_owner_review_date_and_conditions(tmp_pat
     assert d["choice"] is None and any("isolated_env_owner is not set" in x for x in d["lacking_evidence"])
 
 
+def test_self_built_image_kept_on_its_lineage_terms(tmp_path: Path) -> None:
+    lineage = {"owner": "inference-team", "exit_date": "2099-01-31", "base_profile": "kimi-k3"}
+    d = decide_after_remediation(run(tmp_path, HEALTHY, experimental=True, lineage=lineage),
+                                 before_dir=failed_before(tmp_path), record=record(tmp_path, manual=[]))
+    assert d["route"] == "self_built_image" and d["choice"] == KEEP_ISOLATED
+    assert d["terms"]["owner"] == "inference-team" and d["terms"]["review_date"] == "2099-01-31"
+    d = decide_after_remediation(run(tmp_path, HEALTHY, experimental=True, lineage={"base_profile": "kimi-k3"}),
+                                 before_dir=failed_before(tmp_path), record=record(tmp_path, manual=[]))
+    assert d["choice"] is None and any("lineage.owner is not recorded" in x for x in d["lacking_evidence"])
+
+
+def test_cli_refuses_a_run_without_a_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["remediation-decision", str(tmp_path)]) == 2
+    assert "no report.json" in capsys.readouterr().err
+
+
 def test_cli_writes_the_decision_and_the_report_shows_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     after_dir, before_dir = run(tmp_path, HEALTHY), failed_before(tmp_path)
     rec = record(tmp_path, manual=[])
