@@ -196,6 +196,25 @@ def test_a_stopped_roll_reverts_naming_the_check_that_failed_on_the_node(tmp_pat
     assert any("the roll stopped at preflight on node1" in r for r in d["reasons"])
 
 
+@pytest.mark.parametrize(("edit", "named"), [
+    ("workload skipped on node2", "node2: the existing workload was not re-run ok (skipped)"),
+    ("roll still running", "the roll is 'running', not completed"),
+    ("no rollback plan", "no rollback plan documented in the record"),
+])
+def test_keeping_the_upgraded_cluster_needs_a_completed_proven_roll(tmp_path: Path, edit: str, named: str) -> None:
+    rec = record(tmp_path, manual=[])
+    data = json.loads(rec.read_text())  # the recorded roll, edited here as named
+    if edit.startswith("workload"):
+        next(s for s in data["nodes"]["node2"]["steps"] if s["step"] == "workload")["status"] = "skipped"
+    elif edit.startswith("roll"):
+        data["status"] = "running"
+    else:
+        data["plan"]["rollback_plan"] = ""
+    rec.write_text(json.dumps(data))
+    d = decide_after_remediation(run(tmp_path, HEALTHY), before_dir=failed_before(tmp_path), record=rec)
+    assert d["choice"] is None and f"roll: {named}" in d["lacking_evidence"]
+
+
 def test_isolated_environment_kept_with_owner_review_date_and_conditions(tmp_path: Path) -> None:
     iso = {"owner": "inference-team", "review_date": "2099-01-31", "move_back_criteria": "R580 on the shared cluster",
            "problems": [], "complete": True}
