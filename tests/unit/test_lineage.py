@@ -164,3 +164,20 @@ def test_report_of_an_experimental_run_shows_the_lineage_checks_and_label(tmp_pa
     assert diff["status"] == "pass" and diff["observed"]["official_run"] == official_dir.name
     (build_dir / "reproduction.json").write_text((LIN / "rebuild-unpinned.json").read_text())
     assert build_report(run_dir, load_profile(path))["verdict"] == "limited_observation"
+
+
+def test_lineage_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from vllm_acceptance import cli
+
+    build_dir = tmp_path / "evidence" / "build"
+    build_dir.mkdir(parents=True)
+    (build_dir / "lineage.json").write_text((LIN / "build.json").read_text())
+    profile = exp_profile()
+    profile["lineage"]["build_log"] = str(build_dir / "build.log")
+    path = tmp_path / "kimi-k3-cu129.yml"
+    path.write_text(yaml.safe_dump(profile))
+    assert cli.main(["lineage", str(path)]) == 3  # not reproduced yet
+    (build_dir / "reproduction.json").write_text((LIN / "rebuild-same-inputs.json").read_text())
+    assert cli.main(["lineage", str(path)]) == 0
+    assert cli.main(["lineage", str(path), "--rebuild", str(LIN / "rebuild-unpinned.json")]) == 1
+    assert "not deterministic" in capsys.readouterr().out
