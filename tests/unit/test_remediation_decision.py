@@ -215,6 +215,12 @@ def test_keeping_the_upgraded_cluster_needs_a_completed_proven_roll(tmp_path: Pa
     assert d["choice"] is None and f"roll: {named}" in d["lacking_evidence"]
 
 
+def test_a_rollback_record_is_not_an_upgrade_to_keep(tmp_path: Path) -> None:
+    d = decide_after_remediation(run(tmp_path, HEALTHY), before_dir=failed_before(tmp_path),
+                                 record=record(tmp_path, "rollback-completed.json", manual=[]))
+    assert d["choice"] is None and any("already reverted" in x for x in d["lacking_evidence"])
+
+
 def test_isolated_environment_kept_with_owner_review_date_and_conditions(tmp_path: Path) -> None:
     iso = {"owner": "inference-team", "review_date": "2099-01-31", "move_back_criteria": "R580 on the shared cluster",
            "problems": [], "complete": True}

@@ -377,6 +377,9 @@ def decide_after_remediation(after_dir: Path, *, before_dir: Path | None = None,
     elif taken in (ISOLATED_ENVIRONMENT, SELF_BUILT_IMAGE):
         terms, problems = keep_isolated_terms(after, taken)
         lacking += [f"isolated environment record: {p}" for p in problems]
+    elif record_data is not None and record_data.get("kind") == "rollback":
+        lacking.append("the record is a rollback's (the change was already reverted): give the upgrade's "
+                       "rebuild record (--record) to decide on the upgrade")
     else:
         lacking.append("route unknown: give --route (driver_upgrade, isolated_environment, self_built_image) or "
                        "the driver upgrade's rebuild record")
