@@ -3,6 +3,8 @@
 Probe exit codes: 0 pass, 1 fail, 3 inconclusive, 2 usage or set-up error.
 `run` exit codes (one per verdict, README "From CI"): 0 release, 10 limited_observation, 20 expand_capacity,
 30 rebuild_environment, 40 incomplete; 2 inputs refused; 1 the run failed before a verdict; --check: 0 ok.
+`remediation-decision` (README "Beyond the verdict"): 0 keep, 1 revert, 3 no choice (a sign lacks evidence), 2 usage.
+`lineage`: 0 every check passes, 1 a check fails (or release not allowed), 3 evidence missing, 2 usage.
 """
 
 from __future__ import annotations
@@ -67,6 +69,16 @@ def build_parser() -> argparse.ArgumentParser:
     checks.add_argument("--format", choices=("table", "json", "md"), default="table")
     checks.add_argument("--family", choices=FAMILIES, help="only this family")
     _add_sign(sub)
+    _add_remediation(sub)
+    lin = sub.add_parser("lineage", help="a self-built image's lineage, reproducibility, results against the official "
+                                         "run, and where it may be released; exit 0 all pass, 1 a check fails, 3 "
+                                         "evidence missing")
+    lin.add_argument("profile", help="the experimental profile (profiles/<name>.yml written by build_image.yml)")
+    lin.add_argument("--build", type=Path, help="the build's lineage.json (default: beside lineage.build_log)")
+    lin.add_argument("--rebuild", type=Path, help="a rebuild's lineage.json (default: reproduction.json beside it)")
+    lin.add_argument("--run", type=Path, help="an acceptance run on this experimental profile")
+    lin.add_argument("--official", type=Path,
+                     help="the official run to compare with (default: the newest base-profile run beside --run)")
 
     lab = sub.add_parser("lab", help="the embedded lab: real vLLM on CPU")
     lab_sub = lab.add_subparsers(dest="lab_command", required=True)
@@ -107,6 +119,93 @@ def _add_sign(sub: argparse._SubParsersAction) -> None:
     sign.add_argument("--confirm", action="append", default=[], metavar="FIELD=TEXT",
                       help="an item a person confirms at sign-off; FIELD one of " + ", ".join(CONFIRM_FIELDS))
     sign.add_argument("--replace", action="store_true", help="sign again over an existing signoff.json")
+
+
+def _add_remediation(sub: argparse._SubParsersAction) -> None:
+    from .rebuild.remediation import ROUTES
+
+    dec = sub.add_parser("remediation-decision",
+                         help="after remediation: the four signs and the choice (keep / isolate / revert); "
+                              "exit 0 keep, 1 revert, 3 no choice (a sign lacks evidence)")
+    dec.add_argument("run_dir", type=Path, help="the acceptance re-run after the change (its run directory)")
+    dec.add_argument("--before", type=Path, help="the acceptance run that failed before the change")
+    dec.add_argument("--record", type=Path, help="the rebuild record (rebuild.json or its run directory)")
+    dec.add_argument("--route", choices=ROUTES, help="the remediation taken (default: from the record or the run)")
+    dec.add_argument("--max-manual-actions", type=int, default=0,
+                     help="manual actions the site accepts for keeping the environment (default 0)")
+    dec.add_argument("--json", action="store_true", help="print the decision as JSON")
+    man = sub.add_parser("rebuild-manual", help="record a manual action (or that there were none) in a rebuild record")
+    man.add_argument("record", type=Path, help="rebuild.json or its run directory")
+    man.add_argument("--what", help="what was done by hand")
+    man.add_argument("--host", help="on which node")
+    man.add_argument("--by", help="who did it")
+    man.add_argument("--none", action="store_true", help="state that no manual action was needed")
+
+
+def cmd_remediation_decision(args: argparse.Namespace) -> int:
+    from .rebuild.decision import REVERT, DecisionInputError, decide_after_remediation, write_decision
+    from .report.signoff import rerender
+
+    try:
+        decision = decide_after_remediation(args.run_dir, before_dir=args.before, record=args.record,
+                                            route=args.route, max_manual_actions=args.max_manual_actions)
+    except DecisionInputError as exc:
+        print(f"vllm-acceptance remediation-decision: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    path = write_decision(args.run_dir, decision)
+    rerender(args.run_dir)
+    for sign in decision["signs"].values():
+        print(f"{sign['status']:>14}  {sign['check']}  {sign['reason']}")
+    print(f"choice: {decision['choice'] or 'none'} ({decision['title']})")
+    for reason in decision["reasons"]:
+        print(f"  - {reason}")
+    print(f"decision: {path}")
+    if args.json:
+        print(json.dumps(decision, default=str))
+    return 3 if decision["choice"] is None else 1 if decision["choice"] == REVERT else 0
+
+
+def cmd_lineage(args: argparse.Namespace) -> int:
+    from .core.findings import Status
+    from .rebuild.lineage import last_official_run, lineage_checks, load_lineage
+
+    profile = load_profile(args.profile)
+    lineage = profile.get("lineage") or {}
+    build_dir = Path(str(lineage["build_log"])).parent if lineage.get("build_log") else None
+    build_path = args.build or (build_dir / "lineage.json" if build_dir else None)
+    rebuilt_path = args.rebuild or (build_path.parent / "reproduction.json" if build_path else None)
+    run = official = None
+    official_dir = args.official
+    if args.run:
+        run = json.loads((args.run / "report.json").read_text())
+        if official_dir is None and lineage.get("base_profile"):
+            official_dir = last_official_run(args.run.resolve().parent, str(lineage["base_profile"]), exclude=args.run)
+    if official_dir is not None:
+        official = json.loads((official_dir / "report.json").read_text())
+    checks = lineage_checks(profile.data, build=load_lineage(build_path), rebuilt=load_lineage(rebuilt_path),
+                            rebuilt_path=str(rebuilt_path) if rebuilt_path else None, run=run, official=official,
+                            official_path=str(official_dir) if official_dir else None)
+    for finding in checks.values():
+        print(f"{finding.status.value:>14}  {finding.check}  {finding.reason}")
+    # A check that fails decides (1); else missing evidence (3); else the release scope itself (0 or 1).
+    statuses = {f.status for k, f in checks.items() if k != "compat.lineage.release_scope"}
+    if Status.FAIL in statuses:
+        return 1
+    if statuses & {Status.MISSING, Status.INCONCLUSIVE}:
+        return 3
+    return 0 if checks["compat.lineage.release_scope"].status in (Status.PASS, Status.NOT_APPLICABLE) else 1
+
+
+def cmd_rebuild_manual(args: argparse.Namespace) -> int:
+    from .rebuild.decision import DecisionInputError, record_manual_action
+
+    try:
+        data = record_manual_action(args.record, what=args.what, host=args.host, by=args.by, none=args.none)
+    except DecisionInputError as exc:
+        print(f"vllm-acceptance rebuild-manual: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"manual actions recorded: {len(data['manual_actions'])}")
+    return 0
 
 
 def cmd_sign(args: argparse.Namespace) -> int:
@@ -288,6 +387,12 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_run(args)
         if args.command == "sign":
             return cmd_sign(args)
+        if args.command == "remediation-decision":
+            return cmd_remediation_decision(args)
+        if args.command == "rebuild-manual":
+            return cmd_rebuild_manual(args)
+        if args.command == "lineage":
+            return cmd_lineage(args)
     except (ConfigError, ServerUnreachable) as exc:
         print(f"vllm-acceptance: {exc}", file=sys.stderr)
         return EXIT_USAGE

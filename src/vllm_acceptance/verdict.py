@@ -14,6 +14,8 @@ from typing import Any
 
 from .core.findings import Consequence, Finding, Status
 
+RELEASE_SCOPE = "compat.lineage.release_scope"
+
 IMMEDIATE_ACTION = {
     "release": "Allow the planned traffic at the contracted profile; enable the generated monitoring.",
     "limited_observation": "Allow traffic only under the stated caps; name an owner and a re-check date; "
@@ -62,7 +64,9 @@ def decide(findings: list[Finding], *, experimental: bool = False,
     failing = [f for f in findings if f.status == Status.FAIL]
     rebuild = [f for f in failing if f.consequence == Consequence.REBUILD]
     expand = [f for f in failing if f.consequence == Consequence.EXPAND]
-    limit = [f for f in failing if f.consequence == Consequence.LIMIT]
+    # The experimental release scope is judged below, on a run that would otherwise be a release.
+    scope_failed = [f for f in failing if f.check == RELEASE_SCOPE]
+    limit = [f for f in failing if f.consequence == Consequence.LIMIT and f.check != RELEASE_SCOPE]
     agent_blocked = [f for f in failing if f.consequence == Consequence.BLOCK_AGENT]
     warned = [f for f in findings if f.status == Status.WARN]
     unknown = [f for f in findings if f.status in (Status.MISSING, Status.INCONCLUSIVE)]
@@ -114,10 +118,16 @@ def decide(findings: list[Finding], *, experimental: bool = False,
         reasons.append(("not reached because vLLM did not start: " if launch_failed else
                         "not reached because the server died under load: ") + ", ".join(_ids(not_reached)))
 
-    if experimental and verdict == "release":
-        verdict = "limited_observation"
-        reasons.append("experimental (self-built) image: never a release of the official profile; "
-                       "release only on its own experimental profile, with owner and exit date")
+    if (experimental or scope_failed) and verdict == "release":
+        scope = [f for f in findings if f.check == RELEASE_SCOPE and f.status == Status.PASS]
+        if scope and not scope_failed:
+            reasons.append("EXPERIMENTAL release: " + scope[0].reason)
+        else:
+            verdict = "limited_observation"
+            reasons.append("experimental (self-built) image: never a release of the official profile; "
+                           "release only on its own experimental profile, with owner and exit date, complete "
+                           "lineage and a reproducible build (compat.lineage.release_scope)"
+                           + (": " + "; ".join(f.reason for f in scope_failed) if scope_failed else ""))
 
     return Decision(verdict=verdict, reasons=reasons,
                     gates=traffic_gates(verdict, findings),

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from vllm_acceptance import cli
 from vllm_acceptance.core.findings import Finding, Status
 from vllm_acceptance.core.profile import load_profile
 from vllm_acceptance.lab.nshosts import HostSpec
@@ -93,6 +94,34 @@ def test_build_image_records_lineage_and_writes_an_experimental_profile(ns_hosts
     # Runs on it carry the lineage and are never an official release.
     passing = [Finding(check="compat.driver_branch", status=Status.PASS, host="n1")]
     assert decide(passing, experimental=profile.experimental).verdict != "release"
+    # The whole lineage: branch, dependency sources read from the inputs, compile options, input checksums.
+    assert lineage["source_branch"] == "kimi-k3" and lineage["compile_options"] == {"CUDA_VERSION": "12.9.1"}
+    assert lineage["dependency_sources"] == ["image nvidia/cuda:${CUDA_VERSION}-devel"]
+    assert set(lineage["inputs"]) == {"src/docker/Dockerfile", "src/requirements/cuda.txt",
+                                      "src/requirements/common.txt", f"patches/{patch.name}"}
+    assert profile.get("lineage.inputs") == lineage["inputs"]
+    assert lineage_cli(profile_path) == 3  # complete, but not reproduced yet: release not allowed
+
+    # Rebuilt from the recorded inputs alone (the commit, the kept patch): the same digest.
+    record = run_dir / "evidence" / "build" / "lineage.json"
+    again = {"acceptance_profile_path": extra["acceptance_profile_path"], "build_image_reproduce_from": str(record),
+             "build_image_workdir": str(tmp_path / "work2"), "build_image_run_dir": str(tmp_path / "rebuild")}
+    reproduce(inventory, again)
+    rebuilt = json.loads((run_dir / "evidence" / "build" / "reproduction.json").read_text())
+    assert rebuilt["image_digest"] == lineage["image_digest"] and rebuilt["source_commit"] == commit
+    assert lineage_cli(profile_path) == 0  # complete, reproducible: release allowed on its own profile only
+    # (A build whose digest moves with the same inputs, the fake's .state/unpinned, is judged in
+    # tests/unit/test_lineage.py on the records such a run wrote: tests/fixtures/remediation/lineage.)
+
+
+def reproduce(inventory: Path, extra: dict[str, object]) -> None:
+    proc = subprocess.run([ansible_bin(), "-i", str(inventory), "playbooks/build_image.yml", "-e", json.dumps(extra)],
+                          cwd=REPO, env=ansible_env(), capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-2000:]
+
+
+def lineage_cli(profile_path: Path) -> int:
+    return cli.main(["lineage", str(profile_path)])
 
 
 def test_build_without_owner_or_exit_date_is_refused(ns_hosts: ClusterFactory, tmp_path: Path) -> None:

@@ -864,8 +864,9 @@ def _now() -> str:
 
 # --- self-built image: its experimental profile --------------------------------------------------
 
-LINEAGE_KEYS = ("owner", "exit_date", "base_profile", "source_repo", "source_commit", "dockerfile", "lock_files",
-                "patches", "build_log", "image_digest", "rollback_image")
+LINEAGE_KEYS = ("owner", "exit_date", "base_profile", "source_repo", "source_branch", "source_commit", "dockerfile",
+                "dependency_sources", "lock_files", "compile_options", "patches", "build_log", "image_digest",
+                "rollback_image", "inputs")
 
 
 def experimental_profile(base: Profile, *, name: str, image_reference: str, image_digest: str | None,
@@ -887,7 +888,8 @@ def experimental_profile(base: Profile, *, name: str, image_reference: str, imag
                            f"{base.name}; owner {owner}, exit {exit_date}. Never an acceptance of the official "
                            "image.")
     data["experimental"] = True
-    data["lineage"] = {k: lineage[k] for k in LINEAGE_KEYS if lineage.get(k) not in (None, "", [])}
+    data["lineage"] = {k: lineage[k] for k in LINEAGE_KEYS
+                       if lineage.get(k) not in (None, "", []) or (k == "patches" and lineage.get(k) == [])}
     data["lineage"]["base_profile"] = base.name
     data["recipe"] = {**data.get("recipe", {}), "status": "experimental",
                       "notes": [*data.get("recipe", {}).get("notes", []),

@@ -18,6 +18,7 @@ from typing import Any
 from ..core.findings import Consequence, Finding, Status, missing, read_findings
 from ..core.profile import Profile
 from ..monitoring.generate import monitoring_summary
+from ..rebuild.lineage import last_official_run, lineage_checks, load_lineage
 from ..rebuild.remediation import isolated_environment_record, route_for_report
 from ..rules.registry import get as catalog_get
 from ..verdict import IMMEDIATE_ACTION, REOPEN_TRIGGERS, ROLLBACK_TRIGGERS, Decision, annotate, decide, traffic_gates
@@ -118,6 +119,9 @@ def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
     findings, errors = collect_findings(run_dir)
     findings += gpu_nodes_named(profile, run, findings)
     drop_dangling_evidence(run_dir, findings)
+    # A self-built image's lineage checks; its release scope is a finding the decision reads.
+    lineage = experimental_lineage(run_dir, profile, findings)
+    findings += [f for f in lineage.values() if f.check == "compat.lineage.release_scope"]
     review = profile.get("review", {}) or {}
     annotate(findings, owner or run.get("owner") or review.get("owner"), int(review.get("period_days", 30)))
     unreachable = sorted(run.get("unreachable_hosts", []))
@@ -147,6 +151,7 @@ def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
         "immediate_action": IMMEDIATE_ACTION[decision.verdict],
         "experimental": decision.experimental,
         "lineage": profile.get("lineage"),
+        "lineage_checks": {k: f.to_dict() for k, f in lineage.items() if k != "compat.lineage.release_scope"},
         "recipe": profile.get("recipe"),
         "gates": decision.gates,
         "limits": (stages.get("load") or {}).get("limits", {}),
@@ -188,6 +193,24 @@ def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
     # Recorded beside report.json after a run: sign-off and restore rehearsal (report/signoff.py).
     report.update(attachments(run_dir))
     return report
+
+
+def experimental_lineage(run_dir: Path, profile: Profile, findings: list[Finding]) -> dict[str, Finding]:
+    """A self-built image's lineage checks (rebuild/lineage.py): the build's lineage.json and a rebuild's
+    reproduction.json beside its build log, and this inventory's last official-profile run."""
+    lineage = profile.get("lineage")
+    if not profile.experimental and not lineage:
+        return {}
+    lineage = lineage if isinstance(lineage, dict) else {}
+    build_dir = Path(str(lineage["build_log"])).parent if lineage.get("build_log") else None
+    rebuilt_path = build_dir / "reproduction.json" if build_dir else None
+    official_dir = last_official_run(run_dir.resolve().parent, str(lineage.get("base_profile") or ""),
+                                     exclude=run_dir) if lineage.get("base_profile") else None
+    run = {"run_id": run_dir.name, "findings": [f.to_dict() for f in findings]}
+    official = read_json(official_dir / "report.json") if official_dir else None
+    return lineage_checks(profile.data, build=load_lineage(build_dir / "lineage.json") if build_dir else None,
+                          rebuilt=load_lineage(rebuilt_path), rebuilt_path=str(rebuilt_path) if rebuilt_path else None,
+                          run=run, official=official, official_path=str(official_dir) if official_dir else None)
 
 
 def server_state(teardown: Any) -> dict[str, Any]:

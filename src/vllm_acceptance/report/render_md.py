@@ -60,6 +60,11 @@ def render_markdown(report: dict[str, Any]) -> str:
         out += ["> **Experimental (self-built) image.** Never an acceptance of the official profile. "
                 f"Owner: {fmt(lineage.get('owner'))}; exit date: {fmt(lineage.get('exit_date'))}; "
                 f"base profile: {fmt(lineage.get('base_profile'))}.", ""]
+        if verdict == "release":
+            out += [f"> **EXPERIMENTAL release on the profile `{report.get('profile')}` only**; it never stands "
+                    f"for the official profile `{fmt(lineage.get('base_profile'))}`.", ""]
+        out += [f"- `{c.get('check')}` **{c.get('status')}**: {cell(c.get('reason'), 400)}"
+                for c in (report.get("lineage_checks") or {}).values()] + [""]
     out += [f"- Profile: `{report.get('profile')}`; started {fmt(report.get('started'))}; "
             f"finished {fmt(report.get('finished'))}"]
     if isinstance(report.get("server"), dict):
@@ -81,6 +86,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         if remediation.get("command"):
             out += ["", f"Command: `{remediation['command']}`"]
         out += [f"- confirm first: {b}" for b in remediation.get("blocked_by") or []]
+    out += remediation_decision_md(report.get("remediation_decision"))
     limits = limit_rows(report)
     if limits:
         out += ["", "Limits (serving config and alerts):", ""] + [f"- `{k}`: {v}" for k, v in limits]
@@ -162,4 +168,25 @@ def first_screen(report: dict[str, Any]) -> list[str]:
     out += [f"- not provable here: {cell(g['reason'], 140)}: {', '.join(g['checks'])}" for g in na]
     if not unproven and not na:
         out.append("Nothing.")
+    return out
+
+
+def remediation_decision_md(decision: Any) -> list[str]:
+    """The decision after remediation (rebuild/decision.py): the four signs and the choice."""
+    if not isinstance(decision, dict):
+        return []
+    choice = decision.get("choice")
+    out = ["", f"## Decision after remediation: {decision.get('title')}", "",
+           f"**Choice: `{choice or 'none'}`** (route {fmt(decision.get('route'))}; re-run "
+           f"{fmt((decision.get('after') or {}).get('run'))}, before {fmt((decision.get('before') or {}).get('run'))})"]
+    if decision.get("failed_checks"):
+        out.append("**Failed:** " + ", ".join(f"`{c}`" for c in decision["failed_checks"]))
+    out += ["", "| Sign | Status | Why |", "| --- | --- | --- |"]
+    for name, sign in (decision.get("signs") or {}).items():
+        out.append(f"| {cell(name.replace('_', ' '))} (`{cell(sign.get('check'))}`) | **{cell(sign.get('status'))}** "
+                   f"| {cell(sign.get('reason'))} |")
+    out += [""] + [f"- {cell(r, 400)}" for r in decision.get("reasons") or []]
+    terms = decision.get("terms") or {}
+    if terms and choice:
+        out += [f"- {k.replace('_', ' ')}: {fmt(terms.get(k))}" for k in ("owner", "review_date", "move_back_criteria")]
     return out

@@ -153,8 +153,10 @@ def signed_view(run_dir: Path) -> dict[str, Any] | None:
 
 
 def attachments(run_dir: Path) -> dict[str, Any]:
-    """What is recorded beside report.json after the run: the sign-off and the restore rehearsal."""
-    return {"signed": signed_view(run_dir), "restore_rehearsal": read_json_dict(run_dir / REHEARSAL_FILE)}
+    """What is recorded beside report.json after the run: the sign-off, the restore rehearsal and the decision
+    after remediation (rebuild/decision.py)."""
+    return {"signed": signed_view(run_dir), "restore_rehearsal": read_json_dict(run_dir / REHEARSAL_FILE),
+            "remediation_decision": read_json_dict(run_dir / "remediation-decision.json")}
 
 
 def rerender(run_dir: Path) -> list[Path]:

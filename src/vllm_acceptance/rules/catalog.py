@@ -446,3 +446,60 @@ register("capacity.loadgen", stage="loadgen", consequence=EXPAND,
          evidence="probes/load/client.json, the client self-check of every step in the load stage details",
          source="product rule (README, load generator self-check): a client that is its own bottleneck "
                 "must not blame the server; 000: the load stages it guards")
+
+# --- after remediation: the decision on four signs (rebuild/decision.py) --------------------------
+
+register("compat.remediation.recurrence", stage="rebuild", consequence=REBUILD,
+         title="The original error does not recur after remediation",
+         rule="every check that failed in the acceptance before the change passes in the re-run (same host, or "
+              "every host that judges it in another environment); not judged again is missing, never fixed",
+         evidence="report.json of the run before the change and of the re-run",
+         source="001 'Stable observation': does the original error recur")
+register("compat.remediation.prefix_cache", stage="rebuild", consequence=REBUILD,
+         title="Prefix caching behaves after remediation",
+         rule="the re-run's cache family (and compat.actual_config.prefix_caching) has no failed, missing or "
+              "inconclusive finding and at least one passing cache finding",
+         evidence="report.json of the re-run (cache.* findings)",
+         source="001 'Stable observation': is the expected prefix-caching behaviour kept")
+register("compat.remediation.agent", stage="rebuild", consequence=REBUILD,
+         title="Agent tools and structured output work after remediation",
+         rule="the re-run's agent family has no failed, missing or inconclusive finding; agent.tool_call and "
+              "agent.structured_output pass",
+         evidence="report.json of the re-run (agent.* findings)",
+         source="001 'Stable observation': do the agent tools and structured output work correctly")
+register("compat.remediation.manual_actions", stage="rebuild", consequence=REBUILD,
+         title="Manual actions the environment needed",
+         rule="the rebuild record states its manual actions (never assumed zero) and they are at most the allowed "
+              "count (--max-manual-actions, default 0)",
+         evidence="rebuild.json manual_actions (vllm-acceptance rebuild-manual)",
+         source="001 'Stable observation': how many manual actions the environment's upkeep needs")
+
+# --- the self-built (experimental) image: lineage, reproducibility, scope (rebuild/lineage.py) ----
+
+register("compat.lineage.complete", stage="rebuild", consequence=REBUILD,
+         title="Self-built image lineage complete",
+         rule="source repository, branch and commit, Dockerfile, dependency sources and lock files, compile "
+              "options, patches, build log, image digest, rollback image, owner and a future exit date are "
+              "recorded; each missing field is named",
+         evidence="the experimental profile's lineage, evidence/build/lineage.json",
+         source="001 'Remediation playbooks': self-built image for another CUDA")
+register("compat.lineage.reproducible", stage="rebuild", consequence=REBUILD,
+         title="Self-built image reproduces from its recorded inputs",
+         rule="a rebuild from the recorded inputs (same commit, Dockerfile, lock files, compile options, patches) "
+              "gives the recorded image digest; otherwise the differing inputs or layers are listed",
+         evidence="lineage.json of the build and of the rebuild (playbooks/build_image.yml)",
+         source="001: a build that cannot be reproduced from scratch never becomes a long-term base")
+register("compat.lineage.official_diff", stage="rebuild", consequence=LIMIT,
+         title="Self-built image's results against the last official run",
+         rule="the experimental run is compared with the last official-profile run of the same inventory; a check "
+              "that passes on the official image and fails on the self-built one is a regression",
+         evidence="report.json of the experimental run and of the last official run",
+         source="001: the differences from the official image's results")
+register("compat.lineage.release_scope", stage="report", consequence=LIMIT,
+         title="Experimental release only on its own experimental profile",
+         rule="a release of a self-built image is allowed only on its own experimental profile (a name other than "
+              "its base profile), with complete lineage, a reproducible build and an exit date not passed; it is "
+              "labelled experimental and never stands for the official profile",
+         evidence="the run's profile (experimental, lineage), the lineage checks",
+         source="docs/acceptance.md: a self-built image is released only on its own experimental profile, never as "
+                "acceptance of the official image")
