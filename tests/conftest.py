@@ -93,6 +93,18 @@ def lab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
     stop_lab(server)
 
 
+def session_server(tmp_path_factory: pytest.TempPathFactory, name: str, port_env: str, port: int, *,
+                   extra_args: str = "", profile: Path = LAB_PROFILE, model: Path = LAB_MODEL) -> Iterator[LabServer]:
+    """A lab server kept for the session, on `$port_env` (default `port`) plus LAB_PORT_OFFSET."""
+    reason = lab_skip_reason(model)
+    if reason:
+        _skip_or_fail(reason)
+    port = int(os.environ.get(port_env, str(port))) + int(os.environ.get("LAB_PORT_OFFSET", "0"))
+    server = start_lab(tmp_path_factory.mktemp(name), port=port, extra_args=extra_args, profile=profile)
+    yield server
+    stop_lab(server)
+
+
 # docs/lab.md's pressure configuration: 24 KV blocks (3,072 tokens) and 4 sequences on the tiny model.
 PRESSURE_ARGS = "--max-num-seqs 4 --num-gpu-blocks-override 24"
 
@@ -101,25 +113,15 @@ PRESSURE_ARGS = "--max-num-seqs 4 --num-gpu-blocks-override 24"
 def lab_pressure_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
     """One real lab vLLM in the pressure configuration for the session (the capacity stage and the monitoring
     test share it; neither restarts or kills it)."""
-    reason = lab_skip_reason()
-    if reason:
-        _skip_or_fail(reason)
-    port = int(os.environ.get("LAB_TEST_PORT_PRESSURE", "8024")) + int(os.environ.get("LAB_PORT_OFFSET", "0"))
-    server = start_lab(tmp_path_factory.mktemp("lab-pressure"), port=port, extra_args=PRESSURE_ARGS)
-    yield server
-    stop_lab(server)
+    yield from session_server(tmp_path_factory, "lab-pressure", "LAB_TEST_PORT_PRESSURE", 8024,
+                              extra_args=PRESSURE_ARGS)
 
 
 @pytest.fixture(scope="session")
 def k3_lab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
     """A real lab vLLM serving the Kimi K3 variant through vLLM's kimi_k3 tool and reasoning parsers."""
-    reason = lab_skip_reason(LAB_MODEL_K3)
-    if reason:
-        _skip_or_fail(reason)
-    port = int(os.environ.get("LAB_TEST_PORT_K3", "8031")) + int(os.environ.get("LAB_PORT_OFFSET", "0"))
-    server = start_lab(tmp_path_factory.mktemp("lab-k3"), port=port, profile=LAB_PROFILE_K3)
-    yield server
-    stop_lab(server)
+    yield from session_server(tmp_path_factory, "lab-k3", "LAB_TEST_PORT_K3", 8031, profile=LAB_PROFILE_K3,
+                              model=LAB_MODEL_K3)
 
 
 @pytest.fixture
