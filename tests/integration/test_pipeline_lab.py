@@ -48,6 +48,9 @@ def test_report_contract(lab_run: Path) -> None:
     for name in ("report.html", "report.md", "junit.xml"):
         assert (lab_run / name).stat().st_size > 0
     assert report["server"]["state"] == "attached"      # not launched by the run: left running, and said so
+    # What the nodes recorded was judged into the load stage after the probes (playbooks/probes.yml), once.
+    after = json.loads((lab_run / "stages" / "load.json").read_text())["after_probes"]
+    assert after["judged_at"] and after["memory_rows"] == 0 and after["changed"] == []  # CPU lab: no GPU series
 
 
 def test_each_family_judged_from_real_evidence(lab_run: Path) -> None:
