@@ -129,6 +129,11 @@ def test_alerts_fire_under_pressure_and_stay_silent_under_the_normal_configurati
         # Rules loaded and evaluated without error (recording and alerting groups alike).
         groups = httpx.get(f"{prom.url}/api/v1/rules", timeout=10).json()["data"]["groups"]
         stored = {r["metric"]["__name__"] for r in query(prom.url, 'count by (__name__) ({__name__=~"vllm.num_re.*"})')}
+        # The server survived the pressure: scraped again once the load is over.
+        deadline = time.time() + 20
+        while time.time() < deadline and not query(prom.url, f'up{{instance="{pressure_target}"}} == 1'):
+            time.sleep(1)
+        up_after = query(prom.url, f'up{{instance="{pressure_target}"}}')
     finally:
         watch.stop.set()
         prom.stop()
@@ -136,10 +141,11 @@ def test_alerts_fire_under_pressure_and_stay_silent_under_the_normal_configurati
           f"{time.time() - started:.0f} s; names stored by Prometheus: {sorted(stored)}; seen: {watch.seen}")
     assert not loud_normal, f"alerts under the normal configuration: {loud_normal}"
     assert watch.names(pressure_target, "firing") >= CAPACITY_ALERTS, watch.seen
-    # The server survived the pressure. (A scrape may time out while 2 shared cores are saturated, so
-    # VllmTargetDown may go pending for a moment; it must not fire.)
+    # The server survived the pressure: not restarted, and up again after it. (While 16 requests saturate the
+    # 2 shared cores its /metrics can miss the 2 s scrape timeout for several scrapes in a row, so
+    # VllmTargetDown may fire there: Prometheus really could not scrape it. The normal server must not.)
     assert "VllmRestarted" not in watch.names(pressure_target)
-    assert "VllmTargetDown" not in watch.names(pressure_target, "firing")
+    assert up_after and up_after[0]["value"][1] == "1", up_after
     # The rule file loaded, and every rule evaluated cleanly against the real series.
     rules_state = [r for g in groups for r in g["rules"]]
     assert rules_state and all(r.get("health") in ("ok", "unknown") for r in rules_state), \
