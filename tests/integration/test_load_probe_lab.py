@@ -43,6 +43,9 @@ def test_normal_lab_holds_the_contract_with_knee_and_headroom(lab_server, tmp_pa
     statuses = {f["check"]: f["status"] for f in result["findings"]}
     print("normal lab:", details["knee_text"], "| limit:", details["limits"])
     steps = details["steps"]
+    if statuses["capacity.loadgen"] != "pass":  # the client could not keep up (a loaded machine): no verdict
+        assert statuses["capacity.loadgen"] == "inconclusive" and statuses["capacity.ramp"] != "pass", statuses
+        return
     # The cache holds the contract and more: no step is short of KV, none preempts, none errs.
     assert all(s["preemptions"] == 0 and s["errors"] == 0 and not s["kv_saturated"] for s in steps), steps
     for check in ("capacity.kv_capacity", "capacity.long_prompt", "capacity.context_contract", "capacity.mixed",
