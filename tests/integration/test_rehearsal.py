@@ -108,3 +108,46 @@ def test_container_gone_after_a_launched_run(cluster: rh.Rehearsal, played: dict
     launched = [c for c in cluster.calls("gb300-a01") if c["argv"][1:3] == ["run", "-d"]]
     assert any(f"vllm/vllm-openai:kimi-k3@{rh.DIGEST}" in c["argv"] for c in launched)
     assert cluster.container_status("gb300-a01") == "absent"
+
+
+# Small messages keep the shaped run short; the bound is generous for 2 busy cores.
+ALLREDUCE = {"preflight_nccl_test_method": "auto", "preflight_allreduce_env": {"GLOO_SOCKET_IFNAME": "eth0"},
+             "preflight_allreduce_args": ["--min-bytes", "1M", "--max-bytes", "4M", "--iters", "3", "--warmup", "1",
+                                          "--timeout", "120"]}
+
+
+def _bandwidth(findings: list[dict], host: str) -> dict:
+    return next(f for f in findings if f["check"] == "interconnect.nccl_bandwidth" and f["host"] == host)
+
+
+def test_nccl_bandwidth_without_nccl_tests_spans_the_nodes_and_fails_on_a_slow_link(
+        cluster: rh.Rehearsal, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Two healthy nodes without all_reduce_perf: preflight measures the all-reduce with the torch inside
+    the image (the stand-in runs the lab image's CPU torch: gloo over the namespace network, labelled so)
+    across both nodes at once; the same nodes with one link shaped to 40 Mbit/s fail the profile's bound."""
+    nodes = ["gb300-a01", "gb300-a03"]
+    work = tmp_path_factory.mktemp("bandwidth")
+    for host in nodes:
+        cluster.set_tool(host, "all_reduce_perf", present=False)
+    try:
+        inv = cluster.inventory("two-nodes-bandwidth", gpu_nodes=nodes, head="gb300-a01",
+                                variables={"vllm_serve_mode": "launch", **ALLREDUCE})
+        proc, findings = rh.run_preflight(inv, work / "healthy")
+        assert findings, proc.stdout[-3000:] + proc.stderr[-3000:]
+        for host in nodes:
+            healthy = _bandwidth(findings, host)
+            assert healthy["status"] == "pass", healthy
+            assert healthy["observed"]["tool"] == "torch.distributed all_reduce"
+            assert healthy["observed"]["backend"] == "gloo" and "over gloo" in healthy["reason"]
+            assert sorted(healthy["observed"]["hosts"]) == nodes and healthy["observed"]["wrong"] == 0
+            assert any(p.endswith("nccl_allreduce_image.txt") for p in healthy["evidence"])
+        cluster.throttle("gb300-a03", "40mbit")
+        proc, findings = rh.run_preflight(inv, work / "shaped")
+        assert findings, proc.stdout[-3000:] + proc.stderr[-3000:]
+        slow = _bandwidth(findings, "gb300-a01")
+        assert slow["status"] == "fail", slow
+        assert "< 0.1 GB/s" in slow["reason"] and slow["consequence"] == "expand_capacity"
+    finally:
+        cluster.throttle("gb300-a03", None)
+        for host in nodes:
+            cluster.set_tool(host, "all_reduce_perf", present=True)

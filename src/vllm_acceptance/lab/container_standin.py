@@ -8,8 +8,10 @@ nshosts.py) `docker` is this script (stdlib only, run by the node's /usr/bin/pyt
   starts the real vLLM OpenAI server of the lab venv (CPU) with ARGS, the model resolved in the mounted
   cache (HOST/MODEL), bound where ARGS say (`--host 0.0.0.0`: this node's namespace address). A
   detached supervisor keeps its log (`docker logs`) and its state (`docker inspect`, `docker ps`);
-- `run` without `-d` (the in-image probe of preflight), `version`, `info`, `image inspect`, `pull`
-  are answered by the node's recorded docker (tests/fixtures/generated-nodes/<case>/bin/docker);
+- `run` without `-d` of preflight's in-image probe, `version`, `info`, `image inspect`, `pull` are
+  answered by the node's recorded docker (tests/fixtures/generated-nodes/<case>/bin/docker): they stand
+  for the GPU image's facts; any other foreground `run ... --entrypoint python3 IMAGE -c PROGRAM` (the
+  in-image all-reduce) runs PROGRAM for real with the lab's Python in the node's namespace;
 - `inspect --format '{{.State.Status}}' NAME` / `'{{json .Args}}'`, `ps`, `logs [--tail N] NAME`,
   `stop NAME`, `rm [-f] NAME` act on the supervised server.
 
@@ -36,6 +38,7 @@ OOM_LINE = ("(EngineCore pid=312) ERROR [core.py:710] torch.OutOfMemoryError: CU
             "allocate 2.00 GiB. GPU 0 has a total capacity of 279.00 GiB of which 1.12 GiB is free.")
 CRASH_LINE = "(EngineCore pid=312) ERROR [core.py:710] RuntimeError: Worker proc VllmWorker-0 died unexpectedly"
 CACHE_MOUNT = "/root/.cache/huggingface"
+PROBE = Path(__file__).resolve().parents[3] / "roles" / "preflight" / "files" / "probe.py"
 
 
 def options(argv: list[str]) -> tuple[dict[str, str], list[str]]:
@@ -267,7 +270,38 @@ def main(argv: list[str]) -> int:
         return 0
     if cmd in ("stop", "rm"):
         return max([stop(node, n, remove=cmd == "rm") for n in names if n not in ("-f", "--force")] or [0])
+    if cmd == "run" and (program := foreground_program(args)) is not None:
+        return run_foreground(node, args, program)
     return node.recorded_docker(args)
+
+
+def foreground_program(argv: list[str]) -> tuple[str, list[str]] | None:
+    """`run --rm ... --entrypoint python3 IMAGE -c PROGRAM ARGS` -> (PROGRAM, ARGS), except preflight's
+    in-image probe, whose answer is the node's recorded image facts (CUDA 13, the GPUs in the image)."""
+    if "-d" in argv or "-c" not in argv or "--entrypoint" not in argv:
+        return None
+    at = argv.index("-c")
+    program = argv[at + 1] if at + 1 < len(argv) else ""
+    if program.rstrip() == PROBE.read_text().rstrip():
+        return None
+    return program, argv[at + 2:]
+
+
+def run_foreground(node: Node, argv: list[str], program: tuple[str, list[str]]) -> int:
+    """Any other program runs for real with the lab image's Python (CPU torch) in the node's namespace,
+    with the `-e=KEY` values of the runtime's environment, as `docker run --network host` would; a node
+    whose recorded runtime refuses to start the image (driver 575: `unsatisfied condition: cuda>=13.0`)
+    refuses it here too."""
+    refused = subprocess.run([node.recorded, *argv], capture_output=True, text=True)
+    if refused.returncode != 0:
+        sys.stderr.write(refused.stderr)
+        return refused.returncode
+    env = dict(os.environ)
+    for arg in argv:
+        if arg.startswith("-e=") and "=" in arg[3:]:
+            key, _, value = arg[3:].partition("=")
+            env[key] = value
+    return subprocess.call([node.lab_python, "-c", program[0], *program[1]], env=env)
 
 
 if __name__ == "__main__":

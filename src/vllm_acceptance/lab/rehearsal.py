@@ -38,7 +38,7 @@ MODELS = REPO / ".lab" / "models"
 DIGEST = "sha256:181ec868e19acf210c3bf194732b2f2d50459a1c59df63a1d2653a6c9450c5b6"  # the recorded RepoDigest
 PORT = 8000
 CONTAINER = "vllm-acceptance"
-NODES = {"gb300-a01": "good", "gb300-a02": "driver-575"}
+NODES = {"gb300-a01": "good", "gb300-a02": "driver-575", "gb300-a03": "good"}
 
 
 def _executable(path: Path, text: str) -> None:
@@ -105,6 +105,22 @@ class Rehearsal:
             path.write_text(fault + "\n")
         elif path.exists():
             path.unlink()
+
+    def set_tool(self, host: str, tool: str, present: bool) -> None:
+        """Take a node tool away (or give it back): e.g. a node without nccl-tests' all_reduce_perf."""
+        source, target = FIXTURES / NODES[host] / "bin" / tool, self.dirs[host] / "bin" / tool
+        if present:
+            shutil.copy2(source, target)
+        else:
+            target.unlink(missing_ok=True)
+
+    def throttle(self, host: str, rate: str | None) -> None:
+        """Shape the node's link on the bridge side (tc tbf), a slow inter-node path; None lifts it."""
+        veth = self.cluster.host(host).veth if self.cluster else ""
+        subprocess.run(["tc", "qdisc", "del", "dev", veth, "root"], capture_output=True)
+        if rate:
+            subprocess.run(["tc", "qdisc", "add", "dev", veth, "root", "tbf", "rate", rate, "burst", "64kbit",
+                            "latency", "400ms"], check=True, capture_output=True)
 
     def container_status(self, host: str) -> str:
         out = self.ssh(host, "docker", "inspect", "--format", "{{.State.Status}}", CONTAINER)
@@ -175,6 +191,31 @@ def profile_args() -> list[str]:
     return [str(a) for a in yaml.safe_load(PROFILE.read_text())["launch"]["args"]]
 
 
+def run_preflight(inventory: Path, run_dir: Path, timeout_s: float = 600) -> tuple[subprocess.CompletedProcess[str],
+                                                                                    list[dict[str, Any]]]:
+    """`playbooks/preflight.yml` alone (the compatibility chain, no server), as an operator runs it on an
+    opened run directory; returns the run and findings/preflight.json."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run([_ansible_playbook(), "-i", str(inventory), str(REPO / "playbooks" / "preflight.yml"),
+                           "-e", f"acceptance_run_dir={run_dir}", "-e", f"acceptance_profile_path={PROFILE}"],
+                          capture_output=True, text=True, timeout=timeout_s, env=_ansible_env(), cwd=REPO)
+    path = run_dir / "findings" / "preflight.json"
+    data = json.loads(path.read_text()) if path.is_file() else {"findings": []}
+    return proc, data["findings"] if isinstance(data, dict) else data
+
+
+def _ansible_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_PIPELINING": "1", "ANSIBLE_NOCOLOR": "1",
+                "ANSIBLE_HOST_KEY_CHECKING": "False",
+                "PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '/usr/bin:/bin')}"})
+    return env
+
+
+def _ansible_playbook() -> str:
+    return shutil.which("ansible-playbook", path=_ansible_env()["PATH"]) or "ansible-playbook"
+
+
 @dataclass
 class Outcome:
     rc: int
@@ -199,13 +240,9 @@ class Outcome:
 
 def run_accept(inventory: Path, reports: Path, timeout_s: float = 900) -> Outcome:
     """`ansible-playbook -i INVENTORY accept.yml`, as a user runs it, from the checkout."""
-    env = dict(os.environ)
-    env.update({"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_PIPELINING": "1", "ANSIBLE_NOCOLOR": "1",
-                "ANSIBLE_HOST_KEY_CHECKING": "False",
-                "PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '/usr/bin:/bin')}"})
-    playbook = shutil.which("ansible-playbook", path=env["PATH"]) or "ansible-playbook"
+    env = _ansible_env()
     start = time.time()
-    proc = subprocess.run([playbook, "-i", str(inventory), str(REPO / "accept.yml"),
+    proc = subprocess.run([_ansible_playbook(), "-i", str(inventory), str(REPO / "accept.yml"),
                            "-e", f"acceptance_reports_dir={reports}"], capture_output=True, text=True,
                           timeout=timeout_s, env=env, cwd=REPO)
     wall = time.time() - start

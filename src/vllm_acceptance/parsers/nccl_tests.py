@@ -12,6 +12,7 @@ lines inside the table are skipped or stripped.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 
@@ -35,6 +36,8 @@ class NcclPerf(Parsed):
     hosts: list[str] = field(default_factory=list)
     out_of_bounds: int | None = None
     layout: str | None = None   # "new" (#wrong counts) or "old" (error deviations)
+    tool: str = "nccl-tests"
+    backend: str | None = "nccl"   # the in-image test says which backend it really used (nccl or gloo)
 
     @property
     def max_busbw(self) -> float | None:
@@ -127,4 +130,38 @@ def parse_all_reduce_perf(text: str) -> NcclPerf:
     if not result.rows:
         result.errors.append("no result rows (not nccl-tests output, or the test failed)"
                              + (f"; first line not read as a row: {unread!r}" if unread else ""))
+    return result
+
+
+def parse_torch_allreduce(text: str) -> NcclPerf:
+    """The in-image all-reduce's JSON line (roles/preflight/files/allreduce.py) in the same shape: rows of
+    bus bandwidth and wrong elements, the ranks' hosts, and the backend it really ran on."""
+    result = NcclPerf(tool="torch.distributed all_reduce", backend=None, layout="new")
+    data = None
+    for line in reversed(text.strip().splitlines()):
+        try:
+            data = json.loads(line)
+        except ValueError:
+            continue
+        break
+    if not isinstance(data, dict):
+        result.errors.append("no JSON line from the in-image all-reduce")
+        return result
+    result.backend = data.get("backend") if isinstance(data.get("backend"), str) else None
+    ranks = data.get("ranks") if isinstance(data.get("ranks"), list) else []
+    result.ranks = len(ranks)
+    for rank in ranks:
+        host = rank.get("host") if isinstance(rank, dict) else None
+        if isinstance(host, str) and host not in result.hosts:
+            result.hosts.append(host)
+    for row in data.get("rows") or []:
+        try:
+            result.rows.append(NcclRow(size_bytes=int(row["bytes"]), busbw_oop=float(row["busbw_gbps"]),
+                                       busbw_ip=float(row["busbw_gbps"]), wrong=int(row["wrong"])))
+        except (KeyError, TypeError, ValueError):
+            result.errors.append(f"unreadable row {row!r:.200}")
+    if data.get("error"):
+        result.errors.append(str(data["error"])[:600])
+    elif not result.rows:
+        result.errors.append("no result rows")
     return result

@@ -39,6 +39,9 @@ COMMANDS = {
     "ibv_devinfo": "ibv_devinfo",
     "rdma_link": "rdma link",
     "nccl_allreduce": "all_reduce_perf -b 8M -e 8G -f 2 -g N",
+    "nccl_allreduce_image": "docker|podman run --rm --gpus all --network host --entrypoint python3 IMAGE -c "
+                            "<allreduce.py> (torch.distributed all-reduce across every node, where all_reduce_perf "
+                            "is absent)",
     "image_pull": "docker|podman pull IMAGE (only when preflight_pull_image is set)",
     "inputs": "the role's inputs (JSON)",
 }

@@ -115,8 +115,11 @@ register("interconnect.nccl_env", stage="preflight", consequence=REBUILD,
          source="recipe: multi-node settings; 001: NCCL_DMABUF_ENABLE=0 only on the logged mlx5dv_reg_dmabuf_mr error")
 register("interconnect.nccl_bandwidth", stage="preflight", consequence=EXPAND,
          title="NCCL all-reduce bandwidth between nodes",
-         rule="all_reduce_perf bus bandwidth >= profile interconnect.min_busbw_gbps, no wrong results",
-         evidence="all_reduce_perf output",
+         rule="all-reduce bus bandwidth >= profile thresholds.nccl_busbw_gbps over the profile's collective "
+              "backend (hardware.collective_backend, default nccl), no wrong results, ranks on >= 2 nodes when "
+              "multi-node; measured by all_reduce_perf, or where it is absent by torch.distributed inside the "
+              "image under test on every node at once",
+         evidence="all_reduce_perf output, or the in-image all-reduce's JSON (roles/preflight/files/allreduce.py)",
          source="001: an NCCL bandwidth test between nodes")
 
 # --- serve: launch or attach ---------------------------------------------------------------------

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..core.findings import Consequence, Finding, Status, missing, not_applicable
 from ..core.profile import Profile
 from ..parsers.env import comm_env
-from ..parsers.nccl_tests import parse_all_reduce_perf
+from ..parsers.nccl_tests import NcclPerf, parse_all_reduce_perf, parse_torch_allreduce
 from ..parsers.rdma import parse_ibv_devinfo, parse_rdma_link
 from ..parsers.startup_log import StartupScan
 from .context import NodeContext, finding, gpu_profile_na, why_missing
@@ -154,32 +154,56 @@ def check_nccl_env_node(ctx: NodeContext) -> Finding:
 
 # --- interconnect.nccl_bandwidth ------------------------------------------------------------
 
+def _bandwidth_source(ctx: NodeContext) -> tuple[NcclPerf, list[str], object] | None:
+    """nccl-tests where it ran; else the in-image all-reduce (run where all_reduce_perf is absent, or
+    chosen with preflight_nccl_test_method: image); None when neither ran."""
+    record = ctx.rec("nccl_allreduce")
+    if record.ok:
+        return parse_all_reduce_perf(record.stdout), ctx.paths("nccl_allreduce"), record.cmd
+    image = ctx.rec("nccl_allreduce_image")
+    if image.present and not image.missing_tool and image.stdout.strip():
+        perf = parse_torch_allreduce(image.stdout)
+        if image.rc != 0 and perf.ok:
+            perf.errors.append(image.why_not())
+        return perf, ctx.paths("nccl_allreduce", "nccl_allreduce_image"), image.cmd
+    return None
+
+
 def check_nccl_bandwidth(ctx: NodeContext) -> Finding:
     check = "interconnect.nccl_bandwidth"
     if (na := gpu_profile_na(check, ctx)) is not None:
         return na
-    record = ctx.rec("nccl_allreduce")
-    evidence = ctx.paths("nccl_allreduce")
     threshold = ctx.profile.get("thresholds.nccl_busbw_gbps")
-    if not record.ok:
+    source = _bandwidth_source(ctx)
+    if source is None:
+        evidence = ctx.paths("nccl_allreduce", "nccl_allreduce_image")
         if ctx.multinode:
-            return missing(check, ctx.host, why_missing(ctx, "nccl_allreduce"), Consequence.EXPAND, evidence)
-        return not_applicable(check, ctx.host, "single node and no nccl-tests output: the inter-node "
+            return missing(check, ctx.host, why_missing(ctx, "nccl_allreduce", "nccl_allreduce_image"),
+                           Consequence.EXPAND, evidence)
+        return not_applicable(check, ctx.host, "single node and no all-reduce output: the inter-node "
                                                "bandwidth test is required for multi-node layouts only")
-    perf = parse_all_reduce_perf(record.stdout)
-    observed = {"max_busbw_gbps": perf.max_busbw, "avg_busbw_gbps": perf.avg_busbw, "ranks": perf.ranks,
-                "hosts": perf.hosts, "wrong": perf.wrong_results, "cmd": record.cmd}
-    rule = f"all_reduce_perf bus bandwidth >= {threshold} GB/s, no wrong results" + \
+    perf, evidence, cmd = source
+    backend = str(ctx.profile.get("hardware.collective_backend") or "nccl")
+    observed = {"tool": perf.tool, "backend": perf.backend, "max_busbw_gbps": perf.max_busbw,
+                "avg_busbw_gbps": perf.avg_busbw, "ranks": perf.ranks, "hosts": perf.hosts,
+                "wrong": perf.wrong_results, "cmd": cmd}
+    rule = f"all-reduce bus bandwidth over {backend} >= {threshold} GB/s, no wrong results" + \
         (", ranks spanning >= 2 nodes" if ctx.multinode else "")
     if not perf.ok or perf.max_busbw is None:
         return finding(check, Status.INCONCLUSIVE, ctx.host, observed=observed, expected=threshold, rule=rule,
                         evidence=evidence, consequence=Consequence.EXPAND, reason="; ".join(perf.errors),
-                        action="check the nccl-tests output")
+                        action=f"check the {perf.tool} output")
     if perf.wrong_results or perf.out_of_bounds:
         return finding(check, Status.FAIL, ctx.host, observed=observed, expected=threshold, rule=rule,
                         evidence=evidence, consequence=Consequence.REBUILD,
-                        reason="nccl-tests reported wrong results (data corruption on the path)",
+                        reason=f"{perf.tool} reported wrong results (data corruption on the path)",
                         action="inspect NVLink/NIC health (nvidia-smi nvlink -e, ibstat) before any load test")
+    if perf.tool != "nccl-tests" and perf.backend != backend:   # nccl-tests is NCCL by construction
+        return finding(check, Status.INCONCLUSIVE, ctx.host, observed=observed, expected=threshold, rule=rule,
+                        evidence=evidence, consequence=Consequence.EXPAND,
+                        reason=f"the all-reduce ran over {perf.backend}, not {backend}: the image's torch saw no "
+                               "CUDA device, so the GPU interconnect is unmeasured",
+                        action="see compat.container_cuda and compat.gpu_visibility, then re-run preflight")
     if threshold is None:
         return finding(check, Status.INCONCLUSIVE, ctx.host, observed=observed, expected=None, rule=rule,
                         evidence=evidence, consequence=Consequence.EXPAND,
@@ -188,12 +212,16 @@ def check_nccl_bandwidth(ctx: NodeContext) -> Finding:
         return finding(check, Status.INCONCLUSIVE, ctx.host, observed=observed, expected=threshold, rule=rule,
                         evidence=evidence, consequence=Consequence.EXPAND,
                         reason="the test ran on one node only; the inter-node path is unmeasured",
-                        action="set preflight_nccl_test_argv to an mpirun/srun line spanning the nodes")
+                        action="set preflight_nccl_test_method: image (the image's all-reduce across the nodes), "
+                               "or preflight_nccl_test_argv to an mpirun/srun line spanning the nodes")
     if perf.max_busbw < float(threshold):
         return finding(check, Status.FAIL, ctx.host, observed=observed, expected=threshold, rule=rule,
                         evidence=evidence, consequence=Consequence.EXPAND,
-                        reason=f"bus bandwidth {perf.max_busbw} GB/s < {threshold} GB/s",
+                        reason=f"bus bandwidth {perf.max_busbw} GB/s < {threshold} GB/s ({perf.tool}, "
+                               f"{perf.backend}, {len(perf.hosts)} node(s))",
                         action="check the interconnect (NVLink/NVSwitch, NIC rails, NCCL topology); change the "
                                "topology or the interconnect rather than adding GPUs")
     return finding(check, Status.PASS, ctx.host, observed=observed, expected=threshold, rule=rule,
-                    evidence=evidence, consequence=Consequence.EXPAND, action="none")
+                    evidence=evidence, consequence=Consequence.EXPAND, action="none",
+                    reason=f"{perf.max_busbw} GB/s over {perf.backend} ({perf.tool}, {perf.ranks} ranks on "
+                           f"{len(perf.hosts)} node(s))")
