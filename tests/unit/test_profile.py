@@ -13,7 +13,7 @@ from vllm_acceptance.core.rundir import open_run, validate_inventory_vars
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("name", ["kimi-k3", "cpu-lab"])
+@pytest.mark.parametrize("name", ["kimi-k3", "cpu-lab", "cpu-lab-k3", "cpu-lab-vision"])
 def test_shipped_profiles_are_valid(name: str) -> None:
     assert load_profile(REPO / "profiles" / f"{name}.yml").name == name
 

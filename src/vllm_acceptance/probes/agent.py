@@ -741,6 +741,10 @@ class AgentProbe:
         with_image = ((ex.body or {}).get("usage") or {}).get("prompt_tokens") if ex.ok else None
         without = ((bare.body or {}).get("usage") or {}).get("prompt_tokens") if bare.ok else None
         added = with_image - without if with_image is not None and without is not None else None
+        # vLLM's own count of the multimodal tokens (with --enable-prompt-tokens-details; null elsewhere):
+        # corroboration kept in the observation, not needed for the verdict.
+        server_count = ((((ex.body or {}).get("usage") or {}).get("prompt_tokens_details") or {})
+                        .get("multimodal_tokens") if ex.ok else None)
         want = self.cfg.image_tokens
         answered = ex.ok and msg.get("role") == "assistant" and bool(msg.get("content"))
         reached = added is not None and added > 0 and (want is None or added == want)
@@ -765,7 +769,8 @@ class AgentProbe:
         return _finding("agent.multimodal", Status.PASS if ok else Status.FAIL, layer, ev, reason=reason,
                         observed={"status": ex.status, "content": (msg.get("content") or "")[:200],
                                   "prompt_tokens_with_image": with_image, "prompt_tokens_without": without,
-                                  "image_tokens": added, "error": ex.error},
+                                  "image_tokens": added, "server_multimodal_tokens": server_count,
+                                  "error": ex.error},
                         expected="HTTP 200, an assistant answer, and the image's tokens in the prompt"
                                  + (f" ({want})" if want is not None else ""),
                         action="check the model's multimodal support, --limit-mm-per-prompt, the image "
