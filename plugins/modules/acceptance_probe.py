@@ -52,6 +52,20 @@ options:
     description: Profile fields overridden for this probe (dotted keys).
     type: dict
     default: {}
+  phase:
+    description:
+      - C(main) runs the probe. C(restart) (cache only) completes a cache stage after the server this run
+        launched was restarted between two calls: hot A of the last session again on the new process, judged
+        as C(cache.restart).
+    type: str
+    choices: [main, restart]
+    default: main
+  restart_error:
+    description: Phase C(restart) - why the restart failed (C(cache.restart) is then inconclusive with it).
+    type: str
+  restart_log:
+    description: Phase C(restart) - what the restart did, kept as evidence (C(probes/cache/restart.log)).
+    type: str
 extends_documentation_fragment:
   - acceptance
   - acceptance.profile
@@ -65,6 +79,15 @@ EXAMPLES = r"""
     run_dir: "{{ acceptance_run_dir }}"
     base_url: http://127.0.0.1:8011/v1
     model: tiny-agent
+
+- name: The cache probe's hot request after the launched server was restarted
+  acceptance_probe:
+    kind: cache
+    phase: restart
+    run_dir: "{{ acceptance_run_dir }}"
+    base_url: http://127.0.0.1:8011/v1
+    model: tiny-agent
+    restart_log: "docker restart vllm-acceptance: ready after 52.1 s"
 """
 
 RETURN = r"""
@@ -87,7 +110,7 @@ import traceback
 from ansible_collections.vllm.acceptance.plugins.module_utils.acceptance_base import AcceptanceModule
 
 try:
-    from vllm_acceptance.probes.stage import run_probe_stage
+    from vllm_acceptance.probes.stage import run_cache_restart_stage, run_probe_stage
 except ImportError:
     IMPORT_ERROR = traceback.format_exc()
 else:
@@ -108,6 +131,9 @@ def main() -> None:
             "server_pid": {"type": "int"},
             "server_log": {"type": "path"},
             "overrides": {"type": "dict", "default": {}},
+            "phase": {"type": "str", "choices": ["main", "restart"], "default": "main"},
+            "restart_error": {"type": "str"},
+            "restart_log": {"type": "str"},
         },
         profile=True, import_error=IMPORT_ERROR,
     )
@@ -115,6 +141,16 @@ def main() -> None:
     if module.check_mode:
         module.exit_json(changed=False, status="skipped", msg=f"check mode: the {p['kind']} probe sends no traffic")
     run = module.run()
+    if p["phase"] == "restart":
+        if p["kind"] != "cache":
+            module.fail_json(msg=f"phase restart is the cache probe's only (kind is {p['kind']}): set kind: cache")
+        status, statuses, result = module.guard(
+            run_cache_restart_stage, run.path, profile_path=p["profile_path"] or str(run.profile_path),
+            base_url=p["base_url"], model=p["model"], metrics_url=p["metrics_url"],
+            prometheus_url=p["prometheus_url"], prometheus_instance=p["prometheus_instance"], api_key=p["api_key"],
+            server_pid=p["server_pid"], server_log=p["server_log"], overrides=p["overrides"],
+            restart_error=p["restart_error"], restart_log=p["restart_log"])
+        module.exit_json(changed=True, status=status, statuses=statuses, result=str(result))
     status, statuses, result = module.guard(
         run_probe_stage, run.path, p["kind"], profile_path=p["profile_path"] or str(run.profile_path),
         base_url=p["base_url"], model=p["model"], metrics_url=p["metrics_url"], prometheus_url=p["prometheus_url"],

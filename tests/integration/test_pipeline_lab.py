@@ -125,6 +125,13 @@ def test_launch_mode_starts_judges_and_stops_the_lab_server(tmp_path: Path) -> N
     assert json.loads((run_dir / "report.json").read_text())["server"]["state"] == "stopped"
     report = json.loads((run_dir / "report.json").read_text())
     assert {f["check"] for f in report["findings"] if f["status"] == "missing"} >= {"agent.tool_call", "capacity.load"}
+    # The run launched the server, so the cache protocol's last request came after a real restart (the same
+    # launch again, between two probe calls): a new process, an empty device cache.
+    restart = next(f for f in report["findings"] if f["check"] == "cache.restart")
+    assert restart["status"] == "pass", restart
+    assert restart["observed"]["process_start_after"] > restart["observed"]["process_start_before"]
+    assert "stopped and started again" in (run_dir / "probes" / "cache" / "restart.log").read_text()
+    assert json.loads((run_dir / "stages" / "cache.json").read_text())["restart"]["prompt_tokens"] > 0
 
 
 def test_check_mode_changes_nothing_and_shows_the_plan(tmp_path: Path) -> None:

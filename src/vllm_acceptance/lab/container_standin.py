@@ -13,7 +13,8 @@ nshosts.py) `docker` is this script (stdlib only, run by the node's /usr/bin/pyt
   for the GPU image's facts; any other foreground `run ... --entrypoint python3 IMAGE -c PROGRAM` (the
   in-image all-reduce) runs PROGRAM for real with the lab's Python in the node's namespace;
 - `inspect --format '{{.State.Status}}' NAME` / `'{{json .Args}}'`, `ps`, `logs [--tail N] NAME`,
-  `stop NAME`, `rm [-f] NAME` act on the supervised server.
+  `stop NAME`, `rm [-f] NAME`, `restart [-t N] NAME` (same arguments, environment and log) act on the
+  supervised server.
 
 A fault a scenario sets in STATE/fault (`oom_at_running=N`: once N requests run at once the server is
 killed and a CUDA OOM line is written to its log, as a container that died of OOM leaves it;
@@ -141,10 +142,7 @@ def run_detached(node: Node, argv: list[str]) -> int:
     (box / "env.json").write_text(json.dumps({k: os.environ.get(k, "") for k in keys}))
     (box / "mounts.json").write_text(json.dumps(mounts))
     (box / "state").write_text("created")
-    subprocess.Popen([sys.executable, __file__, "--state", str(node.state), "--recorded", node.recorded,
-                      "--lab-python", node.lab_python, "--", "__supervise", name],
-                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                     start_new_session=True)
+    spawn_supervisor(node, name)
     print(f"{abs(hash((name, time.time()))):064x}"[:64])
     return 0
 
@@ -206,13 +204,26 @@ def supervise(node: Node, name: str) -> int:
     return 0
 
 
-def stop(node: Node, name: str, remove: bool) -> int:
-    box = node.box(name)
-    if not box.is_dir():
-        if remove:
-            return 0
+def spawn_supervisor(node: Node, name: str) -> None:
+    subprocess.Popen([sys.executable, __file__, "--state", str(node.state), "--recorded", node.recorded,
+                      "--lab-python", node.lab_python, "--", "__supervise", name],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True)
+
+
+def restart(node: Node, name: str) -> int:
+    """`restart NAME`: the same container (arguments, environment, log) stopped and started again."""
+    if node.status(name) is None:
         sys.stderr.write(f"Error response from daemon: No such container: {name}\n")
         return 1
+    stop_process(node.box(name))
+    (node.box(name) / "state").write_text("created")
+    spawn_supervisor(node, name)
+    print(name)
+    return 0
+
+
+def stop_process(box: Path) -> None:
     pid = read_int(box / "pid")
     if alive(pid):
         with contextlib.suppress(OSError):
@@ -223,6 +234,16 @@ def stop(node: Node, name: str, remove: bool) -> int:
             time.sleep(0.5)
         if alive(pid):
             os.killpg(pid, signal.SIGKILL)   # type: ignore[arg-type]
+
+
+def stop(node: Node, name: str, remove: bool) -> int:
+    box = node.box(name)
+    if not box.is_dir():
+        if remove:
+            return 0
+        sys.stderr.write(f"Error response from daemon: No such container: {name}\n")
+        return 1
+    stop_process(box)
     (box / "state").write_text("exited")
     if remove:
         for path in sorted(box.iterdir()):
@@ -268,6 +289,10 @@ def main(argv: list[str]) -> int:
             if "-a" in args or node.status(box.name) == "running":
                 print(box.name)
         return 0
+    if cmd == "restart":
+        targets = [a for i, a in enumerate(args[1:], 1)
+                   if not a.startswith("-") and args[i - 1] not in ("-t", "--time")]
+        return max([restart(node, n) for n in targets] or [0])
     if cmd in ("stop", "rm"):
         return max([stop(node, n, remove=cmd == "rm") for n in names if n not in ("-f", "--force")] or [0])
     if cmd == "run" and (program := foreground_program(args)) is not None:

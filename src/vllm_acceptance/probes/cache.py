@@ -347,7 +347,18 @@ def run_cache_probe(client: OpenAIClient, source: MetricsSource, cfg: CacheProbe
             rule="a request without a complete answer within cache.request_timeout_s decides nothing",
             action="find where the request stalls (server queue, gateway, network) and re-run the cache probe"))
     shared = max((m.expected_hits or 0) for m in measurements if m.kind == "hot_a")
+    if restart is None and not hung:
+        # What a restart between two probe calls needs (run_cache_restart): the session whose hot request is
+        # re-sent and this process's start time (playbooks/probes.yml restarts a server the run launched).
+        try:
+            restart_point = {"session": f"{tag}-{cfg.sessions}",
+                             "process_start": source.snapshot().value("process_start_time_seconds")}
+        except MetricsError:
+            restart_point = None
+    else:
+        restart_point = None
     details = {"block_size": block, "shared_prefix_tokens": shared, "expected_hot_hits": shared,
+               "restart_point": restart_point,
                "template_head_tokens": head,
                "requests": [m.row() for m in measurements], "rounds": [m.row() for m in rounds],
                "restart": restart[2].row() if restart and restart[2] else None,
@@ -380,6 +391,40 @@ def restart_hot(probe: CacheProbe, session_id: str
     m.kind = "restart"
     m.expected_hits = 0  # a fresh process: nothing of it is in the device cache
     return before, after, m, None, ev
+
+
+def run_cache_restart(client: OpenAIClient, source: MetricsSource, cfg: CacheProbeConfig, store: EvidenceStore,
+                      details: dict[str, Any], restart_error: str | None = None,
+                      restart_log: str | None = None) -> tuple[Finding, dict[str, Any] | None]:
+    """The cache protocol's last request, after the server was restarted between two probe calls (the
+    run launched it; playbooks/probes.yml): hot A of the last session again on the new process. Judged by
+    rules/cache.py judge_restart from the start time the first call saw and the one the server has now."""
+    check = registry.get("cache.restart")
+    consequence = Consequence.REBUILD if cfg.relies_on_reuse else Consequence.LIMIT
+    evidence = [store.write_text("restart.log", restart_log)] if restart_log else []
+    point = details.get("restart_point") or {}
+    if not point.get("session") or details.get("block_size") is None:
+        return check.inconclusive(evidence=evidence, consequence=consequence,
+                                  reason="not measured: the cache protocol before the restart did not complete",
+                                  action="see the other cache findings, then re-run the cache probe"), None
+    if restart_error:
+        return check.inconclusive(evidence=evidence, consequence=consequence, observed={"error": restart_error},
+                                  reason=f"the restart failed: {restart_error}",
+                                  action="read restart.log and the server log, then re-run acceptance"), None
+    probe = CacheProbe(client, source, cfg, store)
+    try:
+        after = source.snapshot().value("process_start_time_seconds")
+        m = probe.measure(0, "hot_a", str(point["session"]), label="restart-hot_a")
+    except (MetricsError, ServerLost) as exc:
+        return check.inconclusive(evidence=evidence, consequence=consequence, observed={"error": str(exc)},
+                                  reason=f"the restarted server could not be measured: {exc}",
+                                  action="read the server log, then re-run acceptance"), None
+    m.kind = "restart"
+    m.expected_hits = 0  # a fresh process: nothing of it is in the device cache
+    rows_ev = store.write_json("restart-requests.json", [m.row()])
+    finding = judge_restart(point.get("process_start"), after, m, cfg, int(details["block_size"]),
+                            [rows_ev, *evidence], True)
+    return finding, m.row()
 
 
 def server_lost(probe: CacheProbe, lost: ServerLost, done: list[Measurement], cfg: CacheProbeConfig,

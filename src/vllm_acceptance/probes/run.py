@@ -87,24 +87,46 @@ def run_probe(opts: ProbeOptions, *, write_result_json: bool = True) -> tuple[st
     return overall_status(findings), findings, details
 
 
+def cache_config(opts: ProbeOptions, scenario: dict[str, Any]) -> Any:
+    """The cache probe's settings from the profile and the overrides (probes/cache.py CacheProbeConfig)."""
+    from .cache import CacheProbeConfig
+
+    return CacheProbeConfig(
+        model=opts.model, scenario=scenario, sessions=int(_get(opts, "cache.sessions", 3)),
+        hybrid=bool(_get(opts, "model.hybrid_cache", False)),
+        relies_on_reuse=bool(_get(opts, "cache.capacity_relies_on_reuse", True)),
+        tolerance_blocks=int(_get(opts, "thresholds.cache_hit_tolerance_blocks", 1)),
+        min_prefill_drop=float(_get(opts, "cache.min_prefill_drop", 0.0)),
+        server_pid=opts.server_pid, server_log=opts.server_log,
+        retention_interval=_get(opts, "cache.retention_interval", None),
+        rounds=int(_get(opts, "cache.rounds", 3)), restart_command=opts.restart_command,
+        restart_timeout_s=float(_get(opts, "launch.ready_timeout_s", 600)))
+
+
+def run_cache_restart_probe(opts: ProbeOptions, details: dict[str, Any], restart_error: str | None,
+                            restart_log: str | None) -> tuple[Any, dict[str, Any] | None]:
+    """The cache protocol's request after a restart made between two probe calls (probes/stage.py)."""
+    from .cache import run_cache_restart
+
+    store = EvidenceStore(opts.out_dir, secrets=[opts.api_key] if opts.api_key else [])
+    client = OpenAIClient(opts.base_url, api_key=opts.api_key, timeout_s=request_timeout_s(opts))
+    try:
+        source = metrics_source(opts.metrics_url, opts.prometheus_url, opts.prometheus_instance, opts.base_url)
+        scenario = load_scenario(str(_get(opts, "agent.scenario", "ops-agent")))
+        return run_cache_restart(client, source, cache_config(opts, scenario), store, details, restart_error,
+                                 restart_log)
+    finally:
+        client.close()
+
+
 def _dispatch(opts: ProbeOptions, client: OpenAIClient, store: EvidenceStore
               ) -> tuple[list[Finding], dict[str, Any]]:
     scenario = load_scenario(str(_get(opts, "agent.scenario", "ops-agent")))
     if opts.kind == "cache":
-        from .cache import CacheProbeConfig, run_cache_probe
+        from .cache import run_cache_probe
 
         source = metrics_source(opts.metrics_url, opts.prometheus_url, opts.prometheus_instance, opts.base_url)
-        cfg = CacheProbeConfig(
-            model=opts.model, scenario=scenario, sessions=int(_get(opts, "cache.sessions", 3)),
-            hybrid=bool(_get(opts, "model.hybrid_cache", False)),
-            relies_on_reuse=bool(_get(opts, "cache.capacity_relies_on_reuse", True)),
-            tolerance_blocks=int(_get(opts, "thresholds.cache_hit_tolerance_blocks", 1)),
-            min_prefill_drop=float(_get(opts, "cache.min_prefill_drop", 0.0)),
-            server_pid=opts.server_pid, server_log=opts.server_log,
-            retention_interval=_get(opts, "cache.retention_interval", None),
-            rounds=int(_get(opts, "cache.rounds", 3)), restart_command=opts.restart_command,
-            restart_timeout_s=float(_get(opts, "launch.ready_timeout_s", 600)))
-        return run_cache_probe(client, source, cfg, store)
+        return run_cache_probe(client, source, cache_config(opts, scenario), store)
     if opts.kind == "agent":
         from .agent import AgentProbe, AgentProbeConfig
 

@@ -223,8 +223,9 @@ def judge_restart(before_start: float | None, after_start: float | None, hot: Me
     check = registry.get("cache.restart")
     consequence = consequence_of(cfg)
     if not launched:
-        return check.not_applicable(None, "the run did not launch the server (no restart command given): a "
-                                          "restart of someone else's instance is not the probe's to make")
+        return check.not_applicable(None, "no restart was made: the run did not launch this server (a restart of "
+                                          "someone else's instance is not the probe's to make), or the restart was "
+                                          "turned off (acceptance_cache_restart: false; no --restart-command)")
     tol = cfg.tolerance_blocks * block
     if hot is None or not hot.clean:
         return check.inconclusive(evidence=ev, consequence=consequence, observed=hot.row() if hot else None,

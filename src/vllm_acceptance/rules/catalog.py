@@ -240,8 +240,9 @@ register("cache.repeat_rounds", stage="cache", consequence=REBUILD,
 register("cache.restart", stage="cache", consequence=REBUILD,
          title="Hot again after a restart",
          rule="after a restart (process start time moved) the hot request's local hits are near zero; hits from "
-              "an external KV connector are reported as external",
-         evidence="probes/cache/requests.json, restart.log",
+              "an external KV connector are reported as external; in accept.yml the server the run launched is "
+              "restarted between two probe calls (acceptance_cache_restart), an attached one never",
+         evidence="probes/cache/requests.json or restart-requests.json, restart.log",
          source="001: the hot request again after a server restart shows the cache source")
 register("cache.control", stage="cache", consequence=REBUILD,
          title="A changed prefix drops back",
