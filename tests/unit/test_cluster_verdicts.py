@@ -11,6 +11,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from vllm_acceptance.core.findings import Consequence, Finding, Status, read_findings, write_findings
 from vllm_acceptance.core.profile import load_profile
 from vllm_acceptance.probes.after import judge_after_probes
@@ -84,6 +86,53 @@ def test_soak_without_any_memory_source_stays_incomplete(tmp_path: Path) -> None
     report = build_report(run_dir, load_profile(KIMI))
     assert report["verdict"] == "incomplete"
     assert "capacity.soak" in report["missing"]
+
+
+def soak_with_nothing_but_gpus_and_logs_unseen(run_dir: Path) -> None:
+    """The soak of a launched container as the load probe leaves it: no local process, no growing log."""
+    soak_without_process_memory(run_dir)
+    path = run_dir / "findings" / "load.json"
+    findings = read_findings(path)
+    findings[-1].observed = {**findings[-1].observed, "log_observed": False, "comm_errors": [], "not_observed": [
+        "memory growth (under 4 memory samples)", "communication errors (the server log did not grow over the window)"]}
+    write_findings(path, findings)
+
+
+@pytest.mark.parametrize(("worker_log", "verdict"), [
+    ("INFO Launching vLLM headless\nINFO:     shutting down\n", "release"),
+    ("INFO step\nERROR NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)\n", "expand_capacity"),
+])
+def test_container_soak_reads_communication_errors_from_every_nodes_log_after_the_probes(
+        tmp_path: Path, worker_log: str, verdict: str) -> None:
+    """The whole log of each node's container, taken after the probes, spans the soak window: an NCCL error in
+    any fails the soak (the worker's too); none makes the errors observed, and the GPU series decide memory."""
+    run_dir = samples.make_run("release", tmp_path)
+    soak_with_nothing_but_gpus_and_logs_unseen(run_dir)
+    for host in samples.NODES:
+        node_memory_stream(run_dir, host, [150000] * 8)
+    after = run_dir / "evidence" / "serve" / "after-probes"
+    after.mkdir(parents=True)
+    (after / f"{samples.NODES[0]}.log").write_text("INFO Application startup complete.\n")
+    (after / f"{samples.NODES[1]}.log").write_text(worker_log)
+    assert judge_after_probes(run_dir)["changed"] == ["capacity.soak"]
+    report = build_report(run_dir, load_profile(KIMI))
+    soak = next(f for f in report["findings"] if f["check"] == "capacity.soak")
+    assert report["verdict"] == verdict, report["verdict_reasons"]
+    assert soak["observed"]["log_observed"] is True
+    assert f"evidence/serve/after-probes/{samples.NODES[1]}.log" in soak["evidence"]
+    if verdict == "expand_capacity":
+        assert soak["status"] == "fail" and "NCCL error" in soak["reason"]
+        assert soak["observed"]["comm_errors"][0].startswith(f"{samples.NODES[1]}.log:2: ")
+
+
+def test_container_soak_without_a_log_after_the_probes_stays_unobserved(tmp_path: Path) -> None:
+    run_dir = samples.make_run("release", tmp_path)
+    soak_with_nothing_but_gpus_and_logs_unseen(run_dir)
+    for host in samples.NODES:
+        node_memory_stream(run_dir, host, [150000] * 8)
+    judge_after_probes(run_dir)
+    report = build_report(run_dir, load_profile(KIMI))
+    assert report["verdict"] == "incomplete" and "capacity.soak" in report["missing"]
 
 
 def test_gpu_profile_with_no_gpu_nodes_is_never_release(tmp_path: Path) -> None:

@@ -109,6 +109,17 @@ def test_layout_override_from_inventory() -> None:
     assert (lay.kind, lay.world, lay.nodes) == ("replica", 16, 2)
 
 
+def test_gpus_per_node_from_the_inventory_sets_what_a_replica_fills() -> None:
+    """vllm_gpus_per_node (the role's facts.gpus_per_node): tensor 2 over two nodes uses one GPU of each."""
+    lay = layout(K3, {**TWO, "parallel": {"tensor": 2}, "gpus_per_node": 1})
+    assert (lay.kind, lay.world, lay.gpus_per_node) == ("replica", 2, 1)
+    cmds = node_commands(K3, {**TWO, "parallel": {"tensor": 2}, "gpus_per_node": 1})
+    assert [c.serve_args.count("--tensor-parallel-size=2") for c in cmds.values()] == [1, 1]
+    assert "--headless" in cmds["gb300-a02"].serve_args and "--headless" not in cmds["gb300-a01"].serve_args
+    with pytest.raises(ConfigError, match="vllm_gpus_per_node"):
+        layout(K3, {**TWO, "parallel": {"tensor": 2}, "gpus_per_node": None})
+
+
 def test_cli_prints_plan_and_refuses_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "--profile", str(REPO / "profiles" / "kimi-k3.yml"),
                  "--facts", json.dumps({**TWO, "parallel": {"pipeline": 2}})]) == 0

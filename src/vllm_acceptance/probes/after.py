@@ -7,7 +7,8 @@ another node (``evidence/serve/after-probes/<host>.log``). This step judges them
 ``findings/load.json`` and ``stages/load.json`` (docs/checks.md ``capacity.soak``, ``capacity.crash``):
 
 - the soak of a server without a local process is judged on the per-GPU series (and one that passed on the
-  process's memory alone can fail on it);
+  process's memory alone can fail on it), and its communication errors on the container logs: each node's
+  whole log, read after the probes, spans the soak window;
 - a crash the probe left without a signature becomes the OOM it was when the server's own log says so.
 
 The report only assembles what the stages wrote; it does not judge these again.
@@ -22,12 +23,14 @@ from typing import Any
 from ..core.findings import Finding, Status
 from ..core.rundir import RunDir
 from ..parsers.gpu_memory import memory_rows
+from ..parsers.startup_log import scan_startup_log
 from ..rules.capacity import stage_peaks
 from .load import OOM_MARKERS, judge_soak_gpu_memory
 
 STAGE = "load"
 AFTER_PROBES_LOGS = "evidence/serve/after-probes"
 MEMORY_DIR = "evidence/memory"
+LOG_UNSEEN = "communication errors (the server log did not grow over the window)"
 
 
 def judge_after_probes(run_dir: Path) -> dict[str, Any]:
@@ -41,10 +44,11 @@ def judge_after_probes(run_dir: Path) -> dict[str, Any]:
     if details.get("after_probes"):
         return {"status": "already_judged", "changed": [], **details["after_probes"]}
     before = {f.check: f.status for f in findings}
+    logs = server_logs(run.path)
+    findings = soak_from_server_logs(run.path, findings, logs)
     rows = merge_gpu_memory(run.path, details)
     if rows:
         findings = soak_from_node_memory(findings, rows, details.get("memory_evidence") or [])
-    logs = server_logs(run.path)
     findings = crash_from_server_logs(run.path, findings, logs)
     changed = sorted(f.check for f in findings if before.get(f.check) != f.status)
     details["after_probes"] = {"judged_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -80,6 +84,38 @@ def soak_from_node_memory(findings: list[Finding], rows: list[dict[str, Any]], e
 def server_logs(run_dir: Path) -> list[Path]:
     folder = run_dir / AFTER_PROBES_LOGS
     return sorted(folder.glob("*.log")) if folder.is_dir() else []
+
+
+def soak_from_server_logs(run_dir: Path, findings: list[Finding], logs: list[Path]) -> list[Finding]:
+    """capacity.soak of a server in a container: the probes could not follow its log, so its communication
+    errors are read from the container logs taken after the probes (playbooks/probes.yml reads each node's
+    whole log, from the container's first line to after the soak: a span that holds the soak window). An
+    NCCL or DMA-BUF error line in any of them fails the soak; none makes the errors observed."""
+    if not logs:
+        return findings
+    for finding in findings:
+        if finding.check != "capacity.soak" or finding.status != Status.INCONCLUSIVE:
+            continue
+        obs = dict(finding.observed or {})
+        if LOG_UNSEEN not in (obs.get("not_observed") or []):
+            continue
+        cited = [str(p.relative_to(run_dir)) for p in logs]
+        comm = []
+        for path in logs:
+            scan = scan_startup_log(path.read_text(errors="replace"))
+            comm += [f"{path.name}:{x.number}: {x.text[:300]}" for x in scan.nccl_errors + scan.dmabuf_errors]
+        unseen = [u for u in obs["not_observed"] if u != LOG_UNSEEN]
+        finding.observed = {**obs, "log_observed": True, "logs_after_probes": cited, "comm_errors": comm,
+                            "not_observed": unseen}
+        finding.evidence = sorted(set(finding.evidence) | set(cited))
+        if comm:
+            finding.status = Status.FAIL
+            finding.reason = f"{len(comm)} communication error line(s) in the log: {comm[0]}"
+        elif unseen:
+            finding.reason = "not observed: " + "; ".join(unseen)
+        else:
+            finding.status, finding.reason = Status.PASS, ""
+    return findings
 
 
 def crash_from_server_logs(run_dir: Path, findings: list[Finding], logs: list[Path]) -> list[Finding]:

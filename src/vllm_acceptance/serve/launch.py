@@ -100,7 +100,8 @@ def _int(value: Any, name: str) -> int:
 
 def layout(profile: Profile, facts: dict[str, Any]) -> Layout:
     """The parallel layout (profile `parallel`, overridable by the inventory's `parallel`), checked
-    against the node count and the GPUs per node."""
+    against the node count and the GPUs per node (the inventory's `gpus_per_node`, vllm_gpus_per_node,
+    else the profile's hardware.gpus_per_node)."""
     merged = {**(profile.get("parallel", {}) or {}), **(facts.get("parallel") or {})}
     nodes = 1 + len(facts.get("workers") or [])
     gpn = _int(facts.get("gpus_per_node") or profile.get("hardware.gpus_per_node") or 1, "gpus_per_node")
@@ -123,7 +124,8 @@ def layout(profile: Profile, facts: dict[str, Any]) -> Layout:
         raise ConfigError(f"layout tensor={lay.tensor} pipeline={lay.pipeline} data={lay.data} needs {per_node} GPUs "
                           f"per node on {nodes} node(s); the nodes have {gpn} (add nodes or change the layout)")
     if lay.kind == "replica" and per_node != gpn:
-        raise ConfigError(f"a replica across nodes must fill each node: {per_node} of {gpn} GPUs per node used")
+        raise ConfigError(f"a replica across nodes must fill each node: {per_node} of {gpn} GPUs per node used "
+                          "(change the layout, or set vllm_gpus_per_node to the GPUs each node is meant to use)")
     return lay
 
 
