@@ -55,16 +55,16 @@ options:
   phase:
     description:
       - C(main) runs the probe. C(restart) (cache only) completes a cache stage after the server this run
-        launched was restarted between two calls: hot A of the last session again on the new process, judged
-        as C(cache.restart).
+        launched was restarted between two calls, with hot A of the last session again on the new process,
+        judged as C(cache.restart).
     type: str
     choices: [main, restart]
     default: main
   restart_error:
-    description: Phase C(restart) - why the restart failed (C(cache.restart) is then inconclusive with it).
+    description: Phase C(restart), why the restart failed (C(cache.restart) is then inconclusive with it).
     type: str
   restart_log:
-    description: Phase C(restart) - what the restart did, kept as evidence (C(probes/cache/restart.log)).
+    description: Phase C(restart), what the restart did, kept as evidence (C(probes/cache/restart.log)).
     type: str
 extends_documentation_fragment:
   - acceptance

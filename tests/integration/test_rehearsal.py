@@ -30,8 +30,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[rh.Rehearsal]:
     reason = hosts_skip_reason()
     if reason is not None:
         pytest.skip(f"namespace hosts unavailable: {reason}")
-    if not (rh.MODELS / "tiny-agent-k3" / "config.json").is_file() or not (rh.REPO / ".venv-lab").exists():
-        pytest.skip("no lab vLLM or K3 lab model: run `make lab-venv lab-model`")
+    if not (rh.MODELS / rh.profile_model() / "config.json").is_file() or not (rh.REPO / ".venv-lab").exists():
+        pytest.skip("no lab vLLM or lab model: run `make lab-venv lab-model`")
     work = tmp_path_factory.mktemp("rehearsal")
     rehearsal = rh.Rehearsal(work)
     try:
@@ -110,10 +110,6 @@ def test_container_gone_after_a_launched_run(cluster: rh.Rehearsal, played: dict
     assert cluster.container_status("gb300-a01") == "absent"
 
 
-# Small messages keep the shaped run short; the bound is generous for 2 busy cores.
-ALLREDUCE = {"preflight_nccl_test_method": "auto", "preflight_allreduce_env": {"GLOO_SOCKET_IFNAME": "eth0"},
-             "preflight_allreduce_args": ["--min-bytes", "1M", "--max-bytes", "4M", "--iters", "3", "--warmup", "1",
-                                          "--timeout", "120"]}
 
 
 def _bandwidth(findings: list[dict], host: str) -> dict:
@@ -131,7 +127,7 @@ def test_nccl_bandwidth_without_nccl_tests_spans_the_nodes_and_fails_on_a_slow_l
         cluster.set_tool(host, "all_reduce_perf", present=False)
     try:
         inv = cluster.inventory("two-nodes-bandwidth", gpu_nodes=nodes, head="gb300-a01",
-                                variables={"vllm_serve_mode": "launch", **ALLREDUCE})
+                                variables={"vllm_serve_mode": "launch", **rh.ALLREDUCE})
         proc, findings = rh.run_preflight(inv, work / "healthy")
         assert findings, proc.stdout[-3000:] + proc.stderr[-3000:]
         for host in nodes:
@@ -185,13 +181,10 @@ def test_two_nodes_judge_the_launched_layout_not_the_profiles(cluster: rh.Rehear
                                                               for i in range(8)}
     assert soak["observed"]["logs_after_probes"] == [f"evidence/serve/after-probes/{h}.log"
                                                      for h in ("gb300-a01", "gb300-a03")]
-    # Until the in-image all-reduce test spans the nodes, per-node nccl-tests prove nothing between them: the
-    # bandwidth may be the one thing unproven, and then the only reason the run is not a release.
-    unproven = [f"{f['check']}@{f['host']}" for f in outcome.report["findings"]
-                if f["status"] in ("inconclusive", "missing")]
-    if outcome.verdict != "release":
-        assert outcome.verdict == "incomplete", outcome.reasons
-        assert unproven and all(u.startswith("interconnect.nccl_bandwidth@") for u in unproven), unproven
-    assert [f["check"] for f in outcome.report["findings"] if f["status"] == "fail"
-            and f["check"] != "agent.tool_failure_fallback"] == []   # the canned K3 model's known one (README)
+    # No nccl-tests on the nodes: the image's own all-reduce crossed both (gloo on the lab image, labelled).
+    for host in ("gb300-a01", "gb300-a03"):
+        bandwidth = outcome.finding("interconnect.nccl_bandwidth", host)
+        assert bandwidth["status"] == "pass" and bandwidth["observed"]["backend"] == "gloo", bandwidth
+        assert sorted(bandwidth["observed"]["hosts"]) == ["gb300-a01", "gb300-a03"]
+    assert outcome.verdict == "release", outcome.reasons
     assert cluster.container_status("gb300-a03") == "absent"

@@ -374,7 +374,8 @@ def test_every_inventory_variable_is_in_the_schema_and_the_readme() -> None:
             used |= set(re.findall(r"\b((?:acceptance|vllm|prometheus)_[a-z0-9_]+) \| default", text))
     internal = {"acceptance_run_dir", "acceptance_profile_path", "acceptance_validated_profile",
                 "vllm_serve_ok", "vllm_serve_base_url", "vllm_serve_launch_error", "vllm_serve_log_copy",
-                "vllm_serve_launched_container", "vllm_serve_pid_file"}   # facts the plays set for each other
+                "vllm_serve_launched_container", "vllm_serve_pid_file", "vllm_serve_launched",
+                "vllm_serve_restart"}   # facts the plays set for each other
     assert sorted(used - internal - props) == []
 
 

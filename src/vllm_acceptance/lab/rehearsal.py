@@ -2,7 +2,7 @@
 
 Nodes are network-namespace sshd hosts (nshosts.py) answering the recorded GPU tool outputs of
 tests/fixtures/generated-nodes/<case>; their `docker` is the container-runtime stand-in (container_standin.py)
-whose `run -d` starts the REAL lab vLLM (CPU, the K3 wire-format model) bound to the node's namespace
+whose `run -d` starts the REAL lab vLLM (CPU, the tiny hermes-format model) bound to the node's namespace
 address, and their `nvidia-smi -lms` is a per-GPU memory stream a scenario makes flat or rising
 (gpu_memory_standin.py). The product runs unchanged: `ansible-playbook -i INVENTORY accept.yml` with
 profiles/rehearsal-gb300.yml; nothing in it knows it is rehearsed.
@@ -138,7 +138,7 @@ class Rehearsal:
             self.ssh(host, "docker", "rm", "-f", CONTAINER)
             argv = ["docker", "run", "-d", "--name", CONTAINER, "--gpus", "all", "--ipc", "host", "--network", "host",
                     "-v", f"{MODELS}:/root/.cache/huggingface", "-e=VLLM_CPU_KVCACHE_SPACE",
-                    f"vllm/vllm-openai:kimi-k3@{DIGEST}", "tiny-agent-k3", "--host", "0.0.0.0", "--port", str(PORT),
+                    f"vllm/vllm-openai:kimi-k3@{DIGEST}", profile_model(), "--host", "0.0.0.0", "--port", str(PORT),
                     *profile_args()]
             started = self.ssh(host, "env", "VLLM_CPU_KVCACHE_SPACE=1", *argv)
             if started.returncode != 0:
@@ -191,6 +191,12 @@ def profile_args() -> list[str]:
     import yaml
 
     return [str(a) for a in yaml.safe_load(PROFILE.read_text())["launch"]["args"]]
+
+
+def profile_model() -> str:
+    import yaml
+
+    return str(yaml.safe_load(PROFILE.read_text())["model"]["name"])
 
 
 def run_preflight(inventory: Path, run_dir: Path, timeout_s: float = 600) -> tuple[subprocess.CompletedProcess[str],
@@ -314,6 +320,13 @@ def oom_mid_ramp(r: Rehearsal, reports: Path, fault: str, name: str) -> Outcome:
 TWO_NODE_LAYOUT = {"tensor": 2}
 
 
+# The in-image all-reduce between the namespace nodes (interconnect.nccl_bandwidth without nccl-tests): gloo
+# names the nodes' interface as a site names NCCL's; small messages keep it short on 2 busy cores.
+ALLREDUCE = {"preflight_nccl_test_method": "auto", "preflight_allreduce_env": {"GLOO_SOCKET_IFNAME": "eth0"},
+             "preflight_allreduce_args": ["--min-bytes", "1M", "--max-bytes", "4M", "--iters", "3", "--warmup", "1",
+                                          "--timeout", "120"]}
+
+
 def two_node_layout(r: Rehearsal, reports: Path) -> Outcome:
     """The example-gb300 case on healthy nodes: the inventory's vllm_parallel differs from the profile's
     (tensor 1), launched with vLLM's --nnodes/--node-rank/--master-addr (the worker --headless); every
@@ -324,15 +337,18 @@ def two_node_layout(r: Rehearsal, reports: Path) -> Outcome:
     for host in nodes:
         r.set_node(host, "flat")
         r.ssh(host, "docker", "rm", "-f", CONTAINER)
+        r.set_tool(host, "all_reduce_perf", present=False)   # no nccl-tests: the image's own all-reduce
     try:
         inv = r.inventory("two-node-layout", gpu_nodes=nodes, head="gb300-a01", workers=nodes[1:],
                           variables={"vllm_serve_mode": "launch", "vllm_parallel": TWO_NODE_LAYOUT,
                                      "vllm_gpus_per_node": 1, "vllm_serve_multinode_poll_s": 10,
-                                     "vllm_serve_multinode_env": {"GLOO_SOCKET_IFNAME": "eth0"}})
+                                     "vllm_serve_multinode_env": {"GLOO_SOCKET_IFNAME": "eth0"},
+                                     **ALLREDUCE})
         return run_accept(inv, reports)
     finally:
         for host in nodes:
             r.ssh(host, "docker", "rm", "-f", CONTAINER)
+            r.set_tool(host, "all_reduce_perf", present=True)
 
 
 def weakened_contract(r: Rehearsal, reports: Path) -> Outcome:
