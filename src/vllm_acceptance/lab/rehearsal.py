@@ -274,14 +274,16 @@ def attach(r: Rehearsal, reports: Path, name: str, *, gpu_nodes: list[str], memo
     r.set_node("gb300-a01", memory)
     url = r.start_server("gb300-a01")
     # What an operator attaching to a running deployment hands over: the server's pid on the head node
-    # (its real argv is read from /proc) and its startup log as saved with `docker logs`.
+    # (its real argv is read from /proc), its startup log as saved with `docker logs`, and its container's
+    # name (its live log is read after the probes).
     log = r.workdir / "inventories" / f"{name}-startup.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(r.ssh("gb300-a01", "docker", "logs", CONTAINER).stdout)
     pid = (r.state("gb300-a01") / "containers" / CONTAINER / "pid").read_text().strip()
     inv = r.inventory(name, gpu_nodes=gpu_nodes, head="gb300-a01", gpu_group=gpu_group,
                       variables={"vllm_serve_mode": "attach", "vllm_base_url": url, "vllm_serve_pid": int(pid),
-                                 "vllm_serve_startup_log": str(log), **(extra or {})})
+                                 "vllm_serve_startup_log": str(log), "vllm_serve_attach_container": CONTAINER,
+                                 **(extra or {})})
     return run_accept(inv, reports)
 
 
