@@ -5,8 +5,9 @@ gpu_memory_sampler role runs) prints one line per GPU every N ms, in nvidia-smi'
 (``2026/12/01 16:20:30.123, 0, 150000``), until killed. STATE/memory_mode chooses the stream:
 
 - `flat` (default): every GPU holds its weights, constant;
-- `rising`: GPU 0 grows with the work the node's server has done (1000 MiB per completed request,
-  read from the server's own /metrics), the leak a soak must catch; the other GPUs stay flat.
+- `rising`: GPU 0 grows with the work the node's server has done since the stream started (200 MiB per
+  completed request, read from the server's own /metrics: a server reused from an earlier run starts low
+  again), the leak a soak must catch; the other GPUs stay flat.
 
 Anything else is answered by the node's recorded nvidia-smi (tests/fixtures/generated-nodes/<case>/bin).
 
@@ -26,7 +27,7 @@ from container_standin import metric, options  # type: ignore[import-not-found] 
 
 FLAT_MIB = 150_000
 RISING_BASE_MIB = 20_000
-RISING_PER_REQUEST_MIB = 1_000
+RISING_PER_REQUEST_MIB = 200
 TOTAL_MIB = 284_208
 GPUS = 8
 
@@ -44,13 +45,15 @@ def served_port(state: Path) -> str | None:
 
 def stream(state: Path, interval_ms: int) -> int:
     mode_file = state / "memory_mode"
+    first_done: float | None = None
     while True:
         mode = mode_file.read_text().strip() if mode_file.is_file() else "flat"
         rising = FLAT_MIB
         if mode == "rising":
             port = served_port(state)
-            done = metric(port, "vllm:request_success_total") if port else None
-            rising = min(TOTAL_MIB, RISING_BASE_MIB + RISING_PER_REQUEST_MIB * int(done or 0))
+            done = (metric(port, "vllm:request_success_total") if port else None) or 0.0
+            first_done = done if first_done is None or done < first_done else first_done   # a restart resets it
+            rising = min(TOTAL_MIB, RISING_BASE_MIB + RISING_PER_REQUEST_MIB * int(done - first_done))
         now = dt.datetime.now(dt.UTC).strftime("%Y/%m/%d %H:%M:%S.%f")[:-3]
         lines = [f"{now}, {i}, {rising if i == 0 else FLAT_MIB}" for i in range(GPUS)]
         try:
