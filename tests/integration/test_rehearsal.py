@@ -1,11 +1,12 @@
 """The cluster rehearsal in the suite: accept.yml on simulated GB300 nodes, each verdict for its reason.
 
-One stand-in cluster (two namespace sshd nodes: gb300-a01 recorded healthy, gb300-a02 on driver 575) is
-shared by every scenario here (src/vllm_acceptance/lab/rehearsal.py), each run once. The suite runs the
-short set (`Play.suite`: the scenarios that need no vLLM start, a few minutes); `make rehearsal` runs
-every scenario, the real lab vLLM in the node's container stand-in included, and writes
-reports/rehearsal/summary.json (REHEARSAL_FULL=1 runs the server scenarios' tests here). Each test
-asserts the exact verdict and the reasons that decide it.
+One stand-in cluster (three namespace sshd nodes: gb300-a01 and gb300-a03 recorded healthy, gb300-a02 on
+driver 575) is shared by every scenario here (src/vllm_acceptance/lab/rehearsal.py), each run once. The
+suite runs the short set (`Play.suite`: the scenarios that need no vLLM start, plus the flagship one, a
+container launched on a GPU node to a release, about 3 minutes) and the in-image all-reduce between two
+nodes; `make rehearsal` runs every scenario and writes reports/rehearsal/summary.json (REHEARSAL_FULL=1
+runs the other server scenarios' tests here). Each test asserts the exact verdict and the reasons that
+decide it.
 """
 
 from __future__ import annotations
@@ -99,14 +100,20 @@ def test_driver_575_names_the_node_and_still_judges_the_other(cluster: rh.Rehear
     assert f"-i {cluster.workdir / 'inventories' / 'driver-575-one-node'}" in outcome.report["remediation"]["command"]
 
 
-@FULL
-@pytest.mark.xfail(reason="stopping a launched container at the end of the run is the serve/report playbooks' "
-                          "job (not on main yet); the stand-in shows whether it happened", strict=False)
-def test_container_gone_after_a_launched_run(cluster: rh.Rehearsal, played: dict[str, rh.Outcome]) -> None:
+def test_a_launched_container_is_restarted_for_the_cache_then_gone(cluster: rh.Rehearsal,
+                                                                   played: dict[str, rh.Outcome]) -> None:
+    """The flagship path in the suite: the official image by digest in a container on a GPU node, restarted in
+    place between the cache probe's calls (hot A on the new process: device cache empty), judged a release,
+    and removed at the end of the run."""
     outcome = played["single-node-container"]
     assert outcome.verdict == "release", outcome.reasons
-    launched = [c for c in cluster.calls("gb300-a01") if c["argv"][1:3] == ["run", "-d"]]
-    assert any(f"vllm/vllm-openai:kimi-k3@{rh.DIGEST}" in c["argv"] for c in launched)
+    calls = [c["argv"] for c in cluster.calls("gb300-a01")]
+    launched = [c for c in calls if c[1:3] == ["run", "-d"]]
+    assert any(f"vllm/vllm-openai:kimi-k3@{rh.DIGEST}" in c for c in launched)
+    assert ["docker", "restart", "-t", "30", rh.CONTAINER] in calls
+    restart = outcome.finding("cache.restart")
+    assert restart["status"] == "pass" and restart["observed"]["local_hits"] == 0, restart
+    assert restart["observed"]["process_start_after"] > restart["observed"]["process_start_before"]
     assert cluster.container_status("gb300-a01") == "absent"
 
 

@@ -30,7 +30,8 @@ address, what a routed node resolves by itself, unless the launch set it.
 
 A fault a scenario sets in STATE/fault (`oom_at_running=N`: once N requests run at once the server is
 killed and a CUDA OOM line is written to its log, as a container that died of OOM leaves it;
-`crash_at_running=N`: the same with a worker crash line) is fault injection, not a happy path.
+`crash_at_running=N`: the same with a worker crash line) is fault injection, not a happy path. The
+rehearsal profile's cache and agent probes send one request at a time, so N = 2 is reached in the load ramp.
 
     docker.py --state DIR --recorded PATH --lab-python PATH [--] DOCKER-ARGS...
 """

@@ -382,7 +382,7 @@ PLAYS: dict[str, Play] = {
     "soak-memory-rising": Play("expand_capacity", lambda r, p: attach(
         r, p, "soak-memory-rising", gpu_nodes=["gb300-a01"], memory="rising"), ("capacity.soak",), suite=False),
     "single-node-container": Play("release", single_node_container,
-                                  ("every required check passed with evidence",), suite=False),
+                                  ("every required check passed with evidence",)),
     "oom-mid-ramp": Play("expand_capacity", lambda r, p: oom_mid_ramp(r, p, "oom_at_running=2", "oom-mid-ramp"),
                          ("capacity.crash", "torch.OutOfMemoryError: CUDA out of memory"), suite=False),
     "two-node-layout": Play("release", two_node_layout, ("every required check passed with evidence",),
