@@ -499,3 +499,21 @@ def test_gpu_memory_rise_fails_a_soak_that_passed_on_the_server_process_memory(t
     report = build_report(leaking, load_profile(KIMI))
     assert report["verdict"] == "expand_capacity", report["verdict_reasons"]
     assert build_report(attached_run("flat", [150000] * 8), load_profile(KIMI))["verdict"] == "release"
+
+
+def test_a_crash_without_oom_quotes_the_servers_own_causal_line(tmp_path: Path) -> None:
+    """A container server that died mid-ramp: the probe saw only a dropped connection; the container's log
+    read after the probes (a real vLLM engine-core failure, tests/fixtures/real/vllm) gives the why."""
+    from vllm_acceptance.probes.after import crash_from_server_logs
+    from vllm_acceptance.rules import registry
+
+    log = tmp_path / "evidence" / "serve" / "after-probes" / "gb300-a01.log"
+    log.parent.mkdir(parents=True)
+    log.write_text((ROOT / "tests" / "fixtures" / "real" / "vllm" / "v1-0.8-rtx50-no-kernel-image.log").read_text())
+    crash = registry.get("capacity.crash").inconclusive(
+        reason="the server died in stage ramp_c4 without an OOM signature: ServerDisconnectedError", evidence=[])
+    [judged] = crash_from_server_logs(tmp_path, [crash], [log])
+    assert judged.status == Status.INCONCLUSIVE   # no OOM line: still unknown, never a capacity verdict
+    assert judged.reason.endswith("gb300-a01.log: ERROR 05-21 20:51:38 [core.py:489] RuntimeError: CUDA error: no "
+                                  "kernel image is available for execution on the device")
+    assert "evidence/serve/after-probes/gb300-a01.log" in judged.evidence

@@ -22,6 +22,7 @@ from typing import Any
 
 from ..core.findings import Finding, Status
 from ..core.rundir import RunDir
+from ..parsers.causal import causal_line
 from ..parsers.gpu_memory import memory_rows
 from ..parsers.startup_log import scan_startup_log
 from ..rules.capacity import stage_peaks
@@ -120,11 +121,27 @@ def soak_from_server_logs(run_dir: Path, findings: list[Finding], logs: list[Pat
 
 def crash_from_server_logs(run_dir: Path, findings: list[Finding], logs: list[Path]) -> list[Finding]:
     """A crash without a signature turns into the OOM it was when a server's own log has the OOM line
-    (quoted, the log cited). No OOM line, no change: the crash stays inconclusive."""
+    (quoted, the log cited). No OOM line: the crash stays inconclusive, its reason quoting the line of the
+    server's log that says why (parsers/causal.py), not only what the client saw."""
     oom = [(path, line.strip()) for path in logs for line in path.read_text(errors="replace").splitlines()
            if any(marker in line.lower() for marker in OOM_MARKERS)]
     if not oom:
-        return findings
+        return [_with_causal_line(run_dir, f, logs) for f in findings]
+    return _as_oom(run_dir, findings, oom)
+
+
+def _with_causal_line(run_dir: Path, finding: Finding, logs: list[Path]) -> Finding:
+    if finding.check != "capacity.crash" or finding.status != Status.INCONCLUSIVE:
+        return finding
+    for path in logs:
+        line = causal_line(path.read_text(errors="replace"))
+        if line and line not in finding.reason:
+            finding.reason += f"; {path.name}: {line}"
+            finding.evidence = sorted(set(finding.evidence) | {str(path.relative_to(run_dir))})
+    return finding
+
+
+def _as_oom(run_dir: Path, findings: list[Finding], oom: list[tuple[Path, str]]) -> list[Finding]:
     for finding in findings:
         if finding.check != "capacity.crash" or finding.status != Status.INCONCLUSIVE:
             continue
