@@ -47,6 +47,7 @@ import re
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -592,14 +593,19 @@ def build_model(out_dir: Path, variant: str = "hermes", seed: int = 0) -> Path:
     Returns out_dir.
     """
     v = _variant(variant)
-    out_dir = Path(out_dir)
+    return build_swapped_in(Path(out_dir), lambda tmp: _write_model(tmp, v, seed))
+
+
+def build_swapped_in(out_dir: Path, write: Callable[[Path], None]) -> Path:
+    """Let `write` fill a directory beside out_dir, then swap it in whole (a server starting meanwhile
+    never reads half a model); returns out_dir."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.parent / f".{out_dir.name}.building-{os.getpid()}"
     old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        _write_model(tmp, v, seed)
+        write(tmp)
         if out_dir.exists():
             out_dir.rename(old)
         tmp.rename(out_dir)

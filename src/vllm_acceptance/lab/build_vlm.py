@@ -33,8 +33,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -59,21 +57,9 @@ TEMPLATE = (
 
 def build_vlm(out_dir: Path, seed: int = 0) -> Path:
     """Write the model directory; built beside out_dir and swapped in whole (as build_model does)."""
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.parent / f".{out_dir.name}.building-{os.getpid()}"
-    old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
-        _write(tmp, seed)
-        if out_dir.exists():
-            out_dir.rename(old)
-        tmp.rename(out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)
-    return out_dir
+    from .build_model import build_swapped_in
+
+    return build_swapped_in(Path(out_dir), lambda tmp: _write(tmp, seed))
 
 
 def _write(out_dir: Path, seed: int) -> None:
