@@ -187,16 +187,18 @@ class Rehearsal:
         return inv
 
 
-def profile_args() -> list[str]:
+def _profile() -> dict[str, Any]:
     import yaml
 
-    return [str(a) for a in yaml.safe_load(PROFILE.read_text())["launch"]["args"]]
+    return yaml.safe_load(PROFILE.read_text())
+
+
+def profile_args() -> list[str]:
+    return [str(a) for a in _profile()["launch"]["args"]]
 
 
 def profile_model() -> str:
-    import yaml
-
-    return str(yaml.safe_load(PROFILE.read_text())["model"]["name"])
+    return str(_profile()["model"]["name"])
 
 
 def run_preflight(inventory: Path, run_dir: Path, timeout_s: float = 600) -> tuple[subprocess.CompletedProcess[str],
