@@ -35,7 +35,7 @@ LAB_PROFILE = REPO / "profiles" / "cpu-lab.yml"
 
 STANDIN = r'''#!/usr/bin/python3
 """Stand-in container runtime: records argv; a container is a TCP forwarder to the real lab vLLM."""
-import json, os, signal, subprocess, sys
+import json, os, signal, subprocess, sys, time
 STATE = @STATE@
 RUNTIME = os.path.basename(sys.argv[0])
 argv = sys.argv[1:]
@@ -49,14 +49,27 @@ def read(name, default=""):
         return open(path(name)).read()
     except OSError:
         return default
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+        return open("/proc/%d/stat" % pid).read().split()[2] != "Z"   # a zombie is gone
+    except OSError:
+        return False
 def kill():
+    # Like `docker stop`/`rm -f`: return only once the container is gone. The forwarder is not this
+    # process's child (an earlier `run` started it), so wait on /proc, bounded, then SIGKILL.
     pid = read("forwarder.pid").strip()
     if pid:
-        try:
-            os.kill(int(pid), signal.SIGTERM)
-            os.waitpid(int(pid), 0)
-        except (OSError, ChildProcessError):
-            pass
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.kill(int(pid), sig)
+            except OSError:
+                break
+            deadline = time.monotonic() + 15
+            while alive(int(pid)) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if not alive(int(pid)):
+                break
         os.remove(path("forwarder.pid"))
 cmd = argv[0] if argv else ""
 name = argv[-1] if argv else ""
