@@ -57,9 +57,27 @@ options:
       - C(main) runs the probe. C(restart) (cache only) completes a cache stage after the server this run
         launched was restarted between two calls, with hot A of the last session again on the new process,
         judged as C(cache.restart).
+      - C(limit) (load only) measures the next proposed limit of a load stage left waiting (O(relaunch)) on the
+        server relaunched with that limit's flags; the first limit that holds is verified and the mixed stream
+        and the soak run there, else the next limit is left waiting (RV(pending)).
     type: str
-    choices: [main, restart]
+    choices: [main, restart, limit]
     default: main
+  relaunch:
+    description:
+      - Load, phase C(main) - the caller relaunches the server (one this run launched) with each proposed limit's
+        flags and calls phase C(limit) after each. When the contract does not hold, the stage stops after the
+        ramp with C(relaunch_point) in C(stages/load.json) (the settings and their flags) and the limit, the
+        mixed stream and the soak inconclusive until then. Without it a limit is verified by driving the client
+        at it against the server as it runs.
+    type: bool
+    default: false
+  relaunch_error:
+    description: Phase C(limit), why the relaunch with the limit's flags failed (the limit is then not tested).
+    type: str
+  relaunch_log:
+    description: Phase C(limit), what the relaunch did, kept as evidence (C(probes/load/relaunch.jsonl)).
+    type: str
   restart_error:
     description: Phase C(restart), why the restart failed (C(cache.restart) is then inconclusive with it).
     type: str
@@ -88,6 +106,15 @@ EXAMPLES = r"""
     base_url: http://127.0.0.1:8011/v1
     model: tiny-agent
     restart_log: "docker restart vllm-acceptance: ready after 52.1 s"
+
+- name: The load stage's next proposed limit, after the server was relaunched with its flags
+  acceptance_probe:
+    kind: load
+    phase: limit
+    run_dir: "{{ acceptance_run_dir }}"
+    base_url: http://127.0.0.1:8011/v1
+    model: tiny-agent
+    relaunch_log: "relaunched with --max-num-seqs 1: ready after 41.0 s"
 """
 
 RETURN = r"""
@@ -103,6 +130,10 @@ result:
   description: Path of the stage's details (C(stages/KIND.json)).
   returned: success
   type: str
+pending:
+  description: Load - a proposed limit is waiting for a relaunch with its flags (C(relaunch_point) in the stage).
+  returned: success
+  type: bool
 """
 
 import traceback
@@ -110,7 +141,7 @@ import traceback
 from ansible_collections.vllm.acceptance.plugins.module_utils.acceptance_base import AcceptanceModule
 
 try:
-    from vllm_acceptance.probes.stage import run_cache_restart_stage, run_probe_stage
+    from vllm_acceptance.probes.stage import run_cache_restart_stage, run_load_limit_stage, run_probe_stage
 except ImportError:
     IMPORT_ERROR = traceback.format_exc()
 else:
@@ -131,9 +162,12 @@ def main() -> None:
             "server_pid": {"type": "int"},
             "server_log": {"type": "path"},
             "overrides": {"type": "dict", "default": {}},
-            "phase": {"type": "str", "choices": ["main", "restart"], "default": "main"},
+            "phase": {"type": "str", "choices": ["main", "restart", "limit"], "default": "main"},
             "restart_error": {"type": "str"},
             "restart_log": {"type": "str"},
+            "relaunch": {"type": "bool", "default": False},
+            "relaunch_error": {"type": "str"},
+            "relaunch_log": {"type": "str"},
         },
         profile=True, import_error=IMPORT_ERROR,
     )
@@ -151,12 +185,26 @@ def main() -> None:
             server_pid=p["server_pid"], server_log=p["server_log"], overrides=p["overrides"],
             restart_error=p["restart_error"], restart_log=p["restart_log"])
         module.exit_json(changed=True, status=status, statuses=statuses, result=str(result))
+    if p["phase"] == "limit":
+        if p["kind"] != "load":
+            module.fail_json(msg=f"phase limit is the load probe's only (kind is {p['kind']}): set kind: load")
+        status, statuses, result, pending = module.guard(
+            run_load_limit_stage, run.path, profile_path=p["profile_path"] or str(run.profile_path),
+            base_url=p["base_url"], model=p["model"], metrics_url=p["metrics_url"],
+            prometheus_url=p["prometheus_url"], prometheus_instance=p["prometheus_instance"], api_key=p["api_key"],
+            server_pid=p["server_pid"], server_log=p["server_log"], overrides=p["overrides"],
+            relaunch_error=p["relaunch_error"], relaunch_log=p["relaunch_log"])
+        module.exit_json(changed=True, status=status, statuses=statuses, result=str(result), pending=pending)
+    if p["relaunch"] and p["kind"] != "load":
+        module.fail_json(msg=f"relaunch is the load probe's only (kind is {p['kind']}): drop it for this probe")
+    extra = {"relaunch": True} if p["relaunch"] else {}
     status, statuses, result = module.guard(
         run_probe_stage, run.path, p["kind"], profile_path=p["profile_path"] or str(run.profile_path),
         base_url=p["base_url"], model=p["model"], metrics_url=p["metrics_url"], prometheus_url=p["prometheus_url"],
         prometheus_instance=p["prometheus_instance"], direct_url=p["direct_url"], api_key=p["api_key"],
-        server_pid=p["server_pid"], server_log=p["server_log"], overrides=p["overrides"])
-    module.exit_json(changed=True, status=status, statuses=statuses, result=str(result))
+        server_pid=p["server_pid"], server_log=p["server_log"], overrides=p["overrides"], **extra)
+    module.exit_json(changed=True, status=status, statuses=statuses, result=str(result),
+                     pending=bool((run.stage(p["kind"]) or {}).get("relaunch_point")))
 
 
 if __name__ == "__main__":

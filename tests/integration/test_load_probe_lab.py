@@ -194,3 +194,94 @@ def test_saturated_load_generator_makes_capacity_inconclusive(lab_server, tmp_pa
     assert by_check["capacity.loadgen"]["status"] == "inconclusive"
     assert all(s["client"]["saturated"] for s in result["details"]["steps"])
     assert decide([Finding.from_dict(f) for f in result["findings"]]).verdict == "incomplete"
+
+
+def test_a_launched_server_is_relaunched_at_the_proposed_limit(tmp_path: Path) -> None:
+    """accept.yml launches the lab in the pressure configuration (the load probe only): the contract does not
+    hold, so the load stage stops after the ramp, the server this run launched is relaunched with the proposed
+    limit's flags, and the limit is measured on a server that enforces it; the mixed stream and the soak run at
+    the limit that held. The relaunched server is the one stopped at the end."""
+    from conftest import PRESSURE_ARGS, lab_skip_reason
+
+    from support.accept import run_accept
+
+    reason = lab_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    port = 8029 + int(os.environ.get("LAB_PORT_OFFSET", "0"))
+    started = time.time()
+    run_dir = run_accept(tmp_path, {"acceptance_probes": ["load"], "vllm_serve_port": port,
+                                    "vllm_serve_state_dir": str(tmp_path / "server"),
+                                    "vllm_serve_extra_args": PRESSURE_ARGS.split(),
+                                    "acceptance_probe_overrides": {"load": {"load.soak_s": 5}}})
+    print(f"accept.yml, pressure lab launched and relaunched at its limit: {time.time() - started:.0f} s")
+    stage = json.loads((run_dir / "stages" / "load.json").read_text())
+    found = {f["check"]: f for f in json.loads((run_dir / "findings" / "load.json").read_text())}
+    assert "relaunch_point" not in stage, "the stage still waits for a relaunch"
+    assert found["capacity.kv_capacity"]["status"] == "fail"
+    first = stage["limit_attempts"][0]
+    assert first["setting"]["max_num_seqs"] == 1 and first["mode"] == "server relaunched with --max-num-seqs 1"
+    relaunch = [json.loads(line) for line in (run_dir / "probes" / "load" / "relaunch.jsonl").read_text().splitlines()]
+    assert relaunch[0]["flags"] == ["--max-num-seqs", "1"] and relaunch[0]["error"] is None
+    assert "ready after" in relaunch[0]["log"] and "--max-num-seqs 4" not in relaunch[0]["log"]
+    # the server measured at the limit is a new process that enforces it: vLLM's own non-default args say so
+    log = (tmp_path / "server" / "vllm.log").read_text()
+    assert "'max_num_seqs': 1" in log and "'num_gpu_blocks_override': 24" in log, log[:3000]
+    verified = found["capacity.verified_limit"]
+    decision = decide([Finding.from_dict(f) for f in found.values()])  # the load stage alone (no cache, agent)
+    print("verified limit:", verified["status"], verified["reason"], "| load verdict:", decision.verdict)
+    if found["capacity.loadgen"]["status"] != "pass":  # the client could not keep up (a loaded machine)
+        assert decision.verdict == "incomplete"
+    elif verified["status"] == "pass":
+        assert "(server relaunched with --max-num-seqs 1)" in verified["reason"]
+        assert stage["limits"]["serving_flags"] == "--max-num-seqs 1"
+        assert found["capacity.soak"]["configuration"]["concurrency"] == 1
+        assert decision.verdict == "limited_observation", decision.reasons
+    else:
+        assert verified["status"] == "fail" and decision.verdict == "expand_capacity"
+    record = json.loads((run_dir / "stages" / "teardown.json").read_text())
+    assert record["action"] == "stopped" and record["gone"] is True
+
+
+def test_limits_refuted_on_the_relaunched_server_mean_expand_capacity(tmp_path: Path) -> None:
+    """The same launch under an end-to-end SLO of 50 ms that no step meets: no concurrency holds, the proposed
+    context limit (4 sessions of 704 + 64 tokens) is relaunched with --max-num-seqs 4 --max-model-len 768 and
+    breaks too: every admissible setting failed on a server that enforced it, so capacity must grow. The mixed
+    stream and the soak run at that last setting, which the relaunched server can serve."""
+    import yaml
+    from conftest import PRESSURE_ARGS, lab_skip_reason
+
+    from support.accept import run_accept
+
+    reason = lab_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    profile = yaml.safe_load((REPO / "profiles" / "cpu-lab.yml").read_text())
+    profile["name"] = "cpu-lab-strict-e2e"
+    profile["contract"]["slo"]["e2e_p95_s"] = 0.05
+    path = tmp_path / "cpu-lab-strict-e2e.yml"
+    path.write_text(yaml.safe_dump(profile, sort_keys=False))
+    port = 8030 + int(os.environ.get("LAB_PORT_OFFSET", "0"))
+    run_dir = run_accept(tmp_path, {"acceptance_profile": str(path), "acceptance_probes": ["load"],
+                                    "vllm_serve_port": port, "vllm_serve_state_dir": str(tmp_path / "server"),
+                                    "vllm_serve_extra_args": PRESSURE_ARGS.split(),
+                                    "acceptance_probe_overrides": {"load": {"load.soak_s": 5}}})
+    stage = json.loads((run_dir / "stages" / "load.json").read_text())
+    found = {f["check"]: f for f in json.loads((run_dir / "findings" / "load.json").read_text())}
+    assert "relaunch_point" not in stage and stage["knee"] is None
+    attempts = stage["limit_attempts"]
+    assert [a["mode"] for a in attempts] == ["server relaunched with --max-num-seqs 4 --max-model-len 768"], attempts
+    assert not attempts[0]["held"] and "e2e_p95" in " ".join(attempts[0]["breaches"]), attempts[0]
+    assert "'max_model_len': 768" in (tmp_path / "server" / "vllm.log").read_text()
+    verified = found["capacity.verified_limit"]
+    decision = decide([Finding.from_dict(f) for f in found.values()])
+    print("refuted limit:", verified["reason"], "| load verdict:", decision.verdict, decision.reasons)
+    if found["capacity.loadgen"]["status"] != "pass":
+        assert decision.verdict == "incomplete"
+        return
+    assert verified["status"] == "fail" and verified["consequence"] == "expand_capacity"
+    assert decision.verdict == "expand_capacity", decision.reasons
+    # measured at the setting the relaunched server runs, not at a context it now rejects
+    assert found["capacity.soak"]["configuration"]["concurrency"] == 4
+    mixed = json.loads((run_dir / "probes" / "load" / "mixed.json").read_text())
+    assert mixed["context_tokens"] == 704 and all(w["errors"] == 0 for w in mixed["windows"]), mixed

@@ -272,3 +272,27 @@ def test_a_verified_limit_carries_its_serving_flags() -> None:
     _, limit = rules.judge_verified_limit(proposed, [{"setting": proposed[0], "held": True, "breaches": []}],
                                           evidence=[])
     assert limit["serving_flags"] == "--max-num-seqs 4 --max-model-len 768"
+
+
+def test_a_limit_whose_server_did_not_come_back_is_not_tested_and_never_a_verdict() -> None:
+    """The relaunch with --max-model-len 768 was refused by the server: that limit says nothing about capacity.
+    With no limit held the question stays open (inconclusive), whatever the other attempt did."""
+    proposed = [{"kind": "concurrency", "max_num_seqs": 1, "client_concurrency": 1, "context_tokens": 1984},
+                {"kind": "context", "max_num_seqs": 4, "client_concurrency": 4, "context_tokens": 704,
+                 "max_model_len": 768}]
+    broke = {"setting": proposed[0], "stage": "verify_concurrency", "held": False, "breaches": ["ttft_p95"],
+             "mode": "server relaunched with --max-num-seqs 1"}
+    refused = {"setting": proposed[1], "stage": None, "held": False, "breaches": [],
+               "relaunch_error": "ValueError: max_model_len 768 is smaller than the prompt"}
+    finding, limit = rules.judge_verified_limit(proposed, [broke, refused], evidence=[])
+    assert finding.status == Status.INCONCLUSIVE and limit == {}
+    assert "--max-num-seqs 4 --max-model-len 768" in finding.reason and "smaller than the prompt" in finding.reason
+    # both really run and both broke: expand capacity
+    ran = {**refused, "relaunch_error": None, "stage": "verify_context", "breaches": ["kv_saturated"]}
+    finding, _ = rules.judge_verified_limit(proposed, [broke, ran], evidence=[])
+    assert finding.status == Status.FAIL and finding.consequence == Consequence.EXPAND
+    # the one that held says where it was verified
+    held = {**broke, "held": True, "breaches": []}
+    finding, limit = rules.judge_verified_limit(proposed, [held], evidence=[])
+    assert finding.status == Status.PASS and "(server relaunched with --max-num-seqs 1)" in limit["reason"]
+    assert rules.limit_flags(proposed[1]) == ["--max-num-seqs", "4", "--max-model-len", "768"]

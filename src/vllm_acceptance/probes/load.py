@@ -13,6 +13,7 @@ classified, and the remaining stages are reported `missing`. All judgement is in
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
@@ -463,8 +464,33 @@ def contract_shaped(i: int, share: float) -> bool:
     return math.floor((i + 1) * share) > math.floor(i * share)
 
 
-def run_load_probe(base_url: str, source: MetricsSource, cfg: LoadProbeConfig, store: EvidenceStore
-                   ) -> tuple[list[Finding], dict[str, Any]]:
+EARLY = ("capacity.long_prompt", "capacity.context_contract")
+
+
+@dataclass
+class Progress:
+    """What the stages before the verified limit found: all a later call needs to conclude the stage
+    after the server was relaunched with a limit's flags (run_load_limit)."""
+
+    early: list[Finding] = field(default_factory=list)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+    proposed: list[dict[str, Any]] = field(default_factory=list)
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    kv_ev: str = "kv_capacity.json"
+    initial_preemptions: float | None = None
+    seconds_before: float = 0.0
+    memory: list[dict[str, Any]] = field(default_factory=list)
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    workload: list[dict[str, Any]] = field(default_factory=list)
+
+
+def run_load_probe(base_url: str, source: MetricsSource, cfg: LoadProbeConfig, store: EvidenceStore, *,
+                   relaunch: bool = False) -> tuple[list[Finding], dict[str, Any]]:
+    """The capacity stage. With ``relaunch`` (the caller launched the server and can launch it again), a
+    contract that does not hold stops after the ramp with a ``relaunch_point``: the caller relaunches the
+    server with each proposed limit's flags in turn and calls :func:`run_load_limit`; otherwise a limit
+    is verified by driving the client at it against the server as it runs."""
     run = LoadRun(base_url, source, cfg, store)
     try:
         first = source.snapshot()
@@ -472,61 +498,182 @@ def run_load_probe(base_url: str, source: MetricsSource, cfg: LoadProbeConfig, s
         ev = store.write_text("metrics-error.txt", str(exc))
         return [registry.get("capacity.metrics").missing(None, str(exc), evidence=[ev])], {}
     run.healthy_at_start = run.healthy()
+    progress = Progress(initial_preemptions=first.value("vllm:num_preemptions"))
+    progress.kv_ev = read_kv(run, first)
+    run.sampler.start()
+    t0 = time.time()
+    late: list[Finding] = []
+    try:
+        progress.early += stage_long_prompt(run)
+        if not run.crashed:
+            progress.early.append(stage_context_contract(run))
+        if not run.crashed:
+            progress.steps = stage_ramp(run)
+            progress.summary = rules.ramp_summary(progress.steps, cfg.contract_concurrency, cfg.ramp_bound)
+        if not run.crashed and progress.steps:
+            progress.proposed = rules.propose_limits(run.readout, progress.summary["knee"], cfg.contract_concurrency,
+                                                     cfg.context_tokens, cfg.max_output_tokens,
+                                                     min_context_tokens=cfg.prompt_tokens)
+        if relaunch and cfg.verify_limit and progress.proposed:
+            progress.seconds_before = time.time() - t0
+            return pending_limit(run, progress)
+        if cfg.verify_limit:
+            progress.attempts = stage_verify(run, progress.proposed)
+        verified, limit = judge_limit(run, progress)
+        late = stage_at_limit(run, limit)
+    finally:
+        run.sampler.stop_event.set()
+        run.sampler.join(timeout=5)
+    progress.seconds_before = time.time() - t0
+    return conclude(run, progress, verified, limit, late)
+
+
+def read_kv(run: LoadRun, first: Snapshot) -> str:
+    """The KV cache as the server reads it out (startup log, cache_config_info): kept as evidence."""
+    cfg = run.cfg
     run.cache_cfg = cache_config(first)
     log_text = _path(cfg.server_log).read_text(errors="replace") if cfg.server_log and Path(
         cfg.server_log).is_file() else ""
     run.scan = scan_startup_log(log_text) if log_text else None
-    readout = run.readout = rules.kv_readout(run.scan.kv_cache_tokens if run.scan else None,
-                               run.scan.max_concurrency if run.scan else None,
-                               run.scan.max_concurrency_len if run.scan else None, run.cache_cfg)
-    kv_ev = store.write_json("kv_capacity.json", {"readout": readout.to_dict(), "cache_config_info": run.cache_cfg,
-                                                  "startup_log": cfg.server_log})
-    run.sampler.start()
-    findings: list[Finding] = []
-    steps: list[dict[str, Any]] = []
-    summary: dict[str, Any] = {}
-    proposed: list[dict[str, Any]] = []
-    attempts: list[dict[str, Any]] = []
-    limit: dict[str, Any] = {}
+    run.readout = rules.kv_readout(run.scan.kv_cache_tokens if run.scan else None,
+                                   run.scan.max_concurrency if run.scan else None,
+                                   run.scan.max_concurrency_len if run.scan else None, run.cache_cfg)
+    return run.store.write_json("kv_capacity.json", {"readout": run.readout.to_dict(),
+                                                     "cache_config_info": run.cache_cfg,
+                                                     "startup_log": cfg.server_log})
+
+
+def judge_limit(run: LoadRun, progress: Progress) -> tuple[Finding, dict[str, Any]]:
+    store = run.store
+    ev = [store.write_json("verified_limit.json", {"proposed": progress.proposed, "attempts": progress.attempts})]
+    return rules.judge_verified_limit(progress.proposed, progress.attempts, evidence=ev + [
+        f"records/{a['stage']}.jsonl" for a in progress.attempts
+        if a.get("stage") and store.path(f"records/{a['stage']}.jsonl").exists()])
+
+
+def stage_at_limit(run: LoadRun, limit: dict[str, Any]) -> list[Finding]:
+    """The mixed stream and the soak, at the verified limit when there is one, else at the contract."""
+    concurrency = int(limit.get("client_concurrency", run.cfg.contract_concurrency))
+    context = int(limit.get("context_tokens", run.cfg.context_tokens))
+    late: list[Finding] = []
+    if not run.crashed:
+        late.append(stage_mixed(run, concurrency, context))
+    if not run.crashed:
+        late.append(stage_soak(run, concurrency))
+    return late
+
+
+def pending_limit(run: LoadRun, progress: Progress) -> tuple[list[Finding], dict[str, Any]]:
+    """The stage as far as it went, waiting for the relaunch at each proposed limit: the limit, the mixed
+    stream and the soak are inconclusive until a later call (run_load_limit) replaces them, so a run
+    that stops here never passes on them."""
+    why = "waiting for the server to be relaunched with the proposed limit's flags"
+    verified = registry.get("capacity.verified_limit").inconclusive(
+        reason=f"{why}: {'; '.join(' '.join(rules.limit_flags(s)) for s in progress.proposed)}",
+        expected="a limited run that holds", action="relaunch the server with the limit's flags (playbooks/probes.yml)")
+    late = [registry.get(check).inconclusive(reason=f"not run yet: {why}", expected="run at the verified limit",
+                                             action="relaunch the server with the limit's flags (playbooks/probes.yml)")
+            for check in ("capacity.mixed", "capacity.soak")]
+    findings, details = conclude(run, progress, verified, {}, late)
+    details["relaunch_point"] = {"settings": [{**s, "flags": rules.limit_flags(s)} for s in progress.proposed],
+                                 "next": len(progress.attempts)}
+    return findings, details
+
+
+def run_load_limit(base_url: str, source: MetricsSource, cfg: LoadProbeConfig, store: EvidenceStore,
+                   details: dict[str, Any], prior: list[Finding], *, relaunch_error: str | None = None,
+                   relaunch_log: str | None = None) -> tuple[list[Finding], dict[str, Any]]:
+    """The next proposed limit, on the server the caller relaunched with its flags (or could not): one
+    step at the limit's shape. The first that holds is the verified limit, and the mixed stream and the
+    soak run there; when none is left, the stage concludes as run_load_probe would have."""
+    point = details.get("relaunch_point") or {}
+    settings = point.get("settings") or []
+    index = int(point.get("next", 0))
+    if index >= len(settings):
+        raise ValueError("the load stage has no proposed limit left to verify (no relaunch_point)")
+    setting = {k: v for k, v in settings[index].items() if k != "flags"}
+    run = LoadRun(base_url, source, cfg, store)
+    progress = restore(run, details, prior)
+    mode = f"server relaunched with {' '.join(settings[index]['flags'])}"
+    if relaunch_log or relaunch_error:
+        store.append_jsonl("relaunch.jsonl", {"flags": settings[index]["flags"], "log": relaunch_log,
+                                              "error": relaunch_error})
+    run.healthy_at_start = not relaunch_error and run.healthy()
     t0 = time.time()
+    late: list[Finding] = []
+    limit: dict[str, Any] = {}
+    run.sampler.start()
     try:
-        findings += stage_long_prompt(run)
-        if not run.crashed:
-            findings.append(stage_context_contract(run))
-        if not run.crashed:
-            steps = stage_ramp(run)
-            summary = rules.ramp_summary(steps, cfg.contract_concurrency, cfg.ramp_bound)
-        if not run.crashed and steps:
-            proposed = rules.propose_limits(readout, summary["knee"], cfg.contract_concurrency, cfg.context_tokens,
-                                            cfg.max_output_tokens, min_context_tokens=cfg.prompt_tokens)
-            if cfg.verify_limit:
-                attempts = stage_verify(run, proposed)
-        verdict_ev = [store.write_json("verified_limit.json", {"proposed": proposed, "attempts": attempts})]
-        verified_finding, limit = rules.judge_verified_limit(proposed, attempts, evidence=verdict_ev + [
-            f"records/{a['stage']}.jsonl" for a in attempts if store.path(f"records/{a['stage']}.jsonl").exists()])
-        verified = bool(limit) if proposed else None
-        if steps:
-            ev = [store.write_json("ramp.json", {"summary": summary, "steps": steps})] + [
-                f"records/ramp_c{s['concurrency']}.jsonl" for s in steps
-                if store.path(f"records/ramp_c{s['concurrency']}.jsonl").exists()]
-            findings.append(rules.judge_ramp(steps, summary, evidence=ev, verified=verified,
-                                             request_timeout_s=cfg.request_timeout_s,
-                                             max_preemptions=cfg.max_preemptions))
-        if steps or proposed:
-            findings.append(verified_finding)
-        concurrency = int(limit.get("client_concurrency", cfg.contract_concurrency))
-        context = int(limit.get("context_tokens", cfg.context_tokens))
-        if not run.crashed:
-            findings.append(stage_mixed(run, concurrency, context))
-        if not run.crashed:
-            findings.append(stage_soak(run, concurrency))
+        if relaunch_error or not run.healthy_at_start:
+            progress.attempts.append({"setting": setting, "stage": None, "held": False, "breaches": [],
+                                      "mode": mode, "relaunch_error": relaunch_error or "the relaunched server "
+                                      "does not answer /health"})
+        else:   # judged against the KV cache of the deployment as launched (the first call's readout)
+            progress.attempts.append(verify_one(run, setting, mode))
+        held = progress.attempts[-1]["held"]
+        if not held and index + 1 < len(settings) and not run.crashed:
+            progress.seconds_before += time.time() - t0
+            return pending_limit(run, progress)
+        verified, limit = judge_limit(run, progress)
+        if not progress.attempts[-1].get("relaunch_error"):
+            # No limit held: the server now runs the last refuted limit's flags, so the mixed stream and the
+            # soak are measured at that setting (the contract's shape would hit the flags, not the deployment).
+            late = stage_at_limit(run, limit or progress.attempts[-1]["setting"])
     finally:
         run.sampler.stop_event.set()
         run.sampler.join(timeout=5)
-    findings.insert(0, rules.judge_kv_capacity(readout, cfg.contract_concurrency, cfg.context_tokens,
-                                               cfg.max_output_tokens, evidence=[kv_ev], verified=verified))
+    progress.seconds_before += time.time() - t0
+    if not late:  # the relaunched server never answered: nothing more to measure on it
+        late = [registry.get(c).missing(None, f"not run: {progress.attempts[-1]['relaunch_error']}")
+                for c in ("capacity.mixed", "capacity.soak")]
+    return conclude(run, progress, verified, limit, late)
+
+
+def restore(run: LoadRun, details: dict[str, Any], prior: list[Finding]) -> Progress:
+    """The first call's progress from its stage details and findings (evidence relative to the probe)."""
+    run.readout = rules.KvReadout(**(details.get("kv_readout") or {}))
+    run.client_checks = list((details.get("client") or {}).items())
+    run.bounds = list(details.get("stage_bounds") or [])
+    return Progress(early=[f for f in prior if f.check in EARLY], steps=list(details.get("steps") or []),
+                    summary=dict(details.get("ramp_summary") or {}),
+                    proposed=list(details.get("proposed_limits") or []),
+                    attempts=list(details.get("limit_attempts") or []),
+                    initial_preemptions=details.get("initial_preemptions"),
+                    seconds_before=float(details.get("seconds") or 0.0),
+                    memory=list(details.get("memory_timeline") or []),
+                    metrics=list(details.get("metrics_timeline") or []),
+                    workload=_read_workload(run.store))
+
+
+def _read_workload(store: EvidenceStore) -> list[dict[str, Any]]:
+    try:
+        return list(json.loads(store.path("workload.json").read_text()).get("requests") or [])
+    except (OSError, ValueError, AttributeError):
+        return []
+
+
+def conclude(run: LoadRun, progress: Progress, verified_finding: Finding, limit: dict[str, Any],
+             late: list[Finding]) -> tuple[list[Finding], dict[str, Any]]:
+    """The stage's findings and details from what was measured (rules/capacity.py judges)."""
+    cfg, store = run.cfg, run.store
+    steps, summary, proposed = progress.steps, progress.summary, progress.proposed
+    verified = bool(limit) if proposed else None
+    findings = list(progress.early)
+    if steps:
+        ev = [store.write_json("ramp.json", {"summary": summary, "steps": steps})] + [
+            f"records/ramp_c{s['concurrency']}.jsonl" for s in steps
+            if store.path(f"records/ramp_c{s['concurrency']}.jsonl").exists()]
+        findings.append(rules.judge_ramp(steps, summary, evidence=ev, verified=verified,
+                                         request_timeout_s=cfg.request_timeout_s,
+                                         max_preemptions=cfg.max_preemptions))
+    if steps or proposed:
+        findings.append(verified_finding)
+    findings += late
+    findings.insert(0, rules.judge_kv_capacity(run.readout, cfg.contract_concurrency, cfg.context_tokens,
+                                               cfg.max_output_tokens, evidence=[progress.kv_ev], verified=verified))
+    workload = progress.workload + run.workload
     store.write_json("workload.json", {"tokenize": run.prompts.available, "tokenize_calls": run.prompts.calls,
-                                       "contract_share": cfg.contract_share, "requests": run.workload})
+                                       "contract_share": cfg.contract_share, "requests": workload})
     ev_samples = [p for p in ("samples.jsonl", "memory.jsonl") if store.path(p).exists()]
     if run.crashed:
         findings += crash_findings(run, findings, ev_samples)
@@ -536,13 +683,14 @@ def run_load_probe(base_url: str, source: MetricsSource, cfg: LoadProbeConfig, s
     details = {"contract_concurrency": cfg.contract_concurrency, "knee": summary.get("knee"),
                "headroom": summary.get("headroom"), "broke_on": summary.get("broke_on"),
                "knee_text": summary.get("text"), "ramp_summary": summary, "steps": steps,
-               "kv_readout": readout.to_dict(), "proposed_limits": proposed, "limit_attempts": attempts,
-               "memory_timeline": run.sampler.memory, "stage_bounds": run.bounds, "limits": limit,
-               "samples": len(run.sampler.samples), "crash": run.crashed, "seconds": round(time.time() - t0, 1),
-               "initial_preemptions": first.value("vllm:num_preemptions"),
+               "kv_readout": run.readout.to_dict(), "proposed_limits": proposed, "limit_attempts": progress.attempts,
+               "memory_timeline": progress.memory + run.sampler.memory, "stage_bounds": run.bounds, "limits": limit,
+               "samples": len(progress.metrics) + len(run.sampler.samples), "crash": run.crashed,
+               "seconds": round(progress.seconds_before, 1), "initial_preemptions": progress.initial_preemptions,
                # For the report's KV / queue timeline plot; the full rows are evidence (samples.jsonl).
-               "metrics_timeline": [{k: s.get(k) for k in ("t", "stage", "running", "waiting", "kv_usage",
-                                                            "preemptions")} for s in run.sampler.samples],
+               "metrics_timeline": progress.metrics + [
+                   {k: s.get(k) for k in ("t", "stage", "running", "waiting", "kv_usage", "preemptions")}
+                   for s in run.sampler.samples],
                # The workload actually sent, beside the contract it stands for (the report flags differences):
                # the contract's share of every step at the contracted context and maximum output.
                "workload": {"tokenize": run.prompts.available, "contract_share": cfg.contract_share,
@@ -716,19 +864,24 @@ def stage_ramp(run: LoadRun) -> list[dict[str, Any]]:
 
 
 def stage_verify(run: LoadRun, proposed: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Re-run at each proposed limit (client concurrency and context) until one holds."""
+    """Re-run at each proposed limit (client concurrency and context) until one holds, the server as it
+    runs (an attached server is someone else's: it is never relaunched)."""
     attempts = []
     for setting in proposed:
-        stage = f"verify_{setting['kind']}"
-        row = run_step(run, stage, int(setting["client_concurrency"]), int(setting["context_tokens"]), 50_000)
-        attempts.append({"setting": setting, "stage": stage, "held": row["meets_slo"] and not run.crashed,
-                         "breaches": row["breaches"], "mode": "client driven at the limit (server as launched)",
-                         "row": {k: row.get(k) for k in ("concurrency", "ok", "errors", "ttft_p95", "e2e_p95",
-                                                          "queue_p95", "max_waiting", "max_kv_usage",
-                                                          "preemptions", "kv_saturated")}})
+        attempts.append(verify_one(run, setting, "client driven at the limit (server as launched)"))
         if run.crashed or attempts[-1]["held"]:
             break
     return attempts
+
+
+def verify_one(run: LoadRun, setting: dict[str, Any], mode: str) -> dict[str, Any]:
+    """One step at a proposed limit's client concurrency and context: held when it meets the SLO."""
+    stage = f"verify_{setting['kind']}"
+    row = run_step(run, stage, int(setting["client_concurrency"]), int(setting["context_tokens"]), 50_000)
+    return {"setting": setting, "stage": stage, "held": row["meets_slo"] and not run.crashed,
+            "breaches": row["breaches"], "mode": mode,
+            "row": {k: row.get(k) for k in ("concurrency", "ok", "errors", "ttft_p95", "e2e_p95", "queue_p95",
+                                             "max_waiting", "max_kv_usage", "preemptions", "kv_saturated")}}
 
 
 SHARED_PREFIX = ("Shared agent system prompt. " + filler(300, 99) + " ")

@@ -36,6 +36,7 @@ class ProbeOptions:
     server_pid: int | None = None
     server_log: str | None = None
     restart_command: str | None = None
+    relaunch: bool = False   # load: the caller relaunches the server at each proposed limit (run_load_limit)
     overrides: dict[str, Any] = field(default_factory=dict)
 
 
@@ -149,9 +150,27 @@ def _dispatch(opts: ProbeOptions, client: OpenAIClient, store: EvidenceStore
         finally:
             if direct:
                 direct.close()
-    from .load import LoadProbeConfig, run_load_probe
+    from .load import run_load_probe
 
     source = metrics_source(opts.metrics_url, opts.prometheus_url, opts.prometheus_instance, opts.base_url)
-    cfg_l = LoadProbeConfig.from_profile(opts.profile, opts.overrides, model=opts.model, api_key=opts.api_key,
-                                         server_pid=opts.server_pid, server_log=opts.server_log)
-    return run_load_probe(opts.base_url, source, cfg_l, store)
+    return run_load_probe(opts.base_url, source, load_config(opts), store, relaunch=opts.relaunch)
+
+
+def load_config(opts: ProbeOptions) -> Any:
+    """The load probe's settings from the profile and the overrides (probes/load.py LoadProbeConfig)."""
+    from .load import LoadProbeConfig
+
+    return LoadProbeConfig.from_profile(opts.profile, opts.overrides, model=opts.model, api_key=opts.api_key,
+                                        server_pid=opts.server_pid, server_log=opts.server_log)
+
+
+def run_load_limit_probe(opts: ProbeOptions, details: dict[str, Any], prior: list[Finding],
+                         relaunch_error: str | None, relaunch_log: str | None) -> tuple[list[Finding], dict[str, Any]]:
+    """The load stage's next proposed limit, on the server relaunched with its flags between two probe
+    calls (probes/stage.py)."""
+    from .load import run_load_limit
+
+    store = EvidenceStore(opts.out_dir, secrets=[opts.api_key] if opts.api_key else [])
+    source = metrics_source(opts.metrics_url, opts.prometheus_url, opts.prometheus_instance, opts.base_url)
+    return run_load_limit(opts.base_url, source, load_config(opts), store, details, prior,
+                          relaunch_error=relaunch_error, relaunch_log=relaunch_log)

@@ -1,6 +1,7 @@
 """A probe as a stage of a run: its evidence under probes/KIND/, its findings and details in the run's
 stage files (findings/KIND.json, stages/KIND.json), written once, as every stage writes them; the cache
-stage's request after a restart of the server is a second call that completes the first's files."""
+stage's request after a restart of the server, and the load stage's run at each proposed limit after a
+relaunch with its flags, are later calls that complete the first's files."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 from ..core.profile import load_profile
 from ..core.rundir import RunDir
 from .result import overall_status, rebase_evidence
-from .run import ProbeOptions, run_cache_restart_probe, run_probe
+from .run import ProbeOptions, run_cache_restart_probe, run_load_limit_probe, run_probe
 
 
 def run_probe_stage(run_dir: Path, kind: str, *, profile_path: str, base_url: str, model: str,
@@ -47,3 +48,30 @@ def run_cache_restart_stage(run_dir: Path, *, profile_path: str, base_url: str, 
     stage = run.write_stage("cache", {**details, "status": status, "restart": row,
                                       "restart_error": restart_error}, [opts.api_key] if opts.api_key else None)
     return status, {f"{f.check}@{f.host}" if f.host else f.check: f.status.value for f in findings}, stage
+
+
+def run_load_limit_stage(run_dir: Path, *, profile_path: str, base_url: str, model: str,
+                         relaunch_error: str | None = None, relaunch_log: str | None = None,
+                         **options: Any) -> tuple[str, dict[str, str], Path, bool]:
+    """The load stage's next proposed limit, on the server this run relaunched with its flags
+    (playbooks/probes.yml): the stage's files are rewritten whole; the last value says whether another
+    limit is still to be verified (the stage keeps a relaunch_point)."""
+    run = RunDir(Path(run_dir))
+    details = run.stage("load")
+    prior = run.findings("load")
+    if not details or prior is None or not details.get("relaunch_point"):
+        raise ValueError(f"no load stage waiting for a relaunch in {run.path}: run the load probe with relaunch "
+                         "first (it leaves a relaunch_point when the contract does not hold)")
+    opts = ProbeOptions(kind="load", base_url=base_url, model=model, out_dir=run.path / "probes" / "load",
+                        profile=load_profile(profile_path), **options)
+    prefix = "probes/load/"
+    for finding in prior:   # back to the probe's own paths, as the first call had them
+        finding.evidence = [p[len(prefix):] if p.startswith(prefix) else p for p in finding.evidence]
+    findings, details = run_load_limit_probe(opts, details, prior, relaunch_error, relaunch_log)
+    rebase_evidence(findings, "probes/load")
+    details.setdefault("evidence_root", "probes/load")
+    status = overall_status(findings)
+    run.write_findings("load", findings)
+    stage = run.write_stage("load", {"status": status, **details}, [opts.api_key] if opts.api_key else None)
+    return (status, {f"{f.check}@{f.host}" if f.host else f.check: f.status.value for f in findings}, stage,
+            bool(details.get("relaunch_point")))

@@ -292,9 +292,19 @@ def propose_limits(readout: KvReadout, knee: int | None, concurrency: int, conte
     return out
 
 
+def limit_flags(setting: dict[str, Any]) -> list[str]:
+    """The serving flags of a proposed limit: what the config snippet says and what a relaunch adds."""
+    flags = ["--max-num-seqs", str(setting["max_num_seqs"])]
+    if setting.get("max_model_len"):
+        flags += ["--max-model-len", str(setting["max_model_len"])]
+    return flags
+
+
 def judge_verified_limit(proposed: Sequence[dict[str, Any]], attempts: Sequence[dict[str, Any]], *,
                          evidence: Sequence[str]) -> tuple[Finding, dict[str, Any]]:
-    """The first attempted limit that held is the recommendation; none held -> expand_capacity."""
+    """The first attempted limit that held is the recommendation; every admissible setting run and
+    failed -> expand_capacity. A setting whose server could not be relaunched with its flags was not
+    tested: with no limit held, that leaves the question open (inconclusive), never a verdict."""
     check = registry.get("capacity.verified_limit")
     if not proposed:
         return check.not_applicable(None, "the contract holds: no limit to verify"), {}
@@ -304,16 +314,21 @@ def judge_verified_limit(proposed: Sequence[dict[str, Any]], attempts: Sequence[
     if held:
         limit = {k: v for k, v in held["setting"].items() if k != "kind"}
         limit["reason"] = (f"verified: {held['setting']['kind']} limit held at concurrency "
-                           f"{held['setting']['client_concurrency']}, context {held['setting']['context_tokens']}")
-        flags = [f"--max-num-seqs {held['setting']['max_num_seqs']}"]
-        if held["setting"].get("max_model_len"):
-            flags.append(f"--max-model-len {held['setting']['max_model_len']}")
-        limit["serving_flags"] = " ".join(flags)  # the serving config snippet; the alerts read max_num_seqs
+                           f"{held['setting']['client_concurrency']}, context {held['setting']['context_tokens']}"
+                           + (f" ({held['mode']})" if held.get("mode") else ""))
+        limit["serving_flags"] = " ".join(limit_flags(held["setting"]))  # the config snippet; alerts: max_num_seqs
         return check.passed(observed=observed, expected="a limited run that holds", evidence=evidence, rule=rule,
                             reason=limit["reason"]), limit
     if not attempts:
         return check.inconclusive(observed=observed, expected="a limited run", evidence=evidence, rule=rule,
                                   reason="no limited run could be made"), {}
+    untested = [a for a in attempts if a.get("relaunch_error")]
+    if untested:
+        return check.inconclusive(
+            observed=observed, expected="a limited run", evidence=evidence, rule=rule,
+            reason="; ".join(f"{a['setting']['kind']} limit not tested: the server did not come back with "
+                             f"{' '.join(limit_flags(a['setting']))}: {a['relaunch_error']}" for a in untested),
+            action="read the relaunch's log (the limit's flags may be refused by this vLLM), fix and re-run"), {}
     broke = "; ".join(f"{a['setting']['kind']} (concurrency {a['setting']['client_concurrency']}, context "
                       f"{a['setting']['context_tokens']}) broke on {', '.join(a['breaches']) or 'errors'}"
                       for a in attempts)

@@ -414,8 +414,10 @@ register("capacity.kv_capacity", stage="load", consequence=EXPAND,
 register("capacity.verified_limit", stage="load", consequence=EXPAND,
          title="A proposed limit verified by a run at that limit",
          rule="a limit (fewer sessions, or a shorter context) is recommended only when a run at it holds in the "
-              "same run; every admissible setting failing -> expand_capacity",
-         evidence="probes/load/verified_limit.json, records/verify_*.jsonl",
+              "same run, on the server relaunched with the limit's flags when this run launched it on one node "
+              "(else the client driven at the limit); every admissible setting run and failed -> "
+              "expand_capacity; a setting the server could not be relaunched with is untested (inconclusive)",
+         evidence="probes/load/verified_limit.json, records/verify_*.jsonl, relaunch.jsonl",
          source="000/004: stable only below the contract -> limited observation with the limit in config and alerts")
 register("capacity.mixed", stage="load", consequence=EXPAND,
          title="Mixed stream",
