@@ -2,8 +2,8 @@
 (process runtime, acceptance_process module) records it without retrying, and the serve stage
 classifies it from the saved log.
 
-Three real starts (each 0.5-3 min on the loaded lab machine): a wrong model path, an unknown tool
-parser, and a max-model-len the KV cache cannot hold (--num-gpu-blocks-override=4: 4 blocks for a
+Three real starts, run at once (each 0.5-3 min on the loaded lab machine): a wrong model path, an unknown
+tool parser, and a max-model-len the KV cache cannot hold (--num-gpu-blocks-override=4: 4 blocks for a
 2048-token request). The plays are the project's own: validate, preflight (for the evidence groups),
 serve, on the lab inventory, with a temporary reports directory and ports 8055-8057.
 """
@@ -33,26 +33,41 @@ CASES = {
 }
 
 
-def _run_serve(reports: Path, port: int, extra: dict) -> tuple[subprocess.CompletedProcess[str], Path]:
+def _start_serve(reports: Path, port: int, extra: dict) -> subprocess.Popen[str]:
     extravars = {"acceptance_reports_dir": str(reports), "vllm_serve_port": port, "vllm_serve_mode": "launch",
                  "vllm_serve_ready_timeout_s": 600, **extra}
     argv = [ansible_bin(), "-i", str(REPO / "inventories" / "lab"), "-e", json.dumps(extravars),
             str(REPO / "playbooks" / "validate.yml"), str(REPO / "playbooks" / "preflight.yml"),
             str(REPO / "playbooks" / "serve.yml")]
-    proc = subprocess.run(argv, cwd=REPO, env=ansible_env(ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), VLLM_API_KEY=""),
-                          capture_output=True, text=True, timeout=900)
-    runs = [p for p in (reports / "lab").iterdir() if p.is_dir() and not p.is_symlink() and p.name != ".lab-server"]
-    assert len(runs) == 1, proc.stdout[-3000:]
-    return proc, runs[0]
+    return subprocess.Popen(argv, cwd=REPO, env=ansible_env(ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), VLLM_API_KEY=""),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.fixture(scope="module")
+def launches(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, str, Path]]:
+    """The three failed launches at once (separate ports, reports and state; each is its own ansible-playbook
+    run): case -> (exit status, output, run directory)."""
+    if not LAB_PYTHON.exists() or not (LAB_MODEL / "config.json").exists():
+        pytest.skip("no lab vLLM environment or model: make lab-venv lab-model")
+    started = {}
+    for case, (extra, port, *_rest) in CASES.items():
+        reports = tmp_path_factory.mktemp(case) / "reports"
+        started[case] = (reports, _start_serve(reports, port, extra))
+    out = {}
+    for case, (reports, proc) in started.items():
+        stdout, _ = proc.communicate(timeout=900)
+        runs = [p for p in (reports / "lab").iterdir() if p.is_dir() and not p.is_symlink()
+                and p.name != ".lab-server"] if (reports / "lab").is_dir() else []
+        assert len(runs) == 1, stdout[-3000:]
+        out[case] = (proc.returncode, stdout, runs[0])
+    return out
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_real_start_failure_is_classified(case: str, tmp_path: Path) -> None:
-    if not LAB_PYTHON.exists() or not (LAB_MODEL / "config.json").exists():
-        pytest.skip("no lab vLLM environment or model: make lab-venv lab-model")
-    extra, port, check, klass, rule = CASES[case]
-    proc, run_dir = _run_serve(tmp_path / "reports", port, extra)
-    assert proc.returncode == 0, proc.stdout[-4000:]          # a failed launch is a finding, not a crash
+def test_real_start_failure_is_classified(case: str, launches: dict[str, tuple[int, str, Path]]) -> None:
+    _extra, _port, check, klass, rule = CASES[case]
+    returncode, stdout, run_dir = launches[case]
+    assert returncode == 0, stdout[-4000:]          # a failed launch is a finding, not a crash
     findings = json.loads((run_dir / "findings" / "serve.json").read_text())
     by_check = {f["check"]: f for f in findings}
     triage = by_check[check]

@@ -271,6 +271,19 @@ def single_node_container(r: Rehearsal, reports: Path) -> Outcome:
     return run_accept(inv, reports)
 
 
+def container_at_its_limit(r: Rehearsal, reports: Path) -> Outcome:
+    """A container launched with a KV cache too small for the contract (31 blocks of 128 tokens: one session of
+    2,048 where the contract wants two): the load stage proposes --max-num-seqs 1, the container is relaunched
+    with it (the stand-in records the new argv and starts the real lab vLLM with it), and the limit is measured
+    on a server that enforces it."""
+    r.set_node("gb300-a01", "flat")
+    r.ssh("gb300-a01", "docker", "rm", "-f", CONTAINER)
+    inv = r.inventory("container-at-its-limit", gpu_nodes=["gb300-a01"], head="gb300-a01",
+                      variables={"vllm_serve_mode": "launch",
+                                 "vllm_serve_extra_args": ["--max-num-seqs", "2", "--num-gpu-blocks-override", "31"]})
+    return run_accept(inv, reports)
+
+
 def attach(r: Rehearsal, reports: Path, name: str, *, gpu_nodes: list[str], memory: str = "flat",
            extra: dict[str, Any] | None = None, gpu_group: str = "gpu_nodes") -> Outcome:
     r.set_node("gb300-a01", memory)
@@ -389,6 +402,8 @@ PLAYS: dict[str, Play] = {
                          ("capacity.crash", "torch.OutOfMemoryError: CUDA out of memory"), suite=False),
     "two-node-layout": Play("release", two_node_layout, ("every required check passed with evidence",),
                             suite=False),
+    "container-at-its-limit": Play("limited_observation", container_at_its_limit,
+                                   ("stable only under limits: capacity.kv_capacity",), suite=False),
     "crash-mid-ramp": Play("incomplete", lambda r, p: oom_mid_ramp(r, p, "crash_at_running=2", "crash-mid-ramp"),
                            ("without an OOM signature", "died unexpectedly"), suite=False),
 }
