@@ -72,6 +72,22 @@ options:
         at it against the server as it runs.
     type: bool
     default: false
+  loadgen_hosts:
+    description:
+      - Load - the loadgen hosts besides the controller; their agents (C(python -m vllm_acceptance.load.worker agent),
+        started by playbooks/probes.yml) send the ramp, mixed stream and soak steps together, each step split over
+        them. A host without an answering agent stops the probe naming it (the load stage is then missing).
+    type: list
+    elements: str
+    default: []
+  loadgen_agents:
+    description: Load - the agents' endpoints, one C({host, address, port}) per started agent.
+    type: list
+    elements: dict
+    default: []
+  loadgen_token:
+    description: Load - the run's token that the agents were started with; never written to evidence.
+    type: str
   relaunch_error:
     description: Phase C(limit), why the relaunch with the limit's flags failed (the limit is then not tested).
     type: str
@@ -168,6 +184,9 @@ def main() -> None:
             "relaunch": {"type": "bool", "default": False},
             "relaunch_error": {"type": "str"},
             "relaunch_log": {"type": "str"},
+            "loadgen_hosts": {"type": "list", "elements": "str", "default": []},
+            "loadgen_agents": {"type": "list", "elements": "dict", "default": []},
+            "loadgen_token": {"type": "str", "no_log": True},
         },
         profile=True, import_error=IMPORT_ERROR,
     )
@@ -175,6 +194,8 @@ def main() -> None:
     if module.check_mode:
         module.exit_json(changed=False, status="skipped", msg=f"check mode: the {p['kind']} probe sends no traffic")
     run = module.run()
+    agents = {"loadgen_hosts": p["loadgen_hosts"], "loadgen_agents": p["loadgen_agents"],
+              "loadgen_token": p["loadgen_token"]} if p["loadgen_hosts"] else {}
     if p["phase"] == "restart":
         if p["kind"] != "cache":
             module.fail_json(msg=f"phase restart is the cache probe's only (kind is {p['kind']}): set kind: cache")
@@ -193,11 +214,13 @@ def main() -> None:
             base_url=p["base_url"], model=p["model"], metrics_url=p["metrics_url"],
             prometheus_url=p["prometheus_url"], prometheus_instance=p["prometheus_instance"], api_key=p["api_key"],
             server_pid=p["server_pid"], server_log=p["server_log"], overrides=p["overrides"],
-            relaunch_error=p["relaunch_error"], relaunch_log=p["relaunch_log"])
+            relaunch_error=p["relaunch_error"], relaunch_log=p["relaunch_log"], **agents)
         module.exit_json(changed=True, status=status, statuses=statuses, result=str(result), pending=pending)
     if p["relaunch"] and p["kind"] != "load":
         module.fail_json(msg=f"relaunch is the load probe's only (kind is {p['kind']}): drop it for this probe")
     extra = {"relaunch": True} if p["relaunch"] else {}
+    if p["loadgen_hosts"] and p["kind"] == "load":
+        extra.update(agents)
     status, statuses, result = module.guard(
         run_probe_stage, run.path, p["kind"], profile_path=p["profile_path"] or str(run.profile_path),
         base_url=p["base_url"], model=p["model"], metrics_url=p["metrics_url"], prometheus_url=p["prometheus_url"],

@@ -180,3 +180,69 @@ def test_a_loadgen_host_down_is_named_missing_never_a_smaller_load(one_host_down
     assert finding["check"] == "capacity.distributed" and finding["status"] == "missing", finding
     assert finding["reason"] == "no records from: lg3"
     assert finding["observed"]["hosts"] == {"lg2": PER_HOST_REQUESTS}  # what came is kept, not judged alone
+
+
+AGENT_HOSTS = ["lg4", "lg5"]
+
+
+@pytest.fixture(scope="module")
+def probes_with_agents(open_lab: tuple[int, Path], loadgen_hosts: ClusterFactory,
+                       tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """validate, serve (attach to the open lab) and probes (load only) with two loadgen hosts: their agents
+    send the ramp, mixed and soak steps; the long prompt and the context contract stay on the controller."""
+    port, log = open_lab
+    cluster = loadgen_hosts([HostSpec(h) for h in AGENT_HOSTS], name="loadgen-agents")
+    work = tmp_path_factory.mktemp("loadgen-agents")
+    inventory = work / "inventory"
+    (inventory / "group_vars").mkdir(parents=True)
+    lab_vars = REPO / "inventories" / "lab" / "group_vars" / "all.yml"
+    (inventory / "group_vars" / "all.yml").write_text(lab_vars.read_text())
+    data = cluster.inventory_data(group="loadgen")
+    data["all"]["hosts"] = {"localhost": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}}
+    data["all"]["children"].update({"gpu_nodes": {"hosts": {"localhost": None}},
+                                    "vllm_head": {"hosts": {"localhost": None}}})
+    (inventory / "hosts.yml").write_text(yaml.safe_dump(data))
+    pid = int((log.parent / "vllm.pid").read_text().strip())
+    extra = {"acceptance_reports_dir": str(work / "reports"), "acceptance_profile": str(lenient_profile(work)),
+             "acceptance_probes": ["load"], "vllm_serve_mode": "attach",
+             "vllm_base_url": f"http://{cluster.controller_address}:{port}/v1", "vllm_serve_pid": pid,
+             "vllm_serve_startup_log": str(log),
+             "acceptance_probe_overrides": {"load": {"load.ramp": [2], "load.max_step": 4, "load.requests_per_step": 4,
+                                                     "load.soak_s": 3}}}
+    before = log.stat().st_size
+    proc = subprocess.run([ansible_bin(), "-i", str(inventory), "playbooks/validate.yml", "playbooks/serve.yml",
+                           "playbooks/probes.yml", "-e", json.dumps(extra)], cwd=REPO,
+                          env=ansible_env(ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), VLLM_API_KEY=""),
+                          capture_output=True, text=True, timeout=900, check=False)
+    runs = [p for p in (work / "reports").glob("*/*") if p.is_dir() and not p.is_symlink()]  # <inventory>/<run>
+    return {"proc": proc, "run_dir": runs[0] if len(runs) == 1 else None, "cluster": cluster,
+            "log": log.read_text(errors="replace")[before:]}
+
+
+def test_ramp_mixed_and_soak_are_sent_from_every_loadgen_host(probes_with_agents: dict[str, Any]) -> None:
+    proc, run_dir, cluster = probes_with_agents["proc"], probes_with_agents["run_dir"], probes_with_agents["cluster"]
+    assert proc.returncode == 0 and run_dir is not None, f"{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}"
+    found = {f["check"]: f for f in json.loads((run_dir / "findings" / "load.json").read_text())}
+    assert "capacity.probe" not in found, found.get("capacity.probe")
+    records = run_dir / "probes" / "load" / "records"
+    for stage in ("ramp_c2", "ramp_c4", "mixed", "soak"):
+        hosts = {r.worker.split("/", 1)[0] for r in read_records(records / f"{stage}.jsonl")}
+        assert hosts == set(AGENT_HOSTS), (stage, hosts)
+    assert all("/" not in r.worker for r in read_records(records / "long_prompt.jsonl"))  # alone, from the controller
+    # vLLM's access log names the client: both namespace hosts' own addresses, through the bridge
+    for name in AGENT_HOSTS:
+        address = cluster.host(name).address
+        assert any(f"{address}:" in line and "/v1/chat/completions" in line
+                   for line in probes_with_agents["log"].splitlines()), name
+    # each host's client self-check per step, judged into capacity.loadgen; the clocks were measured
+    stage = json.loads((run_dir / "stages" / "load.json").read_text())
+    assert {f"ramp_c4@{h}" for h in AGENT_HOSTS} <= set(stage["client"]) and f"soak@{AGENT_HOSTS[1]}" in stage["client"]
+    (connected,) = [json.loads(line) for line in (run_dir / "probes" / "load" / "loadgen_agents.jsonl").read_text()
+                    .splitlines()]
+    assert [a["host"] for a in connected["agents"]] == AGENT_HOSTS
+    assert all(abs(a["clock_offset_s"]) < 1.0 for a in connected["agents"])
+    assert found["capacity.ramp"]["status"] in ("pass", "fail") and found["capacity.soak"]["status"] != "missing"
+    # the agents are gone after the probes
+    for name in AGENT_HOSTS:
+        with pytest.raises(OSError), socket.create_connection((cluster.host(name).address, 29600), timeout=2):
+            pass

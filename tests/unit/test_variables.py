@@ -85,7 +85,9 @@ NOT_VARIABLES = {"acceptance_run", "acceptance_preflight", "acceptance_serve", "
                  "vllm_serve", "vllm_head", "vllm_workers", "rebuild_node", "rollback_image", "rollback_triggers",
                  "rollback_versions",
                  # the node_state filter, the group rollback.yml puts its targets in, a key of upgrade-entry.json
-                 "node_state_records", "rollback_targets", "preflight_findings"}
+                 "node_state_records", "rollback_targets", "preflight_findings",
+                 # acceptance_probe's arguments for the loadgen hosts' agents (keys of its argument dict)
+                 "loadgen_hosts", "loadgen_agents", "loadgen_token"}
 
 
 def _reads_and_definitions() -> tuple[set[str], set[str]]:

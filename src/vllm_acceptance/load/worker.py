@@ -11,6 +11,12 @@ SSH happens to reach them. Each host sleeps until that epoch second on its own c
 merge checks the clocks agreed (every host's first request near ``start_at``). The API key is
 read from ``VLLM_API_KEY`` only: a command line is visible to every user of the node.
 
+``agent`` serves the controller's load probe instead (``load/agent.py``: the ramp, mixed stream and
+soak of an acceptance run from every loadgen host at once) until ``stop`` or an idle timeout:
+
+    python -m vllm_acceptance.load.worker agent --port 29600 --host NAME --pid-file F
+    python -m vllm_acceptance.load.worker stop --pid-file F
+
 Next to ``FILE.jsonl`` it writes ``FILE.meta.json``: host, parameters (no key), the planned and
 actual start, the counts, and this host's client self-check (CPU and event-loop lag per worker
 process, read cost; ``rules/loadgen.py`` judges it in the merge), so the merge can tell a host
@@ -63,11 +69,21 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--request-timeout-s", type=float, default=60.0)
     run.add_argument("--stage-timeout-s", type=float, default=300.0)
     run.add_argument("--processes", type=int, default=1, help="worker processes on this host (one core each)")
+    agent = sub.add_parser("agent", help="serve the controller's load probe (token in VLLM_ACCEPTANCE_AGENT_TOKEN)")
+    agent.add_argument("--listen", default="0.0.0.0", help="address to listen on")
+    agent.add_argument("--port", type=int, default=29600)
+    agent.add_argument("--host", default=None, help="name in the records (default: this host's name)")
+    agent.add_argument("--pid-file", type=Path, default=None)
+    agent.add_argument("--idle-timeout-s", type=float, default=1800.0, help="exit after this long without a call")
+    stop = sub.add_parser("stop", help="stop the agent whose pid file this is")
+    stop.add_argument("--pid-file", type=Path, required=True)
     return parser
 
 
 def validate(args: argparse.Namespace) -> str | None:
     """What is wrong with the arguments, or None."""
+    if args.command != "run":
+        return None
     for name in ("concurrency", "requests", "prompt_tokens", "output_tokens", "processes"):
         if getattr(args, name) < 1:
             return f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}"
@@ -115,6 +131,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return meta
 
 
+def stop_agent(pid_file: Path) -> int:
+    """SIGTERM the agent of this pid file and wait (bounded) for it to go; 0 also when it was gone."""
+    try:
+        pid = int(pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return 0
+    try:
+        os.kill(pid, 15)
+    except OSError:
+        return 0
+    for _ in range(50):
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            break
+        time.sleep(0.1)
+    pid_file.unlink(missing_ok=True)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -122,6 +158,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
+    if args.command == "agent":
+        from vllm_acceptance.load.agent import TOKEN_ENV, serve
+
+        try:
+            serve(args.listen, args.port, args.host or socket.gethostname(), os.environ.get(TOKEN_ENV, ""),
+                  idle_timeout_s=args.idle_timeout_s, pid_file=args.pid_file)
+        except (ValueError, OSError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        return 0
+    if args.command == "stop":
+        return stop_agent(args.pid_file)
     meta = run(args)
     print(json.dumps(meta))
     return 0

@@ -13,12 +13,14 @@ classified, and the remaining stages are reported `missing`. All judgement is in
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import random
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,7 @@ from ..core.evidence import EvidenceStore
 from ..core.findings import Finding, Status
 from ..core.profile import Profile
 from ..lab.server import rss_bytes, tail_lines
+from ..load.agent import AgentPool
 from ..load.engine import Record, RequestSpec, run_load
 from ..load.stats import client_summary, summarize
 from ..parsers.causal import causal_line
@@ -48,6 +51,8 @@ from .metrics import (
     server_root,
 )
 
+# Sends that measure one request alone stay on the controller; every other step goes through the agents.
+LONE_STAGES = ("long_prompt", "mixed_repeated")
 OOM_MARKERS = ("out of memory", "outofmemoryerror", "cuda error: out of memory", "killed process",
                "oom-kill", "cannot allocate memory")
 WORDS = ("node", "driver", "fabric", "gpu", "cache", "ticket", "health", "service", "gateway", "engine",
@@ -84,6 +89,10 @@ class LoadProbeConfig:
     interconnect: str | None = None
     parallel: dict[str, Any] = field(default_factory=dict)
     client: ClientLimits = field(default_factory=ClientLimits)  # the load generator's self-check
+    # Loadgen hosts besides the controller (load/agent.py): their agents send the ramp, mixed and soak steps.
+    agent_hosts: list[str] = field(default_factory=list)
+    agent_endpoints: list[dict[str, Any]] = field(default_factory=list)
+    agent_token: str | None = None
 
     @property
     def ramp_bound(self) -> int:
@@ -287,6 +296,7 @@ class LoadRun:
         self.client_checks: list[tuple[str, dict[str, Any]]] = []
         self.last_client: dict[str, Any] = {}
         self.chunks_per_session_s: float | None = None  # streamed chunks/s per request in flight, measured
+        self.pool: AgentPool | None = None   # the loadgen hosts' agents, when the run has loadgen hosts
 
     def snapshot(self) -> Snapshot | None:
         """A metrics snapshot, or None when the server stopped answering (judged by `send`)."""
@@ -313,14 +323,26 @@ class LoadRun:
         self.sampler.stage = stage
         start = time.time()
         checks: list[dict[str, Any]] = []
-        records = run_load(
-            self.base_url, self.cfg.model, specs, mode="closed", concurrency=concurrency,
-            processes=self.workers(concurrency), timeout_s=self.cfg.request_timeout_s,
-            stage_deadline_s=self.cfg.stage_timeout_s, api_key=self.cfg.api_key, selfcheck=checks,
-            on_record=lambda r: self.store.append_jsonl(f"records/{stage}.jsonl", r.to_dict()))
+        evidence = lambda r: self.store.append_jsonl(f"records/{stage}.jsonl", r.to_dict())  # noqa: E731
+        if self.pool is not None and stage not in LONE_STAGES:
+            records, by_host = self.pool.send(
+                self.base_url, self.cfg.model, specs, concurrency, stage=stage, timeout_s=self.cfg.request_timeout_s,
+                stage_deadline_s=self.cfg.stage_timeout_s, on_record=evidence,
+                processes=self.workers(max(1, concurrency // len(self.pool.agents))))
+            for host, host_checks in by_host.items():
+                mine = [r for r in records if r.worker.startswith(f"{host}/")]
+                self.check_client(f"{stage}@{host}", max(1, concurrency // len(self.pool.agents)), mine, host_checks)
+        else:
+            records = run_load(
+                self.base_url, self.cfg.model, specs, mode="closed", concurrency=concurrency,
+                processes=self.workers(concurrency), timeout_s=self.cfg.request_timeout_s,
+                stage_deadline_s=self.cfg.stage_timeout_s, api_key=self.cfg.api_key, selfcheck=checks,
+                on_record=evidence)
+            self.check_client(stage, concurrency, records, checks)
         end = time.time()
-        self.bounds.append({"stage": stage, "start": start, "end": end, "concurrency": concurrency})
-        self.check_client(stage, concurrency, records, checks)
+        self.bounds.append({"stage": stage, "start": start, "end": end, "concurrency": concurrency,
+                            **({"hosts": [a.host for a in self.pool.agents]} if self.pool is not None
+                               and stage not in LONE_STAGES else {})})
         self.sampler.take()
         if any(r.status != "ok" for r in records) and not self.healthy():
             self.crashed = self.crash_record(stage, records, start, concurrency)
@@ -497,6 +519,29 @@ def run_load_probe(base_url: str, source: MetricsSource, cfg: LoadProbeConfig, s
     except MetricsError as exc:
         ev = store.write_text("metrics-error.txt", str(exc))
         return [registry.get("capacity.metrics").missing(None, str(exc), evidence=[ev])], {}
+    with agents(run):
+        return _run_load_probe(run, first, relaunch)
+
+
+@contextlib.contextmanager
+def agents(run: LoadRun) -> Iterator[None]:
+    """The loadgen hosts' agents for this call (load/agent.py), connected and clock-checked; a host that does
+    not answer raises LoadgenDown, which stops the probe naming it (the stage is missing)."""
+    cfg = run.cfg
+    if not cfg.agent_hosts:
+        yield
+        return
+    run.pool = AgentPool(cfg.agent_endpoints, cfg.agent_hosts, cfg.agent_token or "")
+    try:
+        connected = run.pool.connect()
+        run.store.append_jsonl("loadgen_agents.jsonl", {"t": time.time(), "agents": connected})
+        yield
+    finally:
+        run.pool.close()
+
+
+def _run_load_probe(run: LoadRun, first: Snapshot, relaunch: bool) -> tuple[list[Finding], dict[str, Any]]:
+    cfg = run.cfg
     run.healthy_at_start = run.healthy()
     progress = Progress(initial_preemptions=first.value("vllm:num_preemptions"))
     progress.kv_ev = read_kv(run, first)
@@ -591,8 +636,17 @@ def run_load_limit(base_url: str, source: MetricsSource, cfg: LoadProbeConfig, s
     index = int(point.get("next", 0))
     if index >= len(settings):
         raise ValueError("the load stage has no proposed limit left to verify (no relaunch_point)")
-    setting = {k: v for k, v in settings[index].items() if k != "flags"}
     run = LoadRun(base_url, source, cfg, store)
+    with agents(run):
+        return _run_load_limit(run, details, prior, relaunch_error, relaunch_log)
+
+
+def _run_load_limit(run: LoadRun, details: dict[str, Any], prior: list[Finding], relaunch_error: str | None,
+                    relaunch_log: str | None) -> tuple[list[Finding], dict[str, Any]]:
+    store = run.store
+    point = details["relaunch_point"]
+    settings, index = point["settings"], int(point.get("next", 0))
+    setting = {k: v for k, v in settings[index].items() if k != "flags"}
     progress = restore(run, details, prior)
     mode = f"server relaunched with {' '.join(settings[index]['flags'])}"
     if relaunch_log or relaunch_error:

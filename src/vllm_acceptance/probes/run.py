@@ -37,6 +37,10 @@ class ProbeOptions:
     server_log: str | None = None
     restart_command: str | None = None
     relaunch: bool = False   # load: the caller relaunches the server at each proposed limit (run_load_limit)
+    # load: the loadgen hosts (besides the controller) whose agents send the ramp, mixed and soak steps
+    loadgen_hosts: list[str] = field(default_factory=list)
+    loadgen_agents: list[dict[str, Any]] = field(default_factory=list)
+    loadgen_token: str | None = None
     overrides: dict[str, Any] = field(default_factory=dict)
 
 
@@ -161,7 +165,9 @@ def load_config(opts: ProbeOptions) -> Any:
     from .load import LoadProbeConfig
 
     return LoadProbeConfig.from_profile(opts.profile, opts.overrides, model=opts.model, api_key=opts.api_key,
-                                        server_pid=opts.server_pid, server_log=opts.server_log)
+                                        server_pid=opts.server_pid, server_log=opts.server_log,
+                                        agent_hosts=list(opts.loadgen_hosts), agent_endpoints=list(opts.loadgen_agents),
+                                        agent_token=opts.loadgen_token)
 
 
 def run_load_limit_probe(opts: ProbeOptions, details: dict[str, Any], prior: list[Finding],
