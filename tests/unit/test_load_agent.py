@@ -6,6 +6,7 @@ tests/integration/test_loadgen_distributed.py."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ import pytest
 from test_loadgen import StreamServer, specs
 
 from vllm_acceptance.load.agent import AgentPool, LoadgenDown, serve, split
+from vllm_acceptance.load.engine import now
 
 
 @pytest.fixture(scope="module")
@@ -83,3 +85,31 @@ def test_shares_cover_every_request_and_the_concurrency() -> None:
     shares = split(specs(5), 4, 3)
     assert [len(s) for s, _ in shares] == [2, 2, 1] and [c for _, c in shares] == [2, 1, 1]
     assert split(specs(1), 4, 2)[1] == ([], 0)       # a host with no request sends nothing
+
+
+def test_a_host_that_drops_out_mid_step_is_named_never_a_smaller_load(stream: StreamServer, agents: list[dict]) -> None:
+    """A fake agent that greets, tells the time, then closes the connection when given its share."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def flaky() -> None:
+        conn, _ = listener.accept()
+        with conn, conn.makefile("rb") as rfile:
+            for line in rfile:
+                op = json.loads(line)["op"]
+                if op == "hello":
+                    conn.sendall(b'{"op": "hello", "host": "lg-x"}\n')
+                elif op == "clock":
+                    conn.sendall(json.dumps({"op": "clock", "time": now()}).encode() + b"\n")
+                else:
+                    return   # the share arrives: the host goes away
+
+    threading.Thread(target=flaky, daemon=True).start()
+    pool = AgentPool([*agents, {"host": "lg-x", "address": "127.0.0.1", "port": port}], ["lg-a", "lg-x"], "run-token")
+    try:
+        pool.connect()
+        with pytest.raises(LoadgenDown, match=r"lg-x .* closed the connection .*stage soak"):
+            pool.send(stream.url("ok"), "m", specs(4), 2, stage="soak", timeout_s=10, stage_deadline_s=60)
+    finally:
+        pool.close()
+        listener.close()

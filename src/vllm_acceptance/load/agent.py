@@ -207,8 +207,12 @@ class AgentPool:
         failures: list[str] = []
         lock = threading.Lock()
 
+        # A host that stops answering (frozen, partitioned) is a drop-out once its stage could not still be running.
+        silence_s = (stage_deadline_s or 600.0) + timeout_s + 60.0
+
         def one(agent: Agent, share: list[RequestSpec], conc: int) -> None:
             try:
+                agent.sock.settimeout(silence_s)  # type: ignore[union-attr]
                 agent.sock.sendall((json.dumps({  # type: ignore[union-attr]
                     "op": "send", "base_url": base_url, "model": model, "specs": [asdict(s) for s in share],
                     "concurrency": conc, "processes": processes, "timeout_s": timeout_s,
