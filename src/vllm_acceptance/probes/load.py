@@ -227,6 +227,8 @@ class Sampler(threading.Thread):
         self.memory: list[dict[str, Any]] = []
         self.stage = "idle"
         self.errors = 0
+        self.memory_interval_s = cfg.sample_interval_s   # finer for one short request (stage_long_prompt)
+        self.wake = threading.Event()
 
     def run(self) -> None:
         # Memory is read locally in its own thread: a /metrics scrape of a busy server can take
@@ -240,7 +242,18 @@ class Sampler(threading.Thread):
     def memory_loop(self) -> None:
         while not self.stop_event.is_set():
             self.take_memory()
-            self.stop_event.wait(self.cfg.sample_interval_s)
+            self.wake.wait(self.memory_interval_s)   # set by stop() and by a change of the interval
+            self.wake.clear()
+
+    def fine_memory(self, interval_s: float | None) -> None:
+        """Sample memory every ``interval_s`` from now on (None: back to the profile's interval)."""
+        self.memory_interval_s = interval_s or self.cfg.sample_interval_s
+        self.wake.set()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.wake.set()
+        self.join(timeout=5)
 
     def take_memory(self) -> int | None:
         rss = rss_bytes(self.cfg.server_pid) if self.cfg.server_pid else None
@@ -567,8 +580,7 @@ def _run_load_probe(run: LoadRun, first: Snapshot, relaunch: bool) -> tuple[list
         verified, limit = judge_limit(run, progress)
         late = stage_at_limit(run, limit)
     finally:
-        run.sampler.stop_event.set()
-        run.sampler.join(timeout=5)
+        run.sampler.stop()
     progress.seconds_before = time.time() - t0
     return conclude(run, progress, verified, limit, late)
 
@@ -674,8 +686,7 @@ def _run_load_limit(run: LoadRun, details: dict[str, Any], prior: list[Finding],
             # soak are measured at that setting (the contract's shape would hit the flags, not the deployment).
             late = stage_at_limit(run, limit or progress.attempts[-1]["setting"])
     finally:
-        run.sampler.stop_event.set()
-        run.sampler.join(timeout=5)
+        run.sampler.stop()
     progress.seconds_before += time.time() - t0
     if not late:  # the relaunched server never answered: nothing more to measure on it
         late = [registry.get(c).missing(None, f"not run: {progress.attempts[-1]['relaunch_error']}")
@@ -823,7 +834,14 @@ def stage_long_prompt(run: LoadRun) -> list[Finding]:
     """One agent-like prompt at the contracted context (counted), concurrency 1; prefill vs decode memory."""
     cfg = run.cfg
     tokens = min(cfg.long_prompt_tokens, cfg.context_tokens)
-    records, start, end = run.send("long_prompt", [run.build(tokens, cfg.max_output_tokens, 1, "long")], 1)
+    req = run.build(tokens, cfg.max_output_tokens, 1, "long")
+    # One request's prefill can be shorter than the sampling interval (25 ms on the lab): sample its memory
+    # every 5 ms while it runs, so its prefill and decode peaks are measured, not missed between two samples.
+    run.sampler.fine_memory(min(0.005, cfg.sample_interval_s))
+    try:
+        records, start, end = run.send("long_prompt", [req], 1)
+    finally:
+        run.sampler.fine_memory(None)
     samples = run.sampler.window(start, end)
     rec = records[0] if records else None
     ok = rec is not None and rec.status == "ok"
