@@ -336,15 +336,20 @@ class LoadRun:
         self.sampler.stage = stage
         start = time.time()
         checks: list[dict[str, Any]] = []
-        evidence = lambda r: self.store.append_jsonl(f"records/{stage}.jsonl", r.to_dict())  # noqa: E731
+        bound: dict[str, Any] = {"stage": stage, "start": start, "concurrency": concurrency}
+
+        def evidence(rec: Record) -> None:
+            self.store.append_jsonl(f"records/{stage}.jsonl", rec.to_dict())
+
         if self.pool is not None and stage not in LONE_STAGES:
+            share = max(1, concurrency // len(self.pool.agents))
             records, by_host = self.pool.send(
                 self.base_url, self.cfg.model, specs, concurrency, stage=stage, timeout_s=self.cfg.request_timeout_s,
-                stage_deadline_s=self.cfg.stage_timeout_s, on_record=evidence,
-                processes=self.workers(max(1, concurrency // len(self.pool.agents))))
+                stage_deadline_s=self.cfg.stage_timeout_s, on_record=evidence, processes=self.workers(share))
             for host, host_checks in by_host.items():
                 mine = [r for r in records if r.worker.startswith(f"{host}/")]
-                self.check_client(f"{stage}@{host}", max(1, concurrency // len(self.pool.agents)), mine, host_checks)
+                self.check_client(f"{stage}@{host}", share, mine, host_checks)
+            bound["hosts"] = [a.host for a in self.pool.agents]
         else:
             records = run_load(
                 self.base_url, self.cfg.model, specs, mode="closed", concurrency=concurrency,
@@ -353,9 +358,7 @@ class LoadRun:
                 on_record=evidence)
             self.check_client(stage, concurrency, records, checks)
         end = time.time()
-        self.bounds.append({"stage": stage, "start": start, "end": end, "concurrency": concurrency,
-                            **({"hosts": [a.host for a in self.pool.agents]} if self.pool is not None
-                               and stage not in LONE_STAGES else {})})
+        self.bounds.append({**bound, "end": end})
         self.sampler.take()
         if any(r.status != "ok" for r in records) and not self.healthy():
             self.crashed = self.crash_record(stage, records, start, concurrency)
