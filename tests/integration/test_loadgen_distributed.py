@@ -190,14 +190,27 @@ def probes_with_agents(open_lab: tuple[int, Path], loadgen_hosts: ClusterFactory
                        tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """validate, serve (attach to the open lab) and probes (load only) with two loadgen hosts: their agents
     send the ramp, mixed and soak steps; the long prompt and the context contract stay on the controller."""
-    port, log = open_lab
     cluster = loadgen_hosts([HostSpec(h) for h in AGENT_HOSTS], name="loadgen-agents")
-    work = tmp_path_factory.mktemp("loadgen-agents")
+    return run_probes(open_lab, cluster, tmp_path_factory.mktemp("loadgen-agents"))
+
+
+@pytest.fixture(scope="module")
+def probes_with_an_agent_missing(open_lab: tuple[int, Path], loadgen_hosts: ClusterFactory,
+                                 tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The same with lg7's loadgen_python pointing nowhere: its agent never starts."""
+    cluster = loadgen_hosts([HostSpec("lg6"), HostSpec("lg7")], name="loadgen-agent-missing")
+    return run_probes(open_lab, cluster, tmp_path_factory.mktemp("loadgen-agent-missing"),
+                      host_vars={"lg7": {"loadgen_python": "/nonexistent/python3"}})
+
+
+def run_probes(open_lab: tuple[int, Path], cluster: Any, work: Path,
+               host_vars: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    port, log = open_lab
     inventory = work / "inventory"
     (inventory / "group_vars").mkdir(parents=True)
     lab_vars = REPO / "inventories" / "lab" / "group_vars" / "all.yml"
     (inventory / "group_vars" / "all.yml").write_text(lab_vars.read_text())
-    data = cluster.inventory_data(group="loadgen")
+    data = cluster.inventory_data(group="loadgen", host_vars=host_vars)
     data["all"]["hosts"] = {"localhost": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}}
     data["all"]["children"].update({"gpu_nodes": {"hosts": {"localhost": None}},
                                     "vllm_head": {"hosts": {"localhost": None}}})
@@ -246,3 +259,14 @@ def test_ramp_mixed_and_soak_are_sent_from_every_loadgen_host(probes_with_agents
     for name in AGENT_HOSTS:
         with pytest.raises(OSError), socket.create_connection((cluster.host(name).address, 29600), timeout=2):
             pass
+
+
+def test_a_loadgen_host_without_its_agent_stops_the_load_probe_naming_it(
+        probes_with_an_agent_missing: dict[str, Any]) -> None:
+    proc, run_dir = probes_with_an_agent_missing["proc"], probes_with_an_agent_missing["run_dir"]
+    assert run_dir is not None, f"{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}"
+    assert "no load agent on lg7" in proc.stdout
+    (finding,) = json.loads((run_dir / "findings" / "load.json").read_text())
+    assert finding["check"] == "capacity.probe" and finding["status"] == "missing", finding
+    assert "no load agent on loadgen host(s) lg7" in finding["reason"], finding["reason"]
+    assert not (run_dir / "probes" / "load" / "records").exists()   # nothing sent: never a smaller load
