@@ -38,7 +38,7 @@ def test_verdict_findings_and_figures_release_to_limited(runs: dict[str, Path]) 
     d = diff_runs(runs["release"], runs["limited"])
     assert d["verdict"] == {"a": "release", "b": "limited_observation", "changed": True}
     changed = {r["id"]: (r["a"], r["b"]) for r in d["findings"]["changed"]}
-    assert changed == {"capacity.ramp": ("pass", "fail"), "agent.format_errors": ("pass", "warn")}
+    assert changed == {"capacity.ramp": ("pass", "fail"), "agent.tool_call": ("pass", "warn")}
     assert d["findings"]["added"] == [] and d["findings"]["removed"] == []
     figures = by_key(d["figures"])
     assert figures["load.knee"]["a"] == 64 and figures["load.knee"]["b"] == 48

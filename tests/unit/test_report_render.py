@@ -302,7 +302,7 @@ def test_junit_one_case_per_finding_with_status_mapping(built: dict) -> None:
     fail = by_name["capacity.ramp"]
     assert fail.get("classname") == "capacity" and fail.find("failure") is not None
     assert by_name["compat.driver_branch@gb300-node1"].get("classname") == "compat"
-    warn = by_name["agent.format_errors"]
+    warn = by_name["agent.tool_call"]
     assert warn.find("failure") is None and warn.find("error") is None
     assert "WARN" in (warn.findtext("system-out") or "")
     assert by_name["compat.fabric_manager@lab"].find("skipped") is not None

@@ -244,7 +244,7 @@ def agent_alerts(c: AlertContext, tool_retry_metrics: tuple[str, str] | None) ->
         rate_c = f"sum by ({AGG}) (rate({_sel(calls, m)}[{w}]))"
         alerts.append(AlertSpec(
             name="AgentToolCallRetryRate", expr=f"({rate_r}) / ({rate_c}) > {_fmt(thr)}", for_s=for_s,
-            severity="critical", check="agent.format_errors", rollback=True,
+            severity="critical", check="agent.tool_call", rollback=True,
             summary=f"Tool-call retry rate above {_fmt(thr)}",
             description="Tool calls fail schema validation and are retried more often than accepted: lost schema "
                         "validation is a rollback trigger for agent traffic.",

@@ -307,12 +307,6 @@ register("agent.separation", stage="agent", consequence=AGENT,
          rule="no reasoning in content, no tool-call markup left in content",
          evidence="probes/agent/<case>/*",
          source="003: content, reasoning output and tool_calls separated")
-register("agent.format_errors", stage="agent", consequence=AGENT,
-         title="Tool-call format error rate",
-         rule="format error rate <= agent.format_error_threshold with a validated retry for limited use; above, "
-              "agent traffic is blocked",
-         evidence="probes/agent/*",
-         source="recipe warning; 003: rare format errors a validated retry recovers")
 register("agent.stream_consistency", stage="agent", consequence=AGENT,
          title="Streaming and non-streaming agree",
          rule=("the assembled stream carries the non-streamed reply's tool calls (with a reasoning parser: its "
