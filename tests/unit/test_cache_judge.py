@@ -4,7 +4,7 @@ unclean measurements and hybrid first-session misses are handled as the spec say
 from __future__ import annotations
 
 from vllm_acceptance.core.findings import Status
-from vllm_acceptance.probes.cache import CacheProbeConfig, Measurement, expected_hits, judge_reuse
+from vllm_acceptance.probes.cache import CacheProbeConfig, Measurement, expected_hits, judge_reuse, one_instance
 from vllm_acceptance.rules.cache import judge_restart, judge_rounds
 
 BLOCK = 128
@@ -44,6 +44,7 @@ def test_real_lab_shape_passes() -> None:
     got = statuses(judge_reuse(session(1) + session(2) + session(3), cfg(), BLOCK, "requests.json"))
     assert got["cache.hot_reuse"] == got["cache.cold_baseline"] == got["cache.control"] == Status.PASS
     assert got["cache.prefill_gain"] == Status.PASS and got["cache.source"] == Status.PASS
+    assert got["cache.isolation"] == Status.PASS
 
 
 def test_no_reuse_fails() -> None:
@@ -71,6 +72,16 @@ def test_unclean_measurement_is_inconclusive_never_pass() -> None:
     got = statuses(judge_reuse(ms, cfg(), BLOCK, "r"))
     assert got["cache.isolation"] == Status.INCONCLUSIVE
     assert got["cache.hot_reuse"] == Status.INCONCLUSIVE  # nothing clean to judge
+
+
+def test_one_live_instance_through_the_protocol() -> None:
+    """cache.crash once the protocol ended: the process start time of the first and the last request."""
+    same = one_instance(1764660000.0, 1764660000.0, 19, "requests.json", cfg())
+    assert [f.status for f in same] == [Status.PASS] and same[0].check == "cache.crash"
+    restarted = one_instance(1764660000.0, 1764660420.0, 19, "requests.json", cfg())
+    assert [f.status for f in restarted] == [Status.INCONCLUSIVE]
+    assert "restarted during the protocol" in (restarted[0].reason or "")
+    assert one_instance(None, 1764660000.0, 19, "requests.json", cfg()) == []
 
 
 def test_hybrid_first_session_may_only_create_retention() -> None:

@@ -186,6 +186,8 @@ class AgentProbe:
         findings = [self._judge_hangs(f) for f in findings]
         if self.hung:
             findings.append(self._timeouts(findings))
+        elif self.exchanges:
+            findings.append(self._no_timeouts())
         return findings, {"cases": [{"id": f.check, "check": f.check, "status": f.status.value, "layer": f.layer,
                                      "evidence": f.evidence} for f in findings], "rates": self.rates,
                           "timeouts": self.hung, "exchanges": self.exchanges}
@@ -203,6 +205,15 @@ class AgentProbe:
         f.status, f.layer = Status.INCONCLUSIVE, None
         f.reason = f"hung: {names}"
         return f
+
+    def _no_timeouts(self) -> Finding:
+        """agent.timeouts passes only on the requests kept as evidence, each of which got its whole answer."""
+        ev = self.store.write_json("exchanges.json", self.exchanges)
+        limit = self.client.timeout_s
+        return _finding("agent.timeouts", Status.PASS, None, [ev],
+                        observed={"requests": len(self.exchanges), "hung": 0},
+                        expected=f"every request answered within the request timeout ({limit:g} s)",
+                        reason=f"all {len(self.exchanges)} requests kept as evidence answered within {limit:g} s")
 
     def _timeouts(self, findings: list[Finding]) -> Finding:
         for h in self.hung:

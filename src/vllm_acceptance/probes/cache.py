@@ -156,6 +156,12 @@ class CacheProbe:
         except httpx.HTTPError:
             return False
 
+    def process_start(self) -> float | None:
+        try:
+            return self.source.snapshot().value("process_start_time_seconds")
+        except MetricsError:
+            return None
+
     def restart(self) -> tuple[float | None, float | None, str, str | None]:
         """Run the restart command (the run launched this server), wait for /health; return the
         process start times before and after, the log's evidence path, and an error if any."""
@@ -283,6 +289,10 @@ def run_cache_probe(client: OpenAIClient, source: MetricsSource, cfg: CacheProbe
                                 rule="every counter of the protocol must be exported",
                                 action="upgrade vLLM or enable its metrics; removed 0.x names are not read",
                                 consequence=Consequence.REBUILD))
+    else:
+        findings.append(registry.get("cache.metrics").passed(
+            observed={"exported": list(REQUIRED_FAMILIES)}, expected=list(REQUIRED_FAMILIES), evidence=[ev0],
+            reason=f"every counter of the protocol is exported by {source.description}"))
     if config_finding.status != Status.PASS or absent or block is None:
         findings.append(Finding(
             check="cache.reuse", status=Status.FAIL if config_finding.status == Status.FAIL else Status.INCONCLUSIVE,
@@ -312,8 +322,9 @@ def run_cache_probe(client: OpenAIClient, source: MetricsSource, cfg: CacheProbe
         rounds, restart = [], None
         if not any(m.hung for m in measurements):
             rounds = repeat_rounds(probe, measurements, f"{tag}-{cfg.sessions}", block)
-            if cfg.restart_command and not any(m.hung for m in rounds):
-                restart = restart_hot(probe, f"{tag}-{cfg.sessions}")
+        ended = probe.process_start()  # before any restart the protocol makes itself
+        if cfg.restart_command and not any(m.hung for m in measurements + rounds):
+            restart = restart_hot(probe, f"{tag}-{cfg.sessions}")
     except ServerLost as lost:
         return findings + server_lost(probe, lost, measurements, cfg, started), {
             "block_size": block, "requests": [m.row() for m in measurements], "crash": lost.request,
@@ -346,6 +357,12 @@ def run_cache_probe(client: OpenAIClient, source: MetricsSource, cfg: CacheProbe
                 f"{h['request']} to {h['url']}" for h in hung),
             rule="a request without a complete answer within cache.request_timeout_s decides nothing",
             action="find where the request stalls (server queue, gateway, network) and re-run the cache probe"))
+    elif everything:
+        findings.append(registry.get("cache.timeouts").passed(
+            observed={"requests": len(everything), "hung": 0}, evidence=[rows_ev],
+            expected=f"every request answered within the request timeout ({probe.client.timeout_s:g} s)",
+            reason=f"all {len(everything)} requests answered within {probe.client.timeout_s:g} s"))
+    findings += one_instance(snap0.value("process_start_time_seconds"), ended, len(everything), rows_ev, cfg)
     shared = max((m.expected_hits or 0) for m in measurements if m.kind == "hot_a")
     if restart is None and not hung:
         # What a restart between two probe calls needs (run_cache_restart): the session whose hot request is
@@ -365,6 +382,28 @@ def run_cache_probe(client: OpenAIClient, source: MetricsSource, cfg: CacheProbe
                "metrics_source": source.description,
                "requests_sent": len(everything), "seconds": round(time.time() - started, 2)}
     return findings, details
+
+
+def one_instance(first: float | None, last: float | None, sent: int, rows_ev: str,
+                 cfg: CacheProbeConfig) -> list[Finding]:
+    """cache.crash once the protocol ran to its end: one live instance when the server's process start time
+    is the same at the first and the last request; a quiet restart between them (a restart policy) makes the
+    measurements two instances' and decides nothing. No start time to compare: no finding."""
+    if first is None or last is None:
+        return []
+    check = registry.get("cache.crash")
+    observed = {"process_start_first": first, "process_start_last": last, "requests": sent}
+    if first == last:
+        return [check.passed(observed=observed, evidence=[rows_ev], expected="one live instance",
+                             reason=f"the server answered all {sent} requests of the protocol; "
+                                    "process_start_time_seconds unchanged")]
+    return [check.inconclusive(
+        observed=observed, evidence=[rows_ev], expected="one live instance",
+        consequence=Consequence.REBUILD if cfg.relies_on_reuse else Consequence.LIMIT,
+        reason=f"the server restarted during the protocol (process_start_time_seconds {first:.0f} -> {last:.0f}): "
+               "the measurements span two instances",
+        action="read the server log for the restart's cause (a restart policy hides a crash), then re-run the "
+               "cache probe")]
 
 
 def repeat_rounds(probe: CacheProbe, done: list[Measurement], session_id: str, block: int) -> list[Measurement]:

@@ -135,6 +135,11 @@ def judge_reuse(ms: list[Measurement], cfg: JudgeConfig, block: int, rows_ev: st
             expected="each request measured alone",
             action="isolate the instance (no other traffic) and re-run the cache probe"))
     clean = [m for m in ms if m.clean]
+    if clean and not unclean:
+        findings.append(registry.get("cache.isolation").passed(
+            evidence=ev, observed={"measured_alone": len(clean)}, expected="each request measured alone",
+            reason=f"all {len(clean)} requests measured alone: the server idle around each, its counters moved "
+                   "by that request only"))
 
     def by(kind: str) -> list[Measurement]:
         return [m for m in clean if m.kind == kind]
