@@ -148,6 +148,9 @@ def test_html_limited_shows_gates_limits_plots_and_tables(built: dict) -> None:
     assert "Memory timeline per GPU, load stages as bands" in html and "long prompt" in html
     assert "hot a" in html and "control" in html  # cache per-request table
     assert "99.4%" in html  # agent schema accuracy
+    # The agent plot shows the bound the verdict used for a judged rate, and what the turns resolve.
+    assert "judged: one-sided 95% upper bound 1.54%" in html
+    assert "500 answered turns resolve a rate down to 0.0060" in html
     assert "layer: <strong>model</strong>" in html
 
 

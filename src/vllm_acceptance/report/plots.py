@@ -310,17 +310,37 @@ AGENT_RATES = (("schema_accuracy", "schema-valid calls", "triggered"),
                ("separation_error_rate", "content / reasoning separation errors", "runs"))
 
 
+def judged_bound(bound: Any) -> tuple[float | None, float | None, float | None]:
+    """(n, lo, hi) of a rate the probe judged (details.rates.bounds): the one-sided 95 % bound the verdict
+    used (Clopper-Pearson, rules/agent.py), the other side at the observed rate."""
+    if not isinstance(bound, dict):
+        return None, None, None
+    n, value = _num(bound.get("n")), _num(bound.get("value"))
+    upper, lower = _num(bound.get("upper_95")), _num(bound.get("lower_95"))
+    if not n or value is None:
+        return None, None, None
+    if upper is not None:
+        return n, value, upper
+    return n, lower, value
+
+
 def agent_rate_rows(agent: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """Each agent rate with the count it is measured on and its 95% interval."""
+    """Each agent rate with the count it is measured on and its 95% interval: for a judged rate the
+    one-sided bound its verdict used (`judged`), else a two-sided Wilson interval."""
     rates = (agent or {}).get("rates") or {}
+    bounds = rates.get("bounds") if isinstance(rates.get("bounds"), dict) else {}
     rows = []
     for key, label, base in AGENT_RATES:
         rate = _num(rates.get(key))
         if rate is None:
             continue
-        n = _num(rates.get(base)) or _num(rates.get("runs"))
-        lo, hi = wilson(rate * n, n) if n else (None, None)
-        rows.append({"key": key, "label": label, "rate": rate, "n": int(n) if n else None, "lo": lo, "hi": hi})
+        n, lo, hi = judged_bound(bounds.get(key))
+        judged = n is not None
+        if not judged:
+            n = _num(rates.get(base)) or _num(rates.get("runs"))
+            lo, hi = wilson(rate * n, n) if n else (None, None)
+        rows.append({"key": key, "label": label, "rate": rate, "n": int(n) if n else None, "lo": lo, "hi": hi,
+                     "judged": judged})
     return rows
 
 
@@ -339,15 +359,20 @@ def agent_rates_svg(agent: dict[str, Any] | None, threshold: float | None = None
                 ax.errorbar(row["rate"] * 100, y, xerr=[[max(0.0, row["rate"] - row["lo"]) * 100],
                                                         [max(0.0, row["hi"] - row["rate"]) * 100]],
                             fmt="none", ecolor="#212529", capsize=4, linewidth=1)
-            ax.text(101, y, f"{row['rate'] * 100:.1f}%  (n={row['n'] or '?'}, 95% CI "
-                    f"{(row['lo'] or 0) * 100:.0f}-{(row['hi'] or 1) * 100:.0f}%)", va="center", fontsize=8)
+            if row["judged"]:
+                side = f"upper bound {(row['hi'] or 1) * 100:.2f}%" if bad else \
+                    f"lower bound {(row['lo'] or 0) * 100:.2f}%"
+                note = f"judged: one-sided 95% {side}"
+            else:
+                note = f"95% CI {(row['lo'] or 0) * 100:.0f}-{(row['hi'] or 1) * 100:.0f}%"
+            ax.text(101, y, f"{row['rate'] * 100:.1f}%  (n={row['n'] or '?'}, {note})", va="center", fontsize=8)
         if threshold is not None:
             ax.axvline(threshold * 100, color="#c92a2a", linestyle="--", linewidth=1,
                        label=f"format error threshold {threshold * 100:g}%")
             ax.legend(loc="lower right")
         ax.set_yticks(ys, [r["label"] for r in rows])
         ax.set_xlim(0, 100)
-        ax.set_xlabel("% of calls or runs (bars), 95% Wilson interval (whiskers)")
+        ax.set_xlabel("% of calls or runs (bars); whiskers: the judged rates' one-sided 95% bound, else Wilson")
         ax.set_title("Agent interface rates with their confidence intervals")
         return to_svg(fig, "agent")
 

@@ -375,7 +375,7 @@ def agent_view(report: dict[str, Any]) -> dict[str, Any] | None:
     cases = [c for c in agent.get("cases") or [] if isinstance(c, dict)]
     return {"cases": sorted(cases, key=lambda c: (STATUS_RANK.get(str(c.get("status")), 9), str(c.get("id")))),
             "exchanges": views.agent_case_rows(report), "root": str(agent.get("evidence_root") or ""),
-            "rate_rows": plots.agent_rate_rows(agent),
+            "rate_rows": plots.agent_rate_rows(agent), "resolution": str(rates.get("resolution") or ""),
             "rates": [("schema accuracy", fmt_pct(rates.get("schema_accuracy"))),
                       ("trigger consistency", fmt_pct(rates.get("trigger_consistency"))),
                       ("format error rate", fmt_pct(rates.get("format_error_rate")))]}
