@@ -1,7 +1,8 @@
 """The prefix-cache probe against real vLLM: reuse proven (on either scenario pack, over repeated
 rounds, and cleared by a real restart), caching off caught, the Prometheus path agrees, counters that
-never move can never pass, a gateway that stamps the prompt breaks the repeated rounds, and a restart
-that restarts nothing is never a pass."""
+never move can never pass, a gateway that stamps the prompt breaks the repeated rounds (or, stamping every
+prompt, the hot reuse), a gateway that replaces the system prompt fails the cold baseline and the control,
+and a restart that restarts nothing is never a pass."""
 
 from __future__ import annotations
 
@@ -180,3 +181,41 @@ def test_hot_after_a_real_restart_has_an_empty_device_cache(lab_server, tmp_path
     assert observed["process_start_after"] > observed["process_start_before"] and observed["local_hits"] == 0
     assert result["details"]["restart"]["prompt_tokens"] > 0  # the hot request was answered, cold
     assert (tmp_path / "restart.log").is_file()
+
+
+def test_a_gateway_that_stamps_every_prompt_fails_hot_reuse(lab_server, tmp_path: Path) -> None:
+    """Every request gets a timestamp in front of its system prompt on the way: no two prompts share a prefix,
+    so the hot requests do not hit and the prefill does not shrink, while the cold baseline and the control
+    (which must not hit anyway) still pass. (prefill_gain is never a pass; whether the hot prefill also took
+    no less time per token than the cold one is a timing on 2 shared cores, so fail or inconclusive.)"""
+    gateway, url = _gateway(lab_server.base_url, "--mode", "stamp_system", "--nth", "0")
+    try:
+        rc, result = probe("cache", url, tmp_path, "--metrics-url", lab_server.metrics_url,
+                           "--set", "cache.sessions=2", "--set", "cache.rounds=0")
+    finally:
+        gateway.terminate()
+    got = statuses(result)
+    assert rc == 1 and got["cache.hot_reuse"] == "fail", got
+    assert got["cache.prefill_gain"] in ("fail", "inconclusive"), got
+    assert got["cache.cold_baseline"] == got["cache.control"] == got["cache.isolation"] == "pass", got
+    hot = next(f for f in result["findings"] if f["check"] == "cache.hot_reuse")
+    assert hot["consequence"] == "rebuild_environment"
+
+
+def test_a_gateway_that_replaces_the_system_prompt_fails_the_cold_baseline_and_the_control(
+        lab_server, tmp_path: Path) -> None:
+    """A gateway's "system prompt injection": every request's system message (which carries the session id
+    and the control's environment) becomes one fixed company prompt. A later session's cold request then hits
+    what the first session cached, and the control hits the session's own prefix: the measurement is not of
+    the prompts the client sent, and both checks fail with the hits they saw."""
+    gateway, url = _gateway(lab_server.base_url, "--mode", "replace_system", "--nth", "0")
+    try:
+        rc, result = probe("cache", url, tmp_path, "--metrics-url", lab_server.metrics_url,
+                           "--set", "cache.sessions=2", "--set", "cache.rounds=0")
+    finally:
+        gateway.terminate()
+    got = statuses(result)
+    assert rc == 1 and got["cache.cold_baseline"] == "fail" and got["cache.control"] == "fail", got
+    rows = {(r["session"], r["kind"]): r for r in result["details"]["requests"]}
+    block = result["details"]["block_size"]
+    assert rows[(2, "cold")]["hits"] > rows[(2, "cold")]["expected_hits"] + block, rows[(2, "cold")]

@@ -29,6 +29,10 @@ so the agent probe can be shown to find the defect and to name the layer that ca
                                timestamp put in front of their system message before they are
                                forwarded: a gateway that "personalises" the prompt breaks the
                                byte-identical prefix, so the prefix cache cannot hit.
+* `replace_system`          -- the chosen chat completion requests (`--nth`, `0` = every one) get their
+                               system message replaced by one fixed company prompt (a gateway's
+                               "system prompt injection"): the client's session-unique system prompt
+                               never reaches the server, so every session shares one cached prefix.
 
 `/metrics`, `/tokenize`, `/v1/models`, `/health` and everything else pass untouched.
 
@@ -52,7 +56,9 @@ from typing import Any
 
 MODES = ("passthrough", "markup_in_content", "drop_stream_tool_calls", "reasoning_into_content",
          "change_arg_types", "drop_field", "markup_one_in_five", "stall_nth", "shift_stream_index", "stamp_system",
-         "strip_images")
+         "strip_images", "replace_system")
+REQUEST_ONLY = ("stall_nth", "stamp_system", "strip_images", "replace_system")  # modes that leave answers alone
+GATEWAY_SYSTEM = "You are the company assistant. Follow the company policy and answer briefly."
 DEFAULT_DROP_FIELD = "choices.*.finish_reason"
 STAND_IN_REASONING = "The user asks about live node state, so I must call a tool before answering."
 HOP_BY_HOP = {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "content-encoding"}
@@ -167,10 +173,11 @@ class Corruptor:
 
     def rewrite_request(self, data: bytes) -> bytes:
         """stamp_system: a timestamp in front of the system message of the chosen requests (counted by
-        stall_this, which runs first)."""
+        stall_this, which runs first); replace_system: that system message replaced by GATEWAY_SYSTEM."""
         if self.mode == "strip_images":
             return self._strip_images(data)
-        if self.mode != "stamp_system" or (0 not in self.nth and self.chat_requests not in self.nth):
+        if self.mode not in ("stamp_system", "replace_system") or \
+                (0 not in self.nth and self.chat_requests not in self.nth):
             return data
         try:
             body = json.loads(data)
@@ -178,6 +185,10 @@ class Corruptor:
             return data
         for message in body.get("messages") or []:
             if message.get("role") == "system" and isinstance(message.get("content"), str):
+                if self.mode == "replace_system":
+                    message["content"] = GATEWAY_SYSTEM
+                    self.corrupted += 1
+                    break
                 message["content"] = f"[{time.strftime('%Y-%m-%dT%H:%M:%S')}.{time.time_ns() % 10**9:09d}] " + \
                     message["content"]
                 self.corrupted += 1
@@ -198,8 +209,7 @@ class Corruptor:
         if self.mode == "drop_field":
             drop_path(body, self.drop_field)
             return body
-        if self.mode in ("stall_nth", "shift_stream_index", "stamp_system",
-         "strip_images"):
+        if self.mode in (*REQUEST_ONLY, "shift_stream_index"):
             return body
         has_calls = any((c.get("message") or {}).get("tool_calls") for c in choices)
         markup = self.mode == "markup_in_content" or (
@@ -239,7 +249,7 @@ class StreamRewriter:
         if self.mode == "drop_field":
             drop_path(chunk, self.corruptor.drop_field)
             return chunk
-        if self.mode in ("stall_nth", "stamp_system", "strip_images"):
+        if self.mode in REQUEST_ONLY:
             return chunk
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta")
@@ -338,7 +348,7 @@ def make_app(upstream: str, corruptor: Corruptor) -> Any:
         session: aiohttp.ClientSession = request.app["session"]
         data = await request.read()
         chat = request.method == "POST" and request.path.rstrip("/") == "/v1/chat/completions"
-        rewrite = chat and corruptor.mode not in ("passthrough", "stall_nth", "stamp_system", "strip_images")
+        rewrite = chat and corruptor.mode not in ("passthrough", *REQUEST_ONLY)
         streamed = False
         if rewrite or chat:
             try:
@@ -429,8 +439,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drop-field", default=DEFAULT_DROP_FIELD,
                         help="dotted path removed in drop_field mode (`*` = every item)")
     parser.add_argument("--every", type=int, default=5, help="markup_one_in_five: corrupt every Nth tool response")
-    parser.add_argument("--nth", default="1", help="stall_nth / stamp_system: the chat completion requests chosen, "
-                                                   "counted from 1 (comma-separated, e.g. 2,5; stamp_system: 0 = all)")
+    parser.add_argument("--nth", default="1", help="stall_nth / stamp_system / replace_system: the chat completion "
+                                                   "requests chosen, counted from 1 (comma-separated, e.g. 2,5; "
+                                                   "stamp_system, replace_system: 0 = all)")
     parser.add_argument("--stall-s", type=float, default=3600.0, help="stall_nth: how long each is held")
     args = parser.parse_args(argv)
     if args.every < 1:
@@ -439,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
         nth = tuple(int(x) for x in args.nth.split(","))
     except ValueError:
         parser.error(f"--nth {args.nth!r}: comma-separated request numbers, e.g. 2,5")
-    if not nth or min(nth) < (0 if args.mode == "stamp_system" else 1) or args.stall_s < 0:
+    if not nth or min(nth) < (0 if args.mode in ("stamp_system", "replace_system") else 1) or args.stall_s < 0:
         parser.error("--nth numbers must be >= 1 and --stall-s >= 0")
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve(args.upstream, args.host, args.port,
