@@ -54,6 +54,22 @@ def test_no_reuse_fails() -> None:
     assert got["cache.prefill_gain"] == Status.FAIL
 
 
+def test_a_shorter_hot_prompt_without_hits_is_no_prefill_gain() -> None:
+    """The lab's stamped-prompt gateway shape: no hits, hot prompts shorter than the cold ones. Their absolute
+    prefill work and time are smaller, but not per prompt token: no gain, a fail (it was inconclusive)."""
+    def hot(s: int, kind: str) -> Measurement:
+        return m(s, kind, 0, 1664, prompt=800, prefill_s=0.19)
+    ms = [x for s in (1, 2) for x in (m(s, "cold", 0, 0), hot(s, "hot_a"), hot(s, "hot_b"), m(s, "control", 0, 0))]
+    got = judge_reuse(ms, cfg(), BLOCK, "r")
+    gain = next(f for f in got if f.check == "cache.prefill_gain")
+    assert gain.status == Status.FAIL, gain
+    assert gain.observed["hot_computed_share"] == gain.observed["cold_computed_share"] == 1.0
+    # The lab's own figures: 4 % less prefill time per token without a hit (a fixed cost amortised) is noise.
+    ms = [x for s in (1, 2) for x in (m(s, "cold", 0, 0), m(s, "hot_a", 0, 1664, prompt=800, prefill_s=0.1783),
+                                      m(s, "hot_b", 0, 1664, prompt=800, prefill_s=0.1783), m(s, "control", 0, 0))]
+    assert statuses(judge_reuse(ms, cfg(), BLOCK, "r"))["cache.prefill_gain"] == Status.FAIL
+
+
 def test_hits_without_prefill_time_drop_are_inconclusive() -> None:
     got = statuses(judge_reuse(session(1, hot_time=0.5) + session(2, hot_time=0.5), cfg(), BLOCK, "r"))
     assert got["cache.hot_reuse"] == Status.PASS
