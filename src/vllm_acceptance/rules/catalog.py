@@ -251,8 +251,9 @@ register("cache.control", stage="cache", consequence=REBUILD,
          source="004: the control drops back")
 register("cache.prefill_gain", stage="cache", consequence=REBUILD,
          title="Prefill work drops with the hits",
-         rule="new computed prefill tokens and prefill time drop with the hits; counters without a latency change "
-              "(or the reverse) are inconclusive",
+         rule="per prompt token, new computed prefill tokens and prefill time drop with the hits; counters without "
+              "a latency change (or the reverse) are inconclusive; no hits, no less work and a time drop under 10 % "
+              "fail",
          evidence="probes/cache/*",
          source="004: counters that rise without a matching latency change are inconclusive")
 register("cache.source", stage="cache", consequence=REBUILD,
