@@ -165,6 +165,18 @@ def test_each_fault_fails_its_checks_on_its_layer(lab_server, gateway, tmp_path:
         assert by_check["agent.schema_accuracy"].status == Status.INCONCLUSIVE
 
 
+def test_a_gateway_that_drops_tool_results_fails_the_turns_after_them(lab_server, gateway, tmp_path: Path) -> None:
+    """A gateway that does not carry `tool` messages: the single-turn checks pass, but the second turn of the
+    conversation reaches the server without its tool result (its prompt is shorter than the server's own
+    rendering of what was sent), and the fallback never sees the failure it must answer."""
+    rc, result, findings = probe(gateway("drop_tool_results"), lab_server.model, tmp_path / "out",
+                                 "--direct-url", lab_server.base_url, *FEW_TURNS)
+    assert rc == 1 and failing(findings) == {"agent.multi_turn": "gateway", "agent.tool_failure_fallback": "gateway"}
+    turn = next(f for f in findings if f.check == "agent.multi_turn")
+    assert turn.observed["prompt_tokens"] < turn.observed["rendered_tokens"], turn.observed
+    assert "dropped or rewritten" in (turn.reason or "")
+
+
 def test_markup_one_in_five_gives_the_rate_and_the_threshold_verdict(lab_server, gateway, tmp_path: Path) -> None:
     # The profile's threshold (cpu-lab: 0.01): a ~0.2 format-error rate blocks agent traffic as soon as
     # its lower bound clears the threshold (the first round of turns).

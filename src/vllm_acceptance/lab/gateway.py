@@ -33,6 +33,8 @@ so the agent probe can be shown to find the defect and to name the layer that ca
                                system message replaced by one fixed company prompt (a gateway's
                                "system prompt injection"): the client's session-unique system prompt
                                never reaches the server, so every session shares one cached prefix.
+* `drop_tool_results`       -- `tool` messages removed from every chat completion request (a gateway
+                               that does not carry tool results): the model answers without them.
 
 `/metrics`, `/tokenize`, `/v1/models`, `/health` and everything else pass untouched.
 
@@ -56,8 +58,9 @@ from typing import Any
 
 MODES = ("passthrough", "markup_in_content", "drop_stream_tool_calls", "reasoning_into_content",
          "change_arg_types", "drop_field", "markup_one_in_five", "stall_nth", "shift_stream_index", "stamp_system",
-         "strip_images", "replace_system")
-REQUEST_ONLY = ("stall_nth", "stamp_system", "strip_images", "replace_system")  # modes that leave answers alone
+         "strip_images", "replace_system", "drop_tool_results")
+# The modes that rewrite requests only and leave the answers alone.
+REQUEST_ONLY = ("stall_nth", "stamp_system", "strip_images", "replace_system", "drop_tool_results")
 GATEWAY_SYSTEM = "You are the company assistant. Follow the company policy and answer briefly."
 DEFAULT_DROP_FIELD = "choices.*.finish_reason"
 STAND_IN_REASONING = "The user asks about live node state, so I must call a tool before answering."
@@ -171,11 +174,24 @@ class Corruptor:
                 message["content"] = kept
         return json.dumps(body).encode()
 
+    def _drop_tool_results(self, data: bytes) -> bytes:
+        try:
+            body = json.loads(data)
+        except ValueError:
+            return data
+        messages = body.get("messages") or []
+        kept = [m for m in messages if m.get("role") != "tool"]
+        self.corrupted += len(messages) - len(kept)
+        body["messages"] = kept
+        return json.dumps(body).encode()
+
     def rewrite_request(self, data: bytes) -> bytes:
         """stamp_system: a timestamp in front of the system message of the chosen requests (counted by
         stall_this, which runs first); replace_system: that system message replaced by GATEWAY_SYSTEM."""
         if self.mode == "strip_images":
             return self._strip_images(data)
+        if self.mode == "drop_tool_results":
+            return self._drop_tool_results(data)
         if self.mode not in ("stamp_system", "replace_system") or \
                 (0 not in self.nth and self.chat_requests not in self.nth):
             return data

@@ -728,11 +728,24 @@ class AgentProbe:
         second = self.client.chat(self.base(messages, tools=self.tools, tool_choice="auto"))
         msg = message_of(second.body)
         ok = second.ok and msg.get("role") == "assistant" and (msg.get("content") or msg.get("tool_calls"))
-        evs.append(self.keep("multi-turn-2", second, {"role": msg.get("role")}))
+        # The conversation the server answered is the one sent: its prompt is as long as the server's own
+        # rendering of the messages sent (/tokenize); a hop that drops or rewrites a turn changes it.
+        rendered = self.client.tokenize(self.cfg.model, messages, self.tools)
+        seen = ((second.body or {}).get("usage") or {}).get("prompt_tokens") if second.ok else None
+        tokens = {"prompt_tokens": seen, "rendered_tokens": len(rendered) if rendered is not None else None}
+        evs.append(self.keep("multi-turn-2", second, {"role": msg.get("role"), **tokens}))
         self.collect_calls("multi-turn-2", second.body)
+        observed = {"status": second.status, "role": msg.get("role"), **tokens}
+        if ok and isinstance(seen, int) and tokens["rendered_tokens"] is not None and seen != tokens["rendered_tokens"]:
+            return _finding("agent.multi_turn", Status.FAIL, "gateway", evs, observed=observed,
+                            expected="the server answers the conversation sent: prompt tokens = its rendering",
+                            reason=f"the server answered a {seen}-token prompt; the conversation sent renders to "
+                                   f"{tokens['rendered_tokens']} tokens (/tokenize): a turn was dropped or "
+                                   "rewritten between the client and the server",
+                            rule="user -> assistant tool call -> tool result -> assistant, as sent",
+                            action="check what the gateway forwards of the assistant and tool turns")
         return _finding("agent.multi_turn", Status.PASS if ok else Status.FAIL, None if ok else "parser", evs,
-                        observed={"status": second.status, "role": msg.get("role")},
-                        expected="HTTP 200, an assistant message after the tool result",
+                        observed=observed, expected="HTTP 200, an assistant message after the tool result",
                         rule="user -> assistant tool call -> tool result -> assistant",
                         action="check the chat template's tool-message rendering")
 
