@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from vllm_acceptance.lab.gateway import MODES, STAND_IN_REASONING, Corruptor, drop_path, main
+from vllm_acceptance.lab.gateway import GATEWAY_SYSTEM, MODES, STAND_IN_REASONING, Corruptor, drop_path, main
 from vllm_acceptance.probes.client import assemble_stream
 from vllm_acceptance.rules.agent import (
     arguments_diff,
@@ -141,7 +141,7 @@ def test_client_library_keeps_raw_fields_and_refuses_a_body_without_finish_reaso
 
 
 def test_unknown_mode_and_bad_cli_are_refused() -> None:
-    assert len(MODES) == 11
+    assert len(MODES) == len(set(MODES)) == 13
     with pytest.raises(ValueError, match="choose one of"):
         Corruptor("eat_everything")
     with pytest.raises(SystemExit):
@@ -189,6 +189,24 @@ def test_stamp_system_changes_only_the_chosen_requests_system_prompt() -> None:
     every.stall_this()
     assert json.loads(every.rewrite_request(request))["messages"][0]["content"] != "You are ops."
     assert Corruptor("passthrough").rewrite_request(request) == request
+
+
+def test_replace_system_and_drop_tool_results_rewrite_the_request_only() -> None:
+    request = json.dumps({"model": "m", "messages": [
+        {"role": "system", "content": "You are ops. Session s-1."}, {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
+                                                                 "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "{\"ok\": true}"},
+        {"role": "user", "content": "and now?"}]}).encode()
+    replace = Corruptor("replace_system", nth=(0,))
+    replace.stall_this()
+    out = json.loads(replace.rewrite_request(request))
+    assert out["messages"][0] == {"role": "system", "content": GATEWAY_SYSTEM}
+    assert out["messages"][1:] == json.loads(request)["messages"][1:] and replace.corrupted == 1
+    drop = Corruptor("drop_tool_results")
+    out = json.loads(drop.rewrite_request(request))
+    assert [m["role"] for m in out["messages"]] == ["system", "user", "assistant", "user"] and drop.corrupted == 1
+    assert drop.rewrite_body(body()) == body() and replace.rewrite_body(body()) == body()
 
 
 def test_strip_images_removes_image_parts_and_keeps_the_text() -> None:
