@@ -3,11 +3,24 @@ unclean measurements and hybrid first-session misses are handled as the spec say
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from vllm_acceptance.core.evidence import EvidenceStore
 from vllm_acceptance.core.findings import Status
-from vllm_acceptance.probes.cache import CacheProbeConfig, Measurement, expected_hits, judge_reuse, one_instance
+from vllm_acceptance.probes.cache import (
+    CacheProbeConfig,
+    Measurement,
+    expected_hits,
+    judge_reuse,
+    one_instance,
+    run_cache_probe,
+)
+from vllm_acceptance.probes.client import OpenAIClient
+from vllm_acceptance.probes.metrics import MetricsError, MetricsSource, Snapshot, parse_exposition
 from vllm_acceptance.rules.cache import judge_restart, judge_rounds
 
 BLOCK = 128
+METRICS = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "metrics"
 
 
 def m(session: int, kind: str, hits: float, expected: int, prompt: int = 1723, prefill_s: float = 0.4,
@@ -183,3 +196,34 @@ def test_prompt_tokens_cached_must_add_up_to_local_and_external_hits() -> None:
         x.prompt_tokens_cached = (x.hits or 0) + 128 if x.kind.startswith("hot") else x.hits
     source = next(f for f in judge_reuse(ms, cfg(), BLOCK, "r") if f.check == "cache.source")
     assert source.status == Status.INCONCLUSIVE and "disagree" in source.reason
+
+
+class _Recorded(MetricsSource):
+    """Snapshots of a recorded /metrics capture (tests/fixtures/real/metrics), or an unreadable endpoint."""
+
+    def __init__(self, name: str | None) -> None:
+        self.name, self.description = name, f"recorded {name}"
+
+    def snapshot(self) -> Snapshot:
+        if self.name is None:
+            raise MetricsError("cannot read http://127.0.0.1:9/metrics: connection refused")
+        return parse_exposition((METRICS / self.name).read_text())
+
+
+def _probe_on(source: MetricsSource, tmp_path: Path) -> dict[str, Status]:
+    client = OpenAIClient("http://127.0.0.1:9/v1")  # never reached: the probe stops at its first snapshot
+    try:
+        findings, _ = run_cache_probe(client, source, CacheProbeConfig(model="m", scenario={}),
+                                      EvidenceStore(tmp_path))
+    finally:
+        client.close()
+    return statuses(findings)
+
+
+def test_cache_metrics_missing_when_unreadable_or_not_exported(tmp_path: Path) -> None:
+    """An endpoint that does not answer; a real vLLM 0.7 V1 capture behind a router (no prefix-cache counters,
+    no cache_config_info). Either way cache.metrics is missing and the reuse is not judged, never passed."""
+    assert _probe_on(_Recorded(None), tmp_path / "down") == {"cache.metrics": Status.MISSING}
+    old = _probe_on(_Recorded("vllm-0.7-router-v1-gpu-cache-usage.prom"), tmp_path / "old")
+    assert old["cache.metrics"] == Status.MISSING and old["cache.reuse"] == Status.INCONCLUSIVE
+    assert "cache.hot_reuse" not in old
