@@ -40,15 +40,17 @@ def up() -> Iterator[str]:
     server.server_close()
 
 
-def test_a_probe_that_breaks_is_a_missing_stage_with_its_traceback_kept(up: str, tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "vllm_acceptance.cli", "probe", "agent", "--base-url", up,
-                           "--model", "m", "--out", str(tmp_path), "--set", "agent.repeats=many"],
+@pytest.mark.parametrize(("kind", "bad"), [("agent", "agent.repeats=many"), ("cache", "cache.sessions=many")])
+def test_a_probe_that_breaks_is_a_missing_stage_with_its_traceback_kept(up: str, tmp_path: Path, kind: str,
+                                                                        bad: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "vllm_acceptance.cli", "probe", kind, "--base-url", up,
+                           "--model", "m", "--out", str(tmp_path), "--set", bad],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["status"] == "inconclusive"
     (finding,) = result["findings"]
-    assert finding["check"] == "agent.probe" and finding["status"] == "missing"
+    assert finding["check"] == f"{kind}.probe" and finding["status"] == "missing"
     assert "ValueError" in finding["reason"] and finding["evidence"] == ["probe-error.txt"]
     assert "Traceback" in (tmp_path / "probe-error.txt").read_text()
