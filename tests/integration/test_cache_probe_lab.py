@@ -183,17 +183,22 @@ def test_hot_after_a_real_restart_has_an_empty_device_cache(lab_server, tmp_path
     assert (tmp_path / "restart.log").is_file()
 
 
+def two_sessions_through(lab_server, tmp_path: Path, mode: str) -> tuple[int, dict]:
+    """Two sessions of the protocol (no repeated rounds) through a gateway rewriting every request in `mode`."""
+    gateway, url = _gateway(lab_server.base_url, "--mode", mode, "--nth", "0")
+    try:
+        return probe("cache", url, tmp_path, "--metrics-url", lab_server.metrics_url,
+                     "--set", "cache.sessions=2", "--set", "cache.rounds=0")
+    finally:
+        gateway.terminate()
+
+
 def test_a_gateway_that_stamps_every_prompt_fails_hot_reuse(lab_server, tmp_path: Path) -> None:
     """Every request gets a timestamp in front of its system prompt on the way: no two prompts share a prefix,
     so the hot requests do not hit and the prefill does not shrink, while the cold baseline and the control
     (which must not hit anyway) still pass. (prefill_gain is never a pass; whether the hot prefill also took
     no less time per token than the cold one is a timing on 2 shared cores, so fail or inconclusive.)"""
-    gateway, url = _gateway(lab_server.base_url, "--mode", "stamp_system", "--nth", "0")
-    try:
-        rc, result = probe("cache", url, tmp_path, "--metrics-url", lab_server.metrics_url,
-                           "--set", "cache.sessions=2", "--set", "cache.rounds=0")
-    finally:
-        gateway.terminate()
+    rc, result = two_sessions_through(lab_server, tmp_path, "stamp_system")
     got = statuses(result)
     assert rc == 1 and got["cache.hot_reuse"] == "fail", got
     assert got["cache.prefill_gain"] in ("fail", "inconclusive"), got
@@ -208,12 +213,7 @@ def test_a_gateway_that_replaces_the_system_prompt_fails_the_cold_baseline_and_t
     and the control's environment) becomes one fixed company prompt. A later session's cold request then hits
     what the first session cached, and the control hits the session's own prefix: the measurement is not of
     the prompts the client sent, and both checks fail with the hits they saw."""
-    gateway, url = _gateway(lab_server.base_url, "--mode", "replace_system", "--nth", "0")
-    try:
-        rc, result = probe("cache", url, tmp_path, "--metrics-url", lab_server.metrics_url,
-                           "--set", "cache.sessions=2", "--set", "cache.rounds=0")
-    finally:
-        gateway.terminate()
+    rc, result = two_sessions_through(lab_server, tmp_path, "replace_system")
     got = statuses(result)
     assert rc == 1 and got["cache.cold_baseline"] == "fail" and got["cache.control"] == "fail", got
     rows = {(r["session"], r["kind"]): r for r in result["details"]["requests"]}
