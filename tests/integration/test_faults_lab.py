@@ -60,8 +60,9 @@ def test_server_killed_during_the_cache_probe(lab_server_factory, tmp_path: Path
     result = json.loads((out / "result.json").read_text())
     statuses = {f["check"]: f["status"] for f in result["findings"]}
     figures("cache: server SIGKILLed mid-protocol", out, seconds, statuses)
+    # Only what was established before the kill passes: caching on, and the counters exported.
     assert result["status"] == "inconclusive" and "pass" not in {
-        s for c, s in statuses.items() if c != "cache.config"}
+        s for c, s in statuses.items() if c not in ("cache.config", "cache.metrics")}
     assert statuses["cache.crash"] == "inconclusive"
     for check in ("cache.cold_baseline", "cache.control", "cache.hot_reuse", "cache.prefill_gain", "cache.source"):
         assert statuses[check] == "missing", (check, statuses)
@@ -202,7 +203,7 @@ def test_a_hung_request_during_the_cache_probe_is_named_and_its_session_dropped(
     assert not (out / "requests" / "s1-hot_a-try2.json").exists()
     assert {r["session"] for r in rows if r["clean"]} == {1, 2, 3}
     assert statuses["cache.hot_reuse"] == "pass"  # judged on the measured sessions: reuse still proven
-    assert "cache.isolation" not in statuses  # a hang is named as a hang, not as other traffic
+    assert statuses["cache.isolation"] == "pass"  # a hang is named as a hang, not as other traffic
     assert result["status"] == "inconclusive"  # but the probe as a whole is not a pass
 
 

@@ -326,7 +326,9 @@ def run_cache_probe(client: OpenAIClient, source: MetricsSource, cfg: CacheProbe
         if cfg.restart_command and not any(m.hung for m in measurements + rounds):
             restart = restart_hot(probe, f"{tag}-{cfg.sessions}")
     except ServerLost as lost:
-        return findings + server_lost(probe, lost, measurements, cfg, started), {
+        lost_findings = server_lost(probe, lost, measurements, cfg, started)
+        decided = {f.check for f in lost_findings}  # metrics that stopped answering outrank their first reading
+        return [f for f in findings if f.check not in decided] + lost_findings, {
             "block_size": block, "requests": [m.row() for m in measurements], "crash": lost.request,
             "metrics_source": source.description,
             "requests_sent": len(list(store.path("requests").glob("*.json"))),
