@@ -1,0 +1,93 @@
+"""The hardware table (src/vllm_acceptance/data/hardware.yml): the node shape of each hardware class
+the recipe verifies, with its public sources (docs/sources.md#hardware-table).
+
+A profile names its row with `hardware.class`; without it the rules keep the profile's own
+`hardware.gpus_per_node` and thresholds (docs/checks.md, compat.gpu_visibility, interconnect.*).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+import yaml
+
+NVLINK_DOMAINS = ("mnnvl", "nvswitch", "none")
+FABRIC_MANAGER_PLACES = ("node", "switch_tray", "none")
+
+
+@dataclass(frozen=True)
+class FabricThreshold:
+    """All-reduce bus bandwidth over one fabric (GB/s): the published baseline, warn below, fail below."""
+
+    fabric: str
+    expected: float | None
+    warn: float | None
+    fail: float | None
+
+
+@dataclass(frozen=True)
+class HardwareClass:
+    key: str
+    vendor: str
+    gpu_name: str
+    platform: str
+    gpus_per_node: int
+    gpu_memory_gb: float | None
+    cpu_arch: str
+    nvlink_domain: str
+    gpus_per_nvlink_domain: int
+    rdma_ports_per_node: int | None
+    fabric_manager: str
+    fabrics: dict[str, FabricThreshold] = field(default_factory=dict)
+    sources: tuple[str, ...] = ()
+
+    @property
+    def multi_node_nvlink(self) -> bool:
+        """True where one NVLink domain spans several nodes (NVL72 trays)."""
+        return self.nvlink_domain == "mnnvl"
+
+    def threshold(self, fabric: str) -> FabricThreshold | None:
+        return self.fabrics.get(fabric)
+
+
+def _number(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _row(key: str, raw: dict[str, Any]) -> HardwareClass:
+    domain = str(raw["nvlink_domain"])
+    manager = str(raw["fabric_manager"])
+    if domain not in NVLINK_DOMAINS:
+        raise ValueError(f"hardware.yml {key}: nvlink_domain {domain!r} not in {NVLINK_DOMAINS}")
+    if manager not in FABRIC_MANAGER_PLACES:
+        raise ValueError(f"hardware.yml {key}: fabric_manager {manager!r} not in {FABRIC_MANAGER_PLACES}")
+    if not raw.get("sources"):
+        raise ValueError(f"hardware.yml {key}: a row without a public source")
+    fabrics = {name: FabricThreshold(name, _number(t.get("expected")), _number(t.get("warn")), _number(t.get("fail")))
+               for name, t in (raw.get("fabrics") or {}).items()}
+    ports = raw.get("rdma_ports_per_node")
+    return HardwareClass(
+        key=key, vendor=str(raw["vendor"]), gpu_name=str(raw["gpu_name"]), platform=str(raw["platform"]),
+        gpus_per_node=int(raw["gpus_per_node"]), gpu_memory_gb=_number(raw.get("gpu_memory_gb")),
+        cpu_arch=str(raw["cpu_arch"]), nvlink_domain=domain,
+        gpus_per_nvlink_domain=int(raw["gpus_per_nvlink_domain"]),
+        rdma_ports_per_node=None if ports is None else int(ports), fabric_manager=manager,
+        fabrics=fabrics, sources=tuple(str(s) for s in raw["sources"]))
+
+
+@lru_cache(maxsize=1)
+def load_hardware_table() -> dict[str, HardwareClass]:
+    """Every row of data/hardware.yml by its class key (h200, b200, b300, gb200, gb300, mi355x)."""
+    text = resources.files("vllm_acceptance.data").joinpath("hardware.yml").read_text()
+    raw = yaml.safe_load(text) or {}
+    return {str(key): _row(str(key), row) for key, row in (raw.get("classes") or {}).items()}
+
+
+def hardware_class(key: str | None) -> HardwareClass | None:
+    """The table's row for a profile's `hardware.class`, or None (no class, or one the table lacks)."""
+    if not key:
+        return None
+    return load_hardware_table().get(str(key).lower())
