@@ -133,7 +133,10 @@ def _xml(text: str) -> dict[str, Any]:
             "attached_gpus": result.attached_gpus, "complete": result.ok,
             "gpus": [{"index": g.index, "name": g.name, "minor_number": _a(g, "minor_number"),
                       "pci_bus_id": g.pci_bus_id, "memory_total_mib": g.memory_total_mib,
-                      "fabric_state": g.fabric_state} for g in result.gpus]}
+                      "fabric_state": g.fabric_state, "fabric_status": _a(g, "fabric_status"),
+                      "fabric_clique_id": _a(g, "fabric_clique_id"),
+                      "fabric_cluster_uuid": _a(g, "fabric_cluster_uuid"),
+                      "fabric_bandwidth": _a(g, "fabric_bandwidth")} for g in result.gpus]}
 
 
 def _csv(text: str) -> dict[str, Any]:
@@ -183,6 +186,18 @@ def _ibv(text: str) -> dict[str, Any]:
             "unattributed_lines": ABSENT if unattributed is ABSENT else unattributed > 0}
 
 
+def _imex(text: str) -> dict[str, Any]:
+    try:
+        from vllm_acceptance.parsers.imex import parse_imex_nodes
+    except ImportError:             # an older checkout of the package (benchmarks/real_corpus.py --src)
+        return {"nodes": ABSENT, "ready": ABSENT, "domain_state": ABSENT, "versions": ABSENT,
+                "broken_links": ABSENT, "ok": ABSENT}
+    result = parse_imex_nodes(text)
+    return {"nodes": len(result.nodes), "ready": sum(n.state == "READY" for n in result.nodes),
+            "domain_state": result.domain_state, "versions": sorted({n.version for n in result.nodes if n.version}),
+            "broken_links": len(result.broken_links), "ok": result.ok}
+
+
 def _metrics(text: str) -> dict[str, Any]:
     try:
         snap = parse_exposition(text, taken=0.0)
@@ -199,6 +214,7 @@ READERS: dict[str, Callable[[str], dict[str, Any]]] = {
     "vllm_log": _vllm_log, "nvidia_smi_xml": _xml, "nvidia_smi_csv": _csv, "nvidia_smi_table": _table,
     "driver_version": _driver,
     "nvidia_smi_error": _smi_error, "nccl_tests": _nccl, "ibv_devinfo": _ibv, "metrics": _metrics,
+    "imex_nodes": _imex,
 }
 
 

@@ -32,6 +32,8 @@ COMMANDS = {
     "driver_version": "cat /proc/driver/nvidia/version",
     "fabricmanager_active": "systemctl is-active nvidia-fabricmanager",
     "fabricmanager_version": "nv-fabricmanager --version",
+    "imex_active": "systemctl is-active nvidia-imex",
+    "imex_nodes": "nvidia-imex-ctl -N",
     "runtime_version": "docker|podman version --format '{{json .}}'",
     "runtime_info": "docker|podman info --format '{{json .}}'",
     "image_inspect": "docker|podman image inspect IMAGE",

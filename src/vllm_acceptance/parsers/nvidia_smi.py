@@ -35,7 +35,8 @@ class Gpu:
     minor_number: str | None = None       # /dev/nvidiaN; not the index
     fabric_clique_id: str | None = None
     fabric_cluster_uuid: str | None = None
-    fabric_health: str | None = None
+    fabric_health: str | None = None        # <fabric><health><summary>: Healthy / ...
+    fabric_bandwidth: str | None = None     # <fabric><health><bandwidth>: Full / Degraded / N/A off NVL systems
 
 
 @dataclass
@@ -151,7 +152,8 @@ def parse_xml(text: str) -> GpuList:
             pci_bus_id=gpu.get("id") or _text(gpu, "pci/pci_bus_id"),
             fabric_state=_known(gpu, "fabric/state"), fabric_status=_known(gpu, "fabric/status"),
             fabric_clique_id=_known(gpu, "fabric/cliqueId"), fabric_cluster_uuid=_known(gpu, "fabric/clusterUuid"),
-            fabric_health=_known(gpu, "fabric/health/summary")))
+            fabric_health=_known(gpu, "fabric/health/summary"),
+            fabric_bandwidth=_known(gpu, "fabric/health/bandwidth")))
     if result.driver_version is None:
         result.errors.append("no <driver_version> element")
     if result.attached_gpus is not None and result.attached_gpus != len(result.gpus):
