@@ -1,7 +1,7 @@
 """Progress a person can follow, and the same as JSON lines: the logic behind the `progress` callback.
 
 The callback (plugins/callback/progress.py) hands Ansible's events to `Progress`; it answers with lines for
-the terminal and appends events to `<run dir>/events.jsonl` (README "Following a run"):
+the terminal and appends events to `<run dir>/events.jsonl` (docs/internals.md "Following a run"):
 
     [00:03] preflight | started (bound: none from the profile)
     [00:41] serve     | waiting for /health: 45 s of at most 300 s
@@ -71,7 +71,7 @@ def stage_of(task: TaskInfo) -> str | None:
 
 
 def stage_bounds(profile: Mapping[str, Any] | None) -> dict[str, str]:
-    """Each stage's bound, in words, from the profile's timeouts (README "Following a run")."""
+    """Each stage's bound, in words, from the profile's timeouts (docs/internals.md "Following a run")."""
     if not profile:
         return {}
 

@@ -1,6 +1,6 @@
 """Inventory variables: every one the product reads is declared, so a typo stops the run.
 
-Two places declare them (README "Inventory variables"):
+Two places declare them (docs/inventory.md):
 - `schemas/inventory.schema.json`: the variables the playbooks read (acceptance_*, vllm_*, loadgen_*, ...),
   each with its type and an example;
 - `roles/<role>/meta/argument_specs.yml`: the options of each role (preflight_*, vllm_serve_*, ...).

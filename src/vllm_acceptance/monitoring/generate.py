@@ -1,4 +1,4 @@
-"""Monitoring generated from the accepted run (README "Beyond the verdict").
+"""Monitoring generated from the accepted run (docs/remediation.md).
 
 Pure functions of report.json and the profile (thresholds.py, alerts.py, rules.py, triggers.py,
 dashboard.py; promql.py writes the queries); this module writes the files:

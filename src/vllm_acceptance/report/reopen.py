@@ -1,6 +1,6 @@
 """Reopen detection: which of the reopen triggers fired since the inventory's last signed acceptance.
 
-A signed acceptance holds for the facts it was signed on (README, "Sign-off and reopen"): the
+A signed acceptance holds for the facts it was signed on (docs/report.md): the
 container image and digest, the host driver, the topology, the contracted context limit and
 concurrency, and the recipe record. Every run compares its own facts with those of the last run of
 the same inventory whose sign-off allowed traffic (decision `release` or `limited_observation`),
