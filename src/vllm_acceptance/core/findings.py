@@ -13,6 +13,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from .redact import redact_obj
+
 
 class Status(StrEnum):
     PASS = "pass"
@@ -110,7 +112,8 @@ def write_findings(path: Path, findings: list[Finding]) -> None:
     """Write a stage's findings atomically (a reader never sees half a file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps([f.to_dict() for f in findings], indent=2, default=str) + "\n")
+    # a finding's observed values may quote logs, argv and environment: redacted like evidence
+    tmp.write_text(json.dumps(redact_obj([f.to_dict() for f in findings]), indent=2, default=str) + "\n")
     tmp.replace(path)
 
 

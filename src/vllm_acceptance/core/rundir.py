@@ -22,7 +22,7 @@ from typing import Any
 from .evidence import EvidenceStore, atomic_write
 from .findings import Finding, read_findings, write_findings
 from .profile import ConfigError, Profile, load_profile
-from .redact import redact_obj
+from .redact import redact_obj, redact_text
 from .variables import PREFIXES, validate_variables
 
 INVENTORY_KEYS = PREFIXES
@@ -85,7 +85,7 @@ def open_run(*, project_dir: Path, reports_dir: Path, inventory: str, variables:
            "signoff": {"deployment_engineer": variables.get("acceptance_owner"),
                        "reviewer": variables.get("acceptance_reviewer") or None},
            "inventory_vars": redact_obj({k: v for k, v in variables.items() if k.startswith(INVENTORY_KEYS)})}
-    atomic_write(run_dir / "run.json", json.dumps(run, indent=2, default=str) + "\n")
+    atomic_write(run_dir / "run.json", json.dumps(redact_obj(run), indent=2, default=str) + "\n")
     record_profile(run_dir, profile)
     return run_dir, profile
 
@@ -97,7 +97,7 @@ def record_profile(run_dir: Path, profile: Profile) -> str:
     """The profile as judged: the recipe record and every threshold are evidence of this run."""
     target = run_dir / PROFILE_EVIDENCE
     if not target.is_file():
-        atomic_write(target, Path(profile.source).read_text())
+        atomic_write(target, redact_text(Path(profile.source).read_text()))  # a token in launch.env stays out
     return PROFILE_EVIDENCE
 
 

@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..core.redact import redact_obj
 from .reopen import SIGNOFF_FILE, read_signoff, sha256_file
 
 DECISIONS = ("release", "limited_observation", "expand_capacity", "rebuild_environment")
@@ -184,6 +185,7 @@ def sign_run(run_dir: Path, *, replace: bool = False, **kwargs: Any) -> dict[str
         raise SignRefused(f"{run_dir.name} is already signed ({existing.get('decision')} by "
                           f"{existing.get('reviewer')} at {existing.get('signed_at')}); give --replace to sign again")
     record = build_signoff(run_dir, report, **kwargs)
+    record = redact_obj(record)  # a note or a confirmation never carries a secret to disk
     if existing:
         record["replaces"] = {k: existing.get(k) for k in ("decision", "reviewer", "signed_at", "report_sha256")}
     atomic_write_text(run_dir / SIGNOFF_FILE, json.dumps(record, indent=2, ensure_ascii=False) + "\n")

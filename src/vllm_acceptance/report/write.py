@@ -16,6 +16,7 @@ from typing import Any
 
 import jsonschema
 
+from ..core.redact import redact_obj
 from .render_html import render_html
 from .render_junit import render_junit
 from .render_md import render_markdown
@@ -78,6 +79,7 @@ def write_reports(run_dir: Path, report: dict[str, Any]) -> list[Path]:
     rather than a report.json without its HTML.
     """
     run_dir = Path(run_dir)
+    report = redact_obj(report)  # whatever a stage quoted, no secret reaches the four documents
     validate_report(report)
     lost = evidence_errors(run_dir, report)
     if lost:
