@@ -17,7 +17,7 @@ description:
   - In check mode nothing is written.
 options: {}
 extends_documentation_fragment:
-  - acceptance
+  - vllm.acceptance.acceptance
 author: vllm-acceptance
 """
 

@@ -49,8 +49,8 @@ options:
     type: str
     default: load-distributed
 extends_documentation_fragment:
-  - acceptance
-  - acceptance.profile
+  - vllm.acceptance.acceptance
+  - vllm.acceptance.acceptance.profile
 author: vllm-acceptance
 """
 

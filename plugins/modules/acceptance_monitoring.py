@@ -39,8 +39,8 @@ options:
     type: list
     elements: str
 extends_documentation_fragment:
-  - acceptance
-  - acceptance.profile
+  - vllm.acceptance.acceptance
+  - vllm.acceptance.acceptance.profile
 author: vllm-acceptance
 """
 

@@ -35,6 +35,13 @@ options:
         and C(inputs), the role's record of what it was asked to check.
       - Give only the nodes that answered; absent nodes get no evidence directory.
     type: dict
+  unreachable:
+    description:
+      - C(unpack) only. Inventory host name -> the connection error of a node that could not be reached (the C(msg) of
+        the role's C(raw) result when it is C(unreachable)). Saved redacted in
+        C(<run_dir>/evidence/preflight-unreachable.json); the report names each node with its error.
+    type: dict
+    default: {}
   secrets:
     description: C(unpack) only. Literal secret values redacted besides the pattern-based redaction.
     type: list
@@ -56,8 +63,8 @@ options:
       image uniformity).
     type: path
 extends_documentation_fragment:
-  - acceptance
-  - acceptance.profile
+  - vllm.acceptance.acceptance
+  - vllm.acceptance.acceptance.profile
 author: vllm-acceptance
 """
 
@@ -98,6 +105,10 @@ unfinished:
   type: list
   elements: str
   returned: when action is unpack
+down:
+  description: C(unpack) only. Host -> redacted connection error of every node recorded unreachable in this run.
+  type: dict
+  returned: when action is unpack
 findings_path:
   description: Where the findings were written (not written in check mode).
   type: str
@@ -122,6 +133,10 @@ unreachable_hosts:
   type: list
   elements: str
   returned: when action is judge
+unreachable_errors:
+  description: Host -> its recorded connection error, for every unreachable host; also written to run.json.
+  type: dict
+  returned: when action is judge
 findings:
   description: The findings as dicts (report shape).
   type: list
@@ -135,7 +150,15 @@ from pathlib import Path
 from ansible_collections.vllm.acceptance.plugins.module_utils.acceptance_base import AcceptanceModule
 
 try:
-    from vllm_acceptance.preflight.stage import NodeStream, judge, save_node_streams, stage_details, unreachable
+    from vllm_acceptance.preflight.stage import (
+        NodeStream,
+        judge,
+        read_unreachable,
+        save_node_streams,
+        save_unreachable,
+        stage_details,
+        unreachable,
+    )
 except ImportError:
     IMPORT_ERROR = traceback.format_exc()
 else:
@@ -158,18 +181,29 @@ def _node(module: AcceptanceModule, host: str, answer) -> NodeStream:
                       rc=rc if isinstance(rc, int) else None, inputs=inputs if isinstance(inputs, dict) else {})
 
 
+def _errors(run_dir: Path, down: list[str]) -> dict[str, str]:
+    """Each unreachable host's recorded connection error (docs/acceptance.md "Unreachable nodes and refused inputs")."""
+    recorded = read_unreachable(run_dir)
+    return {host: recorded.get(host, "no answer recorded (the node was left out before its preflight ran)")
+            for host in down}
+
+
 def run_unpack(module: AcceptanceModule) -> None:
     params = module.params
     nodes = {host: _node(module, host, answer) for host, answer in (params["nodes"] or {}).items()}
     try:
         saved = save_node_streams(Path(params["run_dir"]), nodes, params["secrets"])
+        down = save_unreachable(Path(params["run_dir"]), {str(h): str(e) for h, e in params["unreachable"].items()},
+                                params["secrets"])
     except (OSError, ValueError) as exc:
         module.fail_json(msg=f"cannot save the preflight evidence under {params['run_dir']}: {exc}; "
                              "check that the run directory is writable and the host names are plain names")
     incomplete = [f"{host}:{name}" for host, node in saved.items() for name in node.incomplete]
     unfinished = [host for host, node in saved.items() if not node.finished]
-    module.exit_json(changed=bool(saved), saved={host: node.written for host, node in saved.items()},
-                     incomplete=incomplete, unfinished=unfinished)
+    # Not `unreachable` as a result key: a true `unreachable` in a module result marks localhost unreachable.
+    module.exit_json(changed=bool(saved) or bool(params["unreachable"]),
+                     saved={host: node.written for host, node in saved.items()},
+                     incomplete=incomplete, unfinished=unfinished, down=down)
 
 
 def run_judge(module: AcceptanceModule) -> None:
@@ -187,7 +221,7 @@ def run_judge(module: AcceptanceModule) -> None:
         # The report and the verdict read unreachable hosts from run.json (report/build.py). The result
         # key is not `unreachable`: a true `unreachable` in a module result makes Ansible mark localhost
         # itself unreachable.
-        run.update(unreachable_hosts=down)
+        run.update(unreachable_hosts=down, unreachable_errors=_errors(run.path, down))
     counts: dict[str, int] = {}
     for finding in findings:
         counts[finding.status.value] = counts.get(finding.status.value, 0) + 1
@@ -195,7 +229,7 @@ def run_judge(module: AcceptanceModule) -> None:
         changed=not module.check_mode, findings_path=str(path), counts=counts,
         failed_checks=[_label(f) for f in findings if f.status.value == "fail"],
         missing_checks=[_label(f) for f in findings if f.status.value in ("missing", "inconclusive")],
-        unreachable_hosts=down, findings=[f.to_dict() for f in findings])
+        unreachable_hosts=down, unreachable_errors=_errors(run.path, down), findings=[f.to_dict() for f in findings])
 
 
 def main() -> None:
@@ -207,6 +241,7 @@ def main() -> None:
             "cluster": {"type": "list", "elements": "str"},
             "reference_run_dir": {"type": "path"},
             "nodes": {"type": "dict"},
+            "unreachable": {"type": "dict", "default": {}},
             "secrets": {"type": "list", "elements": "str", "default": [], "no_log": True},
         },
         required_if=[("action", "judge", ("hosts",)), ("action", "unpack", ("nodes",))],

@@ -101,8 +101,8 @@ options:
     description: Phase C(restart), what the restart did, kept as evidence (C(probes/cache/restart.log)).
     type: str
 extends_documentation_fragment:
-  - acceptance
-  - acceptance.profile
+  - vllm.acceptance.acceptance
+  - vllm.acceptance.acceptance.profile
 author: vllm-acceptance
 """
 

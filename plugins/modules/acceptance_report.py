@@ -18,8 +18,8 @@ options:
     elements: str
     default: []
 extends_documentation_fragment:
-  - acceptance
-  - acceptance.profile
+  - vllm.acceptance.acceptance
+  - vllm.acceptance.acceptance.profile
 author: vllm-acceptance
 """
 

@@ -47,8 +47,8 @@ options:
     description: The server's API key, if any. Never written anywhere.
     type: str
 extends_documentation_fragment:
-  - acceptance
-  - acceptance.profile
+  - vllm.acceptance.acceptance
+  - vllm.acceptance.acceptance.profile
 author: vllm-acceptance
 """
 

@@ -13,6 +13,7 @@ import yaml
 PLUGINS = Path(__file__).resolve().parents[2] / "plugins"
 MODULES = sorted((PLUGINS / "modules").glob("*.py"))
 FRAGMENTS = PLUGINS / "doc_fragments"
+COLLECTION = "vllm.acceptance."
 
 
 def module_strings(path: Path) -> dict[str, str]:
@@ -22,8 +23,11 @@ def module_strings(path: Path) -> dict[str, str]:
 
 
 def fragment_options(name: str) -> dict[str, object]:
-    """Options of a doc fragment `file[.VARIABLE]` from plugins/doc_fragments (DOCUMENTATION by default)."""
-    module, _, variable = name.partition(".")
+    """Options of a doc fragment `vllm.acceptance.file[.VARIABLE]` from plugins/doc_fragments (DOCUMENTATION by
+    default). Only the fully-qualified name resolves in an installed collection (issue 30: a short name needs the
+    checkout's ansible.cfg)."""
+    assert name.startswith(COLLECTION), f"doc fragment {name!r}: write it fully qualified, {COLLECTION}{name}"
+    module, _, variable = name.removeprefix(COLLECTION).partition(".")
     tree = ast.parse((FRAGMENTS / f"{module}.py").read_text())
     wanted = variable.upper() or "DOCUMENTATION"
     for node in ast.walk(tree):
