@@ -16,7 +16,7 @@ from vllm_acceptance.rules.compat import ServerReports, check_actual_config, che
 from vllm_acceptance.rules.flag_readings import (
     DIFFERS,
     MATCH,
-    NOT_SHOWN,
+    UNVERIFIABLE,
     matches,
     read_from_startup_log,
     requested_flags,
@@ -123,12 +123,18 @@ def test_server_that_ignored_the_cache_dtype_fails_on_its_own_metrics() -> None:
     assert cache.evidence == ["evidence/serve/metrics-at-ready.prom"]
 
 
-def test_requested_flag_the_server_does_not_show_fails() -> None:
+def test_requested_flag_no_source_shows_is_inconclusive_not_failed() -> None:
+    """--max-num-seqs is in neither the non-default args nor the engine config line of vLLM 0.32: the server
+    may run it at that version's default; unverifiable, never a pass, never a false rebuild."""
     profile = with_args(FP8_PROFILE, "--max-num-seqs=4")
     flags = by_check(check_actual_config(reports(FP8_INFO, FP8_LOG), profile, "h"))["compat.actual_config.flags"]
-    assert flags.status == Status.FAIL and "--max-num-seqs=4: not shown by the server" in flags.reason
+    assert flags.status == Status.INCONCLUSIVE and "--max-num-seqs=4: unverifiable" in flags.reason
     states = {r["flag"]: r["state"] for r in flags.observed["flags"]}
-    assert states["--max-num-seqs"] == NOT_SHOWN and states["--attention-config"] == MATCH
+    assert states["--max-num-seqs"] == UNVERIFIABLE and states["--attention-config"] == MATCH
+    other = with_args(FP8_PROFILE, "--load-format=fastsafetensors")
+    flags = by_check(check_actual_config(reports(FP8_INFO, FP8_LOG), other, "h"))["compat.actual_config.flags"]
+    assert flags.status == Status.FAIL
+    assert "--load-format=fastsafetensors: the server shows auto (startup log engine config, line" in flags.reason
 
 
 def test_unreadable_non_default_args_line_is_inconclusive_with_the_line_quoted() -> None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .base import Parsed
+from .engine_config import engine_config
 from .pyrepr import ReprError, read_repr
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -114,6 +115,8 @@ class StartupScan(Parsed):
     model: str | None = None
     non_default_args: dict[str, Any] | None = None
     non_default_args_line: LogLine | None = None   # the line it came from (quoted when unreadable)
+    engine_config: dict[str, Any] | None = None    # "... LLM engine ... with config: ..." (parsers/engine_config.py)
+    engine_config_line: LogLine | None = None
     platform: str | None = None
     attention_backends: list[str] = field(default_factory=list)
     all2all: list[str] = field(default_factory=list)
@@ -288,6 +291,8 @@ def _scan_line(scan: StartupScan, line: LogLine) -> None:  # noqa: C901 - one ta
         scan.non_default_args = _non_default_args(msg)
         if scan.non_default_args is None:
             scan.errors.append(f"line {line.number}: unreadable non-default args: {msg[:300]}")
+    if scan.engine_config_line is None and (config := engine_config(msg)) is not None:
+        scan.engine_config, scan.engine_config_line = config, line
     simple = [(_PLATFORM, "platform"), (_NCCL_VER, "nccl_version")]
     for pattern, attr in simple:
         if getattr(scan, attr) is None and (found := pattern.search(msg)):

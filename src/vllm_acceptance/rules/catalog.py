@@ -156,9 +156,11 @@ register("compat.actual_config.flags", stage="serve", consequence=REBUILD,
          title="Recipe flags in effect on the running server",
          rule="every other recipe flag (required flags and the profile's parsers included) shows the requested value "
               "in the server's own startup record (non-default args: reprs such as AttentionConfig(...) compared "
-              "field by field); a flag not shown there fails, an unreadable line is inconclusive with the line quoted; "
-              "the argv is kept as what was asked, never as the proof",
-         evidence="evidence/serve/startup.log (non-default args), evidence/serve/process-args.json",
+              "field by field); a flag at that vLLM version's default is absent there and is read from the engine "
+              "config line (\"Initializing ... LLM engine ... with config\"); a value shown differently in any source "
+              "fails, a flag no source shows or an unreadable line is inconclusive with the line quoted, never a "
+              "fail for its absence alone; the argv is kept as what was asked, never as the proof",
+         evidence="evidence/serve/startup.log (non-default args, engine config), evidence/serve/process-args.json",
          source="000: parsers and flags from the running process")
 register("compat.actual_config.max_model_len", stage="serve", consequence=REBUILD,
          title="Context limit the server serves",

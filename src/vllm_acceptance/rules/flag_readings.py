@@ -5,13 +5,16 @@ The server states its configuration in three places; a flag is read from the fir
    adjusted it (``cache_dtype``, ``block_size``, ``enable_prefix_caching``, ``gpu_memory_utilization``, ...);
 2. ``/v1/models``: ``max_model_len``;
 3. the startup log's ``non-default args: {...}`` line: every argument vLLM parsed to a non-default value,
-   reprs included (``AttentionConfig(...)``, enum members; see parsers/pyrepr.py).
+   reprs included (``AttentionConfig(...)``, enum members; see parsers/pyrepr.py);
+4. the startup log's engine config line (``Initializing a V1 LLM engine (vX) with config: ...``,
+   parsers/engine_config.py): resolved values, defaults included. A recipe flag at that version's default
+   is absent from (3) and read here; shown nowhere, it is unverifiable, never failed for its absence.
 The process argv (``docker inspect .Args``, ``/proc/PID/cmdline``) is what was *asked*: kept beside each
 reading, never the reason a flag passes.
 
-A reading is ``match``, ``differs``, ``not_shown`` (the server's report covers the flag but does not show
-the requested value: a finding, not a pass) or ``unverifiable`` (the report that would show it is absent
-or unreadable: the line is quoted, never a silent pass).
+A reading is ``match``, ``differs`` or ``unverifiable`` (no source shows the flag's value, or the report
+that would show it is absent or unreadable: the line is quoted, never a silent pass). ``not_shown`` is kept
+for readings recorded by earlier versions (absent from the non-default args was judged a failure).
 """
 
 from __future__ import annotations
@@ -144,24 +147,77 @@ def read_from_cache_config(key: str, want: Any, info: dict[str, Any] | None, arg
 
 
 def read_from_startup_log(key: str, want: Any, scan: StartupScan | None, argv: dict[str, Any]) -> FlagReading:
+    """The non-default args line first; a flag absent there runs at that vLLM version's default (or was not
+    passed), which that line never prints (issue 31, item 7): it is then read from the engine config line,
+    else it is unverifiable, never a failure for its absence alone."""
     reading = FlagReading(flag=flag_name(key), requested=want, state=UNVERIFIABLE, argv=argv.get(key))
     if scan is None or scan.lines == 0:
         reading.source = "no startup log captured"
         return reading
     line = scan.non_default_args_line
     if scan.non_default_args is None:
-        reading.source = (f"startup log line {line.number} unreadable: {line.text[:400]}" if line is not None
-                          else "the startup log has no 'non-default args' line")
-        return reading
+        absent = (f"startup log line {line.number} unreadable: {line.text[:400]}" if line is not None
+                  else "the startup log has no 'non-default args' line")
+        return _read_from_engine_config(reading, key, want, scan, absent)
     where = f"startup log non-default args, line {line.number}" if line is not None else "startup log"
     found, shown = lookup(scan.non_default_args, key)
     if not found:
-        reading.source = f"{where}: not among the server's non-default args (it runs with vLLM's default)"
-        reading.state = NOT_SHOWN
-        return reading
+        asked = (" (the argv asked it: vLLM parsed it to its default)" if key in argv and matches(want, argv[key])
+                 else "")
+        return _read_from_engine_config(reading, key, want, scan, f"{where}: not among the server's non-default "
+                                        f"args, so at this vLLM version's default or not passed{asked}")
     reading.shown, reading.source = shown, where
     reading.state = MATCH if matches(want, shown) else DIFFERS
     return reading
+
+
+# CLI argument -> the engine config line's field, where the names differ (vLLM 0.2 to 0.32).
+ENGINE_CONFIG_ALIASES = {"max_model_len": "max_seq_len", "enable_chunked_prefill": "chunked_prefill_enabled",
+                         "device": "device_config"}
+
+
+def _read_from_engine_config(reading: FlagReading, key: str, want: Any, scan: StartupScan,
+                             before: str) -> FlagReading:
+    line = scan.engine_config_line
+    if scan.engine_config is None or line is None:
+        reading.source = f"{before}; no engine config line ('Initializing ... LLM engine ... with config') shows it"
+        return reading
+    found, shown = lookup_engine_config(scan.engine_config, key)
+    if not found:
+        reading.source = f"{before}; the engine config (line {line.number}) does not show it"
+        return reading
+    where = f"startup log engine config, line {line.number}"
+    reading.shown = shown
+    if matches(want, shown) or _same_dtype(want, shown):
+        reading.state, reading.source = MATCH, where
+    elif str(want).strip().lower() == "auto":
+        # the engine config prints what "auto" resolved to (dtype=torch.bfloat16): not comparable
+        reading.source = f"{before}; {where} shows {_short(shown)}, what 'auto' resolved to"
+    else:
+        reading.state, reading.source = DIFFERS, where
+    return reading
+
+
+_DTYPE_NAMES = {"half": "float16", "float": "float32"}
+
+
+def _same_dtype(want: Any, shown: Any) -> bool:
+    """``--dtype half`` / ``float16`` against the engine config's ``torch.float16``."""
+    if not isinstance(shown, str) or not shown.startswith("torch."):
+        return False
+    wanted = str(want).strip().lower()
+    return _DTYPE_NAMES.get(wanted, wanted) == shown.removeprefix("torch.")
+
+
+def lookup_engine_config(config: dict[str, Any], key: str) -> tuple[bool, Any]:
+    """A flag in the engine config: its own field (or alias), else the one nested config that holds a field
+    of that name (``kernel_config=KernelConfig(..., moe_backend='auto')``); two holders are ambiguous."""
+    name = ENGINE_CONFIG_ALIASES.get(key, key)
+    found, shown = lookup(config, name)
+    if found:
+        return found, shown
+    holders = [value[name] for value in config.values() if isinstance(value, dict) and name in value]
+    return (True, holders[0]) if len(holders) == 1 else (False, None)
 
 
 def lookup(args: dict[str, Any], key: str) -> tuple[bool, Any]:
