@@ -21,7 +21,8 @@ options:
     description: What to do.
     type: str
     required: true
-    choices: [entry, route, capture, save_capture, post_check, smoke_judge, start, record, experimental_profile]
+    choices: [entry, route, capture, save_capture, post_check, smoke_endpoint, smoke_judge, start, record,
+      experimental_profile]
   run_dir:
     description: Run directory on the controller (all actions but C(experimental_profile)).
     type: path
@@ -88,6 +89,10 @@ options:
   findings_path:
     description: The node's post-change C(findings/preflight.json) (C(post_check)).
     type: path
+  smoke_url:
+    description: The smoke test's OpenAI base URL, C(rebuild_smoke_url) (C(smoke_endpoint)); a URL ending in
+      C(/completions) or C(/chat/completions) is read as its base, any other endpoint is refused.
+    type: str
   smoke_status:
     description: HTTP status of the smoke request (C(smoke_judge)).
     type: int
@@ -95,7 +100,8 @@ options:
     description: The smoke request's JSON answer (C(smoke_judge)).
     type: raw
   smoke_tool_call:
-    description: The smoke test must return a tool call (agent profiles) (C(smoke_judge)).
+    description: The smoke test must return a tool call (agent profiles) (C(smoke_judge)); the chat endpoint
+      is then the one the request goes to (C(smoke_endpoint)).
     type: bool
     default: false
   smoke_expect:
@@ -211,6 +217,10 @@ problems:
   type: list
   elements: str
   returned: when action is post_check or smoke_judge
+endpoint:
+  description: The URL the smoke request goes to, under the base URL (C(smoke_endpoint)).
+  type: str
+  returned: when action is smoke_endpoint
 answer:
   description: The smoke answer (text, or the tool call) (C(smoke_judge)).
   type: str
@@ -249,6 +259,7 @@ REQUIRED_BY_ACTION = {
     "post_check": ["host", "findings_path"],
     "start": ["run_dir"],
     "record": ["run_dir", "host", "step"],
+    "smoke_endpoint": ["smoke_url"],
     "experimental_profile": ["base_profile_path", "profile_name", "profile_dest", "image_reference", "cuda_major"],
 }
 
@@ -337,8 +348,8 @@ def do_experimental_profile(module, p):
 def main() -> None:
     module = AcceptanceModule(run_dir=False, import_error=IMPORT_ERROR, argument_spec={
         "action": {"type": "str", "required": True,
-                   "choices": ["entry", "route", "capture", "save_capture", "post_check", "smoke_judge", "start",
-                               "record", "experimental_profile"]},
+                   "choices": ["entry", "route", "capture", "save_capture", "post_check", "smoke_endpoint",
+                               "smoke_judge", "start", "record", "experimental_profile"]},
         "run_dir": {"type": "path"},
         "kind": {"type": "str", "default": "upgrade", "choices": ["upgrade", "rollback"]},
         "hosts": {"type": "list", "elements": "str", "default": []},
@@ -356,6 +367,7 @@ def main() -> None:
         "state_dir": {"type": "path"},
         "expect_version": {"type": "str"},
         "findings_path": {"type": "path"},
+        "smoke_url": {"type": "str"},
         "smoke_status": {"type": "int"},
         "smoke_body": {"type": "raw"},
         "smoke_tool_call": {"type": "bool", "default": False},
@@ -392,6 +404,10 @@ def main() -> None:
         module.exit_json(changed=False, paths=paths)
     elif action == "post_check":
         do_post_check(module, p)
+    elif action == "smoke_endpoint":
+        endpoint = module.guard(rem.smoke_endpoint, p["smoke_url"] or "", tool_call=p["smoke_tool_call"],
+                                host=p["host"])
+        module.exit_json(changed=False, endpoint=endpoint)
     elif action == "smoke_judge":
         result = rem.judge_smoke(p["smoke_status"], p["smoke_body"], tool_call=p["smoke_tool_call"],
                                  expect=p["smoke_expect"])

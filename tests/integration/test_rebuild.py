@@ -327,11 +327,11 @@ def test_smoke_test_hits_the_real_model_and_a_failing_smoke_stops_the_roll(
         ns_hosts: ClusterFactory, old_cluster: dict[str, Any], lab_server: Any, tmp_path: Path) -> None:
     # The agent profile's smoke rule: a report_status tool call with JSON arguments (the tiny lab model
     # answers plain text prompts with EOS at once, which the rule rightly refuses as an empty answer).
-    url = lab_server.base_url + "/chat/completions"
-    smoke = {"node0": {"rebuild_smoke_url": url, "rebuild_smoke_model": lab_server.model,
-                       "rebuild_smoke_tool_call": True},
-             "node1": {"rebuild_smoke_url": url, "rebuild_smoke_model": "no-such-model",
-                       "rebuild_smoke_tool_call": True}}
+    # rebuild_smoke_url set as docs/inventory.md says, the base URL; the tool call comes from the profile's
+    # `agent` section (kimi-k3), so the request must go to the chat endpoint under it.
+    url = lab_server.base_url
+    smoke = {"node0": {"rebuild_smoke_url": url, "rebuild_smoke_model": lab_server.model},
+             "node1": {"rebuild_smoke_url": url, "rebuild_smoke_model": "no-such-model"}}
     cluster, bins, inventory = make_cluster(ns_hosts, tmp_path, host_vars=smoke)
     run_dir = tmp_path / "upgrade"
     proc = run_playbook("playbooks/rebuild.yml", inventory, upgrade_vars(run_dir, old_cluster["findings"]))
@@ -339,8 +339,24 @@ def test_smoke_test_hits_the_real_model_and_a_failing_smoke_stops_the_roll(
     book = ledger(run_dir)
     node0_smoke = next(s for s in book["nodes"]["node0"]["steps"] if s["step"] == "smoke")
     assert node0_smoke["status"] == "ok" and node0_smoke["detail"]["model"] == lab_server.model
+    assert node0_smoke["detail"]["endpoint"] == url.rstrip("/") + "/chat/completions"
+    assert node0_smoke["detail"]["tool_call"] in (True, "True")
+    assert book["nodes"]["node0"]["result"] == "done" and state(bins["node0"]) == (NEW, NEW)
     assert book["failed"]["host"] == "node1" and book["failed"]["step"] == "smoke"
     assert book["untouched"] == ["node2"] and changes(bins["node2"]) == []
+
+
+def test_smoke_url_that_cannot_take_the_request_is_refused_before_anything_runs(
+        old_cluster: dict[str, Any], tmp_path: Path) -> None:
+    run_dir = tmp_path / "refused-smoke"
+    proc = run_playbook("playbooks/rebuild.yml", old_cluster["inventory"],
+                        {**upgrade_vars(run_dir, old_cluster["findings"]),
+                         "rebuild_smoke_url": "http://127.0.0.1:8011/v1/models"})
+    assert proc.returncode != 0
+    assert "rebuild_smoke_url of node0" in proc.stdout and "names the /models endpoint" in proc.stdout, out(proc)
+    assert not run_dir.exists()
+    for h in HOSTS:
+        assert state(old_cluster["bins"][h]) == (OLD, OLD) and changes(old_cluster["bins"][h]) == []
 
 
 # --- a broken node: failed install, old module after reboot, GPUs or peer memory gone, foreign evidence -----

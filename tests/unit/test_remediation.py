@@ -415,6 +415,31 @@ def test_smoke_rule(status: int, body: dict[str, object], tool_call: bool, expec
     assert problem is None or any(problem in p for p in result["problems"]), result
 
 
+@pytest.mark.parametrize(("url", "tool_call", "endpoint"), [
+    ("http://10.0.0.5:8000/v1", True, "http://10.0.0.5:8000/v1/chat/completions"),
+    ("http://10.0.0.5:8000/v1/", False, "http://10.0.0.5:8000/v1/completions"),
+    # The endpoint form of either kind is read as its base: the body decides where the request goes.
+    ("http://10.0.0.5:8000/v1/completions", True, "http://10.0.0.5:8000/v1/chat/completions"),
+    ("https://gw.example/llm/v1/chat/completions", False, "https://gw.example/llm/v1/completions"),
+])
+def test_smoke_endpoint_is_the_one_the_body_needs_under_the_base_url(url: str, tool_call: bool,
+                                                                     endpoint: str) -> None:
+    assert rem.smoke_endpoint(url, tool_call=tool_call) == endpoint
+
+
+@pytest.mark.parametrize(("url", "problem"), [
+    ("http://10.0.0.5:8000/v1/models", "names the /models endpoint"),
+    ("http://10.0.0.5:8000/v1/embeddings", "names the /embeddings endpoint"),
+    ("10.0.0.5:8000/v1", "not an http(s) URL"),
+    ("http://10.0.0.5:8000/v1?x=1", "query or fragment"),
+])
+def test_smoke_url_that_cannot_take_the_body_is_refused_naming_node_and_fix(url: str, problem: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        rem.smoke_endpoint(url, tool_call=True, host="gb300-a01")
+    assert problem in str(err.value) and "rebuild_smoke_url of gb300-a01" in str(err.value)
+    assert "base URL, e.g. http://HOST:8000/v1" in str(err.value)
+
+
 def test_capture_records_cut_the_framed_answer(tmp_path: Path) -> None:
     marker = "@@node-state-" + "x" * 24
     stream = (f"{marker} begin hostname [\"hostname\"]\ngpu-01\n\n{marker} end hostname 0 \n\n{marker} done hostname\n"

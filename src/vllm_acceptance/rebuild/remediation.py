@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from ..core.evidence import atomic_write
 from ..core.findings import Finding, Status
@@ -742,6 +743,42 @@ def checks_summary(findings: Iterable[Finding], host: str) -> dict[str, str]:
 SMOKE_TOOL = {"type": "function", "function": {
     "name": "report_status", "description": "Report the status of the service.",
     "parameters": {"type": "object", "properties": {"status": {"type": "string"}}, "required": ["status"]}}}
+
+
+# rebuild_smoke_url is the server's OpenAI base URL (docs/inventory.md), the form of vllm_base_url; a URL that
+# names one of the two completion endpoints is read as its base, so either form works for either body.
+SMOKE_ENDPOINTS = ("/chat/completions", "/completions")
+
+
+def smoke_endpoint(url: str, *, tool_call: bool, host: str | None = None) -> str:
+    """The endpoint the smoke body needs under the base URL ``url``: a chat request with tools on an agent
+    profile (``tool_call``), a plain completion otherwise. A URL ending in ``/completions`` or
+    ``/chat/completions`` is taken as its base; any other endpoint, a query, or a scheme other than http(s)
+    cannot take the body and is refused (ConfigError naming the field and the fix)."""
+    field_name = f"rebuild_smoke_url of {host}" if host else "rebuild_smoke_url"
+    fix = "set it to the server's OpenAI base URL, e.g. http://HOST:8000/v1"
+    parts = urlsplit(str(url or "").strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigError(f"{field_name}: {url!r} is not an http(s) URL: {fix}")
+    if parts.query or parts.fragment:
+        raise ConfigError(f"{field_name}: {url!r} has a query or fragment the smoke request cannot keep: {fix}")
+    path = parts.path.rstrip("/")
+    for suffix in SMOKE_ENDPOINTS:
+        if path.endswith(suffix):
+            path = path[: -len(suffix)]
+            break
+    last = path.rsplit("/", 1)[-1]
+    if last in OTHER_ENDPOINTS:
+        raise ConfigError(f"{field_name}: {url!r} names the /{last} endpoint, which cannot take the smoke "
+                          f"{'chat request with tools' if tool_call else 'completion'}: {fix}")
+    base = f"{parts.scheme}://{parts.netloc}{path}"
+    return base + ("/chat/completions" if tool_call else "/completions")
+
+
+# OpenAI-compatible endpoints of vLLM's server that are not a base URL (a smoke URL naming one is a mistake).
+OTHER_ENDPOINTS = frozenset({"models", "embeddings", "tokenize", "detokenize", "health", "metrics", "responses",
+                             "chat", "score", "rerank", "pooling", "classify", "audio", "messages", "version",
+                             "ping", "load"})
 
 
 def judge_smoke(status: int | None, body: Any, *, tool_call: bool, expect: str | None = None) -> dict[str, Any]:
