@@ -165,3 +165,59 @@ def parse_torch_allreduce(text: str) -> NcclPerf:
     elif not result.rows:
         result.errors.append("no result rows")
     return result
+
+
+# --- which fabric the collective crossed (NCCL_DEBUG=INFO lines) -------------------------------
+# NCCL's own format strings (docs/sources.md#nccl-fabric-lines): src/transport/p2p.cc
+# "Channel %02d : %d[%d] -> %d[%d] via P2P/MNNVL%s", src/transport/net.cc
+# "Channel %02d/%d : %d[%d] -> %d[%d] [send] via NET/%s/%d%s%s%s", the MNNVL init line
+# "MNNVL %d cliqueId %x cliqueSize %d cliqueRank %d[ nvlDomainSize %d]", NVLS "NVLS multicast support is
+# available on dev %d" and the environment echo "NCCL_MNNVL_ENABLE set by environment to %s".
+
+_MNNVL_INIT = re.compile(r"\bMNNVL (\d) cliqueId \w+ cliqueSize (\d+)")
+_VIA_MNNVL = re.compile(r"via P2P/MNNVL")
+_VIA_NET = re.compile(r"\[(?:send|receive)\] via NET/([A-Za-z0-9_]+)")
+_NVLS = re.compile(r"NVLS multicast support is available")
+_MNNVL_ENV = re.compile(r"NCCL_MNNVL_ENABLE set by environment to (\S+)")
+
+
+@dataclass
+class FabricPath:
+    """What the NCCL INFO log says about the path: None everywhere when the log has no INFO lines."""
+
+    mnnvl: int | None = None          # the "MNNVL 0/1 cliqueId ..." line (last one read)
+    clique_size: int | None = None
+    mnnvl_channels: int = 0
+    net_channels: int = 0
+    nets: set[str] = field(default_factory=set)     # IB, Socket, ...
+    nvls: bool = False
+    mnnvl_env: str | None = None
+
+    @property
+    def fabric(self) -> str | None:
+        """mnnvl (NVLink across nodes, no NET channel), infiniband / socket / net (a NET transport),
+        or None when nothing was logged."""
+        if self.net_channels:
+            if "IB" in self.nets:
+                return "infiniband"
+            return "socket" if self.nets == {"Socket"} else "net"
+        if self.mnnvl_channels or (self.mnnvl == 1 and (self.clique_size or 0) > 1):
+            return "mnnvl"
+        return None
+
+
+def detect_fabric(text: str) -> FabricPath:
+    path = FabricPath()
+    for line in text.splitlines():
+        if found := _MNNVL_INIT.search(line):
+            path.mnnvl, path.clique_size = int(found.group(1)), int(found.group(2))
+        if _VIA_MNNVL.search(line):
+            path.mnnvl_channels += 1
+        if found := _VIA_NET.search(line):
+            path.net_channels += 1
+            path.nets.add(found.group(1))
+        if _NVLS.search(line):
+            path.nvls = True
+        if found := _MNNVL_ENV.search(line):
+            path.mnnvl_env = found.group(1)
+    return path

@@ -26,6 +26,7 @@ from ..core.rundir import record_profile
 from ..parsers.node_evidence import host_dir, load_node_evidence
 from ..parsers.startup_log import StartupScan, scan_startup_log
 from ..rules.compat import (
+    CLUSTER_FABRIC_RULES,
     NODE_RULES,
     NodeContext,
     check_image_uniform,
@@ -89,6 +90,7 @@ def judge(run_dir: Path, profile: Profile, hosts: list[str], *, today: dt.date |
         findings.extend(rule(ctx) for rule in NODE_RULES)
     if contexts:
         findings.append(check_topology(contexts, profile, plan))
+        findings.extend(rule(contexts, profile) for rule in CLUSTER_FABRIC_RULES)
         findings.append(check_image_uniform(contexts))
     return findings
 
@@ -108,6 +110,7 @@ def _judge_in_cluster(run_dir: Path, profile: Profile, hosts: list[str], cluster
         contexts = contexts + node_contexts(Path(reference_run_dir), profile, others, startup_scans, plan,
                                             n_hosts=size)
     findings.append(check_topology(contexts, profile, plan))
+    findings.extend(rule(contexts, profile) for rule in CLUSTER_FABRIC_RULES)
     findings.append(check_image_uniform(contexts))
     return findings
 

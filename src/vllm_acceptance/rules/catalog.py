@@ -74,18 +74,22 @@ register("compat.vllm_version", stage="preflight", consequence=REBUILD,
          source="recipe: min_vllm_version; 001: vLLM install source and version saved")
 register("compat.gpu_visibility", stage="preflight", consequence=REBUILD,
          title="GPUs visible to host and runtime",
-         rule="host and runtime each see at least the GPUs the launched layout needs on this node, of the "
-              "profile's GPU class",
+         rule="host and runtime each see at least the GPUs the launched layout needs on this node (with "
+              "hardware.class: the hardware table's GPUs per node), of the profile's GPU class",
          evidence="nvidia-smi --query-gpu / -q -x, in-image probe (torch.cuda.device_count)",
          source="001: the runtime sees every GPU that tensor/pipeline/expert parallel needs")
 register("compat.topology", stage="preflight", consequence=REBUILD,
          title="Node count and GPU total",
-         rule="nodes >= hardware.min_nodes and GPUs in total >= the launched layout (tensor x pipeline x data)",
+         rule="nodes >= hardware.min_nodes and GPUs in total >= the launched layout (tensor x pipeline x data); "
+              "with hardware.class: nodes >= the layout over the table's GPUs per node, and a tensor-parallel group "
+              "wider than a node fits one multi-node NVLink domain",
          evidence="every node's GPU list",
          source="recipe: the 8 x GB300 minimum is a reference point confirmed on the actual hardware")
 register("compat.fabric_manager", stage="preflight", consequence=REBUILD,
          title="Fabric Manager on NVSwitch systems",
-         rule="nvidia-fabricmanager active, its version == the driver version, GPU fabric state Completed/Success",
+         rule="where Fabric Manager runs on the node (hardware.fabric_manager node, or hardware.nvswitch without it): "
+              "nvidia-fabricmanager active, its version == the driver version, GPU fabric state Completed/Success; "
+              "on NVL72 trays whose switch trays run it, not applicable (interconnect.fabric_state is the proof)",
          evidence="systemctl is-active nvidia-fabricmanager, nv-fabricmanager --version, nvidia-smi -q -x <fabric>",
          source="000/001: NVSwitch systems: Fabric Manager active, its version equal to the driver's")
 register("compat.peermem", stage="preflight", consequence=REBUILD,
@@ -115,12 +119,43 @@ register("interconnect.nccl_env", stage="preflight", consequence=REBUILD,
          source="recipe: multi-node settings; 001: NCCL_DMABUF_ENABLE=0 only on the logged mlx5dv_reg_dmabuf_mr error")
 register("interconnect.nccl_bandwidth", stage="preflight", consequence=EXPAND,
          title="NCCL all-reduce bandwidth between nodes",
-         rule="all-reduce bus bandwidth >= profile thresholds.nccl_busbw_gbps over the profile's collective "
+         rule="all-reduce bus bandwidth >= the hardware table's fail threshold for the fabric it crossed (warn "
+              "below its warn threshold), else >= profile thresholds.nccl_busbw_gbps, over the profile's collective "
               "backend (hardware.collective_backend, default nccl), no wrong results, ranks on >= 2 nodes when "
               "multi-node; measured by all_reduce_perf, or where it is absent by torch.distributed inside the "
               "image under test on every node at once",
          evidence="all_reduce_perf output, or the in-image all-reduce's JSON (roles/preflight/files/allreduce.py)",
          source="001: an NCCL bandwidth test between nodes")
+register("interconnect.fabric_state", stage="preflight", consequence=REBUILD,
+         title="Every GPU joined the multi-node NVLink fabric (NVL72 trays)",
+         rule="on MNNVL hardware (hardware.nvlink_domain or the hardware table's class): every GPU's fabric State "
+              "Completed, Status Success, bandwidth health Full, and a ClusterUUID that is not all zeros or N/A "
+              "(zeros: the fabric never initialised on this tray)",
+         evidence="nvidia-smi -q -x <fabric> (state, status, cliqueId, clusterUuid, health/bandwidth)",
+         source="docs/sources.md#nvlink-domain: NVIDIA IMEX guide and nvidia-smi -q fabric fields; SPEC 'Hardware "
+                "the recipe verifies'")
+register("interconnect.nvlink_domain", stage="preflight", consequence=REBUILD,
+         title="The trays of one NVLink-joined group share one NVLink domain and partition",
+         rule="every GPU of every tray in the group reports the same ClusterUUID (one NVLink domain, one rack) and "
+              "the same CliqueId (one NVLink partition); a tray outside is named",
+         evidence="every tray's nvidia-smi -q -x <fabric>",
+         source="docs/sources.md#nvlink-domain: a TP group across trays needs one NVLink domain and partition")
+register("interconnect.imex", stage="preflight", consequence=REBUILD,
+         title="IMEX service and domain on every tray of the group",
+         rule="the nvidia-imex service active on every tray; nvidia-imex-ctl -N: Domain State UP, every node READY, "
+              "every link C, and its node list holding every tray of the group (preflight_imex_address, else the "
+              "same node list on every tray)",
+         evidence="systemctl is-active nvidia-imex, nvidia-imex-ctl -N",
+         source="docs/sources.md#nvlink-domain: cross-node GPU memory needs the IMEX service and a domain with "
+                "every node READY")
+register("interconnect.fabric_path", stage="preflight", consequence=REBUILD,
+         title="The all-reduce crossed the fabric the layout expects",
+         rule="within one NVLink domain (MNNVL hardware, several trays) NCCL's INFO log shows MNNVL enabled and "
+              "channels via P2P/MNNVL, none via NET (an InfiniBand fallback inside a rack fails); no INFO lines: "
+              "inconclusive",
+         evidence="all_reduce_perf or the in-image all-reduce run with NCCL_DEBUG=INFO (MNNVL, P2P/MNNVL, NET/IB, "
+                  "NVLS lines; NCCL_MNNVL_ENABLE)",
+         source="docs/sources.md#nccl-fabric-lines: NCCL's own INFO format strings")
 
 # --- serve: launch or attach ---------------------------------------------------------------------
 

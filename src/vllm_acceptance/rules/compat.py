@@ -25,6 +25,7 @@ from .context import (
     why_missing,
 )
 from .driver import check_driver_branch, check_driver_module, check_fabric_manager, check_peermem, host_driver_version
+from .fabric import check_fabric_path, check_fabric_state, check_imex, check_nvlink_domain
 from .image import check_container_cuda, check_image_identity, check_image_uniform, check_vllm_version
 from .interconnect import (
     check_nccl_bandwidth,
@@ -42,11 +43,14 @@ from .topology import check_gpu_visibility, check_topology, gpus_required_per_no
 NODE_RULES: tuple[Callable[[NodeContext], Finding], ...] = (
     check_state_snapshot, check_driver_branch, check_driver_module, check_container_cuda, check_image_identity,
     check_vllm_version, check_gpu_visibility, check_fabric_manager, check_peermem, check_rdma,
-    check_nccl_env_node, check_nccl_bandwidth,
+    check_nccl_env_node, check_nccl_bandwidth, check_fabric_state, check_fabric_path,
 )
+# Judged once over every tray of the group (the NVLink domain of NVL72 trays: rules/fabric.py).
+CLUSTER_FABRIC_RULES = (check_nvlink_domain, check_imex)
 
 __all__ = [
-    "NODE_RULES", "NodeContext", "ROUTE_DRIVER", "ROUTE_IMAGE", "ROUTE_ISOLATED", "ROUTE_SELF_BUILT", "ServerReports",
+    "CLUSTER_FABRIC_RULES", "NODE_RULES", "NodeContext", "ROUTE_DRIVER", "ROUTE_IMAGE", "ROUTE_ISOLATED",
+    "ROUTE_SELF_BUILT", "ServerReports",
     "flag_readings",
     "check_actual_config", "check_container_cuda", "check_driver_branch", "check_driver_module",
     "check_fabric_manager", "check_gpu_visibility", "check_image_identity", "check_image_uniform",

@@ -4,6 +4,7 @@ memory (docs/checks.md, compat.driver_*, compat.fabric_manager, compat.peermem).
 from __future__ import annotations
 
 from ..core.findings import Finding, Status, missing, not_applicable
+from ..hardware import fabric_manager_of
 from ..parsers.base import version_at_least
 from ..parsers.causal import causal_line
 from ..parsers.driver import branch_of, parse_fabricmanager_version, parse_proc_version
@@ -135,8 +136,15 @@ def check_fabric_manager(ctx: NodeContext) -> Finding:
     check = "compat.fabric_manager"
     if (na := gpu_profile_na(check, ctx)) is not None:
         return na
-    if not ctx.profile.get("hardware.nvswitch", False):
-        return not_applicable(check, ctx.host, "profile hardware.nvswitch is false")
+    place = fabric_manager_of(ctx.profile)
+    if place == "switch_tray":
+        # NVL72 trays: the switch trays' NMX-Controller runs the fabric; the GPUs' fabric state is the
+        # proof (interconnect.fabric_state; docs/checks.md, docs/sources.md#nvlink-domain).
+        return not_applicable(check, ctx.host, "Fabric Manager runs on the NVLink switch trays (hardware."
+                                               "fabric_manager switch_tray): the GPUs' fabric state is judged by "
+                                               "interconnect.fabric_state")
+    if place != "node":
+        return not_applicable(check, ctx.host, "profile hardware.nvswitch is false (no Fabric Manager on the node)")
     active, version_rec = ctx.rec("fabricmanager_active"), ctx.rec("fabricmanager_version")
     evidence = ctx.paths("fabricmanager_active", "fabricmanager_version", "driver_version", "nvidia_smi_xml")
     # `systemctl is-active` exits 3 for inactive: its stdout is the evidence, not its rc.

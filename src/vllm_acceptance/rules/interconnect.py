@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from ..core.findings import Consequence, Finding, Status, missing, not_applicable
 from ..core.profile import Profile
+from ..hardware import FabricThreshold, nvlink_domain_of, profile_class
 from ..parsers.env import comm_env
-from ..parsers.nccl_tests import NcclPerf, parse_all_reduce_perf, parse_torch_allreduce
+from ..parsers.nccl_tests import NcclPerf, detect_fabric, parse_all_reduce_perf, parse_torch_allreduce
 from ..parsers.rdma import parse_ibv_devinfo, parse_rdma_link
 from ..parsers.startup_log import StartupScan
 from .context import NodeContext, finding, gpu_profile_na, why_missing
+from .fabric import _all_reduce_log
 from .launched import LaunchedPlan, launched_plan
 
 
@@ -184,6 +186,9 @@ def check_nccl_bandwidth(ctx: NodeContext) -> Finding:
                                                "bandwidth test is required for multi-node layouts only")
     perf, evidence, cmd = source
     backend = str(ctx.profile.get("hardware.collective_backend") or "nccl")
+    fabric, table = _fabric_threshold(ctx)
+    if table is not None and table.fail is not None:
+        return _judge_against_table(ctx, perf, evidence, cmd, fabric, table)
     observed = {"tool": perf.tool, "backend": perf.backend, "max_busbw_gbps": perf.max_busbw,
                 "avg_busbw_gbps": perf.avg_busbw, "ranks": perf.ranks, "hosts": perf.hosts,
                 "wrong": perf.wrong_results, "cmd": cmd}
@@ -225,3 +230,60 @@ def check_nccl_bandwidth(ctx: NodeContext) -> Finding:
                     evidence=evidence, consequence=Consequence.EXPAND, action="none",
                     reason=f"{perf.max_busbw} GB/s over {perf.backend} ({perf.tool}, {perf.ranks} ranks on "
                            f"{len(perf.hosts)} node(s))")
+
+
+# --- the hardware table's thresholds for the fabric crossed (docs/sources.md#hardware-table) -----
+
+def _fabric_threshold(ctx: NodeContext) -> tuple[str | None, FabricThreshold | None]:
+    """The fabric the all-reduce crossed (NCCL's INFO lines), else the one the layout implies
+    (MNNVL trays: mnnvl; several HGX nodes: infiniband; one node: nvswitch), and the hardware
+    table's thresholds for it; (fabric, None) without `hardware.class` or a row for that fabric."""
+    row = profile_class(ctx.profile)
+    log = _all_reduce_log(ctx)
+    measured = detect_fabric(log[0]).fabric if log is not None else None
+    if measured is None:
+        domain = nvlink_domain_of(ctx.profile)
+        measured = ("mnnvl" if domain == "mnnvl" else "infiniband") if ctx.multinode else domain
+    return measured, (row.threshold(measured) if row is not None and measured else None)
+
+
+def _judge_against_table(ctx: NodeContext, perf: NcclPerf, evidence: list[str], cmd: object, fabric: str | None,
+                         table: FabricThreshold) -> Finding:
+    check = "interconnect.nccl_bandwidth"
+    observed = {"tool": perf.tool, "backend": perf.backend, "max_busbw_gbps": perf.max_busbw,
+                "avg_busbw_gbps": perf.avg_busbw, "ranks": perf.ranks, "hosts": perf.hosts,
+                "wrong": perf.wrong_results, "cmd": cmd, "fabric": fabric}
+    expected = {"fabric": fabric, "expected_gbps": table.expected, "warn_below": table.warn,
+                "fail_below": table.fail}
+    rule = (f"all-reduce bus bandwidth over {fabric} >= {table.fail} GB/s (warn below {table.warn}; published "
+            f"~{table.expected} GB/s, src/vllm_acceptance/data/hardware.yml), no wrong results")
+    kw = {"observed": observed, "expected": expected, "rule": rule, "evidence": evidence,
+          "consequence": Consequence.EXPAND}
+    if not perf.ok or perf.max_busbw is None:
+        return finding(check, Status.INCONCLUSIVE, ctx.host, reason="; ".join(perf.errors) or "no bandwidth rows",
+                       action=f"check the {perf.tool} output", **kw)
+    if perf.wrong_results or perf.out_of_bounds:
+        return finding(check, Status.FAIL, ctx.host, **{**kw, "consequence": Consequence.REBUILD},
+                       reason=f"{perf.tool} reported wrong results (data corruption on the path)",
+                       action="inspect NVLink/NIC health (nvidia-smi nvlink -e, ibstat) before any load test")
+    backend = str(ctx.profile.get("hardware.collective_backend") or "nccl")
+    if perf.tool != "nccl-tests" and perf.backend != backend:   # nccl-tests is NCCL by construction
+        return finding(check, Status.INCONCLUSIVE, ctx.host, action="see compat.container_cuda, re-run preflight",
+                       reason=f"the all-reduce ran over {perf.backend}, not {backend}: the GPU fabric is unmeasured",
+                       **kw)
+    if ctx.multinode and len(perf.hosts) < 2:
+        return finding(check, Status.INCONCLUSIVE, ctx.host, reason="the test ran on one node only; the inter-node "
+                       "path is unmeasured", action="run the all-reduce across the nodes (preflight_nccl_test_argv "
+                       "spanning them, or preflight_nccl_test_method: image)", **kw)
+    where = f"tray {ctx.host}: {perf.max_busbw} GB/s over {fabric}"
+    if perf.max_busbw < table.fail:
+        return finding(check, Status.FAIL, ctx.host,
+                       reason=f"{where} < {table.fail} GB/s (published ~{table.expected})",
+                       action="bandwidth degraded on this fabric: check its links (nvidia-smi -q fabric health, "
+                              "NVLink errors, NIC rails); change the topology or the interconnect rather than "
+                              "adding GPUs", **kw)
+    if table.warn is not None and perf.max_busbw < table.warn:
+        return finding(check, Status.WARN, ctx.host, reason=f"{where} < {table.warn} GB/s (warn threshold)",
+                       action="watch the fabric: degraded links lower the bandwidth before they fail", **kw)
+    return finding(check, Status.PASS, ctx.host, reason=f"{where} >= {table.warn or table.fail} GB/s", action="none",
+                   **kw)

@@ -7,6 +7,7 @@ import math
 
 from ..core.findings import Consequence, Finding, Status, missing, not_applicable
 from ..core.profile import Profile
+from ..hardware import nvlink_domain_of, profile_class
 from .context import NodeContext, finding, gpu_profile_na, why_missing
 from .launched import LaunchedPlan, launched_plan
 
@@ -18,10 +19,20 @@ def world_size(profile: Profile, plan: LaunchedPlan | None = None) -> int:
 
 
 def gpus_required_per_node(profile: Profile, n_hosts: int, plan: LaunchedPlan | None = None) -> int:
-    """Every node of the layout must show its share: the profile's per-node count, or the
-    tensor x pipeline x data world spread over the nodes, whichever is larger."""
+    """Every node of the layout must show its share. With `hardware.class`: the hardware table's GPUs
+    per node (a GB300 tray has 4: TP8 is two trays, compat.topology counts them). Without: the profile's
+    per-node count, or the tensor x pipeline x data world spread over the nodes, whichever is larger."""
+    row = profile_class(profile)
+    if row is not None:
+        return row.gpus_per_node
     per_node = int(profile.get("hardware.gpus_per_node", 0) or 0)
     return max(per_node, math.ceil(world_size(profile, plan) / max(n_hosts, 1)))
+
+
+def gpu_class_of(profile: Profile) -> str | None:
+    """The name nvidia-smi must show: the profile's gpu_class, else the hardware table's."""
+    row = profile_class(profile)
+    return profile.get("hardware.gpu_class") or (row.gpu_name if row is not None else None)
 
 
 def check_gpu_visibility(ctx: NodeContext) -> Finding:
@@ -29,7 +40,7 @@ def check_gpu_visibility(ctx: NodeContext) -> Finding:
     if (na := gpu_profile_na(check, ctx)) is not None:
         return na
     required = gpus_required_per_node(ctx.profile, ctx.n_hosts, ctx.plan)
-    gpu_class = ctx.profile.get("hardware.gpu_class")
+    gpu_class = gpu_class_of(ctx.profile)
     host_gpus, probe = ctx.gpus(), ctx.probe()
     evidence = ctx.paths("nvidia_smi_query", "nvidia_smi_xml", "image_probe")
     if host_gpus is None or not host_gpus.gpus:
@@ -84,6 +95,12 @@ def check_topology(contexts: list[NodeContext], profile: Profile, plan: Launched
         return missing(check, None, f"no GPU list from {unknown}", evidence=evidence)
     total = sum(c or 0 for c in counts.values())
     observed["total_gpus"] = total
+    if (shape := _shape_problems(profile, plan, len(contexts), observed, expected)):
+        return Finding(check=check, status=Status.FAIL, host=None, observed=observed, expected=expected,
+                       rule=rule + "; with hardware.class: the node shape of the hardware table", evidence=evidence,
+                       consequence=Consequence.REBUILD, reason="; ".join(shape),
+                       action="run the layout on the node count and NVLink domain the hardware table gives "
+                              "(src/vllm_acceptance/data/hardware.yml), or use a profile whose layout fits them")
     if len(contexts) < int(expected["min_nodes"] or 1) or total < needed:
         return Finding(check=check, status=Status.FAIL, host=None, observed=observed, expected=expected,
                        rule=rule, evidence=evidence, consequence=Consequence.REBUILD,
@@ -93,3 +110,27 @@ def check_topology(contexts: list[NodeContext], profile: Profile, plan: Launched
                               "whose parallel layout fits this cluster")
     return Finding(check=check, status=Status.PASS, host=None, observed=observed, expected=expected, rule=rule,
                    evidence=evidence, action="none")
+
+
+def _shape_problems(profile: Profile, plan: LaunchedPlan | None, n_nodes: int, observed: dict[str, object],
+                    expected: dict[str, object]) -> list[str]:
+    """The launched layout against the hardware table's node shape (docs/checks.md, compat.topology):
+    nodes >= world / GPUs per node; a tensor-parallel group wider than a node needs a multi-node NVLink
+    domain wide enough to hold it. No class: no shape to judge (today's rules only)."""
+    row = profile_class(profile)
+    if row is None:
+        return []
+    plan = plan or launched_plan(profile)
+    domain = nvlink_domain_of(profile)
+    tensor = plan.tensor
+    nodes_needed = math.ceil(world_size(profile, plan) / row.gpus_per_node)
+    observed.update({"class": row.key, "nvlink_domain": domain, "tp_spans_nodes": tensor > row.gpus_per_node})
+    expected.update({"nodes_for_layout": nodes_needed, "gpus_per_node": row.gpus_per_node,
+                     "gpus_per_nvlink_domain": row.gpus_per_nvlink_domain})
+    problems = []
+    if n_nodes < nodes_needed:
+        problems.append(f"{n_nodes} node(s) of {row.gpus_per_node} {row.gpu_name} GPUs for a layout of "
+                        f"{world_size(profile, plan)} GPUs: {nodes_needed} needed")
+    if tensor > row.gpus_per_node and domain == "mnnvl" and tensor > row.gpus_per_nvlink_domain:
+        problems.append(f"tensor parallel {tensor} is wider than the NVLink domain of {row.gpus_per_nvlink_domain}")
+    return problems
