@@ -18,6 +18,7 @@ from pathlib import Path
 from .core.profile import ConfigError, load_profile
 from .probes.client import ServerUnreachable
 from .probes.result import EXIT_USAGE, exit_code
+from .recipe import commands as recipe_commands
 from .rules.registry import FAMILIES
 
 
@@ -70,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     checks.add_argument("--family", choices=FAMILIES, help="only this family")
     _add_sign(sub)
     _add_remediation(sub)
+    recipe_commands.add_arguments(sub)          # profile from-recipe, recipe diff (recipe/commands.py)
+    _add_plan(sub)
     lin = sub.add_parser("lineage", help="a self-built image's lineage, reproducibility, results against the official "
                                          "run, and where it may be released; exit 0 all pass, 1 a check fails, 3 "
                                          "evidence missing")
@@ -393,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_rebuild_manual(args)
         if args.command == "lineage":
             return cmd_lineage(args)
+        if args.command in recipe_commands.COMMANDS:
+            return recipe_commands.run(args)
     except (ConfigError, ServerUnreachable) as exc:
         print(f"vllm-acceptance: {exc}", file=sys.stderr)
         return EXIT_USAGE

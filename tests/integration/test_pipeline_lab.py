@@ -75,16 +75,25 @@ def test_html_is_self_contained(lab_run: Path) -> None:
 
 SECRET_KEY = "sk-acceptance-PLANTED-4f1c2b"
 HF_SECRET = "hf_PLANTEDtoken9d8e7f"
+# Credentials inside URLs and secret-bearing names that are not *_TOKEN/*_KEY (issue 30, item 5). HTTPS_PROXY
+# applies to https:// only, so the probes' plain-http traffic to the lab server does not go through it.
+URL_SECRETS = {"HTTPS_PROXY": ("http://proxyPLANTEDuser:PLANTEDproxypass@proxy.invalid:3128", "proxy.invalid:3128"),
+               "DATABASE_URL": ("postgres://dbPLANTEDu:PLANTEDdbpw@db.invalid:5432/acc", "db.invalid:5432/acc"),
+               "GIT_REMOTE": ("https://ghp_PLANTEDgittoken@github.com/org/repo.git", "github.com/org/repo.git"),
+               "NCCL_AUTH_CREDENTIAL": ("PLANTEDcredential77", None)}
+PLANTED = [SECRET_KEY, HF_SECRET, "proxyPLANTEDuser", "PLANTEDproxypass", "dbPLANTEDu", "PLANTEDdbpw",
+           "ghp_PLANTEDgittoken", "PLANTEDcredential77"]
 
 
 def test_secrets_never_reach_evidence_or_reports(lab_server_factory, tmp_path: Path) -> None:
-    """A server that requires an API key, and an HF token in the environment: the run works with the
-    key, and neither value appears in any file the run wrote."""
+    """A server that requires an API key, an HF token, URLs with credentials and other secret-bearing
+    variables in the environment: the run works with the key, and no planted value appears in any file
+    the run wrote, while the URLs' scheme, host, port and path stay readable in the node's env dump."""
     server = lab_server_factory(f"--api-key {SECRET_KEY}", port=8026)
     run_dir = run_accept(tmp_path, {
         "vllm_serve_mode": "attach", "vllm_base_url": server.base_url, "vllm_serve_pid": server.pid,
         "vllm_serve_startup_log": str(server.log_path), "acceptance_probes": ["cache", "agent"]},
-        env={"VLLM_API_KEY": SECRET_KEY, "HF_TOKEN": HF_SECRET})
+        env={"VLLM_API_KEY": SECRET_KEY, "HF_TOKEN": HF_SECRET, **{k: v for k, (v, _) in URL_SECRETS.items()}})
     report = json.loads((run_dir / "report.json").read_text())
     statuses = {f["check"]: f["status"] for f in report["findings"]}
     assert statuses["cache.hot_reuse"] == "pass"  # the key was used: the server answered
@@ -92,8 +101,15 @@ def test_secrets_never_reach_evidence_or_reports(lab_server_factory, tmp_path: P
     assert len(written) > 20
     for path in written:
         data = path.read_bytes()
-        assert SECRET_KEY.encode() not in data, f"API key leaked into {path}"
-        assert HF_SECRET.encode() not in data, f"HF token leaked into {path}"
+        for secret in PLANTED:
+            assert secret.encode() not in data, f"planted secret {secret} leaked into {path}"
+    # The env dump is evidence (preflight on the lab node): each URL there, credentials replaced, host and path kept.
+    dumps = [p.read_text() for p in written if p.name == "env.txt"]
+    assert dumps, "no env dump among the evidence"
+    for name, (_, readable) in URL_SECRETS.items():
+        if readable:
+            scheme = URL_SECRETS[name][0].split("://")[0]
+            assert any(f"{name}={scheme}://***REDACTED***@{readable}" in d for d in dumps), name
     # The startup log became evidence (redacted copy); our launch line in the raw log is redacted too.
     assert (run_dir / "evidence" / "serve" / "startup.log").is_file()
     assert f"--api-key {SECRET_KEY}" not in server.log_path.read_text().splitlines()[0]

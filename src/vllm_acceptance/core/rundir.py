@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from .evidence import EvidenceStore, atomic_write
 from .findings import Finding, read_findings, write_findings
 from .profile import ConfigError, Profile, load_profile
@@ -97,7 +99,11 @@ def record_profile(run_dir: Path, profile: Profile) -> str:
     """The profile as judged: the recipe record and every threshold are evidence of this run."""
     target = run_dir / PROFILE_EVIDENCE
     if not target.is_file():
-        atomic_write(target, redact_text(Path(profile.source).read_text()))  # a token in launch.env stays out
+        text = Path(profile.source).read_text()
+        if profile.extends:          # a site profile over a generated one: the merged profile is what was judged
+            text = (f"# {profile.source} merged over {', '.join(profile.extends)} (core/profile.py extends)\n"
+                    + yaml.safe_dump(profile.data, sort_keys=False, allow_unicode=True, width=4096))
+        atomic_write(target, redact_text(text))  # a token in launch.env stays out
     return PROFILE_EVIDENCE
 
 
