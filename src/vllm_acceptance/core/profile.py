@@ -123,6 +123,7 @@ def validate_document(data: Any, schema_name: str, source: str) -> None:
 class Profile:
     data: dict[str, Any]
     source: str
+    extends: tuple[str, ...] = ()      # the files this one was layered on (nearest first), merged into `data`
 
     @property
     def name(self) -> str:
@@ -145,8 +146,7 @@ class Profile:
         return self.data["hardware"]["accelerator"] != "none"
 
 
-def load_profile(path: str | Path) -> Profile:
-    path = Path(path)
+def _read_profile_file(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"profile {path}: no such file (profiles live in profiles/*.yml)")
     try:
@@ -155,5 +155,77 @@ def load_profile(path: str | Path) -> Profile:
         raise ConfigError(f"profile {path}: not valid YAML: {exc}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"profile {path}: must be a mapping of fields, got {type(data).__name__}")
-    validate_document(data, "profile", f"profile {path}")
-    return Profile(data=data, source=str(path))
+    return data
+
+
+PROFILES_DIR = Path(__file__).resolve().parents[3] / "profiles"
+
+
+def extends_path(ref: Any, child: Path) -> Path:
+    """`extends: NAME` is profiles/NAME.yml (beside the child, else this checkout's profiles/); a value with a
+    slash or a .yml suffix is a path relative to the child's folder."""
+    if not isinstance(ref, str) or not ref.strip():
+        raise ConfigError(f"profile {child}: field `extends`: got {ref!r} (allowed: a profile name or path, "
+                          'e.g. "kimi-k3" for profiles/kimi-k3.yml)')
+    if "/" in ref or ref.endswith((".yml", ".yaml")):
+        candidates = [child.parent / ref, Path(ref)]
+    else:
+        candidates = [child.parent / f"{ref}.yml", PROFILES_DIR / f"{ref}.yml"]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate.resolve()
+    raise ConfigError(f"profile {child}: field `extends`: {ref!r} not found (looked for "
+                      f"{', '.join(str(c) for c in candidates)}); name a profile of profiles/ or a path")
+
+
+def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """Mappings merge key by key; anything else (lists included) in `top` replaces the base's value."""
+    out = dict(base)
+    for key, value in top.items():
+        out[key] = deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def mark_site_launch(parent: dict[str, Any], child: dict[str, Any], merged: dict[str, Any], source: str) -> None:
+    """A generated profile names the recipe field behind each launch argument and variable
+    (launch.provenance, src/vllm_acceptance/recipe/generate.py); what a site profile sets instead is named as
+    the site's, so a deviation from the recipe never reads as the recipe's."""
+    provenance = (merged.get("launch") or {}).get("provenance")
+    launch = child.get("launch") or {}
+    if not isinstance(provenance, dict) or not isinstance(launch, dict):
+        return
+    base_args = set((parent.get("launch") or {}).get("args") or [])
+    args = dict(provenance.get("args") or {})
+    for arg in launch.get("args") or []:
+        if arg not in base_args:
+            args[str(arg).split("=", 1)[0]] = f"site profile {source}"
+    env = dict(provenance.get("env") or {})
+    base_env = (parent.get("launch") or {}).get("env") or {}
+    for name, value in (launch.get("env") or {}).items():
+        if base_env.get(name) != value:
+            env[str(name)] = f"site profile {source}"
+    merged["launch"]["provenance"] = {**provenance, "args": args, "env": env}
+
+
+def resolve_extends(data: dict[str, Any], path: Path, seen: tuple[Path, ...] = ()) -> tuple[dict[str, Any],
+                                                                                             tuple[str, ...]]:
+    """The profile with every `extends` layer merged under it, and the files merged (nearest first)."""
+    if "extends" not in data:
+        return data, ()
+    parent_path = extends_path(data["extends"], path)
+    if parent_path in seen or parent_path == path.resolve():
+        raise ConfigError(f"profile {path}: field `extends`: {data['extends']!r} leads back to itself "
+                          f"({' -> '.join(str(p) for p in (*seen, parent_path))}); remove the cycle")
+    parent, chain = resolve_extends(_read_profile_file(parent_path), parent_path, (*seen, path.resolve()))
+    child = {k: v for k, v in data.items() if k != "extends"}
+    merged = deep_merge(parent, child)
+    mark_site_launch(parent, child, merged, str(path))
+    return merged, (str(parent_path), *chain)
+
+
+def load_profile(path: str | Path) -> Profile:
+    path = Path(path)
+    data, chain = resolve_extends(_read_profile_file(path), path)
+    where = f"profile {path}" + (f" (merged over {', '.join(chain)})" if chain else "")
+    validate_document(data, "profile", where)
+    return Profile(data=data, source=str(path), extends=chain)

@@ -28,7 +28,9 @@ TRIGGERS: dict[str, tuple[str, str]] = {
     "topology": ("topology", "node count, GPU model or count, or the parallel layout changed"),
     "context_limit": ("context limit or concurrency", "the contracted context, output or concurrency, or "
                                                       "the served max_model_len changed"),
-    "recipe": ("recipe record", "the official recipe's record (source, status, check date) changed"),
+    "recipe": ("recipe record", "the official recipe changed: its file (commit, sha256) or its record (source, "
+                                "status, check date); `vllm-acceptance recipe diff` names what changed for the "
+                                "deployment"),
 }
 
 
@@ -77,11 +79,16 @@ def context_fact(report: dict[str, Any]) -> dict[str, Any]:
             "concurrency": contract.get("concurrency"), "served_max_model_len": serve.get("max_model_len")}
 
 
+RECIPE_FACT_KEYS = ("source", "status", "checked", "commit", "sha256", "hardware", "strategy", "variant")
+
+
 def recipe_fact(report: dict[str, Any]) -> Any:
     recipe = report.get("recipe")
     if not isinstance(recipe, dict):
         return None
-    return {k: recipe.get(k) for k in ("source", "status", "checked") if k in recipe}
+    # commit and sha256: the recipe file a generated profile came from (recipes/vllm-project/SOURCE.yml);
+    # hardware/strategy/variant: the deployment of the recipe it was generated for (recipe/generate.py).
+    return {k: recipe.get(k) for k in RECIPE_FACT_KEYS if k in recipe}
 
 
 FACTS = {"image": image_fact, "driver": driver_fact, "topology": topology_fact, "context_limit": context_fact,
