@@ -105,6 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_plan(sub: argparse._SubParsersAction) -> None:
+    from .plan import add_arguments
+
+    add_arguments(sub.add_parser("plan", help="what a run would launch on which node, its probes, and the estimated "
+                                              "wall time and GPU-hours per stage (docs/plan.md); nothing is touched"))
+
+
 def _add_sign(sub: argparse._SubParsersAction) -> None:
     from .report.signoff import CONFIRM_FIELDS, DECISIONS
 
@@ -388,6 +395,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_checks(args)
         if args.command == "run":
             return cmd_run(args)
+        if args.command == "plan":
+            from .plan import command as cmd_plan
+
+            return cmd_plan(args)
         if args.command == "sign":
             return cmd_sign(args)
         if args.command == "remediation-decision":

@@ -89,6 +89,13 @@ class AgentProbeConfig:
     reasoning_parser: str | None = None
 
 
+def turn_target(cfg: AgentProbeConfig) -> int:
+    """Turns needed so that zero errors resolve both thresholds, at least `repeats`, at most the budget."""
+    need = max(cfg.repeats, turns_to_resolve(cfg.format_error_threshold),
+               turns_to_resolve(1.0 - cfg.schema_accuracy_min))
+    return min(need, cfg.turn_budget)
+
+
 def _finding(check: str, status: Status, layer: str | None, ev: list[str], **kw: Any) -> Finding:
     return registry.get(check).result(status, layer=layer, evidence=ev, **kw)
 
@@ -230,10 +237,7 @@ class AgentProbe:
     # --- the rate run ----------------------------------------------------------------------------------
 
     def turn_target(self) -> int:
-        """Turns needed so that zero errors resolve both thresholds, at least `repeats`, at most the budget."""
-        need = max(self.cfg.repeats, turns_to_resolve(self.cfg.format_error_threshold),
-                   turns_to_resolve(1.0 - self.cfg.schema_accuracy_min))
-        return min(need, self.cfg.turn_budget)
+        return turn_target(self.cfg)
 
     def _decided(self, errors: int, misses: int, by_finish: int, n: int) -> bool:
         """Every rate already certain on one side: the format-error rate's lower bound above its

@@ -133,20 +133,9 @@ def _dispatch(opts: ProbeOptions, client: OpenAIClient, store: EvidenceStore
         source = metrics_source(opts.metrics_url, opts.prometheus_url, opts.prometheus_instance, opts.base_url)
         return run_cache_probe(client, source, cache_config(opts, scenario), store)
     if opts.kind == "agent":
-        from .agent import AgentProbe, AgentProbeConfig
+        from .agent import AgentProbe
 
-        cfg_a = AgentProbeConfig(
-            model=opts.model, scenario=scenario, repeats=int(_get(opts, "agent.repeats", 3)),
-            temperature=float(_get(opts, "agent.temperature", 0.0)),
-            max_tokens=int(_get(opts, "agent.max_tokens", 256)),
-            format_error_threshold=float(_get(opts, "thresholds.tool_format_error_rate", 0.01)),
-            schema_accuracy_min=float(_get(opts, "thresholds.schema_accuracy_min", 0.99)),
-            turn_budget=int(_get(opts, "agent.turn_budget", 1000)),
-            concurrency=int(_get(opts, "agent.concurrency", 8)),
-            retry_attempts=int(_get(opts, "agent.retry_attempts", 1)),
-            reasoning_parser=_get(opts, "model.reasoning_parser", None) or None,
-            images=bool(_get(opts, "agent.images", False)),
-            image_tokens=_get(opts, "agent.image_tokens", None))
+        cfg_a = agent_config(opts, scenario)
         direct = OpenAIClient(opts.direct_url, api_key=opts.api_key, timeout_s=client.timeout_s) \
             if opts.direct_url else None
         try:
@@ -158,6 +147,24 @@ def _dispatch(opts: ProbeOptions, client: OpenAIClient, store: EvidenceStore
 
     source = metrics_source(opts.metrics_url, opts.prometheus_url, opts.prometheus_instance, opts.base_url)
     return run_load_probe(opts.base_url, source, load_config(opts), store, relaunch=opts.relaunch)
+
+
+def agent_config(opts: ProbeOptions, scenario: dict[str, Any]) -> Any:
+    """The agent probe's settings from the profile and the overrides (probes/agent.py AgentProbeConfig)."""
+    from .agent import AgentProbeConfig
+
+    return AgentProbeConfig(
+        model=opts.model, scenario=scenario, repeats=int(_get(opts, "agent.repeats", 3)),
+        temperature=float(_get(opts, "agent.temperature", 0.0)),
+        max_tokens=int(_get(opts, "agent.max_tokens", 256)),
+        format_error_threshold=float(_get(opts, "thresholds.tool_format_error_rate", 0.01)),
+        schema_accuracy_min=float(_get(opts, "thresholds.schema_accuracy_min", 0.99)),
+        turn_budget=int(_get(opts, "agent.turn_budget", 1000)),
+        concurrency=int(_get(opts, "agent.concurrency", 8)),
+        retry_attempts=int(_get(opts, "agent.retry_attempts", 1)),
+        reasoning_parser=_get(opts, "model.reasoning_parser", None) or None,
+        images=bool(_get(opts, "agent.images", False)),
+        image_tokens=_get(opts, "agent.image_tokens", None))
 
 
 def load_config(opts: ProbeOptions) -> Any:

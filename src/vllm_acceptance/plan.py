@@ -1,0 +1,443 @@
+"""What an acceptance run will do and cost, before the cluster is booked (docs/plan.md).
+
+`vllm-acceptance plan -i INVENTORY` (and the `--check` run of accept.yml, playbooks/plan.yml) reads the
+inventory through Ansible's own `ansible-inventory` and the profile it names, and prints:
+
+- the launch per node: the argv and environment the serve role would use (roles/vllm_serve), built by the
+  same code (serve/launch.py for the container commands, lab/server.py for the process runtime), the
+  environment's secret-bearing values redacted;
+- every stage the run goes through, its requests and its estimated wall time and GPU-hours, from the same
+  probe settings the run uses (probes/run.py cache_config, agent_config, load_config) and the same ramp plan
+  (rules/capacity.py ramp_plan); with a total.
+
+How the time is estimated (docs/plan.md): a server start (the launch, the cache probe's restart, each
+relaunch at a proposed limit) counts its whole `launch.ready_timeout_s`, the bound the run waits; a request
+counts the contract's end-to-end p95 (`contract.slo.e2e_p95_s`), so a wave of `concurrency` requests takes
+that long on a deployment that meets its contract; the soak counts `load.soak_s` plus its last wave. The
+GPU-hours of a stage are its seconds x the GPUs booked (the `gpu_nodes` hosts x GPUs per node) / 3600: the
+whole cluster is held for the whole run. Relaunches at proposed limits happen only when the contract does not
+hold: they are listed apart (worst case) and not in the total.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .core.profile import ConfigError, Profile, load_profile
+from .core.redact import redact_obj
+from .core.rundir import resolve_profile_path
+from .probes.agent import turn_target
+from .probes.cache import KINDS as CACHE_KINDS
+from .probes.run import ProbeOptions, agent_config, cache_config, load_config
+from .rules.capacity import ramp_plan
+from .scenarios import load_scenario
+from .serve import launch
+
+CHECKOUT = Path(__file__).resolve().parents[2]
+# The agent probe's single cases after its rate run (probes/agent.py AgentProbe.run): streaming, multi_turn,
+# failed_tool_fallback, structured_output, executor_safety, multimodal, client_library; one request each at least.
+AGENT_CASES = 7
+# The mixed stream (probes/load.py stage_mixed): windows of 2 x concurrency requests, with a lone repeated
+# request before the first window and after each one.
+MIXED_WINDOWS = 3
+# propose_limits (rules/capacity.py) proposes at most two limits: fewer sessions, then a shorter context.
+MAX_PROPOSED_LIMITS = 2
+
+
+@dataclass
+class Stage:
+    name: str
+    what: str
+    requests: int | None
+    wall_s: float
+    gpu_hours: float = 0.0
+    basis: str = ""
+    in_total: bool = True
+
+
+@dataclass
+class NodeLaunch:
+    host: str
+    role: str
+    address: str
+    argv: list[str]
+    env: dict[str, str]
+
+
+@dataclass
+class Plan:
+    inventory: str
+    profile: str
+    profile_path: str
+    mode: str
+    runtime: str
+    base_url: str | None
+    gpu_nodes: list[str]
+    gpus_per_node: int
+    gpus: int
+    nodes: list[NodeLaunch] = field(default_factory=list)
+    stages: list[Stage] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def total_s(self) -> float:
+        return sum(s.wall_s for s in self.stages if s.in_total)
+
+    @property
+    def total_gpu_hours(self) -> float:
+        return sum(s.gpu_hours for s in self.stages if s.in_total)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "total_s": round(self.total_s, 1), "total_gpu_hours": round(self.total_gpu_hours, 2)}
+
+
+# --- the inventory, read by Ansible itself ---------------------------------------------------------
+
+
+@dataclass
+class Inventory:
+    source: str
+    groups: dict[str, list[str]]
+    hostvars: dict[str, dict[str, Any]]
+
+    def hosts(self, group: str) -> list[str]:
+        return list(self.groups.get(group, []))
+
+    def site_vars(self) -> dict[str, Any]:
+        """The variables the plays on the controller see (localhost's; else the first GPU node's)."""
+        for host in ("localhost", *self.hosts("vllm_head"), *self.hosts("gpu_nodes")):
+            if host in self.hostvars:
+                return self.hostvars[host]
+        return {}
+
+
+def _ansible_inventory() -> str:
+    beside = Path(sys.executable).parent / "ansible-inventory"
+    found = str(beside) if beside.is_file() else shutil.which("ansible-inventory")
+    if not found:
+        raise ConfigError("ansible-inventory not found: install ansible-core in this environment (make venv)")
+    return found
+
+
+def read_inventory(source: Path) -> Inventory:
+    """Groups and variables as Ansible resolves them (group_vars, host_vars), without contacting any host."""
+    if not source.exists():
+        raise ConfigError(f"inventory {source}: no such file or directory (pass -i inventories/<site>)")
+    proc = subprocess.run([_ansible_inventory(), "-i", str(source), "--list"], capture_output=True, text=True,
+                          check=False, timeout=120)
+    if proc.returncode != 0:
+        raise ConfigError(f"inventory {source}: ansible-inventory failed: {proc.stderr.strip()[-800:]}")
+    try:
+        data = json.loads(proc.stdout)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"inventory {source}: ansible-inventory printed no JSON ({exc}): "
+                          f"{proc.stdout[:300]!r}") from exc
+    hostvars = data.get("_meta", {}).get("hostvars", {})
+    return Inventory(str(source), _group_hosts(data), {str(h): dict(v) for h, v in hostvars.items()})
+
+
+def _group_hosts(data: dict[str, Any], group: str = "all") -> dict[str, list[str]]:
+    """Every group's hosts, children included (ansible-inventory --list nests groups)."""
+    out: dict[str, list[str]] = {}
+
+    def walk(name: str) -> list[str]:
+        if name in out:
+            return out[name]
+        node = data.get(name) or {}
+        hosts = [str(h) for h in node.get("hosts", [])]
+        for child in node.get("children", []):
+            hosts += [h for h in walk(str(child)) if h not in hosts]
+        out[name] = hosts
+        return hosts
+
+    walk(group)
+    return out
+
+
+# --- the launch per node (roles/vllm_serve) --------------------------------------------------------
+
+
+def serve_facts(profile: Profile, inv: Inventory) -> dict[str, Any]:
+    """The facts roles/vllm_serve/tasks/multinode.yml passes to serve/launch.py, from the head's variables
+    with the role's defaults (roles/vllm_serve/defaults/main.yml)."""
+    heads = inv.hosts("vllm_head")
+    if not heads:
+        raise ConfigError(f"inventory {inv.source}: no vllm_head group: put the host that serves in it")
+    head = heads[0]
+    hv = inv.hostvars.get(head, {})
+    workers = inv.hosts("vllm_workers")
+    return {
+        "head": head, "workers": workers,
+        "addresses": {h: inv.hostvars.get(h, {}).get("ansible_host") for h in [head, *workers]},
+        "runtime": hv.get("vllm_serve_runtime") or profile.get("launch.runtime"),
+        "image": hv.get("vllm_image") or profile.get("image.reference"),
+        "image_digest": hv.get("vllm_image_digest") or profile.get("image.digest") or "",
+        "port": hv.get("vllm_serve_port") or profile.get("launch.port", 8000),
+        "listen_host": hv.get("vllm_serve_listen_host") or profile.get("launch.host", "0.0.0.0"),  # noqa: S104
+        "container_name": hv.get("vllm_serve_container_name") or "vllm-acceptance",
+        "container_extra": hv.get("vllm_serve_container_extra") or launch.DEFAULT_CONTAINER_EXTRA,
+        "hf_cache": hv.get("vllm_serve_hf_cache") or "/root/.cache/huggingface",
+        "extra_args": list(hv.get("vllm_serve_extra_args") or []),
+        "interconnect": hv.get("vllm_interconnect"), "parallel": hv.get("vllm_parallel") or {},
+        "gpus_per_node": hv.get("vllm_gpus_per_node"),
+        "dmabuf_workaround": bool(hv.get("vllm_nccl_dmabuf_workaround", False)),
+        "env": hv.get("vllm_serve_multinode_env") or {},
+        "ready_timeout_s": hv.get("vllm_serve_ready_timeout_s") or profile.get("launch.ready_timeout_s", 900),
+        "mode": hv.get("vllm_serve_mode", "launch"), "base_url": hv.get("vllm_base_url"),
+        "python": hv.get("vllm_serve_python", ".venv-lab/bin/python"),
+    }
+
+
+def node_launches(profile: Profile, facts: dict[str, Any]) -> list[NodeLaunch]:
+    """The launch on each node, as the serve role would run it; nothing for an attached server."""
+    if facts["mode"] == "attach":
+        return []
+    runtime = str(facts["runtime"])
+    if runtime == "process":
+        return [_process_launch(profile, facts)]
+    if runtime not in ("docker", "podman"):
+        raise ConfigError(f"launch.runtime {runtime!r}: the serve role launches process, docker or podman")
+    if facts["workers"]:
+        commands = launch.node_commands(profile, facts)
+        return [_node(c.host, c.role, c.address, c.argv, c.env) for c in commands.values()]
+    return [_container_launch(profile, facts)]
+
+
+def _container_launch(profile: Profile, facts: dict[str, Any]) -> NodeLaunch:
+    """roles/vllm_serve/tasks/container.yml: one container, the profile's args after the listen address."""
+    env = {str(k): str(v) for k, v in (profile.get("launch.env", {}) or {}).items()}
+    digest = str(facts.get("image_digest") or "")
+    image = str(facts["image"]) + (f"@{digest}" if digest else "")
+    serve = [str(profile.get("model.name")), "--host", str(facts["listen_host"]), "--port", str(facts["port"])]
+    serve += [str(a) for a in profile.get("launch.args", []) or []] + [str(a) for a in facts["extra_args"]]
+    argv = launch._container_argv(str(facts["runtime"]), facts, env, image, serve)  # noqa: SLF001
+    head = str(facts["head"])
+    return _node(head, "head", str(facts["addresses"].get(head) or head), argv, env)
+
+
+def _process_launch(profile: Profile, facts: dict[str, Any]) -> NodeLaunch:
+    """roles/vllm_serve/tasks/process.yml: the lab's vLLM process (lab/server.py LaunchSpec)."""
+    from .lab.server import LaunchSpec
+
+    model = profile.get("model.name")
+    spec = LaunchSpec(python=str(facts["python"]), model_path=str(profile.get("model.path") or model),
+                      served_name=str(profile.get("model.served_name") or model), host=str(facts["listen_host"]),
+                      port=int(facts["port"]), args=[str(a) for a in profile.get("launch.args", []) or []]
+                      + [str(a) for a in facts["extra_args"]],
+                      env={str(k): str(v) for k, v in (profile.get("launch.env", {}) or {}).items()},
+                      log_path=Path("vllm.log"), pid_path=Path("vllm.pid"))
+    head = str(facts["head"])
+    return _node(head, "head", str(facts["addresses"].get(head) or head), spec.command(), spec.env)
+
+
+def _node(host: str, role: str, address: str, argv: list[str], env: dict[str, str]) -> NodeLaunch:
+    """A node's launch as shown: secret flag values, URL credentials and secret-named variables redacted."""
+    return NodeLaunch(host, role, address, [str(a) for a in redact_obj(list(argv))],
+                      {str(k): str(v) for k, v in redact_obj(dict(env)).items()})
+
+
+# --- the stages and their cost ---------------------------------------------------------------------
+
+
+def _options(profile: Profile, model: str) -> ProbeOptions:
+    return ProbeOptions(kind="plan", base_url="http://planned/v1", model=model, out_dir=Path("."), profile=profile)
+
+
+def stages(profile: Profile, facts: dict[str, Any], site: dict[str, Any]) -> list[Stage]:
+    """Every stage of the run in its order (accept.yml, playbooks/probes.yml), estimated (module docstring)."""
+    opts = _options(profile, str(profile.get("model.served_name") or profile.get("model.name")))
+    e2e = float(profile.get("contract.slo.e2e_p95_s", 0) or 0) or float(load_config(opts).request_timeout_s)
+    ready = float(math.ceil(float(facts["ready_timeout_s"])))
+    launched = facts["mode"] != "attach"
+    probes = list(site.get("acceptance_probes") or ["cache", "agent", "load"])
+    out: list[Stage] = []
+    if launched:
+        out.append(Stage("model_load", "launch and wait for /health", 0, ready,
+                         basis=f"launch.ready_timeout_s {ready:g} s (the bound the serve role waits)"))
+    if "cache" in probes:
+        out += cache_stages(opts, e2e, ready, launched and bool(site.get("acceptance_cache_restart", True)))
+    if "agent" in probes:
+        out.append(agent_stage(opts, e2e))
+    if "load" in probes:
+        out += load_stages(opts, e2e, ready, launched and bool(site.get("probe_relaunch", True)))
+    return out
+
+
+def cache_stages(opts: ProbeOptions, e2e: float, ready: float, restart: bool) -> list[Stage]:
+    cfg = cache_config(opts, load_scenario(str(opts.profile.get("agent.scenario", "ops-agent"))
+                                           if opts.profile else "ops-agent"))
+    requests = cfg.sessions * len(CACHE_KINDS) + cfg.rounds
+    out = [Stage("cache", "prefix-cache protocol, one request at a time", requests, requests * e2e,
+                 basis=f"cache.sessions {cfg.sessions} x {len(CACHE_KINDS)} kinds + {cfg.rounds} rounds, "
+                       f"each <= e2e p95 {e2e:g} s")]
+    if restart:
+        out.append(Stage("cache_restart", "restart the launched server, hot A again", 1, ready + e2e,
+                         basis=f"launch.ready_timeout_s {ready:g} s + 1 request"))
+    return out
+
+
+def agent_stage(opts: ProbeOptions, e2e: float) -> Stage:
+    scenario = str(opts.profile.get("agent.scenario", "ops-agent")) if opts.profile else "ops-agent"
+    cfg = agent_config(opts, load_scenario(scenario))
+    turns = turn_target(cfg)
+    waves = math.ceil(turns / max(1, cfg.concurrency)) + AGENT_CASES
+    return Stage("agent", f"tool calls ({scenario}): rate run, then {AGENT_CASES} cases", turns + AGENT_CASES,
+                 waves * e2e, basis=f"{turns} turns at agent.concurrency {cfg.concurrency} + {AGENT_CASES} cases, "
+                                    f"{waves} waves x e2e p95 {e2e:g} s")
+
+
+def load_stages(opts: ProbeOptions, e2e: float, ready: float, relaunch: bool) -> list[Stage]:
+    cfg = load_config(opts)
+    c = cfg.contract_concurrency
+    steps = ramp_steps(cfg.ramp, c, cfg.ramp_bound, cfg.requests_per_step, cfg.ramp_budget_s, e2e)
+    ramp_s = sum(s for _, _, s in steps)
+    step_c = math.ceil(max(cfg.requests_per_step, c) / c) * e2e
+    out = [Stage("long_prompt", f"one prompt of {min(cfg.long_prompt_tokens, cfg.context_tokens)} tokens", 1, e2e,
+                 basis=f"1 request <= e2e p95 {e2e:g} s"),
+           Stage("context_contract", "at the contracted context, and one token over", 2, 2 * e2e,
+                 basis="2 requests"),
+           Stage("ramp", "concurrency " + ", ".join(str(k) for k, _, _ in steps), sum(n for _, n, _ in steps),
+                 ramp_s, basis=f"per step max(load.requests_per_step {cfg.requests_per_step}, c) requests in "
+                               f"ceil(n / c) waves x e2e p95 {e2e:g} s; past the contract while under "
+                               f"load.ramp_budget_s {cfg.ramp_budget_s:g} s")]
+    if relaunch:
+        out.append(Stage("verified_limits", f"relaunch at each proposed limit (at most {MAX_PROPOSED_LIMITS}), "
+                         "one step each: only when the contract does not hold", MAX_PROPOSED_LIMITS *
+                         max(cfg.requests_per_step, c), MAX_PROPOSED_LIMITS * (ready + step_c),
+                         basis=f"{MAX_PROPOSED_LIMITS} x (launch.ready_timeout_s {ready:g} s + one step at the "
+                               f"contract {step_c:g} s); worst case, not in the total", in_total=False))
+    mixed_waves = 1 + MIXED_WINDOWS * 2 + MIXED_WINDOWS
+    out.append(Stage("mixed", f"short, long, cold and repeated at concurrency {c}",
+                     1 + MIXED_WINDOWS * (2 * c + 1), mixed_waves * e2e,
+                     basis=f"{MIXED_WINDOWS} windows of 2 x {c} requests + {MIXED_WINDOWS + 1} lone repeated, "
+                           f"{mixed_waves} waves x e2e p95 {e2e:g} s"))
+    out.append(Stage("soak", f"steady load at concurrency {c} for load.soak_s", None, cfg.soak_s + e2e,
+                     basis=f"load.soak_s {cfg.soak_s:g} s + its last wave {e2e:g} s"))
+    return out
+
+
+def ramp_steps(ramp: list[int], contract: int, bound: int, per_step: int, budget_s: float,
+               e2e: float) -> list[tuple[int, int, float]]:
+    """(concurrency, requests, seconds) of each ramp step that would run (probes/load.py stage_ramp: a step
+    past the contract starts only while the ramp has run no longer than its budget)."""
+    out: list[tuple[int, int, float]] = []
+    elapsed = 0.0
+    for c in ramp_plan(ramp, contract, bound):
+        if c > contract and elapsed > budget_s:
+            break
+        n = max(per_step, c)
+        seconds = math.ceil(n / c) * e2e
+        out.append((c, n, seconds))
+        elapsed += seconds
+    return out
+
+
+# --- the whole plan --------------------------------------------------------------------------------
+
+
+def project_dir(given: Path | None = None) -> Path:
+    """--project-dir, else the current directory when it holds accept.yml, else this checkout."""
+    if given:
+        return given
+    return Path.cwd() if (Path.cwd() / "accept.yml").is_file() else CHECKOUT
+
+
+def build_plan(inventory: Path, profile_name: str | None = None, project: Path | None = None) -> Plan:
+    inv = read_inventory(inventory)
+    site = inv.site_vars()
+    name = profile_name or site.get("acceptance_profile")
+    if not name:
+        raise ConfigError(f"inventory {inventory}: acceptance_profile is not set (a profiles/<name>.yml name, "
+                          "or pass --profile)")
+    path = resolve_profile_path(str(name), project_dir(project))
+    profile = load_profile(path)
+    facts = serve_facts(profile, inv)
+    gpu_nodes = inv.hosts("gpu_nodes")
+    gpn = int(facts.get("gpus_per_node") or profile.get("hardware.gpus_per_node") or 0)
+    if profile.get("hardware.accelerator", "none") == "none":
+        gpn = 0
+    plan = Plan(inventory=str(inventory), profile=str(profile.get("name", path.stem)), profile_path=str(path),
+                mode=str(facts["mode"]), runtime=str(facts["runtime"]),
+                base_url=facts["base_url"] if facts["mode"] == "attach" else None,
+                gpu_nodes=gpu_nodes, gpus_per_node=gpn, gpus=len(gpu_nodes) * gpn)
+    plan.nodes = node_launches(profile, facts)
+    plan.stages = stages(profile, facts, site)
+    for stage in plan.stages:
+        stage.gpu_hours = stage.wall_s * plan.gpus / 3600
+    plan.notes = _notes(plan)
+    return plan
+
+
+def _notes(plan: Plan) -> list[str]:
+    notes = ["preflight (read-only commands and the all-reduce on every GPU node) takes minutes; not estimated"]
+    if plan.mode == "attach":
+        notes.append(f"attach: nothing is launched, the server at {plan.base_url} is judged as it runs")
+    if not plan.gpus:
+        notes.append("no GPUs on this profile (hardware.accelerator none): GPU-hours are 0")
+    return notes
+
+
+# --- output ----------------------------------------------------------------------------------------
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.2f} h"
+
+
+def render_text(plan: Plan) -> str:
+    lines = [f"plan: inventory {plan.inventory}, profile {plan.profile} ({plan.profile_path})",
+             f"  {plan.mode} on {plan.runtime}; GPUs booked: {len(plan.gpu_nodes)} gpu_nodes x {plan.gpus_per_node}"
+             f" = {plan.gpus}", "", "launch per node:"]
+    if not plan.nodes:
+        lines.append(f"  (none: attached to {plan.base_url})")
+    for node in plan.nodes:
+        lines.append(f"  {node.host} ({node.role}, {node.address}):")
+        lines.append(f"    argv: {shlex.join(node.argv)}")
+        lines += [f"    env {k}={v}" for k, v in node.env.items()]
+    lines += ["", f"{'stage':<18}{'requests':>9}{'wall':>11}{'GPU-h':>10}  what / how estimated"]
+    for s in plan.stages:
+        req = "-" if s.requests is None else str(s.requests)
+        mark = "" if s.in_total else " (not in total)"
+        lines.append(f"{s.name:<18}{req:>9}{_hours(s.wall_s):>11}{s.gpu_hours:>10.2f}  {s.what}{mark}")
+        lines.append(f"{'':<48}{s.basis}")
+    lines.append(f"{'total':<18}{'':>9}{_hours(plan.total_s):>11}{plan.total_gpu_hours:>10.2f}")
+    lines += ["", *(f"note: {n}" for n in plan.notes)]
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-i", "--inventory", required=True, type=Path, help="inventory file or directory")
+    parser.add_argument("--profile", help="profile name or path (default: the inventory's acceptance_profile)")
+    parser.add_argument("--project-dir", type=Path, help="checkout holding profiles/ (default: the current "
+                                                         "directory when it holds accept.yml, else this checkout)")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
+def command(args: argparse.Namespace) -> int:
+    """The CLI's `plan`: exit 0 with the plan, 2 with the reason on bad input."""
+    try:
+        plan = build_plan(args.inventory, args.profile, args.project_dir)
+    except ConfigError as exc:
+        print(f"cannot plan: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(plan.to_dict(), indent=1) if args.json else render_text(plan))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vllm_acceptance.plan", description=__doc__.split("\n")[0])
+    add_arguments(parser)
+    return command(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""vllm-acceptance plan (src/vllm_acceptance/plan.py): the launch per node and the cost table, each figure
+derived here again from the files (profile YAML, inventory YAML), never from a shape written in the test."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from vllm_acceptance import cli
+from vllm_acceptance import plan as planmod
+
+REPO = Path(__file__).resolve().parents[2]
+FLAGSHIP = REPO / "inventories" / "example-gb300"
+
+
+def _flagship_files() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(hosts.yml, group_vars/all.yml, the profile it names) as plain YAML."""
+    hosts = yaml.safe_load((FLAGSHIP / "hosts.yml").read_text())
+    site = yaml.safe_load((FLAGSHIP / "group_vars" / "all.yml").read_text())
+    profile = yaml.safe_load((REPO / "profiles" / f"{site['acceptance_profile']}.yml").read_text())
+    return hosts, site, profile
+
+
+def _group(hosts: dict[str, Any], name: str) -> list[str]:
+    return list(hosts["all"]["children"][name].get("hosts") or {})
+
+
+@pytest.fixture(scope="module")
+def flagship() -> planmod.Plan:
+    return planmod.build_plan(FLAGSHIP)
+
+
+def test_flagship_cost_table_derives_from_the_profile(flagship: planmod.Plan) -> None:
+    hosts, site, profile = _flagship_files()
+    gpus = len(_group(hosts, "gpu_nodes")) * int(site.get("vllm_gpus_per_node") or profile["hardware"]["gpus_per_node"])
+    e2e = profile["contract"]["slo"]["e2e_p95_s"]
+    ready = profile["launch"]["ready_timeout_s"]
+    stage = {s.name: s for s in flagship.stages}
+    assert flagship.gpus == gpus
+    # The soak: its seconds (and its last wave) x the GPUs booked / 3600.
+    assert stage["soak"].wall_s == profile["load"]["soak_s"] + e2e
+    assert stage["soak"].gpu_hours == pytest.approx((profile["load"]["soak_s"] + e2e) * gpus / 3600)
+    # A server start counts its whole ready timeout: the launch, and the cache probe's restart.
+    assert stage["model_load"].wall_s == ready
+    assert stage["cache_restart"].wall_s == ready + e2e
+    cache = profile["cache"]
+    assert stage["cache"].requests == cache["sessions"] * 4 + cache.get("rounds", 3)
+    # The ramp: every profile step up to the contract runs, max(requests_per_step, c) requests each.
+    contract = profile["contract"]["concurrency"]
+    per_step = profile["load"]["requests_per_step"]
+    below = sorted({c for c in profile["load"]["ramp"] if c <= contract} | {contract})
+    ran = [int(c) for c in stage["ramp"].what.split("concurrency ", 1)[1].split(", ")]
+    assert ran[:len(below)] == below
+    assert stage["ramp"].requests >= sum(max(per_step, c) for c in below)
+    assert stage["ramp"].wall_s >= sum(math.ceil(max(per_step, c) / c) * e2e for c in below)
+    # The agent rate run: zero errors in n turns resolve 1 % at 95 % when n >= ln(0.05) / ln(0.99).
+    agent = profile["agent"]
+    turns = min(agent["turn_budget"], max(agent["repeats"], math.ceil(math.log(0.05) / math.log(
+        1 - profile["thresholds"]["tool_format_error_rate"]))))
+    assert stage["agent"].requests == turns + planmod.AGENT_CASES
+    assert stage["agent"].wall_s == (math.ceil(turns / agent["concurrency"]) + planmod.AGENT_CASES) * e2e
+    # Relaunches at proposed limits are a worst case beside the total, never in it.
+    assert stage["verified_limits"].in_total is False
+    assert stage["verified_limits"].wall_s >= 2 * ready
+    assert flagship.total_s == pytest.approx(sum(s.wall_s for s in flagship.stages if s.in_total))
+    assert flagship.total_gpu_hours == pytest.approx(flagship.total_s * gpus / 3600)
+
+
+def test_flagship_launch_per_node_is_the_serve_roles(flagship: planmod.Plan) -> None:
+    hosts, site, profile = _flagship_files()
+    head, workers = _group(hosts, "vllm_head"), _group(hosts, "vllm_workers")
+    assert [n.host for n in flagship.nodes] == head + workers
+    assert [n.role for n in flagship.nodes] == ["head"] + ["worker"] * len(workers)
+    image = f"{profile['image']['reference']}@{site['vllm_image_digest']}"
+    for rank, node in enumerate(flagship.nodes):
+        assert node.argv[:2] == [profile["launch"]["runtime"], "run"]
+        assert image in node.argv and profile["model"]["name"] in node.argv
+        assert "--enable-prefix-caching" in node.argv
+        assert ("--headless" in node.argv) is (rank > 0)
+        if workers:
+            assert f"--node-rank={rank}" in node.argv
+        # Environment values travel in the runtime's environment, only their names in argv.
+        for key, value in profile["launch"]["env"].items():
+            assert f"-e={key}" in node.argv and node.env[key] == str(value)
+    text = planmod.render_text(flagship)
+    assert all(n in text for n in head + workers) and "total" in text
+
+
+def test_secrets_in_the_launch_are_redacted(tmp_path: Path) -> None:
+    inv = tmp_path / "site"
+    shutil.copytree(FLAGSHIP, inv)
+    site = yaml.safe_load((inv / "group_vars" / "all.yml").read_text())
+    site["vllm_serve_multinode_env"] = {"HF_TOKEN": "hf_plantedsecret1",
+                                        "HTTPS_PROXY": "http://user:plantedpass2@proxy:3128"}
+    site["vllm_serve_extra_args"] = ["--api-key", "sk-plantedsecret3"]
+    (inv / "group_vars" / "all.yml").write_text(yaml.safe_dump(site))
+    plan = planmod.build_plan(inv)
+    shown = planmod.render_text(plan) + json.dumps(plan.to_dict())
+    for secret in ("hf_plantedsecret1", "plantedpass2", "sk-plantedsecret3"):
+        assert secret not in shown
+    assert "HF_TOKEN" in shown and "proxy:3128" in shown
+
+
+def test_attach_plans_no_launch_and_no_restart(tmp_path: Path) -> None:
+    inv = tmp_path / "attach"
+    shutil.copytree(FLAGSHIP, inv)
+    site = yaml.safe_load((inv / "group_vars" / "all.yml").read_text())
+    site.update(vllm_serve_mode="attach", vllm_base_url="http://10.0.0.9:8000/v1")
+    (inv / "group_vars" / "all.yml").write_text(yaml.safe_dump(site))
+    plan = planmod.build_plan(inv)
+    assert plan.nodes == [] and plan.base_url == "http://10.0.0.9:8000/v1"
+    names = [s.name for s in plan.stages]
+    assert "model_load" not in names and "cache_restart" not in names and "verified_limits" not in names
+    assert "soak" in names
+
+
+def test_cli_plan_json_and_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["plan", "-i", str(FLAGSHIP), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["total_gpu_hours"] == pytest.approx(sum(s["gpu_hours"] for s in data["stages"] if s["in_total"]),
+                                                    abs=0.01)
+    hosts, _, _ = _flagship_files()
+    assert [n["host"] for n in data["nodes"]] == _group(hosts, "vllm_head") + _group(hosts, "vllm_workers")
+    assert cli.main(["plan", "-i", "inventories/no-such-site"]) == 2
+    err = capsys.readouterr().err
+    assert "no such file or directory" in err and "-i inventories/<site>" in err
