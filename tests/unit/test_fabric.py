@@ -1,0 +1,250 @@
+"""GB300 NVL72 trays judged against the hardware table (docs/checks.md: compat.gpu_visibility,
+compat.topology, compat.fabric_manager, interconnect.fabric_state, interconnect.nvlink_domain,
+interconnect.imex, interconnect.fabric_path, interconnect.nccl_bandwidth).
+
+The trays are built from real captures (tests/fixtures/real/): `nvidia-smi -q -x` of a GB300 NVL72 tray
+(NVIDIA/k8s-test-infra) and `nvidia-imex-ctl -N` of an 18-tray IMEX domain (AWS ParallelCluster docs).
+The rest of each tray's evidence is the generated "good" node (tests/fixtures/generated-nodes/) moved to
+the capture's driver; the NCCL INFO lines are generated from NCCL's own format strings
+(docs/sources.md#nccl-fabric-lines): no public capture of an nccl-tests run between GB300 trays exists.
+Each fault is injected into one tray, which its check must name."""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from vllm_acceptance.core.findings import Finding, Status
+from vllm_acceptance.core.profile import Profile, load_profile
+from vllm_acceptance.hardware import load_hardware_table
+from vllm_acceptance.parsers.imex import parse_imex_nodes
+from vllm_acceptance.parsers.nccl_tests import detect_fabric
+from vllm_acceptance.parsers.nvidia_smi import parse_xml
+from vllm_acceptance.preflight.stage import judge
+from vllm_acceptance.verdict import decide
+
+from nodefixtures import NODES, build_evidence
+
+ROOT = Path(__file__).resolve().parents[2]
+REAL = ROOT / "tests" / "fixtures" / "real"
+GB300_XML = (REAL / "nvidia-smi-xml" / "k8s-test-infra-gb300-tray.xml").read_text()
+IMEX_18 = (REAL / "imex" / "aws-parallelcluster-p6e-gb200-18-nodes.txt").read_text()
+TRAYS = {"gb300-n01": "172.31.48.81", "gb300-n02": "172.31.48.98"}   # two nodes of the real IMEX capture
+TODAY = dt.date(2026, 9, 1)
+CAPTURE_DRIVER, GENERATED_DRIVER = "580.173.02", "580.95.05"
+
+
+def nvl72_profile() -> Profile:
+    """Kimi K3 as the recipe runs it on GB300 NVL72: TP8 over two 4-GPU trays in one NVLink domain."""
+    kimi = load_profile(ROOT / "profiles" / "kimi-k3.yml")
+    data = copy.deepcopy(kimi.data)
+    data["hardware"].update({"class": "gb300", "nvlink_domain": "mnnvl", "fabric_manager": "switch_tray",
+                             "gpu_class": "GB300", "gpus_per_node": 4, "min_gpus": 8, "min_nodes": 2})
+    data["parallel"] = {**data.get("parallel", {}), "tensor": 8, "pipeline": 1, "data": 1}
+    data.setdefault("thresholds", {}).pop("nccl_busbw_gbps", None)
+    return Profile(data=data, source="test: kimi-k3 on GB300 NVL72")
+
+
+def _write(base: Path, name: str, stdout: str, rc: int = 0) -> None:
+    (base / f"{name}.txt").write_text(stdout)
+    (base / f"{name}.json").write_text(json.dumps({"cmd": name, "rc": rc, "stderr": "", "missing": False}))
+
+
+def _query_csv(xml: str) -> str:
+    gpus = parse_xml(xml)
+    return "".join(f"{g.index}, {g.name}, {g.uuid}, {gpus.driver_version}, {g.memory_total_mib} MiB, {g.pci_bus_id}\n"
+                   for g in gpus.gpus)
+
+
+def nccl_output(factor: float = 1.0, fabric: str = "mnnvl") -> str:
+    """The generated good node's all_reduce_perf table, ranks 4-7 moved to the second tray, bus bandwidth
+    scaled by `factor`, after NCCL INFO lines (generated, in NCCL's own formats) of the fabric used."""
+    text = (NODES / "good" / "all_reduce_perf.txt").read_text()
+    text = re.sub(r"(Rank\s+[4-7] .*? on\s+)gb300-n01", r"\1gb300-n02", text)
+
+    def scale(row: re.Match[str]) -> str:
+        cells = row.group(0).split()
+        for i in (6, 7, 10, 11):
+            cells[i] = f"{float(cells[i]) * factor:.2f}"
+        return "  ".join(cells)
+    text = re.sub(r"(?m)^\s+\d+\s+\d+\s+float\s+sum.*$", scale, text)
+    if fabric == "mnnvl":
+        info = ["gb300-n01:48213:48290 [0] NCCL INFO NCCL_MNNVL_ENABLE set by environment to 1",
+                "gb300-n01:48213:48290 [0] NCCL INFO MNNVL 1 cliqueId 7ffe cliqueSize 8 cliqueRank 0 nvlDomainSize 8",
+                "gb300-n01:48213:48290 [0] NCCL INFO NVLS multicast support is available on dev 0",
+                "gb300-n01:48213:48290 [0] NCCL INFO Channel 00 : 3[3] -> 4[0] via P2P/MNNVL",
+                "gb300-n01:48213:48290 [0] NCCL INFO Channel 01 : 3[3] -> 4[0] via P2P/MNNVL"]
+    else:   # MNNVL off: the ring leaves the tray over InfiniBand
+        info = ["gb300-n01:48213:48290 [0] NCCL INFO NCCL_MNNVL_ENABLE set by environment to 0",
+                "gb300-n01:48213:48290 [0] NCCL INFO MNNVL 0 cliqueId 0 cliqueSize 1 cliqueRank 0",
+                "gb300-n01:48213:48291 [3] NCCL INFO Channel 00/0 : 3[3] -> 4[0] [send] via NET/IB/0/GDRDMA",
+                "gb300-n01:48213:48291 [3] NCCL INFO Channel 01/0 : 3[3] -> 4[0] [send] via NET/IB/1/GDRDMA"]
+    return "\n".join(info) + "\n" + text
+
+
+def tray(run_dir: Path, host: str, *, xml: str = GB300_XML, imex: str = IMEX_18, imex_state: str = "active",
+         nccl: str | None = None) -> Path:
+    """A healthy GB300 NVL72 tray (4 GPUs), from the real captures; keyword arguments inject a fault."""
+    base = build_evidence("good", run_dir, host=host, launch={"imex_address": TRAYS[host]})
+    for path in base.glob("*.txt"):
+        path.write_text(path.read_text().replace(GENERATED_DRIVER, CAPTURE_DRIVER))
+    probe = json.loads((base / "image_probe.txt").read_text())
+    probe.update({"device_count": 4, "devices": ["NVIDIA GB300"] * 4})
+    _write(base, "image_probe", json.dumps(probe))
+    _write(base, "nvidia_smi_xml", xml)
+    _write(base, "nvidia_smi_query", _query_csv(xml))
+    _write(base, "imex_active", imex_state + "\n", 0 if imex_state == "active" else 3)
+    _write(base, "imex_nodes", imex)
+    _write(base, "nccl_allreduce", nccl if nccl is not None else nccl_output())
+    return base
+
+
+def run(tmp_path: Path, **faults_by_host: dict) -> tuple[list[Finding], dict[str, Finding]]:
+    for host in TRAYS:
+        tray(tmp_path, host, **faults_by_host.get(host.replace("-", "_"), {}))
+    findings = judge(tmp_path, nvl72_profile(), list(TRAYS), today=TODAY)
+    return findings, {f"{f.check}@{f.host}" if f.host else f.check: f for f in findings}
+
+
+# --- the hardware table --------------------------------------------------------------------
+
+def test_every_class_of_the_recipe_has_a_sourced_node_shape() -> None:
+    table = load_hardware_table()
+    assert set(table) == {"h200", "b200", "b300", "gb200", "gb300", "mi355x"}
+    assert all(row.sources and row.gpus_per_node in (4, 8) for row in table.values())
+    gb300 = table["gb300"]
+    assert (gb300.gpus_per_node, gb300.cpu_arch, gb300.nvlink_domain, gb300.gpus_per_nvlink_domain) == \
+        (4, "aarch64", "mnnvl", 72)
+    assert (gb300.threshold("mnnvl").fail, gb300.threshold("infiniband").warn) == (600, 180)
+    assert table["b300"].nvlink_domain == "nvswitch" and table["b300"].gpus_per_node == 8
+
+
+# --- healthy trays -------------------------------------------------------------------------
+
+def test_two_healthy_gb300_trays_pass_every_compatibility_check_and_release(tmp_path: Path) -> None:
+    findings, by = run(tmp_path)
+    bad = [(f.check, f.host, f.status.value, f.reason) for f in findings
+           if f.status not in (Status.PASS, Status.NOT_APPLICABLE)]
+    assert bad == []
+    for host in TRAYS:   # a 4-GPU tray is the node shape, not a missing half of an 8-GPU node
+        assert by[f"compat.gpu_visibility@{host}"].status == Status.PASS
+        assert by[f"interconnect.fabric_state@{host}"].status == Status.PASS
+        assert by[f"interconnect.fabric_path@{host}"].observed["fabric"] == "mnnvl"
+        assert by[f"compat.fabric_manager@{host}"].status == Status.NOT_APPLICABLE
+    assert by["compat.topology"].observed["tp_spans_nodes"] is True
+    assert by["interconnect.nvlink_domain"].status == Status.PASS
+    assert by["interconnect.imex"].status == Status.PASS
+    assert decide(findings).verdict == "release"
+
+
+def test_one_tray_cannot_hold_tp8_on_gb300(tmp_path: Path) -> None:
+    tray(tmp_path, "gb300-n01")
+    findings = judge(tmp_path, nvl72_profile(), ["gb300-n01"], today=TODAY)
+    topology = next(f for f in findings if f.check == "compat.topology")
+    assert topology.status == Status.FAIL and "2 needed" in topology.reason
+
+
+# --- each broken tray fails its own check, naming it ------------------------------------------
+
+def _gb300_with(**fabric: str) -> str:
+    """The real GB300 capture with one <fabric> field changed on every GPU (fault injection)."""
+    xml = GB300_XML
+    for tag, value in fabric.items():
+        xml = re.sub(rf"<{tag}>[^<]*</{tag}>", f"<{tag}>{value}</{tag}>", xml)
+    return xml
+
+
+@pytest.mark.parametrize("fault, words", [
+    ({"clusterUuid": "00000000-0000-0000-0000-000000000000"}, "never initialised"),
+    ({"state": "In Progress"}, "fabric state In Progress"),
+    ({"bandwidth": "Degraded"}, "fabric bandwidth Degraded"),
+])
+def test_a_tray_whose_fabric_is_not_up_is_a_rebuild_naming_it(tmp_path: Path, fault: dict, words: str) -> None:
+    findings, by = run(tmp_path, gb300_n02={"xml": _gb300_with(**fault)})
+    failed = by["interconnect.fabric_state@gb300-n02"]
+    assert failed.status == Status.FAIL and words in failed.reason and "tray gb300-n02" in failed.reason
+    assert by["interconnect.fabric_state@gb300-n01"].status == Status.PASS
+    assert decide(findings).verdict == "rebuild_environment"
+
+
+def test_a_tray_of_another_rack_is_named_by_the_nvlink_domain_check(tmp_path: Path) -> None:
+    other_rack = _gb300_with(clusterUuid="00000002-0000-0000-0000-000000000002")
+    findings, by = run(tmp_path, gb300_n02={"xml": other_rack})
+    domain = by["interconnect.nvlink_domain"]
+    assert domain.status == Status.FAIL and "gb300-n02" in domain.reason and "00000002" in domain.reason
+    assert by["interconnect.fabric_state@gb300-n02"].status == Status.PASS   # its own fabric is fine
+    assert decide(findings).verdict == "rebuild_environment"
+
+
+def test_another_partition_is_named_too(tmp_path: Path) -> None:
+    _, by = run(tmp_path, gb300_n01={"xml": _gb300_with(cliqueId="32765")})
+    assert by["interconnect.nvlink_domain"].status == Status.FAIL
+    assert "gb300-n01" in by["interconnect.nvlink_domain"].reason
+
+
+def test_imex_down_on_one_tray_fails_naming_it(tmp_path: Path) -> None:
+    findings, by = run(tmp_path, gb300_n02={"imex_state": "inactive"})
+    imex = by["interconnect.imex"]
+    assert imex.status == Status.FAIL and "tray gb300-n02: nvidia-imex is inactive" in imex.reason
+    assert decide(findings).verdict == "rebuild_environment"
+
+
+def test_an_imex_node_not_ready_or_a_domain_without_the_tray_fails(tmp_path: Path) -> None:
+    degraded = IMEX_18.replace("172.31.48.98    - READY     ", "172.31.48.98    - UNAVAILABLE").replace(
+        "Domain State: UP", "Domain State: DEGRADED")
+    _, by = run(tmp_path, gb300_n01={"imex": degraded})
+    assert by["interconnect.imex"].status == Status.FAIL
+    assert "IMEX Domain State DEGRADED" in by["interconnect.imex"].reason
+    assert "172.31.48.98 is UNAVAILABLE" in by["interconnect.imex"].reason
+    other_domain = IMEX_18.replace("172.31.48.98 ", "172.31.60.10 ")
+    _, by = run(tmp_path / "other", gb300_n01={"imex": other_domain})
+    assert "172.31.48.98 is not in tray gb300-n01's IMEX node list" in by["interconnect.imex"].reason
+
+
+def test_imex_evidence_absent_is_missing_never_a_pass(tmp_path: Path) -> None:
+    _, by = run(tmp_path, gb300_n01={"imex": ""})
+    assert by["interconnect.imex"].status == Status.MISSING
+
+
+def test_degraded_bandwidth_inside_the_rack_is_expand_capacity(tmp_path: Path) -> None:
+    findings, by = run(tmp_path, gb300_n01={"nccl": nccl_output(factor=0.6)},
+                       gb300_n02={"nccl": nccl_output(factor=0.6)})
+    bandwidth = by["interconnect.nccl_bandwidth@gb300-n01"]
+    assert bandwidth.status == Status.FAIL and "over mnnvl" in bandwidth.reason and "< 600" in bandwidth.reason
+    assert decide(findings).verdict == "expand_capacity"
+    _, by = run(tmp_path / "warn", gb300_n01={"nccl": nccl_output(factor=0.9)})
+    assert by["interconnect.nccl_bandwidth@gb300-n01"].status == Status.WARN   # 759.5 GB/s: below 800
+
+
+def test_an_infiniband_fallback_inside_the_rack_fails_the_fabric_path(tmp_path: Path) -> None:
+    findings, by = run(tmp_path, gb300_n02={"nccl": nccl_output(factor=0.23, fabric="infiniband")})
+    path = by["interconnect.fabric_path@gb300-n02"]
+    assert path.status == Status.FAIL and "tray gb300-n02" in path.reason and "infiniband" in path.reason
+    # judged against the fabric it crossed: ~194 GB/s is healthy InfiniBand, so the path is the finding
+    assert by["interconnect.nccl_bandwidth@gb300-n02"].status == Status.PASS
+    assert decide(findings).verdict == "rebuild_environment"
+
+
+def test_an_all_reduce_without_nccl_info_lines_leaves_the_path_inconclusive(tmp_path: Path) -> None:
+    table_only = (NODES / "good" / "all_reduce_perf.txt").read_text()
+    _, by = run(tmp_path, gb300_n01={"nccl": table_only})
+    assert by["interconnect.fabric_path@gb300-n01"].status == Status.INCONCLUSIVE
+
+
+# --- the parsers on the real captures ------------------------------------------------------
+
+def test_the_real_imex_capture_reads_18_ready_nodes_and_an_up_domain() -> None:
+    domain = parse_imex_nodes(IMEX_18)
+    assert domain.up and len(domain.nodes) == 18 and not domain.not_ready and not domain.broken_links
+    assert parse_imex_nodes((NODES / "good" / "all_reduce_perf.txt").read_text()).errors   # not IMEX output
+
+
+def test_fabric_lines_of_each_transport() -> None:
+    assert detect_fabric(nccl_output()).fabric == "mnnvl"
+    assert detect_fabric(nccl_output(fabric="infiniband")).fabric == "infiniband"
+    assert detect_fabric((NODES / "good" / "all_reduce_perf.txt").read_text()).fabric is None
