@@ -8,17 +8,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..core.profile import ConfigError
 from .generate import Facts, image_of, load_facts
 from .reader import RecipeBundle, load_bundle
-from .resolve import Deployment, Selection, resolve
+from .resolve import Deployment, RecipeRefusal, Selection, resolve
 
 
 def snapshot(bundle: RecipeBundle, selection: Selection, facts: Facts | None) -> dict[str, Any]:
     """Everything the deployment takes from one recipe version, as (value, source) pairs by name."""
     try:
         deployment: Deployment = resolve(bundle, selection)
-    except ConfigError as exc:
+    except RecipeRefusal as exc:         # bad input (unknown names) propagates: exit 2, never "no change"
         return {"refused": str(exc)}
     image, image_source = image_of(bundle, deployment, facts)
     out: dict[str, Any] = {"support": ("supported", f"compatible_strategies / strategy_hardware.{selection.strategy}")}
@@ -57,10 +56,12 @@ def diff_recipes(old_path: str | Path, new_path: str | Path, selection: Selectio
                  facts_path: str | Path | None = None) -> dict[str, Any]:
     facts = load_facts(facts_path)
     old, new = load_bundle(old_path), load_bundle(new_path)
+    before, after = snapshot(old, selection, facts), snapshot(new, selection, facts)
     return {"selection": {"hardware": selection.hardware, "strategy": selection.strategy,
                           "variant": selection.variant, "features": list(selection.features)},
-            "old": source_of(old), "new": source_of(new),
-            "changes": compare(snapshot(old, selection, facts), snapshot(new, selection, facts))}
+            "old": {**source_of(old), "refused": before.get("refused")},
+            "new": {**source_of(new), "refused": after.get("refused")},
+            "changes": compare(before, after)}
 
 
 def render_changes(result: dict[str, Any]) -> str:
@@ -69,7 +70,9 @@ def render_changes(result: dict[str, Any]) -> str:
             f"{result['old']['commit'] or result['old']['sha256'][:12]} -> "
             f"{result['new']['commit'] or result['new']['sha256'][:12]}")
     if not result["changes"]:
-        return head + "\nno change for this deployment"
+        refused = result["new"].get("refused")
+        return head + "\n" + (f"no deployment in either version: {refused}" if refused
+                               else "no change for this deployment")
     lines = [head, f"{len(result['changes'])} change(s): acceptance of a profile from the old recipe reopens"]
     for change in result["changes"]:
         was, now = (_side(change["was"], change["was_source"]), _side(change["now"], change["now_source"]))

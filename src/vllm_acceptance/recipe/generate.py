@@ -199,7 +199,8 @@ def recipe_section(bundle: RecipeBundle, deployment: Deployment, facts: Facts, n
     sel = deployment.selection
     return {"source": str(facts.data.get("recipe_source") or bundle.path.name),
             "status": str(facts.data.get("status") or "pre-release"),
-            "checked": str(source.get("checked") or source.get("commit_date") or ""),
+            # when the vendored copy was compared with upstream (SOURCE.yml), else the recipe's own date
+            "checked": str(source.get("checked") or (bundle.data.get("meta") or {}).get("date_updated") or ""),
             "commit": bundle.commit, "sha256": bundle.sha256, "file": relative(bundle.path),
             "hardware": sel.hardware, "strategy": sel.strategy, "variant": sel.variant,
             "features": list(deployment.features), "notes": notes}

@@ -66,8 +66,13 @@ class Deployment:
         return next((a for a in self.args if a.flag == flag), None)
 
 
-def refuse(selection: Selection, reason: str) -> ConfigError:
-    return ConfigError(f"recipe refuses hardware {selection.hardware!r} with strategy {selection.strategy!r}: "
+class RecipeRefusal(ConfigError):
+    """The recipe itself does not support this combination (its reason in the message); other ConfigErrors are
+    bad input (an unknown hardware, strategy, variant or feature)."""
+
+
+def refuse(selection: Selection, reason: str) -> RecipeRefusal:
+    return RecipeRefusal(f"recipe refuses hardware {selection.hardware!r} with strategy {selection.strategy!r}: "
                        f"{reason}")
 
 
