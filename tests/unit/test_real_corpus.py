@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from vllm_acceptance.core.findings import Status
 from vllm_acceptance.parsers.driver import parse_proc_version
+from vllm_acceptance.parsers.imex import parse_imex_nodes
 from vllm_acceptance.parsers.nccl_tests import parse_all_reduce_perf
 from vllm_acceptance.parsers.node_evidence import load_node_evidence
 from vllm_acceptance.parsers.nvidia_smi import parse_query_csv, parse_smi_failure, parse_table, parse_xml
@@ -63,6 +64,7 @@ OTHER_PARSERS = {
     "nvidia_smi_xml": parse_xml, "nvidia_smi_csv": parse_query_csv, "nvidia_smi_table": parse_table,
     "driver_version": parse_proc_version,
     "nccl_tests": parse_all_reduce_perf, "ibv_devinfo": parse_ibv_devinfo, "vllm_log": scan_startup_log,
+    "imex_nodes": parse_imex_nodes,
 }
 
 
