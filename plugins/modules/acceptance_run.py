@@ -37,7 +37,10 @@ options:
     type: dict
     default: {}
   hosts:
-    description: The GPU nodes of this inventory.
+    description:
+      - The GPU nodes of this inventory (the C(gpu_nodes) group).
+      - On a profile with GPUs (C(hardware.accelerator) not C(none)) an empty list is refused before any node is
+        touched, naming the group to add.
     type: list
     elements: str
     default: []
@@ -88,6 +91,7 @@ try:
     from vllm_acceptance.core.rundir import (
         open_run,
         record_profile,
+        require_gpu_nodes,
         resolve_profile_path,
         validate_inventory_vars,
     )
@@ -104,6 +108,7 @@ def check_mode_run(module: AcceptanceModule, project: Path) -> None:
     validate_inventory_vars(params["variables"], f"inventory {params['inventory']}", project,
                             params["host_variables"])
     profile = load_profile(resolve_profile_path(str(params["variables"]["acceptance_profile"]), project))
+    require_gpu_nodes(profile, params["hosts"], f"inventory {params['inventory']}")
     scratch = Path(tempfile.mkdtemp(prefix="vllm-acceptance-check-"))
     frozen = scratch / record_profile(scratch, profile)
     module.exit_json(changed=False, run_dir=str(scratch), run_id="check-mode", profile=profile.data,

@@ -36,7 +36,6 @@ EXIT_RUN_FAILED = 1       # the playbook failed before a verdict (a node error, 
 EXIT_INPUT_ERROR = 2      # the inputs were refused (inventory or profile), nothing was touched
 EXIT_CHECK_OK = 0         # --check: the dry run went through (no verdict is decided in check mode)
 
-CHECKOUT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -59,12 +58,78 @@ class AcceptResult:
                 "reason": self.reason, "report": str(self.report) if self.report else None}
 
 
-def default_project_dir() -> Path:
-    """The checkout this package runs from (it holds accept.yml); an installed package has none."""
-    if (CHECKOUT / "accept.yml").is_file():
-        return CHECKOUT
-    raise ConfigError("no project directory: pass project_dir (a checkout or an installed collection, "
-                      "e.g. ~/.ansible/collections/ansible_collections/vllm/acceptance)")
+def _project_above(start: Path) -> Path | None:
+    """`start` or the nearest directory above it that holds a project (accept.yml and playbooks/validate.yml)."""
+    for directory in (start, *start.parents):
+        if (directory / "accept.yml").is_file() and (directory / "playbooks" / "validate.yml").is_file():
+            return directory
+    return None
+
+
+def _installed_collection() -> Path | None:
+    """vllm.acceptance installed where ansible-galaxy puts collections (ANSIBLE_COLLECTIONS_PATH first)."""
+    configured = os.environ.get("ANSIBLE_COLLECTIONS_PATH") or os.environ.get("ANSIBLE_COLLECTIONS_PATHS") or ""
+    roots = [Path(p).expanduser() for p in configured.split(":") if p]
+    roots += [Path("~/.ansible/collections").expanduser(), Path("/usr/share/ansible/collections")]
+    for root in roots:
+        candidate = root / "ansible_collections" / "vllm" / "acceptance"
+        if (candidate / "playbooks" / "validate.yml").is_file():
+            return candidate
+    return None
+
+
+def default_project_dir(inventory: str | Path | None = None) -> Path:
+    """The project the user is in (issue 30, 3): the current directory or the nearest above it holding accept.yml;
+    else the one holding the inventory; else an installed vllm.acceptance collection. Never the checkout this
+    package happens to be installed from: its playbooks and reports are another tree's."""
+    starts = [Path.cwd()] + ([Path(inventory).resolve().parent] if inventory is not None else [])
+    for start in starts:
+        found = _project_above(start)
+        if found is not None:
+            return found
+    collection = _installed_collection()
+    if collection is not None:
+        return collection
+    raise ConfigError("no project here: run from a checkout of vllm-acceptance (the directory holding accept.yml, "
+                      "or below it), keep the inventory inside one, or pass --project DIR (a checkout or an installed "
+                      "collection, e.g. ~/.ansible/collections/ansible_collections/vllm/acceptance)")
+
+
+# Files of an inventory that Ansible reads as YAML: its host files, group_vars/ and host_vars/ (files or folders).
+_YAML_SUFFIXES = (".yml", ".yaml", ".json")
+
+
+def _inventory_yaml_files(inventory: Path) -> list[Path]:
+    base = inventory if inventory.is_dir() else inventory.parent
+    files = [inventory] if inventory.is_file() and inventory.suffix in _YAML_SUFFIXES else []
+    if inventory.is_dir():
+        files += sorted(p for p in inventory.iterdir() if p.is_file() and p.suffix in _YAML_SUFFIXES)
+    for vars_dir in (base / "group_vars", base / "host_vars"):
+        if vars_dir.is_dir():
+            files += sorted(p for p in vars_dir.rglob("*") if p.is_file() and not p.name.startswith(".")
+                            and (p.suffix in _YAML_SUFFIXES or not p.suffix))
+    return files
+
+
+def check_inventory_yaml(inventory: Path) -> None:
+    """Refuse an inventory whose YAML does not parse, naming the file, line and column, before Ansible reads it:
+    Ansible warns and goes on without a broken host file, and a broken group_vars file stops it without a file
+    name (issue 30, 2). Tags Ansible knows (!unsafe, !vault) are accepted as they are."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_multi_constructor("!", lambda loader, suffix, node: None)
+    for path in _inventory_yaml_files(inventory):
+        try:
+            yaml.load(path.read_text(errors="replace"), Loader=Loader)  # noqa: S506 - SafeLoader, tags ignored
+        except yaml.MarkedYAMLError as exc:
+            mark = exc.problem_mark or exc.context_mark
+            where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            what = " ".join(str(x) for x in (exc.context, exc.problem) if x)
+            raise ConfigError(f"inventory {path}{where}: YAML error: {what}; fix the YAML there "
+                              "(nothing was run, no node was touched)") from exc
 
 
 def _is_collection(project: Path) -> bool:
@@ -122,15 +187,18 @@ def accept(inventory: str | Path, *, check: bool = False, extra_vars: Mapping[st
     """Run accept.yml (or `playbook`) on `inventory` with the progress callback; return the verdict.
 
     `on_line` gets each progress line as it is printed (None: silent); `on_event` each JSON event of
-    events.jsonl as it lands. `reports_dir` defaults to ./reports of the current directory for an
-    installed collection and to the checkout's reports/ otherwise.
+    events.jsonl as it lands. `project_dir` defaults to the project the current directory is in
+    (default_project_dir). `reports_dir` defaults to ./reports of the current directory for an installed
+    collection and to the project's reports/ otherwise. An inventory whose YAML does not parse raises
+    ConfigError naming the file, line and column before anything runs.
     """
     import ansible_runner
 
-    project = Path(project_dir).resolve() if project_dir else default_project_dir()
     inventory_path = Path(inventory).resolve()
     if not inventory_path.exists():
         raise ConfigError(f"inventory {inventory}: no such file or directory")
+    project = Path(project_dir).resolve() if project_dir else default_project_dir(inventory_path)
+    check_inventory_yaml(inventory_path)
     playbook_arg = resolve_playbook(playbook, project)
     reports = Path(reports_dir).resolve() if reports_dir else (
         Path.cwd() / "reports" if _is_collection(project) else project / "reports")

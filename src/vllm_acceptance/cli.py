@@ -97,7 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-e", "--extra-vars", action="append", default=[], metavar="KEY=VALUE|@FILE|JSON",
                      help="extra variables, as ansible-playbook -e takes them (repeatable)")
     run.add_argument("--playbook", help="playbook path or FQCN (default accept.yml / vllm.acceptance.accept)")
-    run.add_argument("--project-dir", type=Path, help="checkout or installed collection (default this checkout)")
+    run.add_argument("--project", "--project-dir", dest="project_dir", type=Path,
+                     help="the project: a checkout (the directory holding accept.yml) or an installed collection "
+                          "(default: the current directory or the nearest above it holding accept.yml, else the "
+                          "inventory's, else the installed vllm.acceptance collection); reports go to its reports/")
     run.add_argument("--reports-dir", type=Path, help="where run directories go")
     run.add_argument("--json", action="store_true", help="print the result as JSON last")
     down = lab_sub.add_parser("down", help="stop the lab server")

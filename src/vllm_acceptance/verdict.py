@@ -58,8 +58,10 @@ def _ids(findings: list[Finding]) -> list[str]:
 
 
 def decide(findings: list[Finding], *, experimental: bool = False,
-           unreachable_hosts: list[str] | None = None) -> Decision:
-    """Apply the decision table to all findings of one inventory's run."""
+           unreachable_hosts: list[str] | None = None,
+           unreachable_errors: dict[str, str] | None = None) -> Decision:
+    """Apply the decision table to all findings of one inventory's run. `unreachable_errors`: each unreachable
+    host's connection error (evidence/preflight-unreachable.json), named in the reasons."""
     unreachable_hosts = unreachable_hosts or []
     failing = [f for f in findings if f.status == Status.FAIL]
     rebuild = [f for f in failing if f.consequence == Consequence.REBUILD]
@@ -92,6 +94,7 @@ def decide(findings: list[Finding], *, experimental: bool = False,
         verdict = "incomplete"
         if unreachable_hosts:
             reasons.append("unreachable hosts: " + ", ".join(sorted(unreachable_hosts)))
+            reasons += unreachable_reasons(unreachable_hosts, unreachable_errors or {})
         if unknown:
             reasons.append("missing or inconclusive evidence: " + ", ".join(_ids(unknown)))
         reasons += [f"{f.check}: {f.reason}" for f in crashed if f.reason]
@@ -133,6 +136,12 @@ def decide(findings: list[Finding], *, experimental: bool = False,
                     gates=traffic_gates(verdict, findings),
                     experimental=experimental,
                     missing=_ids(unknown) + sorted(unreachable_hosts))
+
+
+def unreachable_reasons(hosts: list[str], errors: dict[str, str]) -> list[str]:
+    """One line per unreachable node: its connection error and what was not collected from it."""
+    return [f"{host} unreachable ({errors.get(host) or 'no connection error recorded'}): none of its preflight "
+            "checks ran, and nothing was launched or sampled on it" for host in sorted(hosts)]
 
 
 def not_reached_after_launch(finding: Finding) -> bool:

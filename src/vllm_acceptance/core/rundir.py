@@ -64,6 +64,19 @@ def validate_probe_overrides(overrides: dict[str, Any], source: str) -> None:
                     "profiles/<site>.yml with the contract you test and set acceptance_profile to it")
 
 
+def require_gpu_nodes(profile: Profile, hosts: list[str], source: str) -> None:
+    """A GPU profile is judged on the `gpu_nodes` group: without it Ansible only warns, preflight judges nothing
+    and the serve stage goes on to the head and workers (docs/acceptance.md "Unreachable nodes and refused
+    inputs"). Refused before any node is touched."""
+    accelerator = str(profile.get("hardware.accelerator") or "none")
+    if accelerator != "none" and not hosts:
+        raise ConfigError(
+            f"invalid inventory:\n  {source}: group `gpu_nodes` is missing or empty, but profile {profile.name} "
+            f"runs on {accelerator} GPUs (hardware.accelerator): list every GPU node under "
+            "all.children.gpu_nodes.hosts in the inventory (e.g. gpu_nodes: {hosts: {gpu-01: {ansible_host: "
+            "10.0.0.11}}}), or pick a profile without GPUs")
+
+
 def new_run_id() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
 
@@ -73,6 +86,7 @@ def open_run(*, project_dir: Path, reports_dir: Path, inventory: str, variables:
              host_variables: dict[str, dict[str, Any]] | None = None) -> tuple[Path, Profile]:
     validate_inventory_vars(variables, f"inventory {inventory} (group_vars)", project_dir, host_variables)
     profile = load_profile(resolve_profile_path(str(variables["acceptance_profile"]), project_dir))
+    require_gpu_nodes(profile, hosts, f"inventory {inventory}")
     run_id = run_id or new_run_id()
     run_dir = (reports_dir / inventory / run_id).resolve()
     try:

@@ -194,9 +194,21 @@ def check_variables(variables: Mapping[str, Any], source: str, project_dir: Path
     unchecked = {str(n) for n in (relevant.get(UNCHECKED) or []) if isinstance(relevant.get(UNCHECKED), list)}
     errors = unknown_variable_errors(list(relevant), declared, source, unchecked)
     known = {k: v for k, v in relevant.items() if k in declared}
-    errors.extend(validate_errors(known, "inventory", source, partial=not schema))
+    schema_errors = validate_errors(known, "inventory", source, partial=not schema)
+    if schema and attach_without_url(known):
+        # The schema's `if attach then required` says only "'vllm_base_url' is a required property".
+        schema_errors = [e for e in schema_errors if "'vllm_base_url' is a required property" not in e]
+        errors.append(f"{source}: field `vllm_base_url`: vllm_base_url is required because vllm_serve_mode is attach: "
+                      "set it to the running server's OpenAI base URL, e.g. vllm_base_url: http://head-01:8000/v1, "
+                      "or set vllm_serve_mode: launch")
+    errors.extend(schema_errors)
     errors.extend(option_errors(known, declared, source))
     return errors
+
+
+def attach_without_url(variables: Mapping[str, Any]) -> bool:
+    """Attach mode names no server to attach to (schemas/inventory.schema.json, allOf)."""
+    return variables.get("vllm_serve_mode") == "attach" and not variables.get("vllm_base_url")
 
 
 def validate_variables(variables: Mapping[str, Any], source: str, project_dir: Path | None = None,

@@ -291,3 +291,35 @@ def unreachable(run_dir: Path, hosts: list[str]) -> list[str]:
     """Hosts that left no evidence directory at all: the role creates a host's directory only
     after the node answered (save_node_streams), so these are the nodes that never did."""
     return [h for h in hosts if not host_dir(Path(run_dir), h).is_dir()]
+
+
+# Where the connection errors of the nodes that never answered are kept
+# (docs/acceptance.md "Unreachable nodes and refused inputs").
+UNREACHABLE_EVIDENCE = "evidence/preflight-unreachable.json"
+# An SSH error is a few lines; anything longer is cut (the start names the cause: refused, timed out, denied).
+_ERROR_CHARS = 2000
+
+
+def save_unreachable(run_dir: Path, errors: dict[str, str], secrets: list[str] | None = None) -> dict[str, str]:
+    """Record each node that could not be reached with its connection error, redacted (core/redact.py):
+    Ansible's own message, e.g. `Failed to connect to the host via ssh: ssh: connect to host 10.0.0.7 port 22:
+    Connection refused`. Merged with earlier records of the run; returns what the file now holds."""
+    path = Path(run_dir) / UNREACHABLE_EVIDENCE
+    kept = read_unreachable(run_dir)
+    for host, error in errors.items():
+        if not _NAME.fullmatch(host):
+            raise ValueError(f"bad host name {host!r} for an unreachable record")
+        text = redact_text(str(error or "no error message").strip(), [s for s in (secrets or []) if s])
+        kept[host] = text if len(text) <= _ERROR_CHARS else text[:_ERROR_CHARS] + " ..."
+    if errors:
+        atomic_write(path, json.dumps(kept, indent=2, sort_keys=True) + "\n")
+    return kept
+
+
+def read_unreachable(run_dir: Path) -> dict[str, str]:
+    """Host -> connection error of the nodes preflight could not reach (empty when all answered)."""
+    path = Path(run_dir) / UNREACHABLE_EVIDENCE
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text())
+    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}

@@ -129,7 +129,9 @@ def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
         if (run_dir / "stages").is_dir() else {}
     # The nodes' GPU memory and the servers' logs after the probes were judged into the load stage by
     # probes/after.py (playbooks/probes.yml): the report assembles, it does not judge them again.
-    decision = decide(findings, experimental=profile.experimental, unreachable_hosts=unreachable)
+    unreachable_errors = {h: str(e) for h, e in (run.get("unreachable_errors") or {}).items() if h in unreachable}
+    decision = decide(findings, experimental=profile.experimental, unreachable_hosts=unreachable,
+                      unreachable_errors=unreachable_errors)
     overrides = probe_overrides(profile, (run.get("inventory_vars") or {}).get("acceptance_probe_overrides"))
     tested_on_overrides(decision, overrides, findings)
     facts = (stages.get("preflight") or {}).get("hosts") or {}
@@ -160,6 +162,7 @@ def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
         "probe_overrides": overrides,
         "hosts": run.get("hosts", []),
         "unreachable_hosts": unreachable,
+        "unreachable_errors": unreachable_errors,
         "missing": decision.missing,
         "summary": counts,
         "findings": [f.to_dict() for f in findings],

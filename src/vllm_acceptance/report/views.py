@@ -150,7 +150,9 @@ def short(value: Any, limit: int = 140) -> str:
 
 def unproven(report: dict[str, Any]) -> list[dict[str, Any]]:
     """Missing or inconclusive evidence: what this run could not prove, though it should have."""
-    hosts = [{"id": host, "status": "missing", "reason": "host unreachable: none of its checks ran"}
+    errors = report.get("unreachable_errors") or {}
+    hosts = [{"id": host, "status": "missing", "reason": "host unreachable: none of its checks ran"
+              + (f" ({errors[host]})" if errors.get(host) else "")}
              for host in report.get("unreachable_hosts") or []]
     return hosts + [{"id": _fid(f), "status": f.get("status"), "reason": f.get("reason") or short(f.get("observed"))}
                     for f in report.get("findings") or [] if f.get("status") in UNPROVEN]
