@@ -351,8 +351,12 @@ def project_dir(given: Path | None = None) -> Path:
     return Path.cwd() if (Path.cwd() / "accept.yml").is_file() else CHECKOUT
 
 
-def build_plan(inventory: Path, profile_name: str | None = None, project: Path | None = None) -> Plan:
+def build_plan(inventory: Path, profile_name: str | None = None, project: Path | None = None,
+               overrides: dict[str, Any] | None = None) -> Plan:
+    """The plan of `inventory`; `overrides` outrank every host's variables, as `ansible-playbook -e` does."""
     inv = read_inventory(inventory)
+    for host_vars in inv.hostvars.values():
+        host_vars.update(overrides or {})
     site = inv.site_vars()
     name = profile_name or site.get("acceptance_profile")
     if not name:
@@ -420,12 +424,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--project-dir", type=Path, help="checkout holding profiles/ (default: the current "
                                                          "directory when it holds accept.yml, else this checkout)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    parser.add_argument("--vars", default="{}", metavar="JSON",
+                        help="variables that outrank the inventory's, as -e does (playbooks/plan.yml passes the "
+                             "head's as the run resolved them)")
 
 
 def command(args: argparse.Namespace) -> int:
     """The CLI's `plan`: exit 0 with the plan, 2 with the reason on bad input."""
     try:
-        plan = build_plan(args.inventory, args.profile, args.project_dir)
+        overrides = json.loads(args.vars)
+        if not isinstance(overrides, dict):
+            raise ConfigError(f"--vars {args.vars!r}: a JSON object of variables is expected")
+        plan = build_plan(args.inventory, args.profile, args.project_dir, overrides)
+    except json.JSONDecodeError as exc:
+        print(f"cannot plan: --vars is not JSON ({exc})", file=sys.stderr)
+        return 2
     except ConfigError as exc:
         print(f"cannot plan: {exc}", file=sys.stderr)
         return 2

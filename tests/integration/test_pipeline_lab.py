@@ -162,6 +162,11 @@ def test_check_mode_changes_nothing_and_shows_the_plan(tmp_path: Path) -> None:
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "would start:" in proc.stdout and "--enable-prefix-caching" in proc.stdout
+    # The plan (playbooks/plan.yml, docs/plan.md): the launch as the run resolved it (-e outranks the inventory),
+    # then the stages and their cost.
+    plan = proc.stdout[proc.stdout.index("plan: inventory"):]
+    assert "--port 8028" in plan.split("model_load", 1)[0]
+    assert "soak" in plan and "total" in plan
     assert proc.stdout.count("probe sends no traffic") == 3
     assert "failed=0" in proc.stdout and "fatal:" not in proc.stdout
     assert not reports.exists() or not any(reports.rglob("report.json"))
