@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .core.findings import Consequence, Finding, Status
+from .rules.registry import warn_blocks
 
 RELEASE_SCOPE = "compat.lineage.release_scope"
 
@@ -70,7 +71,9 @@ def decide(findings: list[Finding], *, experimental: bool = False,
     scope_failed = [f for f in failing if f.check == RELEASE_SCOPE]
     limit = [f for f in failing if f.consequence == Consequence.LIMIT and f.check != RELEASE_SCOPE]
     agent_blocked = [f for f in failing if f.consequence == Consequence.BLOCK_AGENT]
-    warned = [f for f in findings if f.status == Status.WARN]
+    # A warn keeps the run from release unless its catalog entry says it does not (rules/registry.py, warn_blocks).
+    warned = [f for f in findings if f.status == Status.WARN and warn_blocks(f.check)]
+    advisory = [f for f in findings if f.status == Status.WARN and not warn_blocks(f.check)]
     unknown = [f for f in findings if f.status in (Status.MISSING, Status.INCONCLUSIVE)]
     # A launch that failed with a classified cause is decided by that cause (docs/acceptance.md, "When vLLM does not
     # start"): the stages it kept from running are not reached, not unknown. Node evidence still counts.
@@ -117,6 +120,9 @@ def decide(findings: list[Finding], *, experimental: bool = False,
         verdict = "release"
         reasons.append("every required check passed with evidence")
 
+    if advisory:
+        reasons.append("warnings that do not block release: "
+                       + "; ".join(f"{f.check}: {f.reason}" if f.reason else f.check for f in advisory))
     if not_reached:
         reasons.append(("not reached because vLLM did not start: " if launch_failed else
                         "not reached because the server died under load: ") + ", ".join(_ids(not_reached)))

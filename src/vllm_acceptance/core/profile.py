@@ -11,6 +11,8 @@ from typing import Any
 import jsonschema
 import yaml
 
+from .contract import contract_errors
+
 
 class ConfigError(Exception):
     """Bad input (profile, inventory, option): the message names the file, the field and the fix."""
@@ -115,6 +117,8 @@ def _message(error: jsonschema.ValidationError) -> str:
 
 def validate_document(data: Any, schema_name: str, source: str) -> None:
     lines = validate_errors(data, schema_name, source)
+    if not lines and schema_name == "profile":
+        lines = contract_errors(data, source)   # the contract against what the launch serves (core/contract.py)
     if lines:
         raise ConfigError("invalid " + schema_name + ":\n  " + "\n  ".join(lines[:10]))
 

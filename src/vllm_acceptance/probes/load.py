@@ -873,8 +873,25 @@ def _post(run: LoadRun, req: RequestSpec) -> dict[str, Any]:
         return {"http_status": 0, "body": f"{type(exc).__name__}: {exc}"}
 
 
+def served_max_model_len(run: LoadRun) -> int | None:
+    """The context the server itself says it serves: /tokenize's max_model_len, else /v1/models' (never the
+    profile's: a site contract below the recipe's --max-model-len is judged against the served one)."""
+    if run.prompts.max_model_len:
+        return int(run.prompts.max_model_len)
+    headers = {"Authorization": f"Bearer {run.cfg.api_key}"} if run.cfg.api_key else {}
+    try:
+        data = httpx.get(run.base_url.rstrip("/") + "/models", timeout=10.0, headers=headers).json()
+    except (httpx.HTTPError, ValueError):
+        return None
+    entries = data.get("data") if isinstance(data, dict) else None
+    found = [e.get("max_model_len") for e in entries or [] if isinstance(e, dict) and e.get("id") == run.cfg.model]
+    return found[0] if found and isinstance(found[0], int) else None
+
+
 def stage_context_contract(run: LoadRun) -> Finding:
-    """At the contracted context (context + max output) a request succeeds; one token over is rejected."""
+    """At the contracted context (context + max output) a request succeeds; one token over is rejected, or, where
+    the server serves more than the contract, served with a warning while one over the served limit is rejected
+    (rules/capacity.py, judge_context_contract)."""
     cfg = run.cfg
     window = rules.tokens_per_session(cfg.context_tokens, cfg.max_output_tokens)
     run.sampler.stage = "context_contract"
@@ -885,12 +902,21 @@ def stage_context_contract(run: LoadRun) -> Finding:
     over_req = run.build(window + 1, cfg.max_output_tokens, 2, "over-context", at_least=True)
     over = {**_post(run, over_req), "prompt_tokens": run.workload[-1]["counted_tokens"],
             "max_tokens": cfg.max_output_tokens}
+    served = served_max_model_len(run)
+    over_served = None
+    if served is not None and served > window:
+        # The served limit plus one token in the prompt alone: the server must refuse it for its length.
+        served_req = run.build(served + 1, cfg.max_output_tokens, 4, "over-served", at_least=True)
+        over_served = {**_post(run, served_req), "prompt_tokens": run.workload[-1]["counted_tokens"],
+                       "max_tokens": cfg.max_output_tokens}
     healthy = run.healthy()
     ev = run.store.write_json("context_contract.json", {"contract_window_tokens": window, "at_contract": at,
-                                                        "over_contract": over, "healthy_after": healthy,
+                                                        "over_contract": over, "served_max_model_len": served,
+                                                        "over_served": over_served, "healthy_after": healthy,
                                                         "counted_by": "/tokenize" if run.prompts.available
                                                         else "estimate"})
-    return rules.judge_context_contract(at, over, healthy, cfg.context_tokens, cfg.max_output_tokens, evidence=[ev])
+    return rules.judge_context_contract(at, over, healthy, cfg.context_tokens, cfg.max_output_tokens, evidence=[ev],
+                                        served_max_model_len=served, over_served=over_served)
 
 
 def run_step(run: LoadRun, stage: str, concurrency: int, context: int, seed0: int) -> dict[str, Any]:

@@ -348,20 +348,32 @@ _NOT_A_VERDICT = {401: "unauthorised (API key)", 403: "forbidden", 404: "not fou
 
 
 def judge_context_contract(at: dict[str, Any], over: dict[str, Any], healthy_after: bool, context_tokens: int,
-                           max_output_tokens: int, *, evidence: Sequence[str]) -> Finding:
-    """At the contracted context a request succeeds; just over it, only a context-length rejection
-    passes, the server healthy after."""
+                           max_output_tokens: int, *, evidence: Sequence[str], served_max_model_len: int | None = None,
+                           over_served: dict[str, Any] | None = None) -> Finding:
+    """At the contracted context a request succeeds; just over it, only a context-length rejection passes, the
+    server healthy after. Where the server serves more than the contract (``served_max_model_len``, from the
+    server itself), the limit that must hold is the served one: a request over it (``over_served``) is rejected
+    for its length, and an over-contract request it serves is a warning that nothing enforces the contract
+    (issue 31, item 6), not a failure."""
     check = registry.get("capacity.context_contract")
     limit = tokens_per_session(context_tokens, max_output_tokens)
-    observed = {"at_contract": at, "over_contract": over, "healthy_after": healthy_after}
-    common = {"observed": observed, "evidence": evidence,
-              "expected": f"a request of {limit} tokens succeeds; one just over is rejected for its length (4xx)"}
-    status, body = over.get("http_status") or 0, str(over.get("body") or "")
+    wide = served_max_model_len is not None and served_max_model_len > limit
+    observed = {"at_contract": at, "over_contract": over, "healthy_after": healthy_after,
+                "contract_window_tokens": limit, "served_max_model_len": served_max_model_len}
+    if wide:
+        observed["over_served"] = over_served
+    expected = (f"a request of {limit} tokens succeeds; one over the served max_model_len {served_max_model_len} is "
+                "rejected for its length (4xx); one over the contract is rejected or warned as unenforced"
+                if wide else f"a request of {limit} tokens succeeds; one just over is rejected for its length (4xx)")
+    common = {"observed": observed, "evidence": evidence, "expected": expected}
     if not healthy_after:
-        return check.fail(reason="the server is not healthy after the over-context request",
+        return check.fail(reason="the server is not healthy after the over-context request" + ("s" if wide else ""),
                           consequence=Consequence.EXPAND,
                           action="an over-contract request must be rejected before the GPUs are exhausted: set "
                                  f"--max-model-len {limit}", **common)
+    if wide:
+        return _judge_wide_contract(check, at, over, over_served or {}, limit, int(served_max_model_len or 0), common)
+    status = over.get("http_status") or 0
     if status in _NOT_A_VERDICT:
         return check.inconclusive(reason=f"over-contract request answered HTTP {status}: {_NOT_A_VERDICT[status]}",
                                   action="fix access (key, URL, model, rate limit) and re-run", **common)
@@ -370,17 +382,73 @@ def judge_context_contract(at: dict[str, Any], over: dict[str, Any], healthy_aft
                                  f"{over.get('max_tokens')} output tokens) was accepted", consequence=Consequence.LIMIT,
                           action=f"enforce the contract: --max-model-len {limit} (or reject at the gateway)",
                           **common)
-    if not (400 <= status < 500 and _CONTEXT_REJECTION.search(body)):
+    if not _length_rejection(over):
         return check.fail(reason=f"over-contract request answered HTTP {status}, not a context-length rejection",
                           consequence=Consequence.EXPAND, action=f"set --max-model-len {limit}; a 5xx or a lost "
                           "connection here means the server was exhausted", **common)
-    if at.get("http_status") != 200:
-        if at.get("http_status") in _NOT_A_VERDICT:
-            return check.inconclusive(reason=f"at-contract request answered HTTP {at.get('http_status')}",
-                                      action="fix access and re-run", **common)
-        return check.fail(reason=f"a request at the contracted context failed: HTTP {at.get('http_status')}",
-                          consequence=Consequence.EXPAND, action=f"raise --max-model-len to {limit} or lower the "
-                          "contracted context", **common)
+    return _judge_at_contract(check, at, limit, common) or check.passed(**common)
+
+
+def _length_rejection(answer: dict[str, Any]) -> bool:
+    status = answer.get("http_status") or 0
+    return 400 <= status < 500 and bool(_CONTEXT_REJECTION.search(str(answer.get("body") or "")))
+
+
+def _judge_at_contract(check: registry.Check, at: dict[str, Any], limit: int,
+                       common: dict[str, Any]) -> Finding | None:
+    if at.get("http_status") == 200:
+        return None
+    if at.get("http_status") in _NOT_A_VERDICT:
+        return check.inconclusive(reason=f"at-contract request answered HTTP {at.get('http_status')}",
+                                  action="fix access and re-run", **common)
+    return check.fail(reason=f"a request at the contracted context failed: HTTP {at.get('http_status')}",
+                      consequence=Consequence.EXPAND, action=f"raise --max-model-len to {limit} or lower the "
+                      "contracted context", **common)
+
+
+def _judge_wide_contract(check: registry.Check, at: dict[str, Any], over: dict[str, Any],
+                         over_served: dict[str, Any], limit: int, served: int, common: dict[str, Any]) -> Finding:
+    """The server serves ``served`` > the contract's ``limit`` tokens (a recipe --max-model-len above the site
+    contract): over the served limit a request is rejected for its length; over the contract it may be served."""
+    for name, answer in (("over-served", over_served), ("over-contract", over), ("at-contract", at)):
+        status = answer.get("http_status") or 0
+        if status in _NOT_A_VERDICT:
+            return check.inconclusive(reason=f"{name} request answered HTTP {status}: {_NOT_A_VERDICT[status]}",
+                                      action="fix access (key, URL, model, rate limit) and re-run", **common)
+    if not over_served:
+        return check.inconclusive(reason=f"no request over the served max_model_len {served} was sent",
+                                  action="re-run the load probe (its context stage sends one)", **common)
+    counted = over_served.get("prompt_tokens")
+    if not isinstance(counted, int) or counted <= served:
+        return check.inconclusive(reason=f"the request meant to exceed the served max_model_len {served} counted "
+                                         f"{counted} prompt tokens (not counted over it by /tokenize)",
+                                  action="give the server /tokenize (or fix the prompt builder) and re-run", **common)
+    status = over_served.get("http_status") or 0
+    if 200 <= status < 300:
+        return check.fail(reason=f"a request over the served max_model_len {served} "
+                                 f"({over_served.get('prompt_tokens')} prompt tokens) was accepted",
+                          consequence=Consequence.LIMIT, action=f"the server does not enforce its own limit: launch "
+                          f"with --max-model-len {limit} or reject at the gateway", **common)
+    if not _length_rejection(over_served):
+        return check.fail(reason=f"a request over the served max_model_len {served} answered HTTP {status}, not a "
+                                 "context-length rejection", consequence=Consequence.EXPAND,
+                          action=f"set --max-model-len {limit}; a 5xx or a lost connection here means the server was "
+                                 "exhausted", **common)
+    failed_at = _judge_at_contract(check, at, limit, common)
+    if failed_at is not None:
+        return failed_at
+    over_status = over.get("http_status") or 0
+    if 200 <= over_status < 300:
+        return check.warn(reason=f"nothing enforces the contract: a request over it ({over.get('prompt_tokens')} "
+                                 f"prompt + {over.get('max_tokens')} output tokens) was served, the server accepting "
+                                 f"up to {served} tokens (its max_model_len) and rejecting more",
+                          action=f"enforce the contract of {limit} tokens with --max-model-len {limit} or a gateway "
+                                 "limit on prompt + max_tokens; an over-contract request is otherwise served at "
+                                 "capacity nobody measured", **common)
+    if not _length_rejection(over):
+        return check.fail(reason=f"over-contract request answered HTTP {over_status}, not a context-length rejection",
+                          consequence=Consequence.EXPAND, action=f"set --max-model-len {limit}; a 5xx or a lost "
+                          "connection here means the server was exhausted", **common)
     return check.passed(**common)
 
 

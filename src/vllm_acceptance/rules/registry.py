@@ -38,6 +38,8 @@ class Check:
     source: str
     stage: str
     notes: str = ""
+    warn_blocks: bool = True      # False: a `warn` of this check is recorded and shown, but does not by itself
+                                  # keep the run from `release` (verdict.py); the catalog says which
 
     @property
     def family(self) -> str:
@@ -81,14 +83,14 @@ class Check:
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "family": self.family, "stage": self.stage, "title": self.title,
                 "rule": self.rule, "consequence": self.consequence.value, "evidence": self.evidence,
-                "source": self.source, "notes": self.notes}
+                "source": self.source, "notes": self.notes, "warn_blocks": self.warn_blocks}
 
 
 CHECKS: dict[str, Check] = {}
 
 
 def register(check_id: str, *, title: str, rule: str, consequence: Consequence | str, evidence: str,
-             source: str, stage: str, notes: str = "") -> Check:
+             source: str, stage: str, notes: str = "", warn_blocks: bool = True) -> Check:
     """Register one check id (once: a second registration of an id is a programming error)."""
     if check_id in CHECKS:
         raise ValueError(f"check {check_id!r} is registered twice")
@@ -97,7 +99,7 @@ def register(check_id: str, *, title: str, rule: str, consequence: Consequence |
     if stage not in STAGES:
         raise ValueError(f"check {check_id!r}: stage {stage!r} is not one of {STAGES}")
     check = Check(id=check_id, title=title, rule=rule, consequence=Consequence(consequence),
-                  evidence=evidence, source=source, stage=stage, notes=notes)
+                  evidence=evidence, source=source, stage=stage, notes=notes, warn_blocks=warn_blocks)
     CHECKS[check_id] = check
     return check
 
@@ -111,6 +113,12 @@ def get(check_id: str) -> Check:
     except KeyError:
         raise UnknownCheck(f"check id {check_id!r} is not in the catalog: register it in "
                            "src/vllm_acceptance/rules/catalog.py (and regenerate docs/checks.md)") from None
+
+
+def warn_blocks(check_id: str) -> bool:
+    """Does a `warn` of this check keep a run from `release`? True unless its catalog entry says otherwise (an
+    id outside the catalog, read from an older run, blocks)."""
+    return CHECKS[check_id].warn_blocks if known(check_id) else True
 
 
 def known(check_id: str) -> bool:
