@@ -161,7 +161,8 @@ def test_the_collection_accept_playbook_runs_in_check_mode_from_outside_the_chec
     assert "fatal:" not in out and "[ERROR]" not in out, out[-4000:]
     assert f"--model {model}" in out                      # the launch it would make, shown, not made
     assert str(root / "roles" / "vllm_serve") in out      # the installed collection's role ran
-    assert str(REPO) not in out, "the run reached into the checkout"
+    # The controller's own venv may sit in the checkout (this suite's does); nothing else of it may appear.
+    assert str(REPO) not in out.replace(sys.prefix, "<controller venv>"), "the run reached into the checkout"
 
 
 def test_build_ignore_keeps_every_site_inventory_out_whatever_its_name(tmp_path: Path) -> None:
