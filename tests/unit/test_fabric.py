@@ -248,3 +248,39 @@ def test_fabric_lines_of_each_transport() -> None:
     assert detect_fabric(nccl_output()).fabric == "mnnvl"
     assert detect_fabric(nccl_output(fabric="infiniband")).fabric == "infiniband"
     assert detect_fabric((NODES / "good" / "all_reduce_perf.txt").read_text()).fabric is None
+
+
+# --- HGX classes: the node's own NVSwitch, Fabric Manager on the node --------------------------
+
+def _class_profile(key: str, **hardware: object) -> Profile:
+    kimi = load_profile(ROOT / "profiles" / "kimi-k3.yml")
+    data = copy.deepcopy(kimi.data)
+    data["hardware"].update({"class": key, "gpus_per_node": 8, "min_nodes": 1, **hardware})
+    data["hardware"].pop("nvlink_domain", None)
+    data["hardware"].pop("fabric_manager", None)
+    data["parallel"] = {**data.get("parallel", {}), "tensor": 8, "pipeline": 1, "data": 1}
+    return Profile(data=data, source=f"test: class {key}")
+
+
+def test_an_hgx_class_needs_fabric_manager_on_the_node_and_no_nvlink_domain_checks(tmp_path: Path) -> None:
+    """The generated 8-GPU node (Fabric Manager active, its version == the driver's) under an HGX class with an
+    aarch64 uname (the class's x86_64 would fail compat.gpu_visibility, as the next test shows)."""
+    build_evidence("good", tmp_path, host="hgx-1")
+    data = _class_profile("b300", gpu_class="GB300").data
+    findings = judge(tmp_path, Profile(data=data, source="test"), ["hgx-1"], today=TODAY)
+    by = {f.check: f for f in findings}
+    assert by["compat.fabric_manager"].status == Status.PASS      # the node's own Fabric Manager, as before
+    for check in ("interconnect.fabric_state", "interconnect.nvlink_domain", "interconnect.imex",
+                  "interconnect.fabric_path"):
+        assert by[check].status == Status.NOT_APPLICABLE and "nvswitch" in by[check].reason, check
+    fm_down = tmp_path / "fm-down"
+    build_evidence("fm-inactive", fm_down, host="hgx-1")
+    down = {f.check: f for f in judge(fm_down, Profile(data=data, source="test"), ["hgx-1"], today=TODAY)}
+    assert down["compat.fabric_manager"].status == Status.FAIL
+
+
+def test_a_cluster_of_another_cpu_architecture_than_its_class_fails_gpu_visibility(tmp_path: Path) -> None:
+    build_evidence("good", tmp_path, host="n1")      # uname: aarch64, GPUs: 8 x NVIDIA GB300
+    findings = judge(tmp_path, _class_profile("b300"), ["n1"], today=TODAY)
+    visibility = next(f for f in findings if f.check == "compat.gpu_visibility")
+    assert visibility.status == Status.FAIL and "CPU architecture aarch64" in visibility.reason

@@ -35,6 +35,23 @@ def gpu_class_of(profile: Profile) -> str | None:
     return profile.get("hardware.gpu_class") or (row.gpu_name if row is not None else None)
 
 
+_ARCHES = {"aarch64": "aarch64", "arm64": "aarch64", "x86_64": "x86_64", "ppc64le": "ppc64le", "s390x": "s390x"}
+
+
+def _arch_problem(ctx: NodeContext, observed: dict[str, object]) -> str | None:
+    """The node's CPU architecture (uname -a) against the hardware table's class: a GB300 tray is aarch64,
+    an HGX B300 x86_64 (their GPU names overlap: 'B300' is in 'NVIDIA GB300'). None without a class or uname."""
+    row = profile_class(ctx.profile)
+    uname = ctx.rec("uname_a")
+    if row is None or not uname.ok:
+        return None
+    arch = next((_ARCHES[t] for t in reversed(uname.stdout.split()) if t in _ARCHES), None)
+    observed["cpu_arch"] = arch
+    if arch is not None and arch != row.cpu_arch:
+        return f"CPU architecture {arch}: hardware class {row.key} ({row.platform}) is {row.cpu_arch}"
+    return None
+
+
 def check_gpu_visibility(ctx: NodeContext) -> Finding:
     check = "compat.gpu_visibility"
     if (na := gpu_profile_na(check, ctx)) is not None:
@@ -58,6 +75,8 @@ def check_gpu_visibility(ctx: NodeContext) -> Finding:
         problems.append(f"GPU model {sorted(set(host_gpus.names))} is not {gpu_class}")
     if probe is not None and probe.device_count is not None and probe.device_count < required:
         problems.append(f"the runtime (container) sees {probe.device_count} GPUs, the layout needs {required}")
+    if (arch := _arch_problem(ctx, observed)) is not None:
+        problems.append(arch)
     action = ("restore the missing GPUs (nvidia-smi -q: Xid errors, fallen off the bus, MIG, "
               "NVIDIA_VISIBLE_DEVICES/--gpus) or change the parallel layout in a new profile; "
               "adding GPUs elsewhere does not fix a node that hides one")
