@@ -75,7 +75,8 @@ register("compat.vllm_version", stage="preflight", consequence=REBUILD,
 register("compat.gpu_visibility", stage="preflight", consequence=REBUILD,
          title="GPUs visible to host and runtime",
          rule="host and runtime each see at least the GPUs the launched layout needs on this node (with "
-              "hardware.class: the hardware table's GPUs per node), of the profile's GPU class",
+              "hardware.class: the hardware table's GPUs per node, and the node's CPU architecture is the class's), "
+              "of the profile's GPU class",
          evidence="nvidia-smi --query-gpu / -q -x, in-image probe (torch.cuda.device_count)",
          source="001: the runtime sees every GPU that tensor/pipeline/expert parallel needs")
 register("compat.topology", stage="preflight", consequence=REBUILD,
