@@ -127,7 +127,7 @@ def check_inventory_yaml(inventory: Path) -> None:
         except yaml.MarkedYAMLError as exc:
             mark = exc.problem_mark or exc.context_mark
             where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            what = " ".join(str(x) for x in (exc.context, exc.problem) if x)
+            what = ": ".join(str(x) for x in (exc.context, exc.problem) if x)
             raise ConfigError(f"inventory {path}{where}: YAML error: {what}; fix the YAML there "
                               "(nothing was run, no node was touched)") from exc
 

@@ -1,0 +1,143 @@
+"""Issue 30 (1, 2): `vllm-acceptance run` on nodes that are down, and on inputs refused before any node.
+
+Real ansible-playbook runs through the CLI (ansible-runner), no lab server. Nodes that are down are addresses of
+127.0.0.0/8 with no sshd on their port (127.0.0.77:2, 127.0.0.78:2: ssh gets "Connection refused" at once). Where a
+run must touch no node, the nodes' address is a TCP listener on 127.0.0.79 that counts the connections it accepts:
+it must count none (and counts a plain connect afterwards, so the count is real).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CLI = Path(sys.executable).parent / "vllm-acceptance"
+DOWN = {"gb300-a01": ("127.0.0.77", 2), "gb300-a02": ("127.0.0.78", 2)}
+
+
+def _inventory(root: Path, hosts: dict[str, tuple[str, int]], *, gpu_nodes: bool = True) -> Path:
+    """The example GB300 inventory (two nodes, head and worker) with these addresses."""
+    shutil.copytree(REPO / "inventories" / "example-gb300" / "group_vars", root / "group_vars")
+    address = {name: {"ansible_host": host, "ansible_port": port} for name, (host, port) in hosts.items()}
+    head, worker = sorted(hosts)
+    children: dict[str, Any] = {"vllm_head": {"hosts": {head: address[head]}},
+                                "vllm_workers": {"hosts": {worker: address[worker]}},
+                                "loadgen": {"hosts": {"localhost": None}}}
+    if gpu_nodes:
+        children["gpu_nodes"] = {"hosts": address}
+    (root / "hosts.yml").write_text(yaml.safe_dump({"all": {
+        "children": children, "vars": {"ansible_user": "acceptance"},
+        "hosts": {"localhost": {"ansible_connection": "local",
+                                "ansible_python_interpreter": "{{ ansible_playbook_python }}"}}}}))
+    return root
+
+
+def _run(inventory: Path, reports: Path) -> tuple[subprocess.CompletedProcess[str], float]:
+    started = time.monotonic()
+    proc = subprocess.run([str(CLI), "run", "-i", str(inventory), "--reports-dir", str(reports)], cwd=REPO,
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "VLLM_API_KEY": ""})
+    return proc, time.monotonic() - started
+
+
+class CountingListener:
+    """A TCP port that accepts and counts connections (an SSH client would open one before anything else)."""
+
+    def __init__(self, host: str = "127.0.0.79") -> None:
+        self.sock = socket.create_server((host, 0))
+        self.host, self.port = host, self.sock.getsockname()[1]
+        self.accepted = 0
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            conn.close()
+
+    def connect_once(self) -> int:
+        """A plain connection, then the count once the listener has taken it."""
+        before = self.accepted
+        socket.create_connection((self.host, self.port), timeout=5).close()
+        for _ in range(500):
+            if self.accepted > before:
+                break
+            time.sleep(0.01)
+        return self.accepted
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def listener() -> Iterator[CountingListener]:
+    counting = CountingListener()
+    yield counting
+    counting.close()
+
+
+def test_every_node_down_is_an_incomplete_verdict_naming_each_node_and_its_ssh_error(tmp_path: Path) -> None:
+    inventory = _inventory(tmp_path / "site", DOWN)
+    proc, seconds = _run(inventory, tmp_path / "reports")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 40, out[-4000:]
+    assert "verdict: incomplete" in proc.stdout and "exit: 40" in proc.stdout
+    assert seconds < 60, f"{seconds:.0f} s"                            # issue 30: in under a minute (18 s measured)
+    run_dir = tmp_path / "reports" / "site" / "latest"
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["verdict"] == "incomplete" and report["unreachable_hosts"] == sorted(DOWN)
+    recorded = json.loads((run_dir / "evidence" / "preflight-unreachable.json").read_text())
+    markdown = (run_dir / "report.md").read_text()
+    for host, (address, port) in DOWN.items():
+        error = report["unreachable_errors"][host]
+        assert f"connect to host {address} port {port}: Connection refused" in error, error
+        assert recorded[host] == error and "censored" not in error
+        assert f"- {host} unreachable ({error}): none of its preflight checks ran" in markdown
+        assert not (run_dir / "evidence" / "preflight" / host).exists()
+    # Nothing was launched on half a cluster: the serve stage is named missing, never judged from nothing.
+    statuses = {f["check"]: f["status"] for f in report["findings"] if f["host"] is None}
+    assert statuses["compat.serve"] == "missing"
+
+
+def test_a_gpu_profile_without_gpu_nodes_is_refused_before_any_connection(tmp_path: Path,
+                                                                          listener: CountingListener) -> None:
+    nodes = {name: (listener.host, listener.port) for name in DOWN}
+    inventory = _inventory(tmp_path / "site", nodes, gpu_nodes=False)
+    proc, _ = _run(inventory, tmp_path / "reports")
+    assert proc.returncode == 2, (proc.stdout + proc.stderr)[-4000:]
+    assert "group `gpu_nodes` is missing or empty, but profile kimi-k3" in proc.stdout
+    assert not (tmp_path / "reports" / "site").exists()                # no run was opened
+    assert listener.accepted == 0
+    assert listener.connect_once() == 1                                # the count is real
+
+
+def test_a_yaml_error_is_refused_with_file_line_and_column_before_any_connection(tmp_path: Path,
+                                                                                listener: CountingListener) -> None:
+    inventory = _inventory(tmp_path / "site", {name: (listener.host, listener.port) for name in DOWN})
+    group_vars = inventory / "group_vars" / "all.yml"
+    group_vars.write_text(group_vars.read_text().replace("acceptance_owner: ml-platform-oncall",
+                                                         "acceptance_owner: [ml-platform-oncall"))
+    line = group_vars.read_text().splitlines().index("acceptance_reviewer: sre-lead                 "
+                                                     "# the SRE / platform lead who reviews and signs") + 1
+    proc, _ = _run(inventory, tmp_path / "reports")
+    assert proc.returncode == 2, (proc.stdout + proc.stderr)[-4000:]
+    where = f"inventory {group_vars}, line {line}, column 1: YAML error: while parsing a flow sequence: expected"
+    assert where in proc.stderr, proc.stderr
+    assert listener.accepted == 0
+    assert listener.connect_once() == 1
