@@ -46,8 +46,21 @@ def _add_probe(sub: argparse._SubParsersAction, kind: str, help_text: str) -> No
                    help="override a profile field for this probe, e.g. --set load.ramp=[1,2]")
 
 
+class _Version(argparse.Action):
+    """--version prints one line per component (argparse's own action folds the lines into one)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=str(kwargs.get("help")))
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        print(version_text())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vllm-acceptance", description=__doc__)
+    parser.add_argument("--version", action=_Version, help="the package version and the ansible-core it runs with")
     sub = parser.add_subparsers(dest="command", required=True)
     probe = sub.add_parser("probe", help="run one probe against a running server")
     probe_sub = probe.add_subparsers(dest="kind", required=True)
@@ -55,10 +68,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_probe(probe_sub, "agent", "agent interface: tool calls, structured output, layers")
     _add_probe(probe_sub, "load", "capacity: long prompt, context contract, ramp, soak")
 
-    val = sub.add_parser("validate", help="validate a profile (and inventory vars) before touching any node")
-    val.add_argument("--profile", required=True)
+    val = sub.add_parser("validate", help="validate a profile and an inventory's variables as accept.yml's validate "
+                                          "stage does, before touching any node; exit 0 valid, 2 refused")
+    val.add_argument("--profile", help="a profile name (profiles/<name>.yml, as acceptance_profile takes it) or path "
+                                       "(default: the inventory's acceptance_profile)")
+    val.add_argument("-i", "--inventory", type=Path, help="inventory file or directory: its variables are validated "
+                                                          "(read with ansible-inventory; no host is contacted)")
+    val.add_argument("--project", type=Path, help="the project whose profiles/ a name resolves in (default: the "
+                                                  "current directory or the nearest above it holding accept.yml)")
 
-    rep = sub.add_parser("report", help="judge a run directory and write report.json/html/md, junit.xml")
+    rep = sub.add_parser("report", help="judge a run directory and write report.json/html/md, junit.xml; exit code "
+                                        "per verdict as `run` (0 release, 10, 20, 30, 40 incomplete)")
     rep.add_argument("--run-dir", required=True, type=Path)
     rep.add_argument("--profile", required=True)
 
@@ -120,7 +140,8 @@ def _add_sign(sub: argparse._SubParsersAction) -> None:
 
     sign = sub.add_parser("sign", help="record the reviewer's signed decision (signoff.json) and re-render the report")
     sign.add_argument("run_dir", type=Path, help="the run directory (reports/<inventory>/<run-id> or .../latest)")
-    sign.add_argument("--reviewer", required=True, help="the SRE or platform lead who reviewed the run")
+    sign.add_argument("--reviewer", required=True,
+                      help="required: the SRE or platform lead who reviewed the run, not the person who ran it")
     sign.add_argument("--decision", required=True, choices=DECISIONS)
     sign.add_argument("--limit", action="append", default=[], metavar="CAP",
                       help="a traffic cap signed with the decision, e.g. max_num_seqs=48 (repeatable)")
@@ -281,6 +302,33 @@ def cmd_report(args: argparse.Namespace) -> int:
     point_latest(args.run_dir)
     print(f"verdict: {report['verdict']}")
     print(f"report: {args.run_dir / 'report.html'}")
+    return report_exit_code(report.get("verdict"))
+
+
+def report_exit_code(verdict: object) -> int:
+    """The same code per verdict as `run` (api.EXIT_CODES); a report without a known verdict is not a release."""
+    from .api import EXIT_CODES
+
+    return EXIT_CODES.get(str(verdict), EXIT_CODES["incomplete"])
+
+
+def version_text() -> str:
+    """`vllm-acceptance --version`: the package and the ansible-core beside it (the playbooks need both)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from . import __version__
+
+    try:
+        ansible = f"ansible-core {version('ansible-core')}"
+    except PackageNotFoundError:
+        ansible = "ansible-core not installed in this Python (pip install ansible-core)"
+    return f"vllm-acceptance {__version__}\n{ansible}\npython {sys.version.split()[0]}"
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from .validate import validate
+
+    print(json.dumps(validate(args.profile, args.inventory, args.project).to_dict()))
     return 0
 
 
@@ -385,9 +433,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "probe":
             return cmd_probe(args)
         if args.command == "validate":
-            profile = load_profile(args.profile)
-            print(json.dumps({"profile": profile.name, "valid": True}))
-            return 0
+            return cmd_validate(args)
         if args.command == "report":
             return cmd_report(args)
         if args.command == "diff":
