@@ -85,3 +85,10 @@ def test_secret_flags_in_argv_lists_and_json_text() -> None:
     headers = "X-Api-Key: xk_1\nAuthorization: Bearer bt_1\nkey: routing-7"
     out_h = redact_text(headers)
     assert "xk_1" not in out_h and "bt_1" not in out_h and f"Bearer {REDACTED}" in out_h and "routing-7" in out_h
+
+
+def test_names_that_merely_end_in_key_are_kept() -> None:
+    """A report's threshold {"key": ...}, an idempotency key, sort_keys: names, not secrets (they reach reports)."""
+    data = {"key": "ttft_p95_slo_s", "idempotency_key": "ord-1", "sort_keys": "true", "cache_key": "abc",
+            "api_key": "sk-1", "OPENAI_KEY": "sk-2", "X-Api-Key": "sk-3"}
+    assert redact_obj(data) == {**data, "api_key": REDACTED, "OPENAI_KEY": REDACTED, "X-Api-Key": REDACTED}

@@ -3,7 +3,8 @@
 What counts as a secret (docs/acceptance.md "Contracts": secrets never reach evidence or reports):
 - the value of a variable, flag or JSON field whose name is secret-bearing (SECRET_NAME): one of its
   parts (split on `_`, `-`, `.`) is TOKEN, SECRET, PASSWORD, PASSWD, PASS, APIKEY, CREDENTIAL(S), AUTH,
-  AUTHORIZATION, COOKIE, or the name ends in KEY (OPENAI_API_KEY, AWS_SECRET_ACCESS_KEY, PRIVATE_KEY);
+  AUTHORIZATION, COOKIE, or it ends in KEY as an environment name (OPENAI_API_KEY, AWS_SECRET_ACCESS_KEY) or
+  after a qualifier (api_key, private-key, accessKey; not `key`, `sort_keys`, `idempotency_key`);
   counters such as `prompt_tokens` or `max_num_batched_tokens` are left alone (TOKENS is not TOKEN);
 - the user information of a URL (`scheme://user:password@host`, `https://token@github.com/...`): the
   whole `user:password` part is replaced, the scheme, host, port and path stay readable;
@@ -28,6 +29,10 @@ _NOT_SECRET = frozenset({"PWD", "OLDPWD", "PASS", "AUTH_TYPE", "AUTH_MODE", "AUT
 # HF_TOKEN_PATH: the file holds the secret, its path does not).
 _NOT_SECRET_LAST = frozenset({"ID", "IDS", "INDEX", "COUNT", "COUNTS", "LEN", "LENGTH", "LIMIT", "BUDGET", "RATE",
                               "S", "MS", "SECONDS", "TIME", "TIMEOUT", "PATH", "FILE", "TYPE", "MODE", "ENABLED"})
+# What makes a lower-case `*_key` a secret key (api_key, secret_key, private_key, ...).
+_KEY_QUALIFIERS = frozenset({"API", "SECRET", "ACCESS", "PRIVATE", "SIGNING", "ENCRYPTION", "MASTER", "AUTH", "SESSION",
+                             "CLIENT", "SSH", "LICENSE", "ACCOUNT", "SERVICE", "STORAGE", "HMAC", "JWT", "SHARED",
+                             "WEBHOOK", "DEPLOY", "GPG", "PGP", "CRYPTO", "PRIV"})
 _SPLIT = re.compile(r"[_\-.\s]+")
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 
@@ -39,7 +44,11 @@ def is_secret_name(name: str) -> bool:
     parts = [p for p in _SPLIT.split(upper) if p]
     if not parts or upper.replace("-", "_") in _NOT_SECRET:
         return False
-    if parts[-1] in ("KEY", "KEYS") or upper.endswith(("APIKEY", "PASSWORD", "SECRET", "TOKEN")):
+    if parts[-1] in ("KEY", "KEYS"):
+        # OPENAI_API_KEY, AZURE_OPENAI_KEY (an environment name), api_key, accessKey: secrets; key, sort_keys,
+        # idempotency_key, a threshold's "key": names, not secrets
+        return len(parts) > 1 and (bare.replace("-", "_").isupper() or parts[-2] in _KEY_QUALIFIERS)
+    if upper.endswith(("APIKEY", "PASSWORD", "SECRET", "TOKEN")):
         return True
     if parts[-1] in _NOT_SECRET_LAST:
         return False

@@ -37,6 +37,11 @@ class ChecklistItem:
     def ref(self) -> str:
         return f"{self.source}#{self.number}"
 
+    @property
+    def label(self) -> str:
+        """What a reader sees: the source article and the line in its checklist (docs/sources.md#a000, ...)."""
+        return f"source {self.source}, item {self.number}"
+
 
 def _items(source: str, rows: list[tuple[str, tuple[str, ...]] | tuple[str, tuple[str, ...], str]]
            ) -> list[ChecklistItem]:

@@ -18,7 +18,7 @@ import jinja2
 
 from . import plots, views
 from .checklist import SOURCES, coverage, coverage_groups, coverage_summary
-from .signoff import CONFIRM_FIELDS
+from .signoff import CONFIRM_FIELDS, sign_command
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -437,6 +437,7 @@ def context(report: dict[str, Any]) -> dict[str, Any]:
         "sources": SOURCES,
         "signoff": signoff_rows(report),
         "signed": signed,
+        "sign_command": sign_command(report),
         "reopen": reopen,
         "rehearsal": report.get("restore_rehearsal") if isinstance(report.get("restore_rehearsal"), dict) else None,
         "blockers": views.blockers(report),

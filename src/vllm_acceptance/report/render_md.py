@@ -6,10 +6,11 @@ ones (with links to their evidence, relative to the run directory), then the sig
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from . import views
-from .checklist import coverage, coverage_groups, coverage_summary
+from .checklist import SOURCES, coverage, coverage_groups, coverage_summary
 from .render_html import (
     VERDICT_TITLES,
     evidence_href,
@@ -19,15 +20,25 @@ from .render_html import (
     signoff_rows,
     sorted_findings,
 )
+from .signoff import sign_command
 
 BLOCKING = ("fail", "missing", "inconclusive", "warn")
+_TAG_OPEN = re.compile(r"<(?=[A-Za-z/!?])")
 
 
 def cell(value: Any, limit: int = 240) -> str:
     """Markdown table cell: one line, pipes escaped, long values cut with a marker."""
     text = fmt(value).replace("\\", "\\\\").replace("|", "\\|").replace("\r", " ").replace("\n", " ")
-    text = text.replace("<", "&lt;").replace(">", "&gt;")
+    # Markdown, not HTML: `>=` stays `>=`; only a `<` that could open an HTML tag is escaped, the Markdown way.
+    text = _TAG_OPEN.sub(r"\\<", text)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _contract_state(row: dict[str, Any]) -> str:
+    """as contracted (and why, when the tested figure is not the profile's), differs (and how), or a dash."""
+    if row["ok"]:
+        return "as contracted" + (f": {cell(row['why'])}" if row.get("why") else "")
+    return "**differs**: " + cell(row["note"]) if row["ok"] is False else "—"
 
 
 def evidence_md(paths: list[str]) -> str:
@@ -100,7 +111,9 @@ def render_markdown(report: dict[str, Any]) -> str:
     rows = coverage(report)
     counts = coverage_summary(rows)
     out += ["", "## Checklist coverage (source articles)", "",
-            ", ".join(f"{n} {s.replace('_', ' ')}" for s, n in counts.items()), ""]
+            ", ".join(f"{n} {s.replace('_', ' ')}" for s, n in counts.items()), "",
+            "Sources (the repository's docs/sources.md): "
+            + "; ".join(f"{code} = {title} (docs/sources.md#a{code})" for code, title in SOURCES.items()) + "."]
     for group in coverage_groups(rows):
         shown = [r for r in group["rows"] if group["key"] != "run" or r.status not in ("pass", "not_applicable")]
         out += ["", f"### {group['title']} ({len(group['rows'])})", ""]
@@ -108,7 +121,7 @@ def render_markdown(report: dict[str, Any]) -> str:
             out.append("All passed." if group["rows"] else "None.")
             continue
         out += ["| Line | Checklist item | Status | Detail |", "| --- | --- | --- | --- |"]
-        out += [f"| {r.item.ref} | {cell(r.item.text)} | {r.status.replace('_', ' ')} | {cell(r.detail, 160)} |"
+        out += [f"| {r.item.label} | {cell(r.item.text)} | {r.status.replace('_', ' ')} | {cell(r.detail, 160)} |"
                 for r in shown]
     out += ["", "## Reopen acceptance on", ""] + [f"- {t}" for t in report.get("reopen_triggers") or []]
     out += ["", "## Rollback triggers", ""] + [f"- {t}" for t in report.get("rollback_triggers") or []]
@@ -135,7 +148,8 @@ def first_screen(report: dict[str, Any]) -> list[str]:
         if not signed.get("report_intact"):
             out.append("> **report.json changed after signing**: this signature no longer covers it; sign again.")
     else:
-        out.append("**Not signed yet.** `vllm-acceptance sign RUN_DIR --reviewer NAME --decision DECISION`")
+        out.append(f"**Not signed yet.** `{sign_command(report)}` (the reviewer is an SRE or platform lead, not the "
+                   "person who ran the acceptance; run it from the directory holding `reports/`)")
     reopen = report.get("reopen") if isinstance(report.get("reopen"), dict) else None
     out.append("")
     if reopen and reopen.get("fired"):
@@ -156,7 +170,7 @@ def first_screen(report: dict[str, Any]) -> list[str]:
     if rows:
         out += ["", "## Contract tested", "", "| What | Profile | Tested | |", "| --- | --- | --- | --- |"]
         out += [f"| {c['item']} | {cell(c['profile'])} | {cell(c['tested'])} | "
-                f"{'as contracted' if c['ok'] else ('**differs**: ' + c['note'] if c['ok'] is False else '—')} |"
+                f"{_contract_state(c)} |"
                 for c in rows]
     unproven, na = views.unproven(report), views.not_provable(report)
     out += ["", "## What this run could not prove", ""]

@@ -38,6 +38,15 @@ CONFIRM_FIELDS: dict[str, str] = {
 }
 
 
+def sign_command(report: dict[str, Any]) -> str:
+    """The command a report prints for its sign-off: the run directory as `sign` takes it (reports/<inventory>/<run
+    id>, the default reports directory, from the project directory), not a bare run id; the decision the verdict
+    allows without an override."""
+    decision = report.get("verdict") if report.get("verdict") in DECISIONS else "DECISION"
+    return (f"vllm-acceptance sign reports/{report.get('inventory')}/{report.get('run_id')} "
+            f"--reviewer NAME --decision {decision}")
+
+
 class SignRefused(ValueError):
     """The sign-off cannot be recorded as asked; the message says what to give instead."""
 
@@ -84,8 +93,9 @@ def build_signoff(run_dir: Path, report: dict[str, Any], *, reviewer: str, decis
     """The signoff record, or SignRefused naming what is wrong and how to sign instead."""
     reviewer = (reviewer or "").strip()
     verdict = str(report.get("verdict"))
-    if not reviewer:
-        raise SignRefused("--reviewer: give the SRE or platform lead who reviewed the run")
+    if not reviewer or reviewer.upper() == "NAME":
+        raise SignRefused("--reviewer: a sign-off needs a reviewer: give the name of the SRE or platform lead who "
+                          "reviewed the run (not the person who ran the acceptance)")
     if decision not in DECISIONS:
         raise SignRefused(f"--decision {decision!r}: one of {', '.join(DECISIONS)}")
     engineer = deployment_engineer or (report.get("signoff") or {}).get("deployment_engineer")

@@ -1,0 +1,123 @@
+"""`vllm-acceptance validate`: the inputs checked as accept.yml's validate stage checks them, before any node is
+touched (playbooks/validate.yml, core/rundir.py).
+
+The profile is taken as the inventory takes `acceptance_profile`: a name (`kimi-k3` -> profiles/kimi-k3.yml of
+the project) or a path. With `-i INVENTORY`, the inventory's variables are read through Ansible's own
+`ansible-inventory` (group_vars, host_vars; no host is contacted) and every product variable is validated
+(core/variables.py), the profile coming from `acceptance_profile` unless `--profile` is given.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .core.profile import ConfigError, load_profile
+from .core.rundir import resolve_profile_path, validate_inventory_vars
+from .core.variables import PREFIXES
+
+CHECKOUT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Validated:
+    profile: str
+    profile_path: str
+    inventory: str | None = None
+    variables_checked: int = 0
+    templated: list[str] = field(default_factory=list)   # values only Ansible can render: not judged here
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"valid": True, "profile": self.profile, "profile_path": self.profile_path,
+                "inventory": self.inventory, "variables_checked": self.variables_checked,
+                "templated_not_checked": self.templated}
+
+
+def project_dir_for(given: Path | None, start: Path | None = None) -> Path:
+    """The project whose profiles/ names resolve: --project, else the current directory or the nearest above it
+    holding profiles/, else this package's checkout."""
+    if given is not None:
+        if not (given / "profiles").is_dir():
+            raise ConfigError(f"--project {given}: no profiles/ directory there (give the checkout or the installed "
+                              "collection's directory)")
+        return given
+    here = (start or Path.cwd()).resolve()
+    for candidate in (here, *here.parents):
+        if (candidate / "profiles").is_dir() and (candidate / "accept.yml").is_file():
+            return candidate
+    return CHECKOUT
+
+
+def resolve_profile(name_or_path: str, project: Path, field_name: str) -> Path:
+    """A profile name or path, as `acceptance_profile` takes it; an unknown name says which ones exist."""
+    given = Path(name_or_path)
+    if given.suffix in (".yml", ".yaml") and given.is_file():
+        return given
+    try:
+        return resolve_profile_path(name_or_path, project)
+    except ConfigError as exc:
+        raise ConfigError(str(exc).replace("inventory field `acceptance_profile`", field_name, 1)) from exc
+
+
+def _ansible_inventory() -> str:
+    beside = Path(sys.executable).parent / "ansible-inventory"
+    found = str(beside) if beside.is_file() else shutil.which("ansible-inventory")
+    if not found:
+        raise ConfigError("ansible-inventory not found: install ansible-core in this environment (make venv)")
+    return found
+
+
+def _inventory_json(inventory: Path, *args: str) -> dict[str, Any]:
+    proc = subprocess.run([_ansible_inventory(), "-i", str(inventory), *args], capture_output=True, text=True,
+                          check=False, timeout=120)
+    if proc.returncode != 0:
+        raise ConfigError(f"inventory {inventory}: ansible-inventory failed: {proc.stderr.strip()[-800:]}")
+    data = json.loads(proc.stdout)
+    return data if isinstance(data, dict) else {}
+
+
+def product_vars(variables: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The product's variables (core/variables.py PREFIXES); templated values are left to Ansible's rendering."""
+    ours = {k: v for k, v in variables.items() if k.startswith(PREFIXES)}
+    templated = sorted(k for k, v in ours.items() if isinstance(v, str) and "{{" in v)
+    return {k: v for k, v in ours.items() if k not in templated}, templated
+
+
+def read_inventory_vars(inventory: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """The variables the controller's plays see (localhost's, group_vars/all included) and each host's own."""
+    if not inventory.exists():
+        raise ConfigError(f"-i {inventory}: no such inventory file or directory (give inventories/<site>)")
+    site = _inventory_json(inventory, "--host", "localhost")
+    listed = _inventory_json(inventory, "--list")
+    hostvars = listed.get("_meta", {}).get("hostvars", {})
+    return site, {str(h): dict(v) for h, v in hostvars.items() if isinstance(v, dict)}
+
+
+def validate(profile: str | None, inventory: Path | None, project: Path | None = None) -> Validated:
+    """Raise ConfigError naming the field and the fix, or return what was checked."""
+    if profile is None and inventory is None:
+        raise ConfigError("validate: give --profile NAME|PATH, -i INVENTORY, or both")
+    project_dir = project_dir_for(project)
+    field_name = "--profile" if profile is not None else "inventory field `acceptance_profile`"
+    checked, templated, source = 0, [], None
+    if inventory is not None:
+        site, hosts = read_inventory_vars(inventory)
+        variables, templated = product_vars(site)
+        host_variables = {h: product_vars(v)[0] for h, v in hosts.items()}
+        source = f"inventory {inventory}"
+        validate_inventory_vars({"acceptance_inventory_dir": str(inventory), **variables}, f"{source} (group_vars)",
+                                project_dir, host_variables)
+        checked = len(variables)
+        if profile is None:
+            if not site.get("acceptance_profile"):
+                raise ConfigError(f"{source}: field `acceptance_profile` is not set: set it in group_vars/all.yml "
+                                  "to a profiles/<name>.yml name or a path, or give --profile")
+            profile = str(site["acceptance_profile"])
+    loaded = load_profile(resolve_profile(str(profile), project_dir, field_name))
+    return Validated(profile=loaded.name, profile_path=str(loaded.source),
+                     inventory=str(inventory) if inventory else None, variables_checked=checked, templated=templated)
