@@ -216,6 +216,7 @@ def test_degraded_bandwidth_inside_the_rack_is_expand_capacity(tmp_path: Path) -
                        gb300_n02={"nccl": nccl_output(factor=0.6)})
     bandwidth = by["interconnect.nccl_bandwidth@gb300-n01"]
     assert bandwidth.status == Status.FAIL and "over mnnvl" in bandwidth.reason and "< 600" in bandwidth.reason
+    assert "tray gb300-n01" in bandwidth.reason
     assert decide(findings).verdict == "expand_capacity"
     _, by = run(tmp_path / "warn", gb300_n01={"nccl": nccl_output(factor=0.9)})
     assert by["interconnect.nccl_bandwidth@gb300-n01"].status == Status.WARN   # 759.5 GB/s: below 800
@@ -234,6 +235,7 @@ def test_an_all_reduce_without_nccl_info_lines_leaves_the_path_inconclusive(tmp_
     table_only = (NODES / "good" / "all_reduce_perf.txt").read_text()
     _, by = run(tmp_path, gb300_n01={"nccl": table_only})
     assert by["interconnect.fabric_path@gb300-n01"].status == Status.INCONCLUSIVE
+    assert by["interconnect.fabric_path@gb300-n02"].status == Status.PASS
 
 
 # --- the parsers on the real captures ------------------------------------------------------

@@ -209,6 +209,9 @@ def check_fabric_path(ctx: NodeContext) -> Finding:
         return na
     if not ctx.multinode:
         return not_applicable(check, ctx.host, "one tray: the all-reduce never leaves the node")
+    if (backend := str(ctx.profile.get("hardware.collective_backend") or "nccl")) != "nccl":
+        return not_applicable(check, ctx.host, f"the profile's collective backend is {backend} (the CPU lab's "
+                                               "image): no NCCL transport to read")
     source = _all_reduce_log(ctx)
     if source is None:
         return missing(check, ctx.host, why_missing(ctx, "nccl_allreduce", "nccl_allreduce_image"),
