@@ -141,3 +141,25 @@ def test_a_yaml_error_is_refused_with_file_line_and_column_before_any_connection
     assert where in proc.stderr, proc.stderr
     assert listener.accepted == 0
     assert listener.connect_once() == 1
+
+
+def test_a_launch_is_not_started_when_a_worker_of_it_could_not_be_reached(tmp_path: Path) -> None:
+    """playbooks/serve.yml alone: the head answers (the controller itself), its worker was unreachable at preflight
+    (as the preflight judge shares it): the head is left out of the serve play, so nothing is launched on half a
+    cluster (the serve stage is then missing, and the unreachable worker makes the verdict incomplete)."""
+    inventory = _inventory(tmp_path / "site", {"gb300-a01": ("127.0.0.1", 22), "gb300-a02": DOWN["gb300-a02"]})
+    hosts = yaml.safe_load((inventory / "hosts.yml").read_text())
+    hosts["all"]["children"]["vllm_head"]["hosts"]["gb300-a01"] = {
+        "ansible_connection": "local", "ansible_python_interpreter": "{{ ansible_playbook_python }}"}
+    del hosts["all"]["children"]["gpu_nodes"]                          # the sampler play is not under test
+    (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    extra = json.dumps({"acceptance_unreachable_hosts": ["gb300-a02"], "acceptance_run_dir": str(tmp_path / "run")})
+    proc = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory),
+                           "playbooks/serve.yml", "-e", extra], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+                               "ANSIBLE_STDOUT_CALLBACK": "default"})
+    out = " ".join((proc.stdout + proc.stderr).split())               # the yaml callback wraps long messages
+    assert proc.returncode == 0, out[-4000:]
+    assert "gb300-a01 is left out of this play: node(s) gb300-a02 could not be reached at preflight" in out, out[-3000:]
+    assert "vllm_serve :" not in out, out[-3000:]                      # no task of the serve role ran
+    assert "gb300-a02" not in out.split("PLAY RECAP")[-1]              # and nothing was tried on the worker
