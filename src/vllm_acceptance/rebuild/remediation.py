@@ -59,8 +59,9 @@ TITLES = {
 }
 
 # Node-level checks whose failure after a change stops the roll (everything the node's own
-# evidence judges; the NCCL bandwidth and startup log belong to later stages).
-NODE_CHECKS_SKIPPED_AFTER_CHANGE = {"compat.startup_log", "interconnect.nccl_bandwidth"}
+# evidence judges; the NCCL bandwidth, the fabric its all-reduce crossed and the startup log belong to
+# later stages).
+NODE_CHECKS_SKIPPED_AFTER_CHANGE = {"compat.startup_log", "interconnect.nccl_bandwidth", "interconnect.fabric_path"}
 # A rollback returns a node to its recorded (old) driver: these must still hold.
 ROLLBACK_REQUIRED = ("compat.driver_module", "compat.gpu_visibility", "compat.fabric_manager",
                      "compat.state_snapshot", "compat.peermem")
