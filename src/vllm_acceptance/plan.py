@@ -248,14 +248,19 @@ def _node(host: str, role: str, address: str, argv: list[str], env: dict[str, st
 # --- the stages and their cost ---------------------------------------------------------------------
 
 
-def _options(profile: Profile, model: str) -> ProbeOptions:
-    return ProbeOptions(kind="plan", base_url="http://planned/v1", model=model, out_dir=Path("."), profile=profile)
+def _options(profile: Profile, kind: str, site: dict[str, Any]) -> ProbeOptions:
+    """The probe's options as playbooks/tasks/probe.yml gives them: the profile, the inventory's
+    acceptance_probe_overrides for this probe."""
+    overrides = (site.get("acceptance_probe_overrides") or {}).get(kind) or {}
+    model = str(profile.get("model.served_name") or profile.get("model.name"))
+    return ProbeOptions(kind=kind, base_url="http://planned/v1", model=model, out_dir=Path("."), profile=profile,
+                        overrides=dict(overrides))
 
 
 def stages(profile: Profile, facts: dict[str, Any], site: dict[str, Any]) -> list[Stage]:
     """Every stage of the run in its order (accept.yml, playbooks/probes.yml), estimated (module docstring)."""
-    opts = _options(profile, str(profile.get("model.served_name") or profile.get("model.name")))
-    e2e = float(profile.get("contract.slo.e2e_p95_s", 0) or 0) or float(load_config(opts).request_timeout_s)
+    load_cfg = load_config(_options(profile, "load", site))
+    e2e = float(load_cfg.slo.get("e2e_p95_s") or 0) or float(load_cfg.request_timeout_s)
     ready = float(math.ceil(float(facts["ready_timeout_s"])))
     launched = facts["mode"] != "attach"
     probes = list(site.get("acceptance_probes") or ["cache", "agent", "load"])
@@ -264,11 +269,15 @@ def stages(profile: Profile, facts: dict[str, Any], site: dict[str, Any]) -> lis
         out.append(Stage("model_load", "launch and wait for /health", 0, ready,
                          basis=f"launch.ready_timeout_s {ready:g} s (the bound the serve role waits)"))
     if "cache" in probes:
-        out += cache_stages(opts, e2e, ready, launched and bool(site.get("acceptance_cache_restart", True)))
+        restart = launched and bool(site.get("acceptance_cache_restart", True))
+        out += cache_stages(_options(profile, "cache", site), e2e, ready, restart)
     if "agent" in probes:
-        out.append(agent_stage(opts, e2e))
+        out.append(agent_stage(_options(profile, "agent", site), e2e))
     if "load" in probes:
-        out += load_stages(opts, e2e, ready, launched and bool(site.get("probe_relaunch", True)))
+        # playbooks/vars/probes.yml probe_relaunch: a launched single-node server is relaunched at each limit;
+        # otherwise the client is driven at the limit on the server as launched.
+        relaunch = launched and bool(site.get("acceptance_limit_relaunch", True)) and not facts["workers"]
+        out += load_stages(_options(profile, "load", site), e2e, ready, relaunch)
     return out
 
 
@@ -309,12 +318,8 @@ def load_stages(opts: ProbeOptions, e2e: float, ready: float, relaunch: bool) ->
                  ramp_s, basis=f"per step max(load.requests_per_step {cfg.requests_per_step}, c) requests in "
                                f"ceil(n / c) waves x e2e p95 {e2e:g} s; past the contract while under "
                                f"load.ramp_budget_s {cfg.ramp_budget_s:g} s")]
-    if relaunch:
-        out.append(Stage("verified_limits", f"relaunch at each proposed limit (at most {MAX_PROPOSED_LIMITS}), "
-                         "one step each: only when the contract does not hold", MAX_PROPOSED_LIMITS *
-                         max(cfg.requests_per_step, c), MAX_PROPOSED_LIMITS * (ready + step_c),
-                         basis=f"{MAX_PROPOSED_LIMITS} x (launch.ready_timeout_s {ready:g} s + one step at the "
-                               f"contract {step_c:g} s); worst case, not in the total", in_total=False))
+    out.append(verified_limits_stage(per_step=max(cfg.requests_per_step, c), step_s=step_c,
+                                     ready=ready if relaunch else None))
     mixed_waves = 1 + MIXED_WINDOWS * 2 + MIXED_WINDOWS
     out.append(Stage("mixed", f"short, long, cold and repeated at concurrency {c}",
                      1 + MIXED_WINDOWS * (2 * c + 1), mixed_waves * e2e,
@@ -323,6 +328,21 @@ def load_stages(opts: ProbeOptions, e2e: float, ready: float, relaunch: bool) ->
     out.append(Stage("soak", f"steady load at concurrency {c} for load.soak_s", None, cfg.soak_s + e2e,
                      basis=f"load.soak_s {cfg.soak_s:g} s + its last wave {e2e:g} s"))
     return out
+
+
+def verified_limits_stage(per_step: int, step_s: float, ready: float | None) -> Stage:
+    """One step at each proposed limit, on the server relaunched with its flags (`ready`: its start bound) or
+    with the client driven at the limit; only when the contract does not hold, so beside the total."""
+    n = MAX_PROPOSED_LIMITS
+    if ready is None:
+        return Stage("verified_limits", f"one step at each proposed limit (at most {n}), the client driven at it; "
+                     "only when the contract does not hold", n * per_step, n * step_s,
+                     basis=f"{n} x one step at the contract {step_s:g} s; worst case, not in the total",
+                     in_total=False)
+    return Stage("verified_limits", f"relaunch at each proposed limit (at most {n}), one step each; only when "
+                 "the contract does not hold", n * per_step, n * (ready + step_s),
+                 basis=f"{n} x (launch.ready_timeout_s {ready:g} s + one step at the contract {step_s:g} s); "
+                       "worst case, not in the total", in_total=False)
 
 
 def ramp_steps(ramp: list[int], contract: int, bound: int, per_step: int, budget_s: float,

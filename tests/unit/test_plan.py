@@ -66,8 +66,12 @@ def test_flagship_cost_table_derives_from_the_profile(flagship: planmod.Plan) ->
     assert stage["agent"].requests == turns + planmod.AGENT_CASES
     assert stage["agent"].wall_s == (math.ceil(turns / agent["concurrency"]) + planmod.AGENT_CASES) * e2e
     # Relaunches at proposed limits are a worst case beside the total, never in it.
+    # A launched single-node server is relaunched at each (at most two) limit; across nodes the client is driven
+    # at the limit on the server as launched (playbooks/vars/probes.yml probe_relaunch).
+    step = math.ceil(max(per_step, contract) / contract) * e2e
+    relaunch = 0 if _group(hosts, "vllm_workers") else ready
     assert stage["verified_limits"].in_total is False
-    assert stage["verified_limits"].wall_s >= 2 * ready
+    assert stage["verified_limits"].wall_s == 2 * (relaunch + step)
     assert flagship.total_s == pytest.approx(sum(s.wall_s for s in flagship.stages if s.in_total))
     assert flagship.total_gpu_hours == pytest.approx(flagship.total_s * gpus / 3600)
 
@@ -111,13 +115,19 @@ def test_attach_plans_no_launch_and_no_restart(tmp_path: Path) -> None:
     inv = tmp_path / "attach"
     shutil.copytree(FLAGSHIP, inv)
     site = yaml.safe_load((inv / "group_vars" / "all.yml").read_text())
-    site.update(vllm_serve_mode="attach", vllm_base_url="http://10.0.0.9:8000/v1")
+    site.update(vllm_serve_mode="attach", vllm_base_url="http://10.0.0.9:8000/v1",
+                acceptance_probe_overrides={"load": {"load.soak_s": 10}})
     (inv / "group_vars" / "all.yml").write_text(yaml.safe_dump(site))
     plan = planmod.build_plan(inv)
     assert plan.nodes == [] and plan.base_url == "http://10.0.0.9:8000/v1"
     names = [s.name for s in plan.stages]
-    assert "model_load" not in names and "cache_restart" not in names and "verified_limits" not in names
-    assert "soak" in names
+    assert "model_load" not in names and "cache_restart" not in names
+    # An attached server is someone else's: never relaunched, the client is driven at a proposed limit.
+    assert "relaunch" not in next(s for s in plan.stages if s.name == "verified_limits").what
+    # The probe overrides the run applies (playbooks/tasks/probe.yml) are the plan's too.
+    _, _, profile = _flagship_files()
+    soak = next(s for s in plan.stages if s.name == "soak")
+    assert soak.wall_s == 10 + profile["contract"]["slo"]["e2e_p95_s"]
 
 
 def test_cli_plan_json_and_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
