@@ -387,7 +387,8 @@ def test_a_check_that_passed_before_and_not_after_stops_the_roll() -> None:
     ok, problems = rem.post_check(after, "n1", expect_version="580.95.05", before=before)
     assert not ok and problems == ["compat.peermem passed before the change and is not_applicable after it: "
                                    "compat.peermem not_applicable"]
-    assert {"compat.startup_log", "interconnect.nccl_bandwidth"} == rem.NODE_CHECKS_SKIPPED_AFTER_CHANGE
+    assert {"compat.startup_log", "interconnect.nccl_bandwidth",
+            "interconnect.fabric_path"} == rem.NODE_CHECKS_SKIPPED_AFTER_CHANGE
     assert rem.post_check(after[:1] + after[2:3], "n1", expect_version="580.95.05", before=before[:1])[0]
 
 
