@@ -22,6 +22,7 @@ RECIPE = ROOT / "recipes" / "vllm-project" / "Kimi-K3.yaml"
 # `vllm-acceptance profile from-recipe recipes/vllm-project/Kimi-K3.yaml --hardware H --strategy S --name P
 #  --out profiles/P.yml` (the command is also the first line of each file).
 SHIPPED = [
+    ("kimi-k3-gb300", "gb300", "multi_node_tp"),      # the flagship: GB300 NVL72, two 4-GPU trays, TP8 across
     ("kimi-k3-b300", "b300", "single_node_tp"),
     ("kimi-k3-gb300-dep16", "gb300", "multi_node_dep"),
     ("kimi-k3-h200", "h200", "single_node_tp"),
@@ -143,3 +144,19 @@ def test_extends_refuses_a_missing_parent_and_a_cycle(tmp_path: Path) -> None:
     (tmp_path / "c.yml").write_text("name: c\nextends: no-such-profile\n")
     with pytest.raises(ConfigError, match="field `extends`: 'no-such-profile' not found"):
         load_profile(tmp_path / "c.yml")
+
+
+def test_the_example_inventories_launch_the_recipes_layouts() -> None:
+    """inventories/example-gb300: two 4-GPU GB300 trays, one TP8 replica across them over multi-node NVLink;
+    inventories/example-b300: one 8-GPU node, TP8 inside it. Both validate as copied."""
+    from vllm_acceptance.plan import build_plan
+
+    assert main(["validate", "-i", str(ROOT / "inventories" / "example-b300"), "--project", str(ROOT)]) == 0
+    trays = build_plan(ROOT / "inventories" / "example-gb300").nodes
+    assert [n.role for n in trays] == ["head", "worker"]
+    for rank, node in enumerate(trays):
+        assert {"--tensor-parallel-size=8", "--nnodes=2", f"--node-rank={rank}"} <= set(node.argv)
+        assert node.env["NCCL_MNNVL_ENABLE"] == "1"                        # the recipe's MNNVL environment
+        assert "--all2all-backend=flashinfer_nvlink_one_sided" in node.argv
+    (single,) = build_plan(ROOT / "inventories" / "example-b300").nodes
+    assert "--tensor-parallel-size=8" in single.argv and "--nnodes=2" not in " ".join(single.argv)

@@ -225,7 +225,7 @@ def build_profile(bundle: RecipeBundle, selection: Selection, facts: Facts, name
     contract, load, shrink = fit_contract(defaults, model["max_model_len"])
     seqs = deployment.arg("--max-num-seqs")
     agent, fewer = fit_concurrency(defaults, contract, load, int(seqs.value) if seqs and seqs.value else None)
-    notes = [str(n["value"]) for n in guide_value_list(facts, "notes")]
+    notes = [str(n["value"]) for n in guide_value_list(facts, "notes")] + [str(n) for n in facts.outside("notes") or []]
     notes += [f"feature {k} left out: {v}" for k, v in deployment.skipped_features.items()]
     notes += [f"image: {image_source}"] + [n for n in (shrink, fewer) if n]
     meta = bundle.data.get("meta") or {}
