@@ -104,10 +104,11 @@ def tray(run_dir: Path, host: str, *, xml: str = GB300_XML, imex: str = IMEX_18,
     return base
 
 
-def run(tmp_path: Path, **faults_by_host: dict) -> tuple[list[Finding], dict[str, Finding]]:
+def run(tmp_path: Path, profile: Profile | None = None, **faults_by_host: dict
+        ) -> tuple[list[Finding], dict[str, Finding]]:
     for host in TRAYS:
         tray(tmp_path, host, **faults_by_host.get(host.replace("-", "_"), {}))
-    findings = judge(tmp_path, nvl72_profile(), list(TRAYS), today=TODAY)
+    findings = judge(tmp_path, profile or nvl72_profile(), list(TRAYS), today=TODAY)
     return findings, {f"{f.check}@{f.host}" if f.host else f.check: f for f in findings}
 
 
@@ -250,6 +251,18 @@ def test_fabric_lines_of_each_transport() -> None:
     assert detect_fabric(nccl_output()).fabric == "mnnvl"
     assert detect_fabric(nccl_output(fabric="infiniband")).fabric == "infiniband"
     assert detect_fabric((NODES / "good" / "all_reduce_perf.txt").read_text()).fabric is None
+
+
+def test_fabric_manager_on_the_tray_is_judged_where_the_profile_says_it_runs_there(tmp_path: Path) -> None:
+    """Some clouds' GB300 VMs run nvidia-fabricmanager on the node (hardware.fabric_manager: node)."""
+    profile = nvl72_profile()
+    profile.data["hardware"]["fabric_manager"] = "node"
+    _, by = run(tmp_path, profile)
+    assert by["compat.fabric_manager@gb300-n01"].status == Status.PASS
+    for host in TRAYS:
+        (tmp_path / "evidence" / "preflight" / host / "fabricmanager_active.txt").write_text("inactive\n")
+    down = {f"{f.check}@{f.host}": f for f in judge(tmp_path, profile, list(TRAYS), today=TODAY)}
+    assert down["compat.fabric_manager@gb300-n02"].status == Status.FAIL
 
 
 # --- HGX classes: the node's own NVSwitch, Fabric Manager on the node --------------------------

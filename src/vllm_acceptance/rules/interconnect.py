@@ -191,7 +191,7 @@ def check_nccl_bandwidth(ctx: NodeContext) -> Finding:
         return _judge_against_table(ctx, perf, evidence, cmd, fabric, table)
     observed = {"tool": perf.tool, "backend": perf.backend, "max_busbw_gbps": perf.max_busbw,
                 "avg_busbw_gbps": perf.avg_busbw, "ranks": perf.ranks, "hosts": perf.hosts,
-                "wrong": perf.wrong_results, "cmd": cmd}
+                "wrong": perf.wrong_results, "cmd": cmd, "fabric": fabric}
     rule = f"all-reduce bus bandwidth over {backend} >= {threshold} GB/s, no wrong results" + \
         (", ranks spanning >= 2 nodes" if ctx.multinode else "")
     if not perf.ok or perf.max_busbw is None:
