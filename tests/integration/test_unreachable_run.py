@@ -163,3 +163,20 @@ def test_a_launch_is_not_started_when_a_worker_of_it_could_not_be_reached(tmp_pa
     assert "gb300-a01 is left out of this play: node(s) gb300-a02 could not be reached at preflight" in out, out[-3000:]
     assert "vllm_serve :" not in out, out[-3000:]                      # no task of the serve role ran
     assert "gb300-a02" not in out.split("PLAY RECAP")[-1]              # and nothing was tried on the worker
+
+
+def test_ansible_playbook_stops_on_a_host_file_that_does_not_parse_before_any_connection(
+        tmp_path: Path, listener: CountingListener) -> None:
+    """Straight ansible-playbook (no CLI pre-check): Ansible only warns about the broken host file (naming its line
+    and column) and would go on with no host; the validate play stops there, exit 2."""
+    inventory = _inventory(tmp_path / "site", {name: (listener.host, listener.port) for name in DOWN})
+    hosts = inventory / "hosts.yml"
+    hosts.write_text(hosts.read_text().replace("children:", "children: [", 1))
+    proc = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory), "accept.yml",
+                           "-e", f"acceptance_reports_dir={tmp_path / 'reports'}"], cwd=REPO, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg")})
+    out = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 2, out[-4000:]
+    assert f"Origin: {hosts}:" in out and "holds no host: it did not parse" in out, out[-4000:]
+    assert not (tmp_path / "reports").exists() and listener.accepted == 0
+    assert listener.connect_once() == 1
