@@ -15,6 +15,7 @@ import yaml
 from vllm_acceptance import cli
 from vllm_acceptance.core.findings import Consequence, Finding, Status
 from vllm_acceptance.core.profile import ConfigError, Profile, load_profile
+from vllm_acceptance.core.rundir import open_run
 from vllm_acceptance.report.views import blockers
 from vllm_acceptance.rules import capacity as rules
 from vllm_acceptance.rules import registry
@@ -140,3 +141,19 @@ def test_without_the_flag_model_max_model_len_is_what_the_launch_serves(tmp_path
         load_profile(write_profile(tmp_path, no_flag))
     below = load_profile(write_profile(tmp_path, lambda d: d["contract"].update(context_tokens=1000)))
     assert isinstance(below, Profile)                  # a contract below what the launch serves is accepted
+
+
+def test_an_inventory_max_model_len_below_the_contract_is_refused_before_any_node(tmp_path: Path) -> None:
+    variables = {"acceptance_profile": "cpu-lab", "acceptance_owner": "me", "vllm_serve_mode": "launch"}
+    with pytest.raises(ConfigError) as refused:
+        open_run(project_dir=REPO, reports_dir=tmp_path, inventory="site", hosts=["h"],
+                 variables={**variables, "vllm_serve_extra_args": ["--max-model-len", "1024"]})
+    text = str(refused.value)
+    assert "field `vllm_serve_extra_args`: --max-model-len=1024 serves less than the profile's contract (2048" in text
+    assert not list(tmp_path.iterdir())                                      # no run was opened
+    with pytest.raises(ConfigError, match=r"host head-01\): field `vllm_serve_extra_args`"):
+        open_run(project_dir=REPO, reports_dir=tmp_path, inventory="site", hosts=["h"], variables=variables,
+                 host_variables={"head-01": {"vllm_serve_extra_args": ["--max-model-len=2000"]}})
+    run_dir, _ = open_run(project_dir=REPO, reports_dir=tmp_path, inventory="site", hosts=["h"],
+                          variables={**variables, "vllm_serve_extra_args": ["--max-model-len=4096"]})
+    assert (run_dir / "run.json").is_file()                                  # serving more than the contract: fine

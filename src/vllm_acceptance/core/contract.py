@@ -67,3 +67,25 @@ def contract_errors(data: Mapping[str, Any], source: str) -> list[str]:
             f"max_output_tokens {output} = {window} tokens) exceeds what the launch serves ({where}: {served}); "
             f"the server would reject contracted requests (allowed: context_tokens + max_output_tokens <= the served "
             f"{FLAG}; fix: {lower}, or raise {FLAG} in launch.args to at least {window})"]
+
+
+def extra_args_errors(data: Mapping[str, Any], extra_args: Any, source: str) -> list[str]:
+    """The inventory's ``vllm_serve_extra_args`` come after the profile's launch.args (roles/vllm_serve): a
+    ``--max-model-len`` there below the contract would serve less than the contract; refused, naming the field."""
+    if not isinstance(extra_args, list):
+        return []
+    raw = launch_flag_value(extra_args, FLAG)
+    window = contract_window(data)
+    if raw is None or window is None:
+        return []
+    try:
+        served = int(raw)
+    except ValueError:
+        return [f"{source}: field `vllm_serve_extra_args`: {FLAG} {raw!r} is not a number of tokens (allowed: an "
+                f"integer >= the contract's {window} tokens, e.g. {FLAG}={window})"]
+    if served >= window:
+        return []
+    return [f"{source}: field `vllm_serve_extra_args`: {FLAG}={served} serves less than the profile's contract "
+            f"({window} tokens: contract.context_tokens + contract.max_output_tokens); fix: raise it to at least "
+            f"{window}, remove it (the profile's launch serves {launch_max_model_len(data)[0]}), or use a profile "
+            "with a smaller contract"]

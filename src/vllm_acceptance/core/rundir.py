@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from .contract import extra_args_errors
 from .evidence import EvidenceStore, atomic_write
 from .findings import Finding, read_findings, write_findings
 from .profile import ConfigError, Profile, load_profile
@@ -77,6 +78,17 @@ def require_gpu_nodes(profile: Profile, hosts: list[str], source: str) -> None:
             "10.0.0.11}}}), or pick a profile without GPUs")
 
 
+def require_contract_served(profile: Profile, variables: dict[str, Any], host_variables: dict[str, dict[str, Any]],
+                            source: str) -> None:
+    """An inventory --max-model-len below the contract is refused before any node is touched (core/contract.py)."""
+    lines = extra_args_errors(profile.data, variables.get("vllm_serve_extra_args"), f"{source} (group_vars)")
+    for host, host_vars in sorted(host_variables.items()):
+        lines += extra_args_errors(profile.data, (host_vars or {}).get("vllm_serve_extra_args"),
+                                   f"{source} (host {host})")
+    if lines:
+        raise ConfigError("invalid inventory:\n  " + "\n  ".join(lines))
+
+
 def new_run_id() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
 
@@ -87,6 +99,7 @@ def open_run(*, project_dir: Path, reports_dir: Path, inventory: str, variables:
     validate_inventory_vars(variables, f"inventory {inventory} (group_vars)", project_dir, host_variables)
     profile = load_profile(resolve_profile_path(str(variables["acceptance_profile"]), project_dir))
     require_gpu_nodes(profile, hosts, f"inventory {inventory}")
+    require_contract_served(profile, variables, host_variables or {}, f"inventory {inventory}")
     run_id = run_id or new_run_id()
     run_dir = (reports_dir / inventory / run_id).resolve()
     try:
