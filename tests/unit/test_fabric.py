@@ -26,6 +26,7 @@ from vllm_acceptance.parsers.imex import parse_imex_nodes
 from vllm_acceptance.parsers.nccl_tests import detect_fabric
 from vllm_acceptance.parsers.nvidia_smi import parse_xml
 from vllm_acceptance.preflight.stage import judge
+from vllm_acceptance.rules.fabric import check_imex, check_nvlink_domain
 from vllm_acceptance.verdict import decide
 
 from nodefixtures import NODES, build_evidence
@@ -210,6 +211,15 @@ def test_an_imex_node_not_ready_or_a_domain_without_the_tray_fails(tmp_path: Pat
 def test_imex_evidence_absent_is_missing_never_a_pass(tmp_path: Path) -> None:
     _, by = run(tmp_path, gb300_n01={"imex": ""})
     assert by["interconnect.imex"].status == Status.MISSING
+    for rule in (check_imex, check_nvlink_domain):   # no tray at all is not an NVLink domain
+        assert rule([], nvl72_profile()).status == Status.MISSING
+
+
+def test_an_unreachable_tray_leaves_the_domain_checks_missing(tmp_path: Path) -> None:
+    tray(tmp_path, "gb300-n01")
+    by = {f.check: f for f in judge(tmp_path, nvl72_profile(), list(TRAYS), today=TODAY) if f.host is None}
+    for check in ("interconnect.nvlink_domain", "interconnect.imex"):
+        assert by[check].status == Status.MISSING and "gb300-n02" in by[check].reason, check
 
 
 def test_degraded_bandwidth_inside_the_rack_is_expand_capacity(tmp_path: Path) -> None:

@@ -97,6 +97,8 @@ def check_nvlink_domain(contexts: list[NodeContext], profile: Profile) -> Findin
     check = "interconnect.nvlink_domain"
     if (na := _mnnvl_na(check, profile, None)) is not None:
         return na
+    if not contexts:
+        return missing(check, None, "no GPU node to judge (the inventory's gpu_nodes group is empty)")
     evidence = [p for ctx in contexts for p in ctx.paths("nvidia_smi_xml")]
     ids = {ctx.host: _tray_ids(ctx) for ctx in contexts}
     unknown = sorted(h for h, v in ids.items() if v is None)
@@ -158,6 +160,8 @@ def check_imex(contexts: list[NodeContext], profile: Profile) -> Finding:
     check = "interconnect.imex"
     if (na := _mnnvl_na(check, profile, None)) is not None:
         return na
+    if not contexts:
+        return missing(check, None, "no GPU node to judge (the inventory's gpu_nodes group is empty)")
     if len(contexts) < 2 and int(profile.get("hardware.min_nodes", 1) or 1) < 2:
         return not_applicable(check, None, "one tray: no GPU memory is shared across nodes")
     evidence = [p for ctx in contexts for p in ctx.paths("imex_active", "imex_nodes")]
