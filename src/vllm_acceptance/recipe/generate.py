@@ -272,9 +272,17 @@ def command_line(bundle: RecipeBundle, selection: Selection, name: str) -> str:
     return " ".join(words + ["--name", name])
 
 
+class _IndentedDumper(yaml.SafeDumper):
+    """Sequences indented under their key, the style yamllint asks of the repository's YAML (ansible-lint)."""
+
+    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
+        super().increase_indent(flow, False)
+
+
 def render(profile: dict[str, Any], command: str, facts: Facts) -> str:
     header = [
-        f"# GENERATED from the official recipe: {command}",
+        "# GENERATED from the official recipe:",
+        f"#   {command}",
         "# Do not edit: regenerate (tests/unit/test_recipe_generate.py fails when this file differs from the recipe).",
         "# launch.provenance names the recipe field behind every argument and variable.",
         "# contract, thresholds, cache, agent, load, loadgen, review, remediation: defaults from "
@@ -282,8 +290,9 @@ def render(profile: dict[str, Any], command: str, facts: Facts) -> str:
         "# (taken from profiles/kimi-k3.yml as of 2026-12-02), not from the recipe. A site sets its own in a profile",
         f"# with `extends: {profile['name']}` (deep-merged by the profile loader, validated after merging).",
     ]
-    body = yaml.safe_dump(profile, sort_keys=False, allow_unicode=True, width=4096, default_flow_style=False)
-    return "\n".join(header) + "\n" + body
+    body = yaml.dump(profile, Dumper=_IndentedDumper, sort_keys=False, allow_unicode=True, width=120,
+                     default_flow_style=False)
+    return "---\n" + "\n".join(header) + "\n" + body
 
 
 def generate(recipe: str | Path, selection: Selection, name: str | None = None,
