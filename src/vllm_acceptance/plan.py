@@ -310,10 +310,14 @@ def load_stages(opts: ProbeOptions, e2e: float, ready: float, relaunch: bool) ->
     steps = ramp_steps(cfg.ramp, c, cfg.ramp_bound, cfg.requests_per_step, cfg.ramp_budget_s, e2e)
     ramp_s = sum(s for _, _, s in steps)
     step_c = math.ceil(max(cfg.requests_per_step, c) / c) * e2e
+    # A launch serving more than the contract gets a third request, over the served max_model_len (rules/capacity.py)
+    wide = cfg.max_model_len > cfg.context_tokens + cfg.max_output_tokens
+    contract_n = 3 if wide else 2
     out = [Stage("long_prompt", f"one prompt of {min(cfg.long_prompt_tokens, cfg.context_tokens)} tokens", 1, e2e,
                  basis=f"1 request <= e2e p95 {e2e:g} s"),
-           Stage("context_contract", "at the contracted context, and one token over", 2, 2 * e2e,
-                 basis="2 requests"),
+           Stage("context_contract", "at the contracted context, one token over" + (
+                 f", one over the served max_model_len {cfg.max_model_len}" if wide else ""), contract_n,
+                 contract_n * e2e, basis=f"{contract_n} requests"),
            Stage("ramp", "concurrency " + ", ".join(str(k) for k, _, _ in steps), sum(n for _, n, _ in steps),
                  ramp_s, basis=f"per step max(load.requests_per_step {cfg.requests_per_step}, c) requests in "
                                f"ceil(n / c) waves x e2e p95 {e2e:g} s; past the contract while under "
