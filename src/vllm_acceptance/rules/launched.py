@@ -2,8 +2,8 @@
 
 The layout checks (startup-log world size, GPUs per node, cluster GPU count) and the interconnect
 checks (all-to-all backend, UCX/NCCL environment) judge this plan, not the profile's own layout: an
-inventory that runs tensor 8 x pipeline 2 over two nodes (inventories/example-gb300) is launched with
-a world of 16, and its log must say 16. Read from the inventory variables recorded in run.json
+inventory that sets vllm_parallel tensor 8 x pipeline 2 over two nodes is launched with a world of 16,
+and its log must say 16. Read from the inventory variables recorded in run.json
 (`inventory_vars`: vllm_parallel, vllm_interconnect, vllm_serve_multinode_env,
 vllm_nccl_dmabuf_workaround, vllm_nccl_dmabuf_evidence), the same ones roles/vllm_serve launches with.
 """
