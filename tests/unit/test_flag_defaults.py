@@ -121,3 +121,14 @@ def test_actual_config_and_startup_log_on_a_real_capture() -> None:
     startup = check_startup_log(log, other, "h", [])
     assert startup.status == Status.FAIL and "--load-format=fastsafetensors" in startup.reason
     assert check_startup_log(log, at_default, "h", []).status == Status.PASS
+
+
+def test_a_config_object_is_not_compared_with_a_scalar_flag() -> None:
+    """A config object against a scalar flag is another shape: unverifiable, never a difference. The line is
+    hand-written in vLLM's format (generated, not a capture): device_config as a torch device object."""
+    line = ("INFO 01-01 00:00:00 [core.py:1] Initializing a V1 LLM engine (v0.9.0) with config: model='m', "
+            "device_config=device(type='cuda'), seed=0, enforce_eager=False, pooler_config=None, "
+            "compilation_config={\"level\":3})")
+    got = read_from_startup_log("device", "cuda", scan_startup_log(line), {})
+    assert got.state == UNVERIFIABLE and "not comparable" in got.source
+    assert read_from_startup_log("enforce_eager", True, scan_startup_log(line), {}).state == DIFFERS

@@ -193,6 +193,9 @@ def _read_from_engine_config(reading: FlagReading, key: str, want: Any, scan: St
     elif str(want).strip().lower() == "auto":
         # the engine config prints what "auto" resolved to (dtype=torch.bfloat16): not comparable
         reading.source = f"{before}; {where} shows {_short(shown)}, what 'auto' resolved to"
+    elif isinstance(shown, dict) and not isinstance(_json(want), dict):
+        # a config object (device_config=device(type='cuda')) against a scalar flag: another shape, not a value
+        reading.source = f"{before}; {where} shows {_short(shown)}, not comparable with {_short(want)}"
     else:
         reading.state, reading.source = DIFFERS, where
     return reading
