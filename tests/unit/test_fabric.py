@@ -144,6 +144,25 @@ def test_two_healthy_gb300_trays_pass_every_compatibility_check_and_release(tmp_
     assert decide(findings).verdict == "release"
 
 
+def test_two_healthy_gb200_trays_pass_on_the_gb200_row(tmp_path: Path) -> None:
+    """The real GB200 NVL72 tray capture under class gb200: the table has no published MNNVL baseline for
+    GB200, so the bandwidth is judged by the profile's own threshold (kept here)."""
+    profile = nvl72_profile()
+    profile.data["hardware"].update({"class": "gb200", "gpu_class": "GB200"})
+    profile.data["thresholds"]["nccl_busbw_gbps"] = 300
+    gb200 = (REAL / "nvidia-smi-xml" / "k8s-test-infra-gb200-tray.xml").read_text()
+    for host in TRAYS:
+        base = tray(tmp_path, host, xml=gb200)
+        probe = json.loads((base / "image_probe.txt").read_text())
+        _write(base, "image_probe", json.dumps({**probe, "devices": ["NVIDIA GB200"] * 4}))
+    findings = judge(tmp_path, profile, list(TRAYS), today=TODAY)
+    bad = [(f.check, f.host, f.status.value, f.reason) for f in findings
+           if f.status not in (Status.PASS, Status.NOT_APPLICABLE)]
+    assert bad == []
+    bandwidth = next(f for f in findings if f.check == "interconnect.nccl_bandwidth")
+    assert bandwidth.expected == 300 and bandwidth.observed["fabric"] == "mnnvl"
+
+
 def test_one_tray_cannot_hold_tp8_on_gb300(tmp_path: Path) -> None:
     tray(tmp_path, "gb300-n01")
     findings = judge(tmp_path, nvl72_profile(), ["gb300-n01"], today=TODAY)
