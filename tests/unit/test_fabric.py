@@ -144,6 +144,13 @@ def test_two_healthy_gb300_trays_pass_every_compatibility_check_and_release(tmp_
     assert decide(findings).verdict == "release"
 
 
+def test_the_generated_gb300_flagship_profile_releases_on_two_healthy_trays(tmp_path: Path) -> None:
+    """profiles/kimi-k3-gb300.yml as the recipe generator writes it (class gb300, mnnvl, switch_tray, TP8)."""
+    findings, by = run(tmp_path, load_profile(ROOT / "profiles" / "kimi-k3-gb300.yml"))
+    assert by["interconnect.imex"].status == Status.PASS and by["compat.topology"].status == Status.PASS
+    assert decide(findings).verdict == "release"
+
+
 def test_two_healthy_gb200_trays_pass_on_the_gb200_row(tmp_path: Path) -> None:
     """The real GB200 NVL72 tray capture under class gb200: the table has no published MNNVL baseline for
     GB200, so the bandwidth is judged by the profile's own threshold (kept here)."""
