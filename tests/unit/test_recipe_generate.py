@@ -160,3 +160,17 @@ def test_the_example_inventories_launch_the_recipes_layouts() -> None:
         assert "--all2all-backend=flashinfer_nvlink_one_sided" in node.argv
     (single,) = build_plan(ROOT / "inventories" / "example-b300").nodes
     assert "--tensor-parallel-size=8" in single.argv and "--nnodes=2" not in " ".join(single.argv)
+
+
+def test_the_gb300_dep16_profile_launches_four_trays_of_four_ranks() -> None:
+    from vllm_acceptance.serve.launch import node_commands
+
+    profile = load_profile(ROOT / "profiles" / "kimi-k3-gb300-dep16.yml")
+    trays = ["t1", "t2", "t3", "t4"]
+    commands = node_commands(profile, {"head": "t1", "workers": trays[1:], "image_digest": "sha256:" + "0" * 64})
+    for rank, host in enumerate(trays):
+        args = commands[host].serve_args
+        assert {"--data-parallel-size=16", "--data-parallel-size-local=4"} <= set(args)
+        assert "--moe-backend=deep_gemm_mega_moe" in args
+        assert args.count("--enable-expert-parallel") == 1          # the recipe's strategy flag, once
+        assert (f"--data-parallel-start-rank={rank * 4}" in args) is (rank > 0)

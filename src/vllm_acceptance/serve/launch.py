@@ -205,7 +205,9 @@ def node_commands(profile: Profile, inventory_facts: dict[str, Any]) -> dict[str
     out: dict[str, NodeCommand] = {}
     for rank, host in enumerate([str(head), *workers]):
         layout_args = _layout_args(lay, rank, head_addr, facts)
-        serve = [model] + (["--host", listen, "--port", port] if rank == 0 else []) + layout_args + common
+        # a flag the layout sets (--enable-expert-parallel of DEP) is not repeated from the profile's args
+        serve = ([model] + (["--host", listen, "--port", port] if rank == 0 else []) + layout_args
+                 + [a for a in common if a not in layout_args])
         out[host] = NodeCommand(host=host, role="head" if rank == 0 else "worker", rank=rank,
                                 address=addresses.get(host, host), env=dict(env), serve_args=serve,
                                 argv=_container_argv(runtime, facts, env, image, serve))
