@@ -16,6 +16,10 @@ description:
     as C(waiting for /health: 45 s of at most 900 s) instead of C(FAILED - RETRYING).
   - Writes the same as JSON lines to C(<run dir>/events.jsonl) (and to C($VLLM_ACCEPTANCE_EVENTS) when set).
   - With C(-v) or more it also prints everything the default callback prints.
+  - The checkout's C(ansible.cfg) makes it the stdout callback; then the acceptance playbook (C(accept.yml)) gets the
+    compact output and every other playbook the default output; set it explicitly
+    (C(ANSIBLE_STDOUT_CALLBACK=progress)) to get the compact output for any playbook.
+  - The compact output keeps the messages playbooks show on purpose (C(debug) tasks) and the play recap.
   - The stage is read from the task's module, role and playbook file, so playbooks need no markers.
   - Needs the vllm_acceptance package in the controller's Python (as the modules do).
 version_added: "0.1.0"
@@ -26,6 +30,7 @@ requirements:
   - set as stdout callback (C(stdout_callback = vllm.acceptance.progress), or C(progress) from the checkout)
 """
 
+import json
 import os
 from pathlib import Path
 
@@ -37,6 +42,40 @@ except ImportError as exc:  # the controller's Python lacks the package: fall ba
     PROGRESS_IMPORT_ERROR: ImportError | None = exc
 else:
     PROGRESS_IMPORT_ERROR = None
+
+
+# The pipeline playbooks whose output is compact when the callback is only the configured default (ansible.cfg).
+ACCEPTANCE_PLAYBOOKS = ("accept.yml",)
+
+
+QUIET_KEYS = ("changed", "failed", "item", "ansible_loop_var", "ansible_index_var", "ansible_loop")
+
+
+def _chosen_explicitly():
+    return os.environ.get("ANSIBLE_STDOUT_CALLBACK", "").rsplit(".", 1)[-1] == "progress"
+
+
+def _shown_message(result):
+    """What a debug task shows: its msg (or var) as text, or None for a debug line gated by verbosity."""
+    return _message_of(result._result)
+
+
+def _message_of(res):
+    if res.get("skipped_reason") or res.get("skipped"):
+        return None
+    if isinstance(res.get("results"), list):  # a looped debug: each item's message
+        shown = [_message_of(r) for r in res["results"] if isinstance(r, dict)]
+        return "\n".join(m for m in shown if m) or None
+    if "msg" in res:
+        value = res["msg"]
+    else:
+        shown = {k: v for k, v in res.items() if not k.startswith("_") and k not in QUIET_KEYS}
+        value = shown if shown else None
+    if value is None:
+        return None
+    if isinstance(value, list):
+        return "\n".join(str(v) for v in value)
+    return value if isinstance(value, str) else json.dumps(value, indent=2, default=str)
 
 
 def _task_info(task, name=None):
@@ -57,19 +96,22 @@ class CallbackModule(DefaultCallbackModule):
     def __init__(self):
         super().__init__()
         self._progress = None
+        self._compact_playbook = _chosen_explicitly()
         if PROGRESS_IMPORT_ERROR is not None:
             self._display.warning(f"progress callback: vllm_acceptance is not importable ({PROGRESS_IMPORT_ERROR}); "
                                   "showing the default output")
 
     # --- helpers ---------------------------------------------------------------------------------------
     def _compact(self):
-        return self._progress is not None and self._display.verbosity < 1
+        return self._progress is not None and self._compact_playbook and self._display.verbosity < 1
 
     def _line(self, text):
         self._display.display(text)
 
     # --- playbook events -------------------------------------------------------------------------------
     def v2_playbook_on_start(self, playbook):
+        name = os.path.basename(str(getattr(playbook, "_file_name", "") or ""))
+        self._compact_playbook = self._compact_playbook or name in ACCEPTANCE_PLAYBOOKS
         if PROGRESS_IMPORT_ERROR is None and self._progress is None:
             events = os.environ.get("VLLM_ACCEPTANCE_EVENTS")
             self._progress = Progress(write=self._line, events_path=Path(events) if events else None)
@@ -116,8 +158,7 @@ class CallbackModule(DefaultCallbackModule):
         if self._progress is not None:
             failed = sorted(h for h in stats.processed if stats.failures.get(h) or stats.dark.get(h))
             self._progress.end(failed)
-        if not self._compact():
-            super().v2_playbook_on_stats(stats)
+        super().v2_playbook_on_stats(stats)  # the recap, one line per host, in the compact output too
 
     # --- runner events ---------------------------------------------------------------------------------
     def v2_runner_on_start(self, host, task):
@@ -131,8 +172,19 @@ class CallbackModule(DefaultCallbackModule):
             self._progress.ok(result.host.get_name(), _task_info(result.task, result.task_name), result.result)
         if self._compact():
             self._handle_warnings_and_exception(result)
+            self._show_debug(result)
         else:
             super().v2_runner_on_ok(result)
+
+    def _show_debug(self, result):
+        """A debug task's message is meant for the person running the playbook: shown in the compact output."""
+        if str(getattr(result.task, "action", "")).rsplit(".", 1)[-1] != "debug":
+            return
+        text = _shown_message(result)
+        if text:
+            host = result.host.get_name()
+            self._line("\n".join(f"  {host}: {line}" if i == 0 else f"  {' ' * len(host)}  {line}"
+                                  for i, line in enumerate(text.splitlines())))
 
     def v2_runner_on_failed(self, result, ignore_errors=False):
         if self._progress is not None:

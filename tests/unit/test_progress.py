@@ -119,3 +119,51 @@ def test_a_real_playbook_run_shows_stages_waits_findings_and_why(tmp_path: Path)
     assert [e["event"] for e in events] == [json.loads(x)["event"] for x in
                                             (tmp_path / "copy.jsonl").read_text().splitlines()]
     assert {"stage_start", "findings", "waiting", "failed", "end"} <= {e["event"] for e in events}
+
+
+SHORT_PLAYBOOK = """
+- name: Short
+  hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Write something
+      ansible.builtin.copy:
+        dest: "{{ out }}/x"
+        content: "x"
+        mode: "0644"
+    - name: Say what would start
+      ansible.builtin.debug:
+        msg: "would start: vllm serve m --port 8000"
+    - name: Say it per item
+      ansible.builtin.debug:
+        msg: "probe {{ item }} sends no traffic"
+      loop: [cache, agent]
+    - name: Quiet unless -vv
+      ansible.builtin.debug:
+        msg: "a detail"
+        verbosity: 2
+"""
+
+
+def test_the_checkouts_default_is_progress_for_accept_yml_only(tmp_path: Path) -> None:
+    """ansible.cfg sets the progress callback (issue 30): accept.yml prints the compact lines, keeping what debug
+    tasks say and the recap; any other playbook keeps the default output (TASK [...] banners)."""
+    env = {k: v for k, v in os.environ.items() if k != "ANSIBLE_STDOUT_CALLBACK"}
+    env.update({"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+                "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"})
+    outputs = {}
+    for name in ("accept.yml", "other.yml"):
+        book = tmp_path / name
+        book.write_text(SHORT_PLAYBOOK)
+        proc = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local",
+                               "-e", f"out={tmp_path}", "-e", f"ansible_python_interpreter={sys.executable}",
+                               str(book)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        outputs[name] = proc.stdout
+    compact, default = outputs["accept.yml"], outputs["other.yml"]
+    assert "TASK [" not in compact and "TASK [Write something]" in default
+    assert "localhost: would start: vllm serve m --port 8000" in compact
+    assert compact.count("sends no traffic") == 2 and "a detail" not in compact
+    for out in (compact, default):
+        assert "PLAY RECAP" in out and "failed=0" in out
+    assert len(compact.splitlines()) < len(default.splitlines())
