@@ -126,3 +126,5 @@ def test_run_json_errors_reach_the_report(tmp_path: Path) -> None:
     assert report["verdict"] == "incomplete" and report["unreachable_errors"] == {"gpu-01": REFUSED}
     assert any(r.startswith("gpu-01 unreachable") and REFUSED in r for r in report["verdict_reasons"])
     assert any(row["id"] == "gpu-01" and REFUSED in row["reason"] for row in unproven(report))
+    serve = [f for f in report["findings"] if f["check"] == "compat.serve"][0]
+    assert serve["status"] == "missing" and "node(s) gpu-01 could not be reached at preflight" in serve["reason"]

@@ -113,6 +113,17 @@ def read_json(path: Path) -> Any:
         return None
 
 
+def name_unreachable_cause(findings: list[Finding], unreachable: list[str]) -> None:
+    """A stage that left no findings on a run with nodes down says so: the later plays left those nodes out
+    (docs/acceptance.md "Unreachable nodes and refused inputs"), which is the likely reason it did not run."""
+    if not unreachable:
+        return
+    for finding in findings:
+        if finding.status == Status.MISSING and finding.host is None and "left no findings" in finding.reason:
+            finding.reason += (f"; node(s) {', '.join(unreachable)} could not be reached at preflight and were left "
+                               "out (evidence/preflight-unreachable.json)")
+
+
 def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
                  signoff: dict[str, Any] | None = None) -> dict[str, Any]:
     run = read_json(run_dir / "run.json") or {}
@@ -125,6 +136,7 @@ def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
     review = profile.get("review", {}) or {}
     annotate(findings, owner or run.get("owner") or review.get("owner"), int(review.get("period_days", 30)))
     unreachable = sorted(run.get("unreachable_hosts", []))
+    name_unreachable_cause(findings, unreachable)
     stages = {p.stem: read_json(p) for p in sorted((run_dir / "stages").glob("*.json"))} \
         if (run_dir / "stages").is_dir() else {}
     # The nodes' GPU memory and the servers' logs after the probes were judged into the load stage by
