@@ -21,7 +21,7 @@ from vllm_acceptance.report.build import build_report
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures" / "reports"))
 import samples  # noqa: E402 - the sample run builder lives with the fixtures
 
-KIMI = Path(__file__).resolve().parents[2] / "profiles" / "kimi-k3.yml"
+KIMI = Path(__file__).resolve().parents[2] / "tests/fixtures/profiles/kimi-k3-8gpu-node.yml"
 SOAK_START = samples.T0 + 3300
 
 
@@ -376,7 +376,7 @@ def test_every_inventory_variable_is_in_the_schema_and_documented() -> None:
     internal = {"acceptance_run_dir", "acceptance_profile_path", "acceptance_validated_profile",
                 "vllm_serve_ok", "vllm_serve_base_url", "vllm_serve_launch_error", "vllm_serve_log_copy",
                 "vllm_serve_launched_container", "vllm_serve_pid_file", "vllm_serve_launched",
-                "vllm_serve_restart"}   # facts the plays set for each other
+                "vllm_serve_restart", "acceptance_unreachable_hosts"}   # facts the plays set for each other
     assert sorted(used - internal - props) == []
 
 
