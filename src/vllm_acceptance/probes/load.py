@@ -45,6 +45,7 @@ from .metrics import (
     MetricsSource,
     Snapshot,
     cache_config,
+    cache_configs,
     delta,
     histogram_delta,
     histogram_quantile_delta,
@@ -227,6 +228,7 @@ class Sampler(threading.Thread):
         self.memory: list[dict[str, Any]] = []
         self.stage = "idle"
         self.errors = 0
+        self.failed: list[float] = []   # when a scrape failed (the step names the samples it lacks)
         self.memory_interval_s = cfg.sample_interval_s   # finer for one short request (stage_long_prompt)
         self.wake = threading.Event()
 
@@ -270,12 +272,14 @@ class Sampler(threading.Thread):
             snap = self.source.snapshot()
         except MetricsError as exc:
             self.errors += 1
+            self.failed.append(now)
             self.store.append_jsonl("samples.jsonl", {"t": now, "stage": self.stage, "error": str(exc)})
             return
         row = {"t": now, "stage": self.stage,
                "running": snap.value("vllm:num_requests_running"),
                "waiting": snap.value("vllm:num_requests_waiting"),
-               "kv_usage": snap.value("vllm:kv_cache_usage_perc"),
+               "kv_usage": snap.engine_max("vllm:kv_cache_usage_perc"),
+               "engines": engine_rows(snap),
                "preemptions": snap.value("vllm:num_preemptions"),
                "queue_time_sum": snap.value("vllm:request_queue_time_seconds_sum"),
                "prefill_time_sum": snap.value("vllm:request_prefill_time_seconds_sum"),
@@ -288,9 +292,26 @@ class Sampler(threading.Thread):
         slack = self.cfg.sample_interval_s * 2
         return [s for s in self.samples if start <= s["t"] <= end + slack]
 
+    def failed_in(self, start: float, end: float) -> int:
+        """Scrapes of a stage's window that failed."""
+        slack = self.cfg.sample_interval_s * 2
+        return sum(1 for t in self.failed if start <= t <= end + slack)
+
     def memory_window(self, start: float, end: float) -> list[int]:
         slack = self.cfg.sample_interval_s * 2
         return [m["bytes"] for m in self.memory if start <= m["t"] <= end + slack]
+
+
+def engine_rows(snap: Snapshot) -> dict[str, dict[str, float | None]] | None:
+    """Running, waiting and KV usage of each engine (data parallel / DEP); None for a server without
+    ``engine`` labels. KV usage is judged per engine: the engines' fractions are never summed."""
+    engines = snap.engines()
+    if not engines:
+        return None
+    per = {key: snap.per_engine(name, usage=key == "kv_usage") or {}
+           for key, name in (("running", "vllm:num_requests_running"), ("waiting", "vllm:num_requests_waiting"),
+                             ("kv_usage", "vllm:kv_cache_usage_perc"))}
+    return {e: {key: values.get(e) for key, values in per.items()} for e in engines}
 
 
 class LoadRun:
@@ -483,7 +504,8 @@ def step_row(concurrency: int, records: list[Record], samples: list[dict[str, An
     row["preemptions"] = preempt
     row.update(measured)
     row["breaches"] = rules.breaches(row, cfg.slo, cfg.max_preemptions)
-    row["meets_slo"] = not row["breaches"]
+    row["inconclusive"] = bool(row.get("missing_samples"))
+    row["meets_slo"] = not row["breaches"] and not row["inconclusive"]
     return row
 
 
@@ -572,7 +594,10 @@ def _run_load_probe(run: LoadRun, first: Snapshot, relaunch: bool) -> tuple[list
             progress.steps = stage_ramp(run)
             progress.summary = rules.ramp_summary(progress.steps, cfg.contract_concurrency, cfg.ramp_bound)
         if not run.crashed and progress.steps:
-            progress.proposed = rules.propose_limits(run.readout, progress.summary["knee"], cfg.contract_concurrency,
+            # No limit is proposed from an inconclusive step: the ramp's knee is unknown there, not low.
+            knee = cfg.contract_concurrency if progress.summary.get("inconclusive_at") is not None \
+                else progress.summary["knee"]
+            progress.proposed = rules.propose_limits(run.readout, knee, cfg.contract_concurrency,
                                                      cfg.context_tokens, cfg.max_output_tokens,
                                                      min_context_tokens=cfg.prompt_tokens)
         if relaunch and cfg.verify_limit and progress.proposed:
@@ -595,9 +620,11 @@ def read_kv(run: LoadRun, first: Snapshot) -> str:
     log_text = _path(cfg.server_log).read_text(errors="replace") if cfg.server_log and Path(
         cfg.server_log).is_file() else ""
     run.scan = scan_startup_log(log_text) if log_text else None
-    run.readout = rules.kv_readout(run.scan.kv_cache_tokens if run.scan else None,
-                                   run.scan.max_concurrency if run.scan else None,
-                                   run.scan.max_concurrency_len if run.scan else None, run.cache_cfg)
+    # Each data-parallel engine has its own cache: the capacity is summed over them (each share stated).
+    run.readout = rules.kv_readout_engines(run.scan.kv_cache_tokens if run.scan else None,
+                                           run.scan.max_concurrency if run.scan else None,
+                                           run.scan.max_concurrency_len if run.scan else None,
+                                           cache_configs(first), first.engines())
     return run.store.write_json("kv_capacity.json", {"readout": run.readout.to_dict(),
                                                      "cache_config_info": run.cache_cfg,
                                                      "startup_log": cfg.server_log})
@@ -939,13 +966,33 @@ def run_step(run: LoadRun, stage: str, concurrency: int, context: int, seed0: in
     sat = rules.kv_saturated(samples, preempted, run.readout.tokens,
                              rules.tokens_per_session(context, cfg.max_output_tokens), block,
                              demand_tokens=rules.peak_inflight_tokens([r.to_dict() for r in records], block),
-                             queued_s=total)
+                             queued_s=total, engine_tokens=run.readout.engine_tokens)
     row = step_row(concurrency, records, samples, preempted, cfg, queue_p95=queue_p95,
                    queue_time_mean_s=(total / count) if count and total is not None else None, **sat,
                    peak_memory_bytes=max(mem) if mem else None, context_tokens=context, stage=stage,
-                   seconds=round(end - start, 2))
+                   seconds=round(end - start, 2),
+                   missing_samples=missing_samples(before, after, run.sampler.failed_in(start, end), samples,
+                                                   run.crashed is not None))
     row["client"] = run.last_client
     return row
+
+
+def missing_samples(before: Snapshot | None, after: Snapshot | None, failed: int,
+                    samples: list[dict[str, Any]], crashed: bool) -> list[str]:
+    """What a step lacks because a metrics scrape failed (the server answering): the figures read from the
+    scrape around it, or every sample of its window. The step is then inconclusive, never a breach or a pass
+    (a server that died is judged as a crash, not here)."""
+    if crashed:
+        return []
+    lacks = []
+    for when, snap in (("before", before), ("after", after)):
+        if snap is None:
+            lacks.append(f"the metrics scrape {when} the step failed: no preemption count, no queue time "
+                         "(preemptions, queue_p95)")
+    if failed and not samples:
+        lacks.append(f"every metrics sample of the step's window failed ({failed}): no KV usage, running or "
+                     "waiting reading (kv_usage)")
+    return lacks
 
 
 def stage_ramp(run: LoadRun) -> list[dict[str, Any]]:

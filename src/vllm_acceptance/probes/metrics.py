@@ -8,16 +8,23 @@ never zero: a missing counter must not read as "no reuse" or "no preemption".
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 # Families that vLLM 0.x exposed and current releases removed; seeing them means an old server.
 REMOVED_FAMILIES = ("vllm:gpu_prefix_cache_queries", "vllm:gpu_prefix_cache_hits", "vllm:gpu_cache_usage_perc")
+# vLLM labels every scheduler metric with the engine (data-parallel rank) it comes from.
+ENGINE_LABEL = "engine"
+ENGINE_FAMILIES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                   "vllm:gpu_cache_usage_perc")
 
 
 class MetricsError(Exception):
@@ -56,6 +63,32 @@ class Snapshot:
 
     def labels_of(self, name: str) -> list[dict[str, str]]:
         return [dict(k) for k in self.samples.get(canonical(name), {})]
+
+    def per_engine(self, name: str, *, usage: bool = False) -> dict[str, float] | None:
+        """``name`` per engine (the ``engine`` label of data-parallel / DEP servers; "" where a sample has
+        none): other labels summed, or for a usage fraction the largest (a fraction is never summed);
+        None if the family is absent."""
+        series = self.samples.get(canonical(name))
+        if series is None:
+            return None
+        grouped: dict[str, list[float]] = {}
+        for key, v in series.items():
+            grouped.setdefault(dict(key).get(ENGINE_LABEL, ""), []).append(v)
+        return {e: (max(vs) if usage else sum(vs)) for e, vs in sorted(grouped.items())}
+
+    def engine_max(self, name: str) -> float | None:
+        """The largest per-engine value of a usage fraction (two engines at 55 % read 55 %, never 110 %)."""
+        per = self.per_engine(name, usage=True)
+        return max(per.values()) if per else None
+
+    def engines(self) -> list[str]:
+        """The engines the server exposes (``engine`` label values of its scheduler gauges), in order."""
+        seen: set[str] = set()
+        for name in ENGINE_FAMILIES:
+            for key in self.samples.get(name, {}):
+                if (engine := dict(key).get(ENGINE_LABEL)) is not None:
+                    seen.add(engine)
+        return sorted(seen, key=lambda e: (len(e), e))
 
 
 def parse_exposition(text: str, taken: float | None = None) -> Snapshot:
@@ -142,27 +175,38 @@ class DirectMetrics(MetricsSource):
 
 
 class PrometheusMetrics(MetricsSource):
-    """The same families through a real Prometheus (prometheus-api-client), for one scrape job/instance.
-
-    Prometheus only knows what it scraped: `wait_for_scrape` makes a snapshot reflect state at
-    least one scrape interval after the last request.
+    """The same families through a real Prometheus (prometheus-api-client), for the one scrape target that is
+    the server under test: ``selector`` (PromQL label matchers, e.g. ``job="vllm",instance="10.0.0.5:8000"``;
+    ``instance`` alone makes ``instance="..."``). A query that matches more than one target is refused, never
+    summed. The scrape interval is Prometheus's own (``/api/v1/targets``); ``wait_for_scrape`` waits until
+    Prometheus has scraped the target after the call began, so a snapshot reflects the state after it.
     """
 
-    def __init__(self, url: str, instance: str | None = None, scrape_interval_s: float = 1.0) -> None:
+    def __init__(self, url: str, instance: str | None = None, selector: str | None = None,
+                 timeout_s: float = 10.0) -> None:
         from prometheus_api_client import PrometheusConnect
 
-        self.url = url
-        self.instance = instance
-        self.scrape_interval_s = scrape_interval_s
-        self.client = PrometheusConnect(url=url, disable_ssl=True)
-        self.description = f"Prometheus {url}" + (f" instance {instance}" if instance else "")
+        self.url = url.rstrip("/")
+        self.selector = selector or (f'instance="{instance}"' if instance else "")
+        self.matchers = parse_selector(self.selector)
+        self.timeout_s = timeout_s
+        self.client = PrometheusConnect(url=self.url, disable_ssl=True)
+        self.description = f"Prometheus {self.url}" + (f" {{{self.selector}}}" if self.selector else "")
+        self._interval: float | None = None
 
     def snapshot(self) -> Snapshot:
-        selector = '{__name__=~"vllm[:_].*"' + (f', instance="{self.instance}"' if self.instance else "") + "}"
+        selector = '{__name__=~"vllm[:_].*"' + (f", {self.selector}" if self.selector else "") + "}"
         try:
             result = self.client.custom_query(selector)
         except Exception as exc:  # noqa: BLE001 - the client raises many types; all mean "unreadable"
             raise MetricsError(f"Prometheus query failed at {self.url}: {exc}") from exc
+        targets = sorted({(i.get("metric", {}).get("job", ""), i.get("metric", {}).get("instance", ""))
+                          for i in result})
+        if len(targets) > 1:
+            names = ", ".join(f'job="{j}",instance="{n}"' for j, n in targets)
+            raise MetricsError(f"Prometheus at {self.url} holds vllm metrics of {len(targets)} scrape targets for "
+                               f"{selector} ({names}): set prometheus_selector to the server under test; "
+                               "targets are never summed")
         snap = Snapshot(taken=time.time())
         for item in result:
             metric = dict(item.get("metric", {}))
@@ -176,14 +220,85 @@ class PrometheusMetrics(MetricsSource):
             raise MetricsError(f"Prometheus at {self.url} holds no vllm metrics for {selector}")
         return snap
 
+    def target(self) -> dict[str, Any]:
+        """The active scrape target the selector names (its ``scrapeInterval`` and ``lastScrape``)."""
+        try:
+            response = httpx.get(f"{self.url}/api/v1/targets", params={"state": "active"}, timeout=self.timeout_s)
+            active = response.json()["data"]["activeTargets"]
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            raise MetricsError(f"cannot read the scrape targets of {self.url}: {exc}") from exc
+        matched = [t for t in active if target_matches(t.get("labels", {}), self.matchers)]
+        if len(matched) != 1:
+            raise MetricsError(f"{len(matched)} scrape targets of {self.url} match {{{self.selector}}}; one is "
+                               "the server under test")
+        return dict(matched[0])
+
+    def scrape_interval_s(self) -> float:
+        """The target's real scrape interval, as Prometheus states it."""
+        if self._interval is None:
+            self._interval = duration_s(str(self.target().get("scrapeInterval", "")))
+        return self._interval
+
     def wait_for_scrape(self) -> None:
-        time.sleep(self.scrape_interval_s * 2.5)
+        """Wait until Prometheus finished a scrape of the target that began after this call (its
+        ``lastScrape``), for at most three scrape intervals plus the timeout; else MetricsError."""
+        mark = time.time()
+        interval = self.scrape_interval_s()
+        deadline = mark + 3 * interval + self.timeout_s
+        while True:
+            target = self.target()
+            if scrape_time(str(target.get("lastScrape", ""))) > mark and target.get("health") == "up":
+                return
+            if time.time() > deadline:
+                raise MetricsError(f"Prometheus did not scrape {{{self.selector}}} successfully within "
+                                   f"{3 * interval + self.timeout_s:g} s (interval {interval:g} s, last "
+                                   f"error: {target.get('lastError') or 'none'})")
+            time.sleep(min(1.0, interval / 4))
+
+
+def parse_selector(selector: str) -> list[tuple[str, str]]:
+    """``a="x", b="y"`` -> [("a", "x"), ("b", "y")]; only equality matchers (a target is named, not searched)."""
+    matchers = []
+    for part in re.findall(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!=|!~|=)\s*"((?:[^"\\]|\\.)*)"\s*,?', selector):
+        name, op, value = part
+        if op != "=":
+            raise MetricsError(f"prometheus_selector {selector!r}: only label=\"value\" matchers name one target")
+        matchers.append((name, value))
+    if selector.strip() and not matchers:
+        raise MetricsError(f"prometheus_selector {selector!r} is not label=\"value\" matchers")
+    return matchers
+
+
+def target_matches(labels: dict[str, str], matchers: list[tuple[str, str]]) -> bool:
+    return all(labels.get(name) == value for name, value in matchers)
+
+
+def duration_s(text: str) -> float:
+    """A Prometheus duration ("15s", "1m", "1m30s", "500ms") in seconds; MetricsError if unreadable."""
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)", text)
+    if not parts or "".join(n + u for n, u in parts) != text.strip():
+        raise MetricsError(f"not a Prometheus duration: {text!r}")
+    unit = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+    return sum(float(n) * unit[u] for n, u in parts)
+
+
+def scrape_time(text: str) -> float:
+    """``lastScrape`` (RFC 3339, nanoseconds) as a Unix time; 0 when never scraped or unreadable."""
+    match = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)$", text.strip())
+    if not match:
+        return 0.0
+    base = datetime.fromisoformat(match.group(1) + (match.group(3).replace("Z", "+00:00")))
+    return base.timestamp() + (float(match.group(2)) if match.group(2) else 0.0)
 
 
 def metrics_source(metrics_url: str | None, prometheus_url: str | None, instance: str | None,
-                   base_url: str) -> MetricsSource:
+                   base_url: str, selector: str | None = None) -> MetricsSource:
+    """The run's metrics: through Prometheus when ``prometheus_url`` is set (the target named by ``selector``,
+    else by ``instance``, else by the server's own host:port as the instance label), else /metrics direct."""
     if prometheus_url:
-        return PrometheusMetrics(prometheus_url, instance)
+        if not selector and not instance:
+            instance = urlsplit(server_root(base_url)).netloc
+        return PrometheusMetrics(prometheus_url, instance, selector)
     return DirectMetrics(metrics_url or server_root(base_url) + "/metrics")
 
 
@@ -202,3 +317,11 @@ def cache_config(snap: Snapshot) -> dict[str, Any] | None:
     """Labels of `vllm:cache_config_info` (the actual config), or None when the family is absent."""
     labels = snap.labels_of("vllm:cache_config_info")
     return labels[0] if labels else None
+
+
+def cache_configs(snap: Snapshot) -> dict[str, dict[str, str]]:
+    """``vllm:cache_config_info`` labels per engine (its ``engine`` label; "" where it has none), in order."""
+    out: dict[str, dict[str, str]] = {}
+    for labels in snap.labels_of("vllm:cache_config_info"):
+        out.setdefault(labels.get(ENGINE_LABEL, ""), labels)
+    return dict(sorted(out.items(), key=lambda kv: (len(kv[0]), kv[0])))

@@ -43,6 +43,8 @@ class KvReadout:
     gpu_blocks: int | None = None
     log_max_concurrency: float | None = None
     log_max_concurrency_len: int | None = None
+    # Data parallel / DEP: each engine's share of ``tokens`` (the sum over the engines serving the contract).
+    engine_tokens: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -77,6 +79,30 @@ def kv_readout(log_tokens: int | None, log_max_concurrency: float | None, log_ma
     return out
 
 
+def kv_readout_engines(log_tokens: int | None, log_max_concurrency: float | None,
+                       log_max_concurrency_len: int | None, configs: dict[str, dict[str, str]],
+                       engines: Sequence[str]) -> KvReadout:
+    """The KV cache of a server with several engines (data parallel, DEP): each engine holds its own cache,
+    and its readout (startup log line, its ``vllm:cache_config_info`` series, else the first engine's) is
+    that engine's alone, so the server's capacity is the sum over the engines, each engine's share stated.
+    An engine without a readout leaves the whole size unread (None), never a smaller sum."""
+    first = next(iter(configs.values()), None)
+    if len(engines) <= 1:
+        return kv_readout(log_tokens, log_max_concurrency, log_max_concurrency_len,
+                          configs.get(engines[0], first) if engines else first)
+    per = {e: kv_readout(log_tokens, log_max_concurrency, log_max_concurrency_len, configs.get(e, first))
+           for e in engines}
+    out = per[engines[0]]
+    out.engine_tokens = {e: r.tokens for e, r in per.items() if r.tokens is not None}
+    out.tokens = sum(out.engine_tokens.values()) if len(out.engine_tokens) == len(engines) else None
+    return out
+
+
+def engine_share(kv_tokens: int, engines: int, engine: str, shares: dict[str, int] | None) -> int:
+    """One engine's KV tokens: its stated share, else an even split of the server's sum."""
+    return int((shares or {}).get(engine) or kv_tokens // max(1, engines))
+
+
 def tokens_per_session(context_tokens: int, max_output_tokens: int) -> int:
     return context_tokens + max_output_tokens
 
@@ -94,11 +120,18 @@ def context_limit_at(kv_tokens: int, concurrency: int, max_output_tokens: int, b
     return max(0, per - max_output_tokens)
 
 
-def kv_bound(sample: dict[str, Any], kv_tokens: int | None, session_tokens: int, block_size: int | None) -> bool:
+def kv_bound(sample: dict[str, Any], kv_tokens: int | None, session_tokens: int, block_size: int | None,
+             engine_tokens: dict[str, int] | None = None) -> bool:
     """A sample where requests wait while the free KV cache cannot take one more session of the step's
     shape: admission is bound by the cache (vLLM queues rather than preempts when a prompt does not fit)."""
     if not kv_tokens or not sample.get("waiting") or sample.get("kv_usage") is None:
         return False
+    engines = sample.get("engines") or {}
+    if len(engines) > 1:   # per engine: requests wait on an engine whose own cache cannot take one more session
+        return any((row.get("waiting") or 0) > 0 and row.get("kv_usage") is not None
+                   and (1.0 - row["kv_usage"]) * engine_share(kv_tokens, len(engines), e, engine_tokens)
+                   < blocks_of(session_tokens, block_size)
+                   for e, row in engines.items())
     return (1.0 - sample["kv_usage"]) * kv_tokens < blocks_of(session_tokens, block_size)
 
 
@@ -125,13 +158,13 @@ def peak_inflight_tokens(records: Sequence[dict[str, Any]], block_size: int | No
 
 def kv_saturated(samples: Sequence[dict[str, Any]], preemptions: float | None, kv_tokens: int | None,
                  session_tokens: int, block_size: int | None, *, demand_tokens: int | None = None,
-                 queued_s: float | None = None) -> dict[str, Any]:
+                 queued_s: float | None = None, engine_tokens: dict[str, int] | None = None) -> dict[str, Any]:
     """The step's KV cache was full: a preemption (vLLM preempts only when no block can be allocated),
     usage at 100%, requests seen waiting for want of free blocks, or (read without sampling, so that a
     short step cannot slip between two scrapes) the client held more tokens in flight than the cache
     has while the server's queue-time histogram grew: requests were admitted one cache-full at a time."""
     peak = max((s.get("kv_usage") or 0 for s in samples), default=0)
-    bound = sum(kv_bound(s, kv_tokens, session_tokens, block_size) for s in samples)
+    bound = sum(kv_bound(s, kv_tokens, session_tokens, block_size, engine_tokens) for s in samples)
     over = bool(kv_tokens and demand_tokens and demand_tokens > kv_tokens and (queued_s or 0) > 0)
     return {"kv_saturated": bool(preemptions) or peak >= KV_FULL or bound > 0 or over, "kv_bound_samples": bound,
             "inflight_tokens_peak": demand_tokens, "kv_demand_over_capacity": over}
@@ -185,18 +218,20 @@ def ramp_plan(ramp: Sequence[int], contract: int, max_step: int) -> list[int]:
 
 
 def breaches(row: dict[str, Any], slo: dict[str, float], max_preemptions: int) -> list[str]:
-    """Which limits a step broke, in BREAK_ORDER; an unmeasured preemption count is a breach."""
+    """Which limits a step broke, in BREAK_ORDER; an unmeasured preemption count is a breach, except where
+    the step's metrics scrape failed (``missing_samples``): then it is unread, the step inconclusive."""
     broken = []
+    scrape_failed = bool(row.get("missing_samples"))
     if row.get("ok", 0) == 0 or (row.get("error_rate") or 0) > slo.get("max_error_rate", 0.0):
         broken.append("errors")
     if row.get("kv_saturated"):
         broken.append("kv_saturated")
-    if row.get("preemptions") is None or row["preemptions"] > max_preemptions:
+    if (row.get("preemptions") is None and not scrape_failed) or (row.get("preemptions") or 0) > max_preemptions:
         broken.append("preemptions")
     for metric in ("queue_p95", "ttft_p95", "itl_p95", "e2e_p95"):
         key = SLO_KEYS[metric]
-        if metric == "queue_p95" and metric not in row:
-            continue  # merged loadgen steps carry no server queue figure; a probe step always does (None = unread)
+        if metric == "queue_p95" and (metric not in row or (row[metric] is None and scrape_failed)):
+            continue  # merged loadgen steps carry no server queue figure; an unread one is missing, not broken
         if key in slo and (row.get(metric) is None or row[metric] > slo[key]):
             broken.append(metric)
     return [b for b in BREAK_ORDER if b in broken]
@@ -219,10 +254,20 @@ def ramp_summary(steps: Sequence[dict[str, Any]], contract: int, max_step: int) 
     first_bad = next((r for r in ordered if not r["meets_slo"]), None)
     broke_on = first_bad["breaches"][0] if first_bad and first_bad.get("breaches") else None
     top = ordered[-1]["concurrency"] if ordered else None
+    # A step whose metrics scrape failed and that broke nothing else is inconclusive: the knee stops there,
+    # but nothing broke (never a breach, never a pass).
+    unread = first_bad if first_bad is not None and not first_bad.get("breaches") and first_bad.get(
+        "inconclusive") else None
+    text = knee_text(knee, contract, broke_on, first_bad is None, top)
+    if unread is not None:
+        text = (f"inconclusive at concurrency {unread['concurrency']}: "
+                + "; ".join(unread.get("missing_samples") or []))
     return {"knee": knee, "contract": contract, "headroom": round(knee / contract, 2) if knee else 0.0,
-            "broke_at": first_bad["concurrency"] if first_bad else None, "broke_on": broke_on,
+            "broke_at": first_bad["concurrency"] if first_bad and unread is None else None, "broke_on": broke_on,
             "bounded": first_bad is None, "top_step": top, "max_step": max_step,
-            "text": knee_text(knee, contract, broke_on, first_bad is None, top)}
+            "inconclusive_at": unread["concurrency"] if unread is not None else None,
+            "missing_samples": list(unread.get("missing_samples") or []) if unread is not None else [],
+            "text": text}
 
 
 def knee_text(knee: int | None, contract: int, broke_on: str | None, bounded: bool, top: int | None) -> str:
@@ -243,7 +288,7 @@ def judge_ramp(steps: Sequence[dict[str, Any]], summary: dict[str, Any], *, evid
                                                  "e2e_p95", "queue_p95", "max_running", "max_waiting",
                                                  "queue_time_mean_s", "max_kv_usage", "kv_saturated",
                                                  "kv_bound_samples", "preemptions", "peak_memory_bytes", "breaches",
-                                                 "meets_slo")} for s in steps]}
+                                                 "meets_slo", "inconclusive", "missing_samples")} for s in steps]}
     common = {"observed": observed, "evidence": evidence,
               "expected": f"SLO met up to the contracted concurrency {contract}",
               "rule": "knee = largest concurrency meeting the SLO (latency, queue) with no errors, no KV "
@@ -254,6 +299,10 @@ def judge_ramp(steps: Sequence[dict[str, Any]], summary: dict[str, Any], *, evid
     knee = summary["knee"]
     if knee is not None and knee >= contract:
         return check.passed(reason=summary["text"], **common)
+    if summary.get("inconclusive_at") is not None:
+        return check.inconclusive(reason=f"the ramp is {summary['text']}",
+                                  action="make the server's metrics readable for the whole ramp (a failed scrape "
+                                         "is neither a breach nor a pass) and re-run the load stage", **common)
     hung = "".join(f"; {s['timeouts']} request(s) hung at concurrency {s['concurrency']} (past "
                    f"{request_timeout_s:g} s): {', '.join(s['timed_out'])}" for s in steps if s.get("timeouts"))
     consequence = Consequence.LIMIT if verified else Consequence.EXPAND
