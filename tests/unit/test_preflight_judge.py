@@ -19,7 +19,7 @@ from vllm_acceptance.verdict import decide
 from nodefixtures import CASES, MAP, NODES, build_evidence
 
 ROOT = Path(__file__).resolve().parents[2]
-KIMI = load_profile(ROOT / "profiles" / "kimi-k3.yml")
+KIMI = load_profile(ROOT / "tests/fixtures/profiles/kimi-k3-8gpu-node.yml")
 CPU_LAB = load_profile(ROOT / "profiles" / "cpu-lab.yml")
 TODAY = dt.date(2026, 9, 1)
 
@@ -222,6 +222,21 @@ def test_script_frames_each_command_exactly(shell: str) -> None:
     # the probe's source is not repeated in the evidence meta
     assert got["image_probe"].cmd == ["sh", "-c", "echo probe", "<probe.py>"]
     assert all(r.complete and not r.timed_out for r in records)
+
+
+def test_a_tool_run_with_an_environment_is_still_missing_and_its_fallback_runs() -> None:
+    """The all-reduce runs with NCCL_DEBUG=INFO on MNNVL profiles (`env NCCL_DEBUG=INFO all_reduce_perf`):
+    a tray without nccl-tests must still read as missing, so the in-image all-reduce (when_missing) runs."""
+    records, finished = split_stream(_run_script([
+        {"name": "nccl_allreduce", "argv": ["no-such-all-reduce", "-g", "4"], "env": {"NCCL_DEBUG": "INFO"}},
+        {"name": "nccl_allreduce_image", "argv": ["echo", "fallback"], "env": {"NCCL_DEBUG": "INFO"},
+         "when_missing": "nccl_allreduce"},
+        {"name": "present", "argv": ["sh", "-c", "echo $NCCL_DEBUG"], "env": {"NCCL_DEBUG": "INFO"}}]), MARKER)
+    got = {r.name: r for r in records}
+    assert finished and got["nccl_allreduce"].missing and got["nccl_allreduce"].rc == 127
+    assert "no-such-all-reduce: command not found" in got["nccl_allreduce"].stderr
+    assert got["nccl_allreduce_image"].stdout == "fallback\n"
+    assert got["present"].stdout == "INFO\n" and not got["present"].missing
 
 
 def test_a_command_past_its_timeout_is_stopped_and_marked() -> None:
