@@ -169,4 +169,5 @@ def test_check_mode_changes_nothing_and_shows_the_plan(tmp_path: Path) -> None:
     assert "soak" in plan and "total" in plan
     assert proc.stdout.count("probe sends no traffic") == 3
     assert "failed=0" in proc.stdout and "fatal:" not in proc.stdout
+    assert "Using a template for task args is unsafe" not in proc.stdout + proc.stderr   # probe.yml names its args
     assert not reports.exists() or not any(reports.rglob("report.json"))

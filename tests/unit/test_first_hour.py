@@ -118,3 +118,44 @@ def test_the_long_prompt_row_says_what_was_sent_and_why_it_counts() -> None:
     short = {**report, "findings": [{"check": "capacity.long_prompt", "observed": {"prompt_tokens": 900}}]}
     row = next(r for r in views.contract_rows(short) if r["item"] == "context (one long prompt)")
     assert row["ok"] is False and row["note"] == "the long prompt stayed below the contracted context"
+
+
+FREE_FORM = {"raw", "command", "shell", "script", "meta", "include_tasks", "import_tasks", "include_role",
+             "import_role", "import_playbook", "include_vars"}
+TASK_KEYWORDS = {"name", "when", "register", "loop", "loop_control", "vars", "tags", "block", "rescue", "always",
+                 "delegate_to", "run_once", "become", "changed_when", "failed_when", "until", "retries", "delay",
+                 "no_log", "ignore_errors", "environment", "notify", "check_mode", "diff", "async", "poll", "args",
+                 "with_items", "with_dict", "throttle", "timeout", "listen", "module_defaults", "any_errors_fatal",
+                 "ignore_unreachable", "delegate_facts", "become_user", "connection", "local_action"}
+
+
+def _tasks(node: object):
+    """Every task (or play) of a task list or playbook: the items of lists, and the lists they nest."""
+    for item in node if isinstance(node, list) else []:
+        if isinstance(item, dict):
+            yield item
+            for key in ("block", "rescue", "always", "tasks", "pre_tasks", "post_tasks", "handlers"):
+                yield from _tasks(item.get(key))
+
+
+def test_no_task_passes_its_arguments_as_one_template() -> None:
+    """ansible-core warns "Using a template for task args is unsafe" for `module: "{{ dict }}"` (it was printed at
+    playbooks/tasks/probe.yml): every task of the project names its arguments."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_constructor("!unsafe", lambda loader, node: loader.construct_scalar(node))
+    offenders = []
+    files = [*REPO.glob("*.yml"), *REPO.glob("playbooks/**/*.yml"), *REPO.glob("roles/*/tasks/*.yml"),
+             *REPO.glob("roles/*/handlers/*.yml")]
+    for path in files:
+        for task in _tasks(yaml.load(path.read_text(), Loader=Loader)):  # noqa: S506
+            for key, value in task.items():
+                module = key.rsplit(".", 1)[-1]
+                if key in TASK_KEYWORDS - {"args"} or module in FREE_FORM or not isinstance(value, str):
+                    continue
+                if value.strip().startswith("{{") and value.strip().endswith("}}"):
+                    offenders.append(f"{path.relative_to(REPO)}: {task.get('name')} ({key})")
+    assert not offenders, offenders
