@@ -80,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="judge a run directory and write report.json/html/md, junit.xml; exit code "
                                         "per verdict as `run` (0 release, 10, 20, 30, 40 incomplete)")
     rep.add_argument("--run-dir", required=True, type=Path)
-    rep.add_argument("--profile", required=True)
+    rep.add_argument("--profile", help="the profile the run ran with (default and only allowed value: the run's frozen "
+                                       "evidence/profile.yml); another profile is refused, exit 2")
 
     diff = sub.add_parser("diff", help="what changed between two runs (re-acceptance view)")
     diff.add_argument("run_a", type=Path)
@@ -294,9 +295,10 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from .report.build import build_report, point_latest
+    from .report.judged_profile import run_profile
     from .report.write import write_reports
 
-    profile = load_profile(args.profile)
+    profile = run_profile(args.run_dir, args.profile)
     report = build_report(args.run_dir, profile)
     write_reports(args.run_dir, report)
     point_latest(args.run_dir)

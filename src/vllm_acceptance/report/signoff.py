@@ -83,7 +83,22 @@ def load_run_report(run_dir: Path) -> dict[str, Any]:
         raise SignRefused(f"{path}: not valid JSON ({exc}); re-run the report stage") from exc
     if not isinstance(report, dict) or "verdict" not in report:
         raise SignRefused(f"{path}: no verdict in report.json; re-run the report stage")
+    judged_on_run_profile(run_dir, report)
     return report
+
+
+def judged_on_run_profile(run_dir: Path, report: dict[str, Any]) -> None:
+    """A report judged on another profile than the run's is never signed (report/judged_profile.py)."""
+    ran = (read_json_dict(run_dir / "run.json") or {}).get("profile")
+    frozen = run_dir / "evidence" / "profile.yml"
+    if frozen.is_file():
+        from ..core.profile import load_profile
+
+        ran = load_profile(frozen).name
+    if ran and report.get("profile") != ran:
+        raise SignRefused(f"{run_dir / 'report.json'} was judged on profile {report.get('profile')!r}, but the run ran "
+                          f"with {ran!r}: re-run `vllm-acceptance report --run-dir {run_dir}` (the run's own profile) "
+                          "and sign that")
 
 
 def build_signoff(run_dir: Path, report: dict[str, Any], *, reviewer: str, decision: str,
