@@ -38,8 +38,30 @@ MODELS = REPO / ".lab" / "models"
 DIGEST = "sha256:181ec868e19acf210c3bf194732b2f2d50459a1c59df63a1d2653a6c9450c5b6"  # the recorded RepoDigest
 PORT = 8000
 CONTAINER = "vllm-acceptance"
-# Two healthy nodes (the head and a second one for the multi-node scenarios) beside the driver-575 one.
-NODES = {"gb300-a01": "good", "gb300-a02": "driver-575", "gb300-a03": "good"}
+REAL = REPO / "tests" / "fixtures" / "real"
+PROFILE_NVL72 = REPO / "profiles" / "rehearsal-gb300-nvl72.yml"
+PROFILE_B300 = REPO / "profiles" / "rehearsal-b300.yml"
+# Two healthy nodes (the head and a second one for the multi-node scenarios) beside the driver-575 one, all
+# of the generated 8 x GB300 case; then the true shapes: two GB300 NVL72 compute trays built from the real
+# tray capture, and one HGX B300 node (see SHAPES).
+NODES = {"gb300-a01": "good", "gb300-a02": "driver-575", "gb300-a03": "good",
+         "gb300-t01": "gb300-tray", "gb300-t02": "gb300-tray", "b300-n01": "b300"}
+TRAYS = ["gb300-t01", "gb300-t02"]
+# A shape derived from a generated case: (the case, what changes). The GB300 NVL72 tray is the real
+# `nvidia-smi -q -x` capture of a GB300 tray (tests/fixtures/real/nvidia-smi-xml/k8s-test-infra-gb300-tray.xml:
+# 4 GPUs, fabric Completed/Success, one ClusterUUID) on an aarch64 node, its other tools the generated good
+# node's moved to the capture's driver and 4 GPUs; IMEX active with a domain of the rehearsal's trays
+# (`nvidia-imex-ctl -N` in the format of tests/fixtures/real/imex/); Fabric Manager runs on the switch trays,
+# not on a compute tray (inactive there); no nccl-tests: the image's own all-reduce runs between the trays.
+# The B300 node is the generated good node with B300 GPUs on x86_64 (no public capture of a B300 node).
+SHAPES = {"gb300-tray": "good", "b300": "good"}
+TRAY_XML = REAL / "nvidia-smi-xml" / "k8s-test-infra-gb300-tray.xml"
+CAPTURE_DRIVER, GENERATED_DRIVER = "580.173.02", "580.95.05"
+ZERO_UUID = "00000000-0000-0000-0000-000000000000"
+
+
+def base_case(case: str) -> str:
+    return SHAPES.get(case, case)
 
 
 def _executable(path: Path, text: str) -> None:
@@ -47,14 +69,113 @@ def _executable(path: Path, text: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 
 
+def _tray_table(table: str) -> str:
+    """The generated node's nvidia-smi table cut to a tray's GPUs 0-3."""
+    rule = "+" + "-" * 41 + "+" + "-" * 24 + "+" + "-" * 22 + "+\n"
+    kept = [b for b in table.split(rule) if not any(f"|   {i}  NVIDIA" in b for i in range(4, 8))]
+    return rule.join(kept)
+
+
+def _shape_tools(case: str, node_dir: Path, bin_dir: Path, recorded: Path, state: Path) -> None:
+    """Turn the generated case's tools into the shape `case` (SHAPES)."""
+    from vllm_acceptance.parsers.nvidia_smi import parse_xml
+
+    source = FIXTURES / base_case(case)
+    if case == "b300":
+        swaps = [("NVIDIA GB300", "NVIDIA B300 SXM6 AC"), ("aarch64-linux-gnu", "x86_64-linux-gnu"),
+                 ("sbsa-linux", "x86_64-linux"), ("aarch64", "x86_64")]
+    else:
+        swaps = [(GENERATED_DRIVER, CAPTURE_DRIVER)]
+    for path in [*bin_dir.iterdir(), *recorded.iterdir()]:
+        text = path.read_text()
+        for old, new in swaps:
+            text = text.replace(old, new)
+        path.write_text(text)
+    version = (source / "proc-driver-nvidia-version").read_text()
+    for old, new in swaps:
+        version = version.replace(old, new)
+    (node_dir / "proc-driver-nvidia-version").write_text(version)
+    if case != "gb300-tray":
+        return
+    docker = (recorded / "docker").read_text()
+    docker = docker.replace('"device_count": 8, "devices": [' + ", ".join(['"NVIDIA GB300"'] * 8) + "]",
+                            '"device_count": 4, "devices": [' + ", ".join(['"NVIDIA GB300"'] * 4) + "]")
+    (recorded / "docker").write_text(docker)
+    tray = node_dir / "tray"
+    tray.mkdir(exist_ok=True)
+    xml = TRAY_XML.read_text()
+    gpus = parse_xml(xml)
+    (tray / "q.xml").write_text(xml)
+    (tray / "query.csv").write_text("".join(
+        f"{g.index}, {g.name}, {g.uuid}, {gpus.driver_version}, {g.memory_total_mib} MiB, {g.pci_bus_id}\n"
+        for g in gpus.gpus))
+    (tray / "query-name.csv").write_text("name, driver_version, memory.total [MiB]\n" + "".join(
+        f"{g.name}, {gpus.driver_version}, {g.memory_total_mib} MiB\n" for g in gpus.gpus))
+    table = (source / "nvidia-smi.txt").read_text().replace(GENERATED_DRIVER, CAPTURE_DRIVER)
+    (tray / "table.txt").write_text(_tray_table(table))
+    (state / "gpus").write_text("4\n")
+    # -q -x: a scenario's fault (STATE/nvidia-smi-q.xml) replaces the capture while it is there
+    _executable(recorded / "nvidia-smi", f"""#!/bin/sh
+# nvidia-smi of a GB300 NVL72 compute tray: the real capture {TRAY_XML.relative_to(REPO)} and what it implies.
+case "$*" in
+  *--query-gpu=index,name,uuid,driver_version,memory.total,pci.bus_id*) cat {tray}/query.csv ;;
+  *--query-gpu=name,driver_version,memory.total*) cat {tray}/query-name.csv ;;
+  "-q -x"|"-x -q") if [ -f {state}/nvidia-smi-q.xml ]; then cat {state}/nvidia-smi-q.xml; else cat {tray}/q.xml; fi ;;
+  "") cat {tray}/table.txt ;;
+  *) echo "fake nvidia-smi (tray): unsupported arguments: $*" >&2; exit 1 ;;
+esac
+""")
+    _executable(bin_dir / "systemctl", r"""#!/bin/sh
+# systemctl of a GB300 NVL72 compute tray: IMEX runs here; Fabric Manager runs on the NVLink switch trays.
+case "$*" in
+  "is-active nvidia-imex"|"is-active nvidia-imex.service") echo active; exit 0 ;;
+  is-active\ *) echo inactive; exit 3 ;;
+  *) echo "fake systemctl: unsupported arguments: $*" >&2; exit 1 ;;
+esac
+""")
+    # The IMEX domain's node list names the trays' addresses, known once the cluster is up (Rehearsal.up).
+    _executable(bin_dir / "nvidia-imex-ctl", f"""#!/bin/sh
+case "$*" in
+  -N) cat {state}/imex-nodes.txt ;;
+  *) echo "fake nvidia-imex-ctl: unsupported arguments: $*" >&2; exit 1 ;;
+esac
+""")
+    # A Grace tray is aarch64 (compat.gpu_visibility reads `uname -a`); anything else is the host's uname.
+    _executable(bin_dir / "uname", """#!/bin/sh
+if [ "$*" = "-a" ]; then
+  echo "Linux $(hostname) 6.8.0-1031-nvidia-64k #33-Ubuntu SMP PREEMPT_DYNAMIC Tue Jun 24 17:36:41 UTC 2025 \\
+aarch64 aarch64 aarch64 GNU/Linux"
+  exit 0
+fi
+exec /usr/bin/uname "$@"
+""")
+    (bin_dir / "all_reduce_perf").unlink(missing_ok=True)
+    (bin_dir / "nv-fabricmanager").unlink(missing_ok=True)
+
+
+def imex_nodes(addresses: list[str]) -> str:
+    """`nvidia-imex-ctl -N` of a domain of these nodes, every one READY and connected, in the format of the
+    real capture tests/fixtures/real/imex/aws-parallelcluster-p6e-gb200-18-nodes.txt (its legend, node lines,
+    connectivity table and domain state)."""
+    legend = (REAL / "imex" / "aws-parallelcluster-p6e-gb200-18-nodes.txt").read_text().split("\n\n")[0]
+    version = ".".join(CAPTURE_DRIVER.split(".")[:2])
+    nodes = [f"Node #{i:<3d}- {a:<16s}- READY                - Version: {version}" for i, a in enumerate(addresses)]
+    header = " Nodes From\\To  " + "".join(f"{i:<4d}" for i in range(len(addresses))).rstrip()
+    rows = [f"{i:>8d}        " + "   ".join("C" for _ in addresses) for i in range(len(addresses))]
+    return "\n".join([legend, "", "12/2/2026 09:14:03.512", "Nodes:", *nodes, "", header, *rows, "",
+                      "Domain State: UP", ""])
+
+
 def node_tree(case: str, node_dir: Path) -> Path:
     """bin/ (the case's recorded tools; docker and nvidia-smi wrapped by the stand-ins), recorded/, state/."""
     bin_dir, recorded, state = node_dir / "bin", node_dir / "recorded", node_dir / "state"
     for d in (bin_dir, recorded, state):
         d.mkdir(parents=True, exist_ok=True)
-    for tool in (FIXTURES / case / "bin").iterdir():
+    for tool in (FIXTURES / base_case(case) / "bin").iterdir():
         target = (recorded if tool.name in ("docker", "nvidia-smi") else bin_dir) / tool.name
         shutil.copy2(tool, target)
+    if case in SHAPES:
+        _shape_tools(case, node_dir, bin_dir, recorded, state)
     lab = Path(__file__).resolve().parent
     lab_python = REPO / ".venv-lab" / "bin" / "python"
     common = f"--state {state} --recorded"
@@ -79,6 +200,9 @@ class Rehearsal:
             self.dirs[host] = self.workdir / "nodes" / host
             specs.append(HostSpec(host, node_tree(case, self.dirs[host])))
         self.cluster = up(specs, self.workdir / "cluster")
+        domain = imex_nodes([self.address(t) for t in TRAYS])
+        for tray in TRAYS:
+            (self.state(tray) / "imex-nodes.txt").write_text(domain)
 
     def down(self) -> None:
         for host in self.dirs:
@@ -99,6 +223,11 @@ class Rehearsal:
     def state(self, host: str) -> Path:
         return self.dirs[host] / "state"
 
+    def driver_version_file(self, host: str) -> Path:
+        case = NODES[host]
+        return self.dirs[host] / "proc-driver-nvidia-version" if case in SHAPES else \
+            FIXTURES / case / "proc-driver-nvidia-version"
+
     def set_node(self, host: str, memory: str = "flat", fault: str | None = None) -> None:
         (self.state(host) / "memory_mode").write_text(memory + "\n")
         path = self.state(host) / "fault"
@@ -109,7 +238,7 @@ class Rehearsal:
 
     def set_tool(self, host: str, tool: str, present: bool) -> None:
         """Take a node tool away (or give it back): e.g. a node without nccl-tests' all_reduce_perf."""
-        source, target = FIXTURES / NODES[host] / "bin" / tool, self.dirs[host] / "bin" / tool
+        source, target = FIXTURES / base_case(NODES[host]) / "bin" / tool, self.dirs[host] / "bin" / tool
         if present:
             shutil.copy2(source, target)
         else:
@@ -159,7 +288,7 @@ class Rehearsal:
     # --- inventories ------------------------------------------------------------------------------
 
     def inventory(self, name: str, *, gpu_nodes: list[str], head: str, variables: dict[str, Any],
-                  gpu_group: str = "gpu_nodes", workers: list[str] | None = None) -> Path:
+                  gpu_group: str = "gpu_nodes", workers: list[str] | None = None, profile: Path = PROFILE) -> Path:
         assert self.cluster is not None
         inv = self.workdir / "inventories" / name
         (inv / "group_vars").mkdir(parents=True, exist_ok=True)
@@ -169,8 +298,8 @@ class Rehearsal:
         # `cat` is not faked: each node's driver version file is its recorded one
         # (tests/fixtures/generated-nodes/README.md).
         hosts = {h: {"ansible_host": self.address(h), **node_vars,
-                     "preflight_driver_version_file": str(FIXTURES / case / "proc-driver-nvidia-version")}
-                 for h, case in NODES.items()}
+                     "preflight_driver_version_file": str(self.driver_version_file(h))}
+                 for h in NODES}
         data = {"all": {"children": {
             gpu_group: {"hosts": {h: hosts[h] for h in gpu_nodes}},
             "vllm_head": {"hosts": {head: hosts[head]}},
@@ -180,7 +309,7 @@ class Rehearsal:
                                     "ansible_python_interpreter": "{{ ansible_playbook_python }}"},
                       **{h: hosts[h] for h in self.dirs}}}}
         (inv / "hosts.yml").write_text(json.dumps(data, indent=2))
-        base = {"acceptance_profile": str(PROFILE), "acceptance_owner": "rehearsal-operator",
+        base = {"acceptance_profile": str(profile), "acceptance_owner": "rehearsal-operator",
                 "acceptance_reviewer": "sre-lead", "vllm_image_digest": DIGEST,
                 "vllm_serve_hf_cache": str(MODELS)}
         (inv / "group_vars" / "all.yml").write_text(json.dumps({**base, **variables}, indent=2))
@@ -216,8 +345,9 @@ def run_preflight(inventory: Path, run_dir: Path, timeout_s: float = 600) -> tup
 
 def _ansible_env() -> dict[str, str]:
     env = dict(os.environ)
+    # judge() reads the default callback's lines ("msg", fatal:), not the checkout's compact progress output
     env.update({"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_PIPELINING": "1", "ANSIBLE_NOCOLOR": "1",
-                "ANSIBLE_HOST_KEY_CHECKING": "False",
+                "ANSIBLE_HOST_KEY_CHECKING": "False", "ANSIBLE_STDOUT_CALLBACK": "default",
                 "PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '/usr/bin:/bin')}"})
     return env
 
@@ -368,6 +498,59 @@ def two_node_layout(r: Rehearsal, reports: Path) -> Outcome:
             r.set_tool(host, "all_reduce_perf", present=True)
 
 
+def gb300_nvl72(r: Rehearsal, reports: Path) -> Outcome:
+    """The example GB300 NVL72 case on its true shape: two 4-GPU aarch64 trays from the real tray capture, one
+    ClusterUUID and CliqueId, IMEX active with both trays READY, tensor parallel across both trays with vLLM's
+    multi-node flags (one rank per tray is what the CPU build fills: vllm_gpus_per_node 1, as
+    two-node-layout). The ranks and preflight's in-image all-reduce talk gloo over the namespace network,
+    which the profile declares (hardware.collective_backend): fabric_path is not applicable, never a pass."""
+    for host in TRAYS:
+        r.set_node(host, "flat")
+        r.ssh(host, "docker", "rm", "-f", CONTAINER)
+    try:
+        inv = r.inventory("gb300-nvl72", gpu_nodes=TRAYS, head=TRAYS[0], workers=TRAYS[1:], profile=PROFILE_NVL72,
+                          variables={"vllm_serve_mode": "launch", "vllm_parallel": TWO_NODE_LAYOUT,
+                                     "vllm_gpus_per_node": 1, "vllm_serve_multinode_poll_s": 10,
+                                     "vllm_serve_multinode_env": {"GLOO_SOCKET_IFNAME": "eth0"},
+                                     **ALLREDUCE})
+        return run_accept(inv, reports)
+    finally:
+        for host in TRAYS:
+            r.ssh(host, "docker", "rm", "-f", CONTAINER)
+
+
+def fabric_not_initialised(r: Rehearsal, reports: Path) -> Outcome:
+    """The second tray's GPUs report ClusterUUID all zeros (the real capture, that one field changed): its
+    NVLink fabric never initialised, so no TP group may span it. The chain is broken whatever the server does:
+    as driver-575-one-node, the deployment URL does not answer and no server is started."""
+    import re
+
+    fault = r.state(TRAYS[1]) / "nvidia-smi-q.xml"
+    fault.write_text(re.sub(r"<clusterUuid>[^<]*</clusterUuid>", f"<clusterUuid>{ZERO_UUID}</clusterUuid>",
+                            TRAY_XML.read_text()))
+    try:
+        inv = r.inventory("fabric-not-initialised", gpu_nodes=TRAYS, head=TRAYS[0], workers=TRAYS[1:],
+                          profile=PROFILE_NVL72,
+                          variables={"vllm_serve_mode": "attach", "vllm_parallel": TWO_NODE_LAYOUT,
+                                     "vllm_gpus_per_node": 1,
+                                     "vllm_base_url": f"http://{r.address(TRAYS[0])}:8999/v1", **ALLREDUCE})
+        return run_accept(inv, reports)
+    finally:
+        fault.unlink(missing_ok=True)
+
+
+def b300_single_node(r: Rehearsal, reports: Path) -> Outcome:
+    """One HGX B300 node: 8 GPUs behind its own NVSwitch, Fabric Manager on the node, x86_64."""
+    r.set_node("b300-n01", "flat")
+    r.ssh("b300-n01", "docker", "rm", "-f", CONTAINER)
+    try:
+        inv = r.inventory("b300-single-node", gpu_nodes=["b300-n01"], head="b300-n01", profile=PROFILE_B300,
+                          variables={"vllm_serve_mode": "launch"})
+        return run_accept(inv, reports)
+    finally:
+        r.ssh("b300-n01", "docker", "rm", "-f", CONTAINER)
+
+
 def weakened_contract(r: Rehearsal, reports: Path) -> Outcome:
     inv = r.inventory("weakened-contract", gpu_nodes=["gb300-a01"], head="gb300-a01",
                       variables={"vllm_serve_mode": "attach", "vllm_base_url": f"http://{r.address('gb300-a01')}:8000/v1",
@@ -406,6 +589,12 @@ PLAYS: dict[str, Play] = {
                                    ("stable only under limits: capacity.kv_capacity",), suite=False),
     "crash-mid-ramp": Play("incomplete", lambda r, p: oom_mid_ramp(r, p, "crash_at_running=2", "crash-mid-ramp"),
                            ("without an OOM signature", "died unexpectedly"), suite=False),
+    # True shapes (issue 31): GB300 NVL72 trays, one HGX B300 node.
+    "fabric-not-initialised": Play("rebuild_environment", fabric_not_initialised,
+                                   ("interconnect.fabric_state@gb300-t02",)),
+    "gb300-nvl72": Play("release", gb300_nvl72, ("every required check passed with evidence",), suite=False),
+    "b300-single-node": Play("release", b300_single_node, ("every required check passed with evidence",),
+                             suite=False),
 }
 
 
