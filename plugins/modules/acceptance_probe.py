@@ -36,6 +36,11 @@ options:
   prometheus_instance:
     description: The instance label of the scrape target.
     type: str
+  prometheus_selector:
+    description:
+      - PromQL label matchers naming the server's one scrape target, e.g. C(job="vllm",instance="10.0.0.5:8000").
+      - Default C(instance="<host:port of base_url>"). A query matching several targets is refused, never summed.
+    type: str
   direct_url:
     description: The server's direct base URL when base_url is a gateway (agent probe).
     type: str
@@ -173,6 +178,7 @@ def main() -> None:
             "metrics_url": {"type": "str"},
             "prometheus_url": {"type": "str"},
             "prometheus_instance": {"type": "str"},
+            "prometheus_selector": {"type": "str"},
             "direct_url": {"type": "str"},
             "api_key": {"type": "str", "no_log": True},
             "server_pid": {"type": "int"},
@@ -202,7 +208,8 @@ def main() -> None:
         status, statuses, result = module.guard(
             run_cache_restart_stage, run.path, profile_path=p["profile_path"] or str(run.profile_path),
             base_url=p["base_url"], model=p["model"], metrics_url=p["metrics_url"],
-            prometheus_url=p["prometheus_url"], prometheus_instance=p["prometheus_instance"], api_key=p["api_key"],
+            prometheus_url=p["prometheus_url"], prometheus_instance=p["prometheus_instance"],
+            prometheus_selector=p["prometheus_selector"], api_key=p["api_key"],
             server_pid=p["server_pid"], server_log=p["server_log"], overrides=p["overrides"],
             restart_error=p["restart_error"], restart_log=p["restart_log"])
         module.exit_json(changed=True, status=status, statuses=statuses, result=str(result))
@@ -212,7 +219,8 @@ def main() -> None:
         status, statuses, result, pending = module.guard(
             run_load_limit_stage, run.path, profile_path=p["profile_path"] or str(run.profile_path),
             base_url=p["base_url"], model=p["model"], metrics_url=p["metrics_url"],
-            prometheus_url=p["prometheus_url"], prometheus_instance=p["prometheus_instance"], api_key=p["api_key"],
+            prometheus_url=p["prometheus_url"], prometheus_instance=p["prometheus_instance"],
+            prometheus_selector=p["prometheus_selector"], api_key=p["api_key"],
             server_pid=p["server_pid"], server_log=p["server_log"], overrides=p["overrides"],
             relaunch_error=p["relaunch_error"], relaunch_log=p["relaunch_log"], **agents)
         module.exit_json(changed=True, status=status, statuses=statuses, result=str(result), pending=pending)
@@ -224,7 +232,8 @@ def main() -> None:
     status, statuses, result = module.guard(
         run_probe_stage, run.path, p["kind"], profile_path=p["profile_path"] or str(run.profile_path),
         base_url=p["base_url"], model=p["model"], metrics_url=p["metrics_url"], prometheus_url=p["prometheus_url"],
-        prometheus_instance=p["prometheus_instance"], direct_url=p["direct_url"], api_key=p["api_key"],
+        prometheus_instance=p["prometheus_instance"], prometheus_selector=p["prometheus_selector"],
+        direct_url=p["direct_url"], api_key=p["api_key"],
         server_pid=p["server_pid"], server_log=p["server_log"], overrides=p["overrides"], **extra)
     module.exit_json(changed=True, status=status, statuses=statuses, result=str(result),
                      pending=bool((run.stage(p["kind"]) or {}).get("relaunch_point")))

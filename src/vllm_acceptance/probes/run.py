@@ -31,6 +31,7 @@ class ProbeOptions:
     metrics_url: str | None = None
     prometheus_url: str | None = None
     prometheus_instance: str | None = None
+    prometheus_selector: str | None = None   # label matchers naming the server's scrape target
     direct_url: str | None = None
     api_key: str | None = None
     server_pid: int | None = None
@@ -116,7 +117,8 @@ def run_cache_restart_probe(opts: ProbeOptions, details: dict[str, Any], restart
     store = EvidenceStore(opts.out_dir, secrets=[opts.api_key] if opts.api_key else [])
     client = OpenAIClient(opts.base_url, api_key=opts.api_key, timeout_s=request_timeout_s(opts))
     try:
-        source = metrics_source(opts.metrics_url, opts.prometheus_url, opts.prometheus_instance, opts.base_url)
+        source = metrics_source(opts.metrics_url, opts.prometheus_url, opts.prometheus_instance, opts.base_url,
+                            opts.prometheus_selector)
         scenario = load_scenario(str(_get(opts, "agent.scenario", "ops-agent")))
         return run_cache_restart(client, source, cache_config(opts, scenario), store, details, restart_error,
                                  restart_log)
@@ -130,7 +132,8 @@ def _dispatch(opts: ProbeOptions, client: OpenAIClient, store: EvidenceStore
     if opts.kind == "cache":
         from .cache import run_cache_probe
 
-        source = metrics_source(opts.metrics_url, opts.prometheus_url, opts.prometheus_instance, opts.base_url)
+        source = metrics_source(opts.metrics_url, opts.prometheus_url, opts.prometheus_instance, opts.base_url,
+                            opts.prometheus_selector)
         return run_cache_probe(client, source, cache_config(opts, scenario), store)
     if opts.kind == "agent":
         from .agent import AgentProbe
@@ -145,7 +148,8 @@ def _dispatch(opts: ProbeOptions, client: OpenAIClient, store: EvidenceStore
                 direct.close()
     from .load import run_load_probe
 
-    source = metrics_source(opts.metrics_url, opts.prometheus_url, opts.prometheus_instance, opts.base_url)
+    source = metrics_source(opts.metrics_url, opts.prometheus_url, opts.prometheus_instance, opts.base_url,
+                            opts.prometheus_selector)
     return run_load_probe(opts.base_url, source, load_config(opts), store, relaunch=opts.relaunch)
 
 
@@ -184,6 +188,7 @@ def run_load_limit_probe(opts: ProbeOptions, details: dict[str, Any], prior: lis
     from .load import run_load_limit
 
     store = EvidenceStore(opts.out_dir, secrets=[opts.api_key] if opts.api_key else [])
-    source = metrics_source(opts.metrics_url, opts.prometheus_url, opts.prometheus_instance, opts.base_url)
+    source = metrics_source(opts.metrics_url, opts.prometheus_url, opts.prometheus_instance, opts.base_url,
+                            opts.prometheus_selector)
     return run_load_limit(opts.base_url, source, load_config(opts), store, details, prior,
                           relaunch_error=relaunch_error, relaunch_log=relaunch_log)
