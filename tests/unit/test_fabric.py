@@ -335,3 +335,38 @@ def test_a_cluster_of_another_cpu_architecture_than_its_class_fails_gpu_visibili
     findings = judge(tmp_path, _class_profile("b300"), ["n1"], today=TODAY)
     visibility = next(f for f in findings if f.check == "compat.gpu_visibility")
     assert visibility.status == Status.FAIL and "CPU architecture aarch64" in visibility.reason
+
+
+# --- a profile whose collective backend is not NCCL (the rehearsal's lab image) ---------------------
+
+def _gloo_allreduce(host: str, rank: int, busbw: float) -> str:
+    """The in-image all-reduce's JSON line as the rehearsal's gloo run between two trays printed it."""
+    return json.dumps({"tool": "torch.distributed all_reduce", "node_rank": rank, "nnodes": 2, "host": host,
+                       "gpus_expected": 4, "master": "10.213.0.13:29512", "gpus_visible": 0, "backend": "gloo",
+                       "rows": [{"bytes": 2097152, "time_us": 9003.5, "algbw_gbps": busbw, "busbw_gbps": busbw,
+                                 "wrong": 0}],
+                       "ranks": [{"rank": 0, "host": "gb300-n01", "device": "cpu"},
+                                 {"rank": 1, "host": "gb300-n02", "device": "cpu"}],
+                       "world_size": 2, "nccl_version": None, "torch_version": "2.13.0+cpu"}) + "\n"
+
+
+@pytest.mark.parametrize("busbw, status", [(0.233, Status.PASS), (0.005, Status.FAIL)])
+def test_a_gloo_all_reduce_is_judged_by_the_profiles_threshold_not_the_nvlink_table(
+        tmp_path: Path, busbw: float, status: Status) -> None:
+    """The rehearsal's GB300 trays (profiles/rehearsal-gb300-nvl72.yml, collective_backend gloo): gloo on the
+    host network crosses no NVLink, so the table's MNNVL figures (fail below 600 GB/s) do not judge it and
+    fabric_path has no NCCL line to read; its own thresholds.nccl_busbw_gbps (0.1) does, both ways."""
+    profile = load_profile(ROOT / "profiles" / "rehearsal-gb300-nvl72.yml")
+    for rank, host in enumerate(TRAYS):
+        base = tray(tmp_path, host)
+        (base / "nccl_allreduce.txt").write_text("")
+        (base / "nccl_allreduce.json").write_text(json.dumps({"cmd": "all_reduce_perf", "rc": 127, "missing": True,
+                                                              "stderr": "all_reduce_perf: command not found"}))
+        _write(base, "nccl_allreduce_image", _gloo_allreduce(host, rank, busbw))
+    findings = judge(tmp_path, profile, list(TRAYS), today=TODAY)
+    by = {f"{f.check}@{f.host}": f for f in findings}
+    for host in TRAYS:
+        bandwidth = by[f"interconnect.nccl_bandwidth@{host}"]
+        assert bandwidth.status == status and bandwidth.expected == 0.1, bandwidth
+        assert bandwidth.observed["backend"] == "gloo" and bandwidth.observed["fabric"] is None
+        assert by[f"interconnect.fabric_path@{host}"].status == Status.NOT_APPLICABLE

@@ -45,6 +45,7 @@ def served_port(state: Path) -> str | None:
 
 def stream(state: Path, interval_ms: int) -> int:
     mode_file = state / "memory_mode"
+    gpus = int((state / "gpus").read_text()) if (state / "gpus").is_file() else GPUS   # a 4-GPU tray writes 4
     first_done: float | None = None
     while True:
         mode = mode_file.read_text().strip() if mode_file.is_file() else "flat"
@@ -55,7 +56,7 @@ def stream(state: Path, interval_ms: int) -> int:
             first_done = done if first_done is None or done < first_done else first_done   # a restart resets it
             rising = min(TOTAL_MIB, RISING_BASE_MIB + RISING_PER_REQUEST_MIB * int(done - first_done))
         now = dt.datetime.now(dt.UTC).strftime("%Y/%m/%d %H:%M:%S.%f")[:-3]
-        lines = [f"{now}, {i}, {rising if i == 0 else FLAT_MIB}" for i in range(GPUS)]
+        lines = [f"{now}, {i}, {rising if i == 0 else FLAT_MIB}" for i in range(gpus)]
         try:
             sys.stdout.write("\n".join(lines) + "\n")
             sys.stdout.flush()

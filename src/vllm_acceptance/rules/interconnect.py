@@ -237,7 +237,11 @@ def check_nccl_bandwidth(ctx: NodeContext) -> Finding:
 def _fabric_threshold(ctx: NodeContext) -> tuple[str | None, FabricThreshold | None]:
     """The fabric the all-reduce crossed (NCCL's INFO lines), else the one the layout implies
     (MNNVL trays: mnnvl; several HGX nodes: infiniband; one node: nvswitch), and the hardware
-    table's thresholds for it; (fabric, None) without `hardware.class` or a row for that fabric."""
+    table's thresholds for it; (fabric, None) without `hardware.class` or a row for that fabric.
+    A profile whose collective backend is not NCCL (the CPU lab's gloo, hardware.collective_backend)
+    crosses no GPU fabric: (None, None), its own thresholds.nccl_busbw_gbps judges it."""
+    if str(ctx.profile.get("hardware.collective_backend") or "nccl") != "nccl":
+        return None, None
     row = profile_class(ctx.profile)
     log = _all_reduce_log(ctx)
     measured = detect_fabric(log[0]).fabric if log is not None else None
