@@ -1,0 +1,129 @@
+"""The serving process as it runs (issue 28 item 3): the process listening on the server's port
+(`ss -ltnpH`), its argv and environment from /proc/PID/{cmdline,environ}, secrets redacted before
+anything is kept (core/redact.py), and what differs from the planned launch.
+
+What runs decides: the interconnect's environment and the all2all backend are judged on the live
+process where it was read (rules/interconnect.py), the planned launch only where it was not.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..core.redact import redact_obj
+
+# `LISTEN 0 2048 0.0.0.0:8000 0.0.0.0:* users:(("python3",pid=1234,fd=22),("vllm",pid=99,fd=3))`
+_SS_LINE = re.compile(r"^\s*LISTEN\s+\d+\s+\d+\s+(?P<local>\S+)\s+\S+\s*(?P<users>users:\(.*\))?\s*$")
+_SS_USER = re.compile(r'\("(?P<name>[^"]*)",pid=(?P<pid>\d+),fd=\d+\)')
+
+
+class LiveError(Exception):
+    """The serving process could not be read (gone, or not readable by this user)."""
+
+
+@dataclass(frozen=True)
+class Listener:
+    address: str
+    port: int
+    pid: int | None
+    process: str | None
+
+
+def parse_ss_listeners(text: str) -> list[Listener]:
+    """Listening TCP sockets of `ss -ltnp` (header or not); a socket of another user's process has no pid."""
+    out = []
+    for line in text.splitlines():
+        match = _SS_LINE.match(line)
+        if not match:
+            continue
+        address, _, port = match.group("local").rpartition(":")
+        if not port.isdigit():
+            continue
+        users = list(_SS_USER.finditer(match.group("users") or ""))
+        if not users:
+            out.append(Listener(address, int(port), None, None))
+        for user in users:
+            out.append(Listener(address, int(port), int(user.group("pid")), user.group("name")))
+    return out
+
+
+def listeners_on(text: str, port: int) -> list[Listener]:
+    return [x for x in parse_ss_listeners(text) if x.port == port]
+
+
+@dataclass
+class LiveProcess:
+    pid: int
+    argv: list[str]
+    env: dict[str, str]            # redacted
+    source: str
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def parse_cmdline(raw: bytes) -> list[str]:
+    """/proc/PID/cmdline, the value of a secret flag (``--api-key sk-...``) and secrets in values redacted."""
+    return redact_obj([part.decode(errors="replace") for part in raw.split(b"\0") if part])
+
+
+def parse_environ(raw: bytes) -> dict[str, str]:
+    """/proc/PID/environ, secrets redacted (a secret-named variable loses its value, others are scanned)."""
+    env = {}
+    for part in raw.split(b"\0"):
+        name, sep, value = part.decode(errors="replace").partition("=")
+        if sep and name:
+            env[name] = value
+    return redact_obj(env)
+
+
+def read_live_process(pid: int, proc: Path = Path("/proc")) -> LiveProcess:
+    """argv and environment of a running process; LiveError when it is gone or not readable."""
+    base = proc / str(pid)
+    try:
+        argv = parse_cmdline((base / "cmdline").read_bytes())
+    except OSError as exc:
+        raise LiveError(f"cannot read {base}/cmdline: {exc}") from exc
+    notes = []
+    try:
+        env = parse_environ((base / "environ").read_bytes())
+    except OSError as exc:
+        env = {}
+        notes.append(f"environment not readable ({exc.strerror or exc}): run as the server's user or with become")
+    return LiveProcess(pid=pid, argv=argv, env=env, source=f"{base}/cmdline, {base}/environ", notes=notes)
+
+
+def flag_values(argv: list[str]) -> dict[str, str | None]:
+    """`--flag value` / `--flag=value` / `--switch` of an argv, by flag (the last one wins)."""
+    out: dict[str, str | None] = {}
+    i = 0
+    while i < len(argv):
+        item = argv[i]
+        if item.startswith("--"):
+            name, eq, value = item.partition("=")
+            if eq:
+                out[name] = value
+            elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                out[name] = argv[i + 1]
+                i += 1
+            else:
+                out[name] = None
+        i += 1
+    return out
+
+
+def compare_launch(live: LiveProcess, planned_args: list[str], planned_env: dict[str, str],
+                   env_names: tuple[str, ...] = ("NCCL_", "UCX_", "NVSHMEM_", "VLLM_", "GLOO_")) -> dict[str, Any]:
+    """What the running server does not run as planned: planned flags absent or with another value, flags it
+    runs that the plan lacks, and planned communication variables absent or different (names by prefix)."""
+    have, want = flag_values(live.argv), flag_values([str(a) for a in planned_args])
+    differs = {f: {"planned": v, "live": have.get(f)} for f, v in want.items() if f not in have or have[f] != v}
+    extra = {f: v for f, v in have.items() if f not in want}
+    env = {k: {"planned": v, "live": live.env.get(k)} for k, v in planned_env.items()
+           if k.startswith(env_names) and live.env.get(k) != str(v)}
+    return {"args_differ": differs, "args_extra": extra, "env_differ": env,
+            "matches": not differs and not env}
