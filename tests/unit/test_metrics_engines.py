@@ -52,9 +52,12 @@ def test_two_engines_at_55_percent_read_55_not_110_each_engine_named() -> None:
     assert snap.engine_max("vllm:kv_cache_usage_perc") == pytest.approx(0.55)
     rows = engine_rows(snap)
     assert rows is not None and set(rows) == {"0", "1"} and rows["1"]["kv_usage"] == pytest.approx(0.55)
-    sample = {"kv_usage": snap.engine_max("vllm:kv_cache_usage_perc"), "waiting": 0, "engines": rows}
+    sample = {"kv_usage": snap.engine_max("vllm:kv_cache_usage_perc"), "waiting": 0, "running": 0, "engines": rows}
     sat = rules.kv_saturated([sample], 0.0, 2 * 524288, 2048, 128)
     assert sat["kv_saturated"] is False
+    row = step_row(4, records(8), [sample], 0.0, CFG, queue_p95=0.05, **sat)
+    assert row["max_kv_usage"] == pytest.approx(0.55) and row["kv_usage_by_engine"] == {"0": 0.55, "1": 0.55}
+    assert row["meets_slo"] is True
 
 
 def test_one_full_engine_is_saturated_and_bound_though_the_other_is_idle() -> None:
@@ -83,6 +86,8 @@ def test_kv_capacity_is_summed_over_the_data_parallel_engines_each_share_stated(
     # 384 sessions of 2048 tokens need 786,432 tokens: more than one engine holds, within the two.
     held = rules.judge_kv_capacity(readout, 384, 1984, 64, evidence=[], verified=None)
     assert held.status == Status.PASS and held.observed["readout"]["engine_tokens"] == {"0": 524288, "1": 524288}
+    over = rules.judge_kv_capacity(readout, 1024, 1984, 64, evidence=[], verified=None)
+    assert over.status == Status.FAIL and "(engine 0: 524288, engine 1: 524288)" in over.reason
     one = rules.kv_readout_engines(None, None, None, cache_configs(parse_exposition(LAB)), ["0"])
     assert one.tokens == 524288
     assert rules.judge_kv_capacity(one, 384, 1984, 64, evidence=[], verified=None).status == Status.FAIL

@@ -314,6 +314,16 @@ def engine_rows(snap: Snapshot) -> dict[str, dict[str, float | None]] | None:
     return {e: {key: values.get(e) for key, values in per.items()} for e in engines}
 
 
+def engine_peaks(samples: list[dict[str, Any]]) -> dict[str, float] | None:
+    """Each engine's highest KV usage over a step's samples (data parallel / DEP), None for one engine."""
+    peaks: dict[str, float] = {}
+    for sample in samples:
+        for engine, row in (sample.get("engines") or {}).items():
+            if row.get("kv_usage") is not None:
+                peaks[engine] = max(peaks.get(engine, 0.0), float(row["kv_usage"]))
+    return peaks if len(peaks) > 1 else None
+
+
 class LoadRun:
     def __init__(self, base_url: str, source: MetricsSource, cfg: LoadProbeConfig, store: EvidenceStore) -> None:
         self.base_url, self.source, self.cfg, self.store = base_url, source, cfg, store
@@ -501,6 +511,7 @@ def step_row(concurrency: int, records: list[Record], samples: list[dict[str, An
     row["max_running"] = max((x["running"] or 0) for x in samples) if samples else None
     row["max_waiting"] = max((x["waiting"] or 0) for x in samples) if samples else None
     row["max_kv_usage"] = max((x["kv_usage"] or 0) for x in samples) if samples else None
+    row["kv_usage_by_engine"] = engine_peaks(samples)
     row["preemptions"] = preempt
     row.update(measured)
     row["breaches"] = rules.breaches(row, cfg.slo, cfg.max_preemptions)

@@ -98,6 +98,13 @@ def kv_readout_engines(log_tokens: int | None, log_max_concurrency: float | None
     return out
 
 
+def engine_split(readout: KvReadout) -> str:
+    """`` (engine 0: 524288, engine 1: 524288)`` for a server of several engines, else ""."""
+    if len(readout.engine_tokens) < 2:
+        return ""
+    return " (" + ", ".join(f"engine {e}: {t}" for e, t in readout.engine_tokens.items()) + ")"
+
+
 def engine_share(kv_tokens: int, engines: int, engine: str, shares: dict[str, int] | None) -> int:
     """One engine's KV tokens: its stated share, else an even split of the server's sum."""
     return int((shares or {}).get(engine) or kv_tokens // max(1, engines))
@@ -193,8 +200,8 @@ def judge_kv_capacity(readout: KvReadout, concurrency: int, context_tokens: int,
     return check.fail(
         observed=observed, expected=f">= {need} tokens", evidence=evidence, rule=rule,
         consequence=Consequence.LIMIT if verified else Consequence.EXPAND,
-        reason=f"the KV cache holds {readout.tokens} tokens: {max_conc} session(s) at the contracted context, "
-               f"not {concurrency} ({need} tokens needed)",
+        reason=f"the KV cache holds {readout.tokens} tokens{engine_split(readout)}: {max_conc} session(s) at the "
+               f"contracted context, not {concurrency} ({need} tokens needed)",
         action=(f"cap --max-num-seqs / client concurrency at {max_conc}, or the context at {ctx} tokens for "
                 f"{concurrency} sessions (verified in this run)" if verified else
                 f"expand capacity (more KV memory: --gpu-memory-utilization, fewer weights per GPU, more "
@@ -286,7 +293,8 @@ def judge_ramp(steps: Sequence[dict[str, Any]], summary: dict[str, Any], *, evid
                                            "top_step", "text")},
                 "steps": [{k: s.get(k) for k in ("concurrency", "ok", "errors", "timeouts", "timed_out", "ttft_p95",
                                                  "e2e_p95", "queue_p95", "max_running", "max_waiting",
-                                                 "queue_time_mean_s", "max_kv_usage", "kv_saturated",
+                                                 "queue_time_mean_s", "max_kv_usage", "kv_usage_by_engine",
+                                                 "kv_saturated",
                                                  "kv_bound_samples", "preemptions", "peak_memory_bytes", "breaches",
                                                  "meets_slo", "inconclusive", "missing_samples")} for s in steps]}
     common = {"observed": observed, "evidence": evidence,
