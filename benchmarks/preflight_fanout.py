@@ -207,7 +207,7 @@ def main() -> int:
     parser.add_argument("--hosts", type=int, default=64)
     parser.add_argument("--forks", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--variant", nargs="+", choices=["role", "loop", "raw"], default=["role", "loop", "raw"])
-    parser.add_argument("--profile", default="profiles/kimi-k3.yml")
+    parser.add_argument("--profile", default="tests/fixtures/profiles/kimi-k3-8gpu-node.yml")
     parser.add_argument("--keep", action="store_true", help="keep the work dir (evidence) for inspection")
     args = parser.parse_args()
 

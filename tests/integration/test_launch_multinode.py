@@ -23,6 +23,8 @@ from support.hosts import REPO, HostSpec, ansible_bin, ansible_env, cluster_fact
 pytestmark = pytest.mark.hosts
 
 DIGEST = "sha256:" + "0123456789abcdef" * 4
+# the 8-GPU node model the node fixtures are shaped after (see its header); a path, as acceptance_profile takes one
+K3_8GPU = "tests/fixtures/profiles/kimi-k3-8gpu-node.yml"
 GOLDEN = REPO / "tests" / "fixtures" / "launch_golden"
 
 FAKE_DOCKER = r'''#!/usr/bin/python3
@@ -138,7 +140,7 @@ def _inventory(cluster_obj, path: Path, workers: list[str], extra: dict | None =
     children["vllm_workers"] = {"hosts": dict.fromkeys(workers)}
     data["all"]["hosts"] = {"localhost": {"ansible_connection": "local",
                                           "ansible_python_interpreter": "{{ ansible_playbook_python }}"}}
-    data["all"]["vars"] = {"acceptance_profile": "kimi-k3", "acceptance_owner": "test-owner",
+    data["all"]["vars"] = {"acceptance_profile": K3_8GPU, "acceptance_owner": "test-owner",
                            "acceptance_reviewer": "sre", "vllm_image_digest": DIGEST, "vllm_serve_mode": "launch",
                            **(extra or {})}
     path.write_text(json.dumps(data))

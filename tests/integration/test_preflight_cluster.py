@@ -69,7 +69,7 @@ def preflight_run(preflight_hosts: ClusterFactory, tmp_path_factory: pytest.Temp
         [
             ansible_bin(), "-i", str(inventory), "playbooks/preflight.yml",
             "-e", f"acceptance_run_dir={run_dir}",
-            "-e", f"acceptance_profile_path={REPO / 'profiles' / 'kimi-k3.yml'}",
+            "-e", f"acceptance_profile_path={REPO / 'tests/fixtures/profiles/kimi-k3-8gpu-node.yml'}",
         ],
         cwd=REPO, env=ansible_env(), capture_output=True, text=True, timeout=900, check=False,
     )  # fmt: skip

@@ -33,7 +33,7 @@ pytestmark = pytest.mark.hosts
 FIXTURES = REPO / "tests" / "fixtures" / "rebuild"
 OLD, NEW = "575.57.08", "580.95.05"
 HOSTS = ["node0", "node1", "node2"]
-PROFILE = str(REPO / "profiles" / "kimi-k3.yml")
+PROFILE = str(REPO / "tests/fixtures/profiles/kimi-k3-8gpu-node.yml")
 
 _spec = importlib.util.spec_from_file_location("fakenode", FIXTURES / "fakenode.py")
 assert _spec and _spec.loader

@@ -27,6 +27,7 @@ from support.hosts import REPO, ClusterFactory, ansible_bin, ansible_env
 pytestmark = pytest.mark.hosts
 
 FIXTURES = REPO / "tests" / "fixtures" / "rebuild"
+K3_8GPU = REPO / "tests/fixtures/profiles/kimi-k3-8gpu-node.yml"   # the 8-GPU node model (see its header)
 
 
 def git(cwd: Path, *args: str) -> str:
@@ -61,7 +62,7 @@ def test_build_image_records_lineage_and_writes_an_experimental_profile(ns_hosts
     cluster = ns_hosts([HostSpec("builder", bin_dir)], name="build-host")
     inventory = cluster.write_inventory(tmp_path / "inventory.yml", group="image_builders")
     run_dir, profile_path = tmp_path / "build", tmp_path / "profiles" / "kimi-k3-cu129.yml"
-    extra = {"acceptance_profile_path": str(REPO / "profiles" / "kimi-k3.yml"), "build_image_owner": "inference-team",
+    extra = {"acceptance_profile_path": str(K3_8GPU), "build_image_owner": "inference-team",
              "build_image_exit_date": "2099-01-31", "build_image_source_repo": f"file://{src}",
              "build_image_source_ref": "kimi-k3", "build_image_patches": [str(patch)],
              "build_image_workdir": str(tmp_path / "work"), "build_image_run_dir": str(run_dir),
@@ -130,7 +131,7 @@ def test_build_without_owner_or_exit_date_is_refused(ns_hosts: ClusterFactory, t
     shutil.copy(FIXTURES / "docker-build.sh", bin_dir / "docker")
     cluster = ns_hosts([HostSpec("builder", bin_dir)], name="build-host")
     inventory = cluster.write_inventory(tmp_path / "inventory.yml", group="image_builders")
-    extra = {"acceptance_profile_path": str(REPO / "profiles" / "kimi-k3.yml"), "build_image_source_ref": "kimi-k3"}
+    extra = {"acceptance_profile_path": str(K3_8GPU), "build_image_source_ref": "kimi-k3"}
     proc = subprocess.run([ansible_bin(), "-i", str(inventory), "playbooks/build_image.yml", "-e", json.dumps(extra)],
                           cwd=REPO, env=ansible_env(), capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode != 0 and "refused" in proc.stdout and "build_image_owner" in proc.stdout

@@ -35,7 +35,8 @@ def build_evidence(case: str, run_dir: Path, host: str = "gb300-n01", image: str
     base = run_dir / "evidence" / "preflight" / host
     base.mkdir(parents=True, exist_ok=True)
     # run.open_run copies the judged profile into every run; the recipe record points at it.
-    (run_dir / "evidence" / "profile.yml").write_text((NODES.parents[2] / "profiles" / "kimi-k3.yml").read_text())
+    profile = NODES.parents[2] / "tests/fixtures/profiles/kimi-k3-8gpu-node.yml"   # the node fixtures' 8-GPU model
+    (run_dir / "evidence" / "profile.yml").write_text(profile.read_text())
     for name, stdout in (("date_u", "Fri Aug 28 09:14:01 UTC 2026\n"), ("hostname", f"{host}\n"),
                          ("uname_a", f"Linux {host} 6.8.0-1031-nvidia-64k #33-Ubuntu SMP PREEMPT_DYNAMIC "
                                      "aarch64 aarch64 aarch64 GNU/Linux\n"),

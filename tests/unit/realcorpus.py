@@ -27,7 +27,7 @@ from vllm_acceptance.rules.launch_triage import classify_launch_failure
 
 ROOT = Path(__file__).resolve().parents[2]
 REAL = ROOT / "tests" / "fixtures" / "real"
-PROFILE = load_profile(ROOT / "profiles" / "kimi-k3.yml")
+PROFILE = load_profile(ROOT / "tests/fixtures/profiles/kimi-k3-8gpu-node.yml")
 ABSENT = "<the parser has no such field>"
 
 

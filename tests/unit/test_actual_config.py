@@ -30,7 +30,7 @@ DEFAULT_INFO = cache_config(parse_exposition((ROOT / "tests" / "fixtures" / "met
                                              .read_text()))
 K3_LINE = (SERVE / "kimi-k3-recipe-vllm-0.32-parser.generated.line").read_text()
 CPU_LAB = load_profile(ROOT / "profiles" / "cpu-lab.yml")
-KIMI = load_profile(ROOT / "profiles" / "kimi-k3.yml")
+KIMI = load_profile(ROOT / "tests/fixtures/profiles/kimi-k3-8gpu-node.yml")
 MODELS = {"data": [{"id": "tiny-agent", "max_model_len": 2048}]}
 ATTENTION = '--attention-config={"use_prefill_query_quantization":true,"mla_prefill_backend":"flashinfer"}'
 

@@ -17,7 +17,7 @@ from vllm_acceptance.rules.compat import NodeContext, check_nccl_bandwidth
 
 ROOT = Path(__file__).resolve().parents[2]
 CAPTURES = ROOT / "tests" / "fixtures" / "allreduce"
-KIMI = load_profile(ROOT / "profiles" / "kimi-k3.yml")
+KIMI = load_profile(ROOT / "tests/fixtures/profiles/kimi-k3-8gpu-node.yml")
 REHEARSAL = load_profile(ROOT / "profiles" / "rehearsal-gb300.yml")
 
 

@@ -26,7 +26,7 @@ from vllm_acceptance.rules.compat import (
 from nodefixtures import NODES, build_evidence
 
 ROOT = Path(__file__).resolve().parents[2]
-KIMI = load_profile(ROOT / "profiles" / "kimi-k3.yml")
+KIMI = load_profile(ROOT / "tests/fixtures/profiles/kimi-k3-8gpu-node.yml")
 CPU_LAB = load_profile(ROOT / "profiles" / "cpu-lab.yml")
 
 

@@ -14,7 +14,7 @@ from vllm_acceptance.serve.launch import layout, main, node_commands
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "fixtures" / "launch_golden"
-K3 = load_profile(REPO / "profiles" / "kimi-k3.yml")
+K3 = load_profile(REPO / "tests/fixtures/profiles/kimi-k3-8gpu-node.yml")
 LAB_PYTHON = REPO / ".venv-lab" / "bin" / "python"
 DIGEST = "sha256:" + "0123456789abcdef" * 4
 TWO = {"head": "gb300-a01", "workers": ["gb300-a02"], "image_digest": DIGEST,
@@ -121,12 +121,12 @@ def test_gpus_per_node_from_the_inventory_sets_what_a_replica_fills() -> None:
 
 
 def test_cli_prints_plan_and_refuses_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["plan", "--profile", str(REPO / "profiles" / "kimi-k3.yml"),
+    assert main(["plan", "--profile", K3.source,
                  "--facts", json.dumps({**TWO, "parallel": {"pipeline": 2}})]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["order"] == ["gb300-a01", "gb300-a02"] and plan["layout"]["kind"] == "replica"
     assert plan["ready_timeout_s"] == 3600
-    assert main(["plan", "--profile", str(REPO / "profiles" / "kimi-k3.yml"), "--facts", json.dumps(TWO)]) == 2
+    assert main(["plan", "--profile", K3.source, "--facts", json.dumps(TWO)]) == 2
     assert "must fill each node" in capsys.readouterr().err
 
 

@@ -128,7 +128,7 @@ def test_experimental_release_refused(case: str) -> None:
 
 
 def test_the_official_profile_is_never_released_with_a_self_built_lineage() -> None:
-    official = load_profile(REPO / "profiles" / "kimi-k3.yml").data
+    official = load_profile(REPO / "tests/fixtures/profiles/kimi-k3-8gpu-node.yml").data
     assert release_scope(official, {}).status == Status.NOT_APPLICABLE
     claimed = {**official, "lineage": exp_profile()["lineage"]}  # a self-built image on the official profile
     scope = release_scope(claimed, {})

@@ -22,7 +22,8 @@ RECIPE = ROOT / "recipes" / "vllm-project" / "Kimi-K3.yaml"
 # `vllm-acceptance profile from-recipe recipes/vllm-project/Kimi-K3.yaml --hardware H --strategy S --name P
 #  --out profiles/P.yml` (the command is also the first line of each file).
 SHIPPED = [
-    ("kimi-k3-gb300", "gb300", "multi_node_tp"),      # the flagship: GB300 NVL72, two 4-GPU trays, TP8 across
+    ("kimi-k3", "gb300", "multi_node_tp"),            # the flagship: GB300 NVL72, two 4-GPU trays, TP8 across
+    ("kimi-k3-gb300", "gb300", "multi_node_tp"),
     ("kimi-k3-b300", "b300", "single_node_tp"),
     ("kimi-k3-gb300-dep16", "gb300", "multi_node_dep"),
     ("kimi-k3-h200", "h200", "single_node_tp"),

@@ -15,7 +15,7 @@ from vllm_acceptance.rebuild import remediation as rem
 from vllm_acceptance.verdict import decide
 
 REPO = Path(__file__).resolve().parents[2]
-KIMI = load_profile(REPO / "profiles" / "kimi-k3.yml")
+KIMI = load_profile(REPO / "tests/fixtures/profiles/kimi-k3-8gpu-node.yml")
 NOW = dt.datetime(2026, 8, 30, 23, 0, tzinfo=dt.UTC)
 WINDOW = "2026-08-30T22:00Z/2026-08-31T04:00Z"
 

@@ -24,7 +24,7 @@ from vllm_acceptance.serve.stage import ServeFacts, judge_serve
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "launch_failures"
 INDEX = yaml.safe_load((FIXTURES / "index.yml").read_text())["cases"]
-K3 = load_profile(REPO / "profiles" / "kimi-k3.yml")
+K3 = load_profile(REPO / "tests/fixtures/profiles/kimi-k3-8gpu-node.yml")
 LAB = load_profile(REPO / "profiles" / "cpu-lab.yml")
 
 BROKEN_CHAIN = [Finding(check="compat.driver_branch", status=Status.FAIL, host="gb300-a01",
