@@ -84,6 +84,37 @@ def tested_on_overrides(decision: Decision, overrides: list[dict[str, Any]], fin
     decision.gates = traffic_gates(decision.verdict, findings)
 
 
+def not_official_image(profile: Profile, findings: list[Finding]) -> dict[str, Any] | None:
+    """The image the run judged, when it is not the profile's official one (rules/image.py, compat.image_identity
+    observed.official false): which nodes, which image, why. None when every node ran the profile's image."""
+    other = [f for f in findings if f.check == "compat.image_identity" and isinstance(f.observed, dict)
+             and f.observed.get("official") is False]
+    if not other:
+        return None
+    return {"official": False, "profile": profile.name,
+            "official_reference": other[0].observed.get("official_reference"),
+            "reference": sorted({str(f.observed.get("reference")) for f in other}),
+            "hosts": sorted(str(f.host) for f in other),
+            "why": sorted({r for f in other for r in f.observed.get("not_official") or []})}
+
+
+def experimental_route(decision: Decision, other_image: dict[str, Any] | None, findings: list[Finding]) -> None:
+    """Another image than the profile's official one is judged on the experimental route (SPEC: released only on
+    its own experimental profile, with lineage): never a release of this profile, and the first reason says so."""
+    if other_image is None:
+        return
+    decision.experimental = True
+    if decision.verdict == "release":
+        decision.verdict = "limited_observation"
+        decision.gates = traffic_gates(decision.verdict, findings)
+    why, name = "; ".join(other_image["why"]), other_image["profile"]
+    decision.reasons.insert(0, (
+        f"NOT THE OFFICIAL IMAGE: {', '.join(other_image['reference'])} on {', '.join(other_image['hosts'])} is not "
+        f"profile {name}'s image {other_image['official_reference']} ({why}): never an acceptance of {name}; judged "
+        "on the experimental route: release only on the image's own experimental profile with its lineage "
+        "(playbooks/build_image.yml, compat.lineage.*)"))
+
+
 def gpu_nodes_named(profile: Profile, run: dict[str, Any], findings: list[Finding]) -> list[Finding]:
     """A GPU profile judged without any GPU node (empty or misspelled gpu_nodes) is never a release:
     the preflight file alone proves nothing when it holds no node's evidence."""
@@ -146,6 +177,8 @@ def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
                       unreachable_errors=unreachable_errors)
     overrides = probe_overrides(profile, (run.get("inventory_vars") or {}).get("acceptance_probe_overrides"))
     tested_on_overrides(decision, overrides, findings)
+    other_image = not_official_image(profile, findings)
+    experimental_route(decision, other_image, findings)
     facts = (stages.get("preflight") or {}).get("hosts") or {}
     environment = {**environment_summary(facts), **run.get("environment", {})} if facts else run.get("environment", {})
     signoff = {"scenario_version": scenario_version(profile), **(run.get("signoff") or {}), **(signoff or {})}
@@ -164,6 +197,7 @@ def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
         "verdict_reasons": decision.reasons,
         "immediate_action": IMMEDIATE_ACTION[decision.verdict],
         "experimental": decision.experimental,
+        "official_image": other_image,
         "lineage": profile.get("lineage"),
         "lineage_checks": {k: f.to_dict() for k, f in lineage.items() if k != "compat.lineage.release_scope"},
         "recipe": profile.get("recipe"),

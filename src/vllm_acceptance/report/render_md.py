@@ -66,6 +66,13 @@ def render_markdown(report: dict[str, Any]) -> str:
     out = [f"# Acceptance: {report.get('inventory')} / {report.get('run_id')}", "",
            f"**Verdict: `{verdict}` — {VERDICT_TITLES.get(verdict, verdict)}**", "",
            f"**Immediate action:** {fmt(report.get('immediate_action'))}", ""]
+    other = report.get("official_image")
+    if isinstance(other, dict):
+        out += [f"> **Not the official image.** {fmt(', '.join(other.get('reference') or []))} is not profile "
+                f"`{fmt(other.get('profile'))}`'s image `{fmt(other.get('official_reference'))}` "
+                f"({fmt('; '.join(other.get('why') or []))}): never an acceptance of `{fmt(other.get('profile'))}`; "
+                "judged on the experimental route (release only on the image's own experimental profile, with its "
+                "lineage).", ""]
     if report.get("experimental"):
         lineage = report.get("lineage") or {}
         out += ["> **Experimental (self-built) image.** Never an acceptance of the official profile. "

@@ -59,7 +59,9 @@ register("compat.container_cuda", stage="preflight", consequence=REBUILD,
 register("compat.image_identity", stage="preflight", consequence=REBUILD,
          title="Image reference and digest",
          rule="full reference and registry digest recorded; no forbidden tag suffix (e.g. -cu129); pinned digest "
-              "matches when the profile or inventory pins one",
+              "matches when the profile or inventory pins one; the profile's own image (repository, tag, the digest "
+              "the profile pins), whatever inventory variable names another: another image fails with limited "
+              "observation at most, the run judged on the experimental route (never a release of the profile)",
          evidence="docker/podman image inspect",
          source="000/001: image identity: full reference and digest, pull date, the exact launch command")
 register("compat.image_uniform", stage="preflight", consequence=REBUILD,

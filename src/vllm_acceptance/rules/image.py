@@ -63,6 +63,51 @@ def _repo_of(reference: str) -> str:
     return name.rsplit(":", 1)[0] if ":" in last else name
 
 
+def official_reference(ctx: NodeContext) -> tuple[str | None, str | None]:
+    """The profile's own image: its reference and the digest the profile pins (on an experimental profile, the
+    lineage's image digest). An inventory variable never changes it (issue 28, item 1)."""
+    digest = ctx.profile.get("image.digest")
+    if ctx.profile.experimental:
+        digest = digest or ctx.profile.get("lineage.image_digest")
+    reference = ctx.profile.get("image.reference")
+    return (str(reference) if reference else None), (str(digest) if digest else None)
+
+
+def not_official_reasons(ctx: NodeContext, reference: str | None, digests: list[str]) -> list[str]:
+    """Why the image under test is not the profile's own image: another repository, another tag (unless the
+    profile pins a digest the image has), or another digest than the profile pins. Empty when it is."""
+    official, official_digest = official_reference(ctx)
+    if not official or not reference:
+        return []
+    reasons = []
+    if _repo_of(reference) != _repo_of(official):
+        reasons.append(f"repository {_repo_of(reference)} is not the profile's {_repo_of(official)}")
+    elif "@" not in reference and _tag(reference) != _tag(official) and not (
+            official_digest and official_digest in digests):
+        reasons.append(f"tag {_tag(reference) or '(none)'} is not the profile's {_tag(official) or '(none)'}")
+    if official_digest and official_digest not in digests:
+        reasons.append(f"digest {digests or '(none)'} is not the profile's pinned {official_digest}")
+    inventory_digest = ctx.evidence.inputs.get("image_digest")
+    if official_digest and inventory_digest and inventory_digest != official_digest:
+        reasons.append(f"the inventory pins {inventory_digest}, not the profile's {official_digest}")
+    return reasons
+
+
+def _not_official(ctx: NodeContext, observed: dict[str, Any], expected: dict[str, Any], rule: str,
+                  evidence: list[str], reasons: list[str]) -> Finding:
+    """Another image than the profile's own: whatever variable set it, never acceptance of the official image.
+    The run is judged on the experimental route (SPEC: a self-built image is released only on its own
+    experimental profile, with lineage): at most limited observation here (report/build.py says so first)."""
+    official, _ = official_reference(ctx)
+    observed = {**observed, "official": False, "official_reference": official, "not_official": reasons}
+    return finding("compat.image_identity", Status.FAIL, ctx.host, observed=observed, expected=expected, rule=rule,
+                   evidence=evidence, consequence=Consequence.LIMIT,
+                   reason=f"not the profile's official image {official}: " + "; ".join(reasons)
+                          + f"; judged on the experimental route, never as acceptance of {ctx.profile.name}",
+                   action=f"{ROUTE_IMAGE}: run {official} (pinned by digest); or {ROUTE_SELF_BUILT}: "
+                          "playbooks/build_image.yml writes the image's own experimental profile with its lineage")
+
+
 def check_image_identity(ctx: NodeContext) -> Finding:
     check = "compat.image_identity"
     if not ctx.containerised:
@@ -84,7 +129,8 @@ def check_image_identity(ctx: NodeContext) -> Finding:
     expected = {"reference": ctx.profile.get("image.reference"), "digest": pinned or "recorded",
                 "forbidden_tag_suffixes": forbidden}
     rule = ("full reference and registry digest recorded; no forbidden tag suffix; the local tag was pulled "
-            "from its own repository; digest == the pinned digest when one is pinned")
+            "from its own repository; digest == the pinned digest when one is pinned; the profile's own image "
+            "(repository, tag, the digest the profile pins), whatever inventory variable names another")
     problems: list[str] = []
     tags = ([reference] if reference else []) + inspect.repo_tags
     bad_tags = sorted({t for t in tags for s in forbidden if s and _tag(t).endswith(s)})
@@ -103,6 +149,9 @@ def check_image_identity(ctx: NodeContext) -> Finding:
                         evidence=evidence, reason="; ".join(problems),
                         action=f"{ROUTE_IMAGE}: pull {ctx.profile.get('image.reference')} by digest and pin it "
                                f"(inventory vllm_image_digest); a self-built image only as {ROUTE_SELF_BUILT}")
+    other = not_official_reasons(ctx, reference, inspect.digests)
+    if other:
+        return _not_official(ctx, observed, expected, rule, evidence, other)
     return finding(check, Status.PASS, ctx.host, observed=observed, expected=expected, rule=rule,
                     evidence=evidence, action="none" if pinned else
                     "pin the recorded digest in the inventory (vllm_image_digest) so a re-tag is caught")
