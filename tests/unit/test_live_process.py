@@ -3,17 +3,25 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import os
 import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from vllm_acceptance.core.findings import Finding, Status
+from vllm_acceptance.core.profile import load_profile
 from vllm_acceptance.core.redact import REDACTED
+from vllm_acceptance.parsers.node_evidence import EVIDENCE_SUBDIR
+from vllm_acceptance.rules.interconnect import expected_comm_settings
 from vllm_acceptance.serve.live import (
     LiveError,
+    LiveProcess,
     compare_launch,
     listeners_on,
     parse_ss_listeners,
@@ -74,3 +82,57 @@ def test_a_port_nobody_listens_on_and_a_gone_process_are_no_evidence(serving) ->
     proc.wait()
     with pytest.raises(LiveError):
         read_live_process(proc.pid)
+
+
+# --- interconnect.nccl_env judged on the running server ---------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+KIMI = ROOT / "tests/fixtures/profiles/kimi-k3-8gpu-node.yml"
+EXAMPLE_GB300 = {"vllm_parallel": {"tensor": 8, "pipeline": 2}, "vllm_interconnect": "nvl"}
+
+
+def start_with_env(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, "-c", SERVE, *args], stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, **env})
+    assert proc.stdout is not None
+    proc.stdout.readline()
+    return proc
+
+
+def judged_with_live(tmp_path: Path, live: dict[str, LiveProcess]) -> dict[tuple[str, str | None], Finding]:
+    from vllm_acceptance.preflight.stage import judge
+
+    from nodefixtures import build_evidence
+
+    hosts = ["gb300-a01", "gb300-a02"]
+    for host in hosts:
+        build_evidence("good", tmp_path, host=host)
+    for host, process in live.items():
+        (tmp_path / EVIDENCE_SUBDIR / host / "live_process.txt").write_text(json.dumps(process.to_dict()))
+    (tmp_path / "run.json").write_text(json.dumps({"hosts": hosts, "inventory_vars": EXAMPLE_GB300}))
+    return {(f.check, f.host): f for f in judge(tmp_path, load_profile(KIMI), hosts, today=dt.date(2026, 8, 30))}
+
+
+def test_nccl_env_is_judged_on_the_running_process_not_the_plan(tmp_path: Path) -> None:
+    recipe_args, recipe_env = expected_comm_settings(load_profile(KIMI), "nvl")
+    assert recipe_env and recipe_args, "the profile's nvl launch sets communication variables and all2all"
+    dropped = sorted(recipe_env)[0]
+    right = start_with_env(recipe_args, {k: str(v) for k, v in recipe_env.items()})
+    wrong = start_with_env(recipe_args, {k: str(v) for k, v in recipe_env.items() if k != dropped})
+    no_a2a = start_with_env([], {k: str(v) for k, v in recipe_env.items()})
+    try:
+        live = {"gb300-a01": read_live_process(right.pid), "gb300-a02": read_live_process(wrong.pid)}
+        other = read_live_process(no_a2a.pid)
+    finally:
+        for proc in (right, wrong, no_a2a):
+            proc.kill()
+            proc.wait()
+    found = judged_with_live(tmp_path, live)
+    ok, bad = found[("interconnect.nccl_env", "gb300-a01")], found[("interconnect.nccl_env", "gb300-a02")]
+    assert ok.status == Status.PASS and ok.observed["source"].startswith("the running server (pid")
+    assert any(p.endswith("live_process.txt") for p in ok.evidence)
+    assert bad.status == Status.FAIL and dropped in bad.reason   # the plan sets it; the process runs without it
+    a2a = judged_with_live(tmp_path / "a2a", {"gb300-a02": other})[("interconnect.nccl_env", "gb300-a02")]
+    assert a2a.status == Status.FAIL and "--all2all-backend" in a2a.reason   # the running backend is not the recipe's
+    planned = judged_with_live(tmp_path / "planned", {})[("interconnect.nccl_env", "gb300-a02")]
+    assert planned.status == Status.PASS and planned.observed["source"].startswith("the planned launch")

@@ -10,6 +10,7 @@ from ..parsers.env import comm_env
 from ..parsers.nccl_tests import NcclPerf, detect_fabric, parse_all_reduce_perf, parse_torch_allreduce
 from ..parsers.rdma import parse_ibv_devinfo, parse_rdma_link
 from ..parsers.startup_log import StartupScan
+from ..serve.live import live_launch
 from .context import NodeContext, finding, gpu_profile_na, why_missing
 from .fabric import _all_reduce_log
 from .launched import LaunchedPlan, launched_plan
@@ -149,9 +150,17 @@ def check_nccl_env_node(ctx: NodeContext) -> Finding:
     default_args, default_env = planned_launch(ctx.profile, ctx.multinode, ctx.plan)
     env = {k: str(v) for k, v in (inputs.get("launch_env") or default_env).items()}
     args = [str(a) for a in (inputs.get("launch_args") or default_args)]
-    return check_nccl_env(env, args, ctx.profile, ctx.host, ctx.paths("inputs", "env"), ctx.multinode,
-                          ctx.startup_scan,
-                          interconnect=(ctx.plan or launched_plan(ctx.profile)).interconnect)
+    evidence, source = ctx.paths("inputs", "env"), "the planned launch (no running server read on this node)"
+    live = ctx.evidence.get("live_process")
+    running = live_launch(live.stdout) if live.present else None
+    if running is not None:   # what runs decides, not what was planned
+        args, env, source = running
+        evidence = ctx.paths("live_process")
+    finding = check_nccl_env(env, args, ctx.profile, ctx.host, evidence, ctx.multinode, ctx.startup_scan,
+                             interconnect=(ctx.plan or launched_plan(ctx.profile)).interconnect)
+    if finding.observed is not None:
+        finding.observed["source"] = source
+    return finding
 
 
 # --- interconnect.nccl_bandwidth ------------------------------------------------------------

@@ -8,6 +8,7 @@ process where it was read (rules/interconnect.py), the planned launch only where
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -127,3 +128,17 @@ def compare_launch(live: LiveProcess, planned_args: list[str], planned_env: dict
            if k.startswith(env_names) and live.env.get(k) != str(v)}
     return {"args_differ": differs, "args_extra": extra, "env_differ": env,
             "matches": not differs and not env}
+
+
+def live_launch(text: str) -> tuple[list[str], dict[str, str], str] | None:
+    """argv, environment and a description of a ``live_process`` evidence record (the JSON
+    :meth:`LiveProcess.to_dict` wrote); None when it holds no readable process."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("argv"), list) or not data.get("pid"):
+        return None
+    env = data.get("env") if isinstance(data.get("env"), dict) else {}
+    return ([str(a) for a in data["argv"]], {str(k): str(v) for k, v in env.items()},
+            f"the running server (pid {data['pid']}, {data.get('source') or '/proc'})")
