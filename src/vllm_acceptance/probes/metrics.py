@@ -211,6 +211,8 @@ class PrometheusMetrics(MetricsSource):
         for item in result:
             metric = dict(item.get("metric", {}))
             name = metric.pop("__name__", "")
+            if name.endswith("_created"):   # a counter's creation time, not its value (as parse_exposition)
+                continue
             for drop in ("job", "instance"):
                 metric.pop(drop, None)
             key = frozenset(metric.items())
