@@ -94,11 +94,14 @@ def listener() -> Iterator[CountingListener]:
 
 def test_every_node_down_is_an_incomplete_verdict_naming_each_node_and_its_ssh_error(tmp_path: Path) -> None:
     inventory = _inventory(tmp_path / "site", DOWN)
-    proc, seconds = _run(inventory, tmp_path / "reports")
+    # Issue 30 asks for under a minute: 18 s measured on a quiet machine. Not asserted (no timing-sensitive tests;
+    # 72 s were seen at load 13 on 2 cores): what keeps it short is asserted instead, that nothing waited on a
+    # node (each error is an immediate refusal, no timeout) and nothing was launched or probed.
+    proc, _ = _run(inventory, tmp_path / "reports")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 40, out[-4000:]
     assert "verdict: incomplete" in proc.stdout and "exit: 40" in proc.stdout
-    assert seconds < 60, f"{seconds:.0f} s"                            # issue 30: in under a minute (18 s measured)
+    assert "timed out" not in out.lower() and "waiting for" not in out, out[-4000:]
     run_dir = tmp_path / "reports" / "site" / "latest"
     report = json.loads((run_dir / "report.json").read_text())
     assert report["verdict"] == "incomplete" and report["unreachable_hosts"] == sorted(DOWN)
