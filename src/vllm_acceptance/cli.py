@@ -31,6 +31,8 @@ def _add_probe(sub: argparse._SubParsersAction, kind: str, help_text: str) -> No
     p.add_argument("--metrics-url", help="vLLM /metrics URL (default: <base-url root>/metrics)")
     p.add_argument("--prometheus-url", help="read metrics through this Prometheus instead")
     p.add_argument("--prometheus-instance", help="the scrape target's instance label in Prometheus")
+    p.add_argument("--prometheus-selector", help="label matchers naming the server's one scrape target in "
+                                                 "Prometheus, e.g. 'job=\"vllm\",instance=\"10.0.0.5:8000\"'")
     p.add_argument("--api-key-env", default="VLLM_API_KEY",
                    help="environment variable holding the API key (never passed on the command line)")
     if kind == "agent":
@@ -281,7 +283,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
     opts = ProbeOptions(
         kind=args.kind, base_url=args.base_url, model=args.model, out_dir=args.out,
         profile=resolve_profile(args.profile), metrics_url=args.metrics_url, prometheus_url=args.prometheus_url,
-        prometheus_instance=args.prometheus_instance, direct_url=getattr(args, "direct_url", None),
+        prometheus_instance=args.prometheus_instance, prometheus_selector=args.prometheus_selector,
+        direct_url=getattr(args, "direct_url", None),
         api_key=os.environ.get(args.api_key_env) or None, server_pid=getattr(args, "server_pid", None),
         server_log=getattr(args, "server_log", None), restart_command=getattr(args, "restart_command", None),
         overrides=parse_overrides(args.set))
