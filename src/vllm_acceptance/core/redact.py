@@ -14,6 +14,7 @@ What counts as a secret (docs/acceptance.md "Contracts": secrets never reach evi
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from typing import Any
 
 REDACTED = "***REDACTED***"
@@ -37,6 +38,7 @@ _SPLIT = re.compile(r"[_\-.\s]+")
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 
 
+@lru_cache(maxsize=4096)
 def is_secret_name(name: str) -> bool:
     """True when a variable, flag or field name carries a secret value (module docstring)."""
     bare = name.strip().strip("\"'").lstrip("-")
@@ -90,6 +92,12 @@ def redact_text(text: str, extra_secrets: list[str] | None = None) -> str:
     for secret in extra_secrets or []:
         if secret and len(secret) >= 4:
             text = text.replace(secret, REDACTED)
+    return _redact_patterns(text) if len(text) < 512 else _redact_patterns.__wrapped__(text)
+
+
+@lru_cache(maxsize=8192)
+def _redact_patterns(text: str) -> str:
+    """The patterns over one text; short texts repeat across a report (hosts, statuses, units): cached."""
     text = _URL_USERINFO.sub(_redact_userinfo, text)
     text = _AUTH_HEADER.sub(lambda m: f"{m.group('k')}{m.group('sep')}{_mask(m.group('v'))}", text)
     text = _KNOWN_FLAG.sub(lambda m: f"{m.group('k')}{m.group('sep')}{_mask(m.group('v'))}", text)
