@@ -195,3 +195,40 @@ def test_two_nodes_judge_the_launched_layout_not_the_profiles(cluster: rh.Rehear
         assert sorted(bandwidth["observed"]["hosts"]) == ["gb300-a01", "gb300-a03"]
     assert outcome.verdict == "release", outcome.reasons
     assert cluster.container_status("gb300-a03") == "absent"
+
+
+def test_gb300_nvl72_trays_an_uninitialised_fabric_names_its_tray_the_other_passes(
+        cluster: rh.Rehearsal, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """fabric-not-initialised's preflight (one run, about 40 s alone on 2 cores): the true GB300 NVL72 shape (two
+    4-GPU aarch64 trays from the real tray capture, IMEX active with both trays READY, tensor parallel across
+    the trays), gb300-t02's ClusterUUID all zeros: its own fabric_state fails naming it, the NVLink domain check
+    names it, the healthy tray passes every check of its own, and the verdict is rebuild_environment.
+    (make rehearsal runs fabric-not-initialised as a whole accept.yml run, and gb300-nvl72 to a release.)"""
+    from vllm_acceptance.core.findings import Finding
+    from vllm_acceptance.verdict import decide
+
+    inv = cluster.inventory("nvl72-preflight", gpu_nodes=rh.TRAYS, head=rh.TRAYS[0], workers=rh.TRAYS[1:],
+                            profile=rh.PROFILE_NVL72,
+                            variables={"vllm_serve_mode": "launch", "vllm_parallel": rh.TWO_NODE_LAYOUT,
+                                       "vllm_gpus_per_node": 1, **rh.ALLREDUCE})
+    cluster.fabric_not_initialised("gb300-t02", True)
+    try:
+        proc, findings = rh.run_preflight(inv, tmp_path_factory.mktemp("nvl72"), profile=rh.PROFILE_NVL72)
+    finally:
+        cluster.fabric_not_initialised("gb300-t02", False)
+    assert findings, proc.stdout[-3000:] + proc.stderr[-3000:]
+    by = {f"{f['check']}@{f['host']}" if f["host"] else f["check"]: f for f in findings}
+    broken = by["interconnect.fabric_state@gb300-t02"]
+    assert broken["status"] == "fail" and "tray gb300-t02" in broken["reason"], broken
+    assert "never initialised" in broken["reason"]
+    domain = by["interconnect.nvlink_domain"]
+    assert domain["status"] == "fail" and "gb300-t02" in domain["reason"], domain
+    healthy = [(f["check"], f["status"], f["reason"]) for f in findings if f["host"] == "gb300-t01"
+               and f["status"] not in ("pass", "not_applicable")]
+    assert healthy == []
+    assert by["compat.gpu_visibility@gb300-t01"]["status"] == "pass"            # 4 GPUs, aarch64: the tray shape
+    assert by["interconnect.fabric_state@gb300-t01"]["status"] == "pass"
+    assert by["interconnect.fabric_path@gb300-t01"]["status"] == "not_applicable"   # gloo: no NCCL line to read
+    assert by["interconnect.nccl_bandwidth@gb300-t01"]["observed"]["backend"] == "gloo"
+    assert by["interconnect.imex"]["status"] == by["compat.topology"]["status"] == "pass"
+    assert decide([Finding.from_dict(f) for f in findings]).verdict == "rebuild_environment"
