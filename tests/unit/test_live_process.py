@@ -24,6 +24,7 @@ from vllm_acceptance.serve.live import (
     LiveProcess,
     compare_launch,
     listeners_on,
+    live_launch,
     parse_ss_listeners,
     read_live_process,
 )
@@ -136,3 +137,34 @@ def test_nccl_env_is_judged_on_the_running_process_not_the_plan(tmp_path: Path) 
     assert a2a.status == Status.FAIL and "--all2all-backend" in a2a.reason   # the running backend is not the recipe's
     planned = judged_with_live(tmp_path / "planned", {})[("interconnect.nccl_env", "gb300-a02")]
     assert planned.status == Status.PASS and planned.observed["source"].startswith("the planned launch")
+
+
+# --- collected on the node (roles/preflight/files/live_process.py), saved redacted ---------------------------
+
+NODE_SCRIPT = (ROOT / "roles/preflight/files/live_process.py").read_text()
+
+
+def node_answer(port: int) -> str:
+    """What the preflight's node command prints: the real script, stock python3, on this machine."""
+    return subprocess.run(["python3", "-c", NODE_SCRIPT, str(port)], capture_output=True, text=True, check=True,
+                          timeout=60).stdout
+
+
+def test_the_node_script_reports_the_listener_and_the_controller_saves_it_redacted(serving, tmp_path: Path) -> None:
+    from vllm_acceptance.preflight.stage import StreamRecord, _evidence_stdout
+
+    proc, port = serving
+    raw = json.loads(node_answer(port))
+    assert raw["pid"] == proc.pid and "--all2all-backend" in raw["argv"]
+    assert raw["env"]["HF_TOKEN"] == "<redacted>" and raw["env"]["NCCL_IB_HCA"] == "mlx5_0,mlx5_1"
+    saved = _evidence_stdout(StreamRecord(name="live_process", cmd=["python3"], stdout=json.dumps(raw)), [])
+    assert "sk-livekey-987" not in saved and "hf_livesecret123456" not in saved and "sk-x9" not in saved
+    args, env, source = live_launch(saved) or ([], {}, "")
+    assert "deepep_low_latency" in args and env["NCCL_IB_HCA"] == "mlx5_0,mlx5_1"
+    assert source.startswith(f"the running server (pid {proc.pid}")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    nobody = json.loads(node_answer(free))
+    assert nobody["pid"] is None and "no process listens" in nobody["reason"]
+    assert live_launch(json.dumps(nobody)) is None   # no running server here: the plan is judged, never a pass by it

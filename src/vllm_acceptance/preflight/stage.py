@@ -235,6 +235,11 @@ def _evidence_stdout(record: StreamRecord, secrets: list[str]) -> str:
     text = record.stdout
     if record.name == "env":
         text = "\n".join(sorted(text.splitlines())) + "\n"
+    if record.name == "live_process":   # the serving process's argv and environment (roles/preflight/files)
+        try:
+            return json.dumps(redact_obj(json.loads(text), secrets), indent=1, sort_keys=True) + "\n"
+        except ValueError:
+            pass
     return redact_text(text, secrets)
 
 
