@@ -67,7 +67,7 @@ def test_report_exits_by_verdict_as_run_does(kind: str, tmp_path: Path, capsys: 
     assert code == EXIT_CODES[verdict] and code != 0
 
 
-def test_the_printed_sign_command_is_one_sign_accepts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_the_printed_sign_command_is_one_sign_accepts_with_a_reviewer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     run_dir, report = samples.build("limited", tmp_path / "reports")
     write_reports(run_dir, report)
@@ -78,18 +78,9 @@ def test_the_printed_sign_command_is_one_sign_accepts(tmp_path: Path, monkeypatc
     argv = shlex.split(command)
     assert argv[0] == "vllm-acceptance"
     monkeypatch.chdir(tmp_path)                                             # the directory holding reports/
-    # pasted as printed, the placeholder is refused with what to give
+    # pasted as printed, the placeholder is refused with what to give; so are no reviewer and the operator
     assert cli.main(argv[1:]) == 2
     assert "SRE or platform lead" in capsys.readouterr().err
-    assert argv[argv.index("--decision") + 1] == "limited_observation"    # the verdict's own decision
-    filled = ["L. Chen (SRE)" if a == "NAME" else a for a in argv[1:]]
-    assert cli.main(filled) == 0, capsys.readouterr().err
-    assert json.loads((run_dir / "signoff.json").read_text())["reviewer"] == "L. Chen (SRE)"
-
-
-def test_sign_needs_a_reviewer_who_did_not_run_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    run_dir, report = samples.build("limited", tmp_path / "reports")
-    write_reports(run_dir, report)
     with pytest.raises(SystemExit):                                         # argparse: --reviewer is required
         cli.main(["sign", str(run_dir), "--decision", "limited_observation"])
     assert "--reviewer" in capsys.readouterr().err
@@ -97,6 +88,10 @@ def test_sign_needs_a_reviewer_who_did_not_run_it(tmp_path: Path, capsys: pytest
     assert cli.main(["sign", str(run_dir), "--reviewer", engineer, "--decision", "limited_observation",
                      "--deployment-engineer", engineer]) == 2
     assert "another person" in capsys.readouterr().err and not (run_dir / "signoff.json").exists()
+    assert argv[argv.index("--decision") + 1] == "limited_observation"    # the verdict's own decision
+    filled = ["L. Chen (SRE)" if a == "NAME" else a for a in argv[1:]]
+    assert cli.main(filled) == 0, capsys.readouterr().err
+    assert json.loads((run_dir / "signoff.json").read_text())["reviewer"] == "L. Chen (SRE)"
 
 
 def test_markdown_is_not_html_escaped_and_checklist_lines_name_their_source(tmp_path: Path) -> None:
