@@ -150,3 +150,16 @@ def test_prometheus_targets_durations_and_selectors() -> None:
     assert scrape_time("0001-01-01T00:00:00Z") < 0 and scrape_time("") == 0.0
     source = metrics_source(None, "http://127.0.0.1:1", None, "http://10.0.0.5:8000/v1")
     assert getattr(source, "selector", None) == 'instance="10.0.0.5:8000"'   # the run's own server by default
+
+
+def test_a_limit_run_whose_scrape_failed_is_neither_held_nor_broken() -> None:
+    setting = {"kind": "concurrency", "max_num_seqs": 2, "client_concurrency": 2, "context_tokens": 1984}
+    lacks = missing_samples(None, parse_exposition(LAB), 0, [], crashed=False)
+    unread = {"setting": setting, "stage": "verify_concurrency", "held": False, "breaches": [],
+              "missing_samples": lacks}
+    finding, limit = rules.judge_verified_limit([setting], [unread], evidence=[])
+    assert finding.status == Status.INCONCLUSIVE and "before the step failed" in finding.reason and limit == {}
+    broke = {**unread, "breaches": ["e2e_p95"], "missing_samples": []}
+    assert rules.judge_verified_limit([setting], [broke], evidence=[])[0].status == Status.FAIL
+    held = {**unread, "held": True, "missing_samples": []}
+    assert rules.judge_verified_limit([setting], [held], evidence=[])[0].status == Status.PASS

@@ -1038,7 +1038,7 @@ def verify_one(run: LoadRun, setting: dict[str, Any], mode: str) -> dict[str, An
     stage = f"verify_{setting['kind']}"
     row = run_step(run, stage, int(setting["client_concurrency"]), int(setting["context_tokens"]), 50_000)
     return {"setting": setting, "stage": stage, "held": row["meets_slo"] and not run.crashed,
-            "breaches": row["breaches"], "mode": mode,
+            "breaches": row["breaches"], "mode": mode, "missing_samples": row.get("missing_samples") or [],
             "row": {k: row.get(k) for k in ("concurrency", "ok", "errors", "ttft_p95", "e2e_p95", "queue_p95",
                                              "max_waiting", "max_kv_usage", "preemptions", "kv_saturated")}}
 

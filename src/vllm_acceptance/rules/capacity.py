@@ -386,6 +386,13 @@ def judge_verified_limit(proposed: Sequence[dict[str, Any]], attempts: Sequence[
             reason="; ".join(f"{a['setting']['kind']} limit not tested: the server did not come back with "
                              f"{' '.join(limit_flags(a['setting']))}: {a['relaunch_error']}" for a in untested),
             action="read the relaunch's log (the limit's flags may be refused by this vLLM), fix and re-run"), {}
+    unread = [a for a in attempts if a.get("missing_samples") and not a.get("breaches")]
+    if unread:   # a failed scrape decides nothing: the limit is neither held nor broken
+        return check.inconclusive(
+            observed=observed, expected="a limited run", evidence=evidence, rule=rule,
+            reason="; ".join(f"{a['setting']['kind']} limit not judged: " + "; ".join(a["missing_samples"])
+                             for a in unread),
+            action="make the server's metrics readable during the limited run and re-run the load stage"), {}
     broke = "; ".join(f"{a['setting']['kind']} (concurrency {a['setting']['client_concurrency']}, context "
                       f"{a['setting']['context_tokens']}) broke on {', '.join(a['breaches']) or 'errors'}"
                       for a in attempts)
