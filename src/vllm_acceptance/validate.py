@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .core.profile import ConfigError, load_profile
-from .core.rundir import resolve_profile_path, validate_inventory_vars
+from .core.rundir import require_contract_served, resolve_profile_path, validate_inventory_vars
 from .core.variables import PREFIXES
 
 CHECKOUT = Path(__file__).resolve().parents[2]
@@ -119,5 +119,7 @@ def validate(profile: str | None, inventory: Path | None, project: Path | None =
                                   "to a profiles/<name>.yml name or a path, or give --profile")
             profile = str(site["acceptance_profile"])
     loaded = load_profile(resolve_profile(str(profile), project_dir, field_name))
+    if inventory is not None:      # what accept.yml's validate play refuses against this profile (core/rundir.py)
+        require_contract_served(loaded, variables, host_variables, f"{source} ({loaded.name})")
     return Validated(profile=loaded.name, profile_path=str(loaded.source),
                      inventory=str(inventory) if inventory else None, variables_checked=checked, templated=templated)

@@ -98,7 +98,8 @@ def test_actual_config_pass_and_failures() -> None:
 
     assert {c: f.status for c, f in judge().items()} == {
         "compat.actual_config.prefix_caching": Status.PASS, "compat.actual_config.cache": Status.NOT_APPLICABLE,
-        "compat.actual_config.flags": Status.PASS, "compat.actual_config.max_model_len": Status.PASS}
+        "compat.actual_config.flags": Status.PASS, "compat.actual_config.unlisted_args": Status.PASS,
+        "compat.actual_config.max_model_len": Status.PASS}
     # prefix caching off on the running server, despite the plan
     off = judge(info={"enable_prefix_caching": "False"})
     assert off["compat.actual_config.prefix_caching"].status == Status.FAIL
@@ -116,7 +117,8 @@ def test_actual_config_pass_and_failures() -> None:
     none = judge(info=None, log=None, models=None)
     assert {c: f.status for c, f in none.items()} == {
         "compat.actual_config.prefix_caching": Status.MISSING, "compat.actual_config.cache": Status.NOT_APPLICABLE,
-        "compat.actual_config.flags": Status.MISSING, "compat.actual_config.max_model_len": Status.MISSING}
+        "compat.actual_config.flags": Status.MISSING, "compat.actual_config.unlisted_args": Status.MISSING,
+        "compat.actual_config.max_model_len": Status.MISSING}
 
 
 def test_process_flags() -> None:

@@ -89,3 +89,103 @@ def extra_args_errors(data: Mapping[str, Any], extra_args: Any, source: str) -> 
             f"({window} tokens: contract.context_tokens + contract.max_output_tokens); fix: raise it to at least "
             f"{window}, remove it (the profile's launch serves {launch_max_model_len(data)[0]}), or use a profile "
             "with a smaller contract"]
+
+
+# vLLM arguments that cap what the server can carry (issue 28, item 4; docs/checks.md,
+# compat.actual_config.unlisted_args): fewer sequences or batched tokens per step, no CUDA graphs, a draft model,
+# KV moved off the GPU or to another instance, weights offloaded. One the profile does not state, with its value,
+# changes the capacity the acceptance signs. --max-num-seqs limits the contract only below its concurrency and
+# --max-model-len only below its window (context + max output); at or above them they are recorded, not judged.
+LIMITING_ARGS: dict[str, str] = {
+    "max_num_seqs": "caps the concurrent sequences per engine",
+    "max_num_batched_tokens": "caps the tokens scheduled per step",
+    "enforce_eager": "turns CUDA graphs off (slower decode)",
+    "speculative_config": "adds speculative decoding (another model's or method's behaviour and memory)",
+    "kv_transfer_config": "moves KV cache to or from another instance (disaggregated serving, KV connectors)",
+    "kv_offloading_size": "offloads KV cache off the GPU",
+    "kv_offloading_backend": "offloads KV cache off the GPU",
+    "cpu_offload_gb": "offloads weights to CPU memory",
+}
+
+
+def _as_int(value: Any) -> int | None:
+    try:
+        return int(str(value))
+    except ValueError:
+        return None
+
+
+def limits_contract(data: Mapping[str, Any], key: str, value: Any) -> str | None:
+    """Why argument `key`=`value` (not stated by the profile) limits the contract's capacity; None when it does not."""
+    if value in (None, False) or str(value).lower() == "false":
+        return None
+    if key == "max_num_seqs":
+        want, got = _section(data, "contract").get("concurrency"), _as_int(value)
+        if isinstance(want, int) and got is not None and got >= want:
+            return None
+        return f"{LIMITING_ARGS[key]}: {value}, below the contract's {want} concurrent sessions"
+    if key == "max_model_len":
+        window, got = contract_window(data), _as_int(value)
+        if window is None or got is None or got >= window:
+            return None
+        return f"serves {got} tokens, below the contract's {window} (context + max output)"
+    return LIMITING_ARGS.get(key)
+
+
+def _flags(args: Sequence[Any]) -> dict[str, Any]:
+    from ..rules.flag_readings import parse_flags  # rules import core: resolved at call time
+
+    return parse_flags([str(a) for a in args])
+
+
+def limiting_overrides(data: Mapping[str, Any], args: Any) -> dict[str, str]:
+    """The capacity-limiting arguments of an inventory argv (vllm_serve_extra_args, preflight_launch_args) whose
+    value the profile's launch.args do not state: {--flag value: why}. --max-model-len is extra_args_errors'."""
+    if not isinstance(args, list):
+        return {}
+    stated = _flags(_section(data, "launch").get("args") or [])
+    out = {}
+    for key, value in _flags(args).items():
+        why = limits_contract(data, key, value) if key in LIMITING_ARGS and str(stated.get(key)) != str(value) \
+            else None
+        if why:
+            flag = "--" + key.replace("_", "-")
+            out[flag if value is True else f"{flag} {value}"] = why
+    return out
+
+
+def limiting_args_errors(data: Mapping[str, Any], variables: Mapping[str, Any], source: str) -> list[str]:
+    """One line per capacity-limiting argument an inventory variable adds to the launch; refused before any node
+    is touched (the serve stage would judge it compat.actual_config.unlisted_args: never a release)."""
+    lines = []
+    for field in ("vllm_serve_extra_args", "preflight_launch_args"):
+        for shown, why in limiting_overrides(data, variables.get(field)).items():
+            lines.append(f"{source}: field `{field}`: {shown} {why}: the run would accept a server weaker than the "
+                         "profile's launch; fix: remove it, or write profiles/<site>.yml (extends the profile) whose "
+                         f"launch.args state {shown} and set acceptance_profile to it")
+    return lines
+
+
+# The distributed load stage's shape (playbooks/loadgen.yml): each loadgen_* value below the profile's load
+# section weakens the step the contract is judged by (issue 28, item 8). loadgen_concurrency is per host and
+# its total depends on the host count: load/merge.py judges it.
+LOADGEN_FLOORS: dict[str, str] = {
+    "loadgen_prompt_tokens": "load.prompt_tokens",
+    "loadgen_output_tokens": "load.output_tokens",
+}
+
+
+def loadgen_errors(data: Mapping[str, Any], variables: Mapping[str, Any], source: str) -> list[str]:
+    lines = []
+    load = _section(data, "load")
+    for field, floor in LOADGEN_FLOORS.items():
+        value, want = variables.get(field), load.get(floor.split(".", 1)[1])
+        try:
+            low = value is not None and want is not None and int(value) < int(want)
+        except (TypeError, ValueError):
+            continue
+        if low:
+            lines.append(f"{source}: field `{field}`: {value} is below the profile's {floor} ({want}): the "
+                         f"distributed load would run below the contract's shape; fix: remove {field} (the default "
+                         f"is the profile's), set it to at least {want}, or write a site profile with that load")
+    return lines

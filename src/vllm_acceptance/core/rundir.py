@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from .contract import extra_args_errors
+from .contract import extra_args_errors, limiting_args_errors, loadgen_errors
 from .evidence import EvidenceStore, atomic_write
 from .findings import Finding, read_findings, write_findings
 from .profile import ConfigError, Profile, load_profile
@@ -80,11 +80,17 @@ def require_gpu_nodes(profile: Profile, hosts: list[str], source: str) -> None:
 
 def require_contract_served(profile: Profile, variables: dict[str, Any], host_variables: dict[str, dict[str, Any]],
                             source: str) -> None:
-    """An inventory --max-model-len below the contract is refused before any node is touched (core/contract.py)."""
+    """An inventory --max-model-len below the contract, a capacity-limiting launch argument the profile does not
+    state and a loadgen_* value below the profile's load are refused before any node is touched (core/contract.py)."""
     lines = extra_args_errors(profile.data, variables.get("vllm_serve_extra_args"), f"{source} (group_vars)")
+    lines += limiting_args_errors(profile.data, variables, f"{source} (group_vars)")
+    lines += loadgen_errors(profile.data, variables, f"{source} (group_vars)")
     for host, host_vars in sorted(host_variables.items()):
         lines += extra_args_errors(profile.data, (host_vars or {}).get("vllm_serve_extra_args"),
                                    f"{source} (host {host})")
+        own = {k: v for k, v in (host_vars or {}).items() if variables.get(k) != v}
+        lines += limiting_args_errors(profile.data, own, f"{source} (host {host})")
+        lines += loadgen_errors(profile.data, own, f"{source} (host {host})")
     if lines:
         raise ConfigError("invalid inventory:\n  " + "\n  ".join(lines))
 

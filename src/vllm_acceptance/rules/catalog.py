@@ -200,6 +200,16 @@ register("compat.actual_config.flags", stage="serve", consequence=REBUILD,
               "fail for its absence alone; the argv is kept as what was asked, never as the proof",
          evidence="evidence/serve/startup.log (non-default args, engine config), evidence/serve/process-args.json",
          source="000: parsers and flags from the running process")
+register("compat.actual_config.unlisted_args", stage="serve", consequence=REBUILD,
+         title="Every non-default argument of the running server",
+         rule="the startup log's non-default args that the profile does not list are recorded; a capacity-limiting "
+              "one the profile does not state (max_num_seqs below the contract's concurrency, "
+              "max_num_batched_tokens, enforce_eager, speculative_config, kv_transfer_config, KV or weight offload, "
+              "max_model_len below the contract) fails; an absent startup log is missing, an unreadable line "
+              "inconclusive; the inventory's vllm_serve_extra_args and preflight_launch_args adding one are refused "
+              "at validation",
+         evidence="evidence/serve/startup.log (non-default args)",
+         source="000: actual configuration, not the command line (every argument the server runs with)")
 register("compat.actual_config.max_model_len", stage="serve", consequence=REBUILD,
          title="Context limit the server serves",
          rule="/v1/models max_model_len >= the contract (context_tokens + max_output_tokens); its difference from "
@@ -329,9 +339,10 @@ register("agent.tool_schemas", stage="agent", consequence=AGENT,
          source="003: tool JSON Schemas validated before any request")
 register("agent.tool_call", stage="agent", consequence=AGENT,
          title="Required tool call well-formed",
-         rule=("tool_calls present, names from the schema, arguments valid JSON per schema; the format-error "
-              "rate's 95 % upper bound over the turns <= thresholds.tool_format_error_rate (turn count from the "
-              "threshold, agent.turn_budget at most); below it only with every error recovered by the validated retry"),
+         rule=("over the seeded case set's distinct cases (scenarios/cases.py: single, parallel, multi-turn; "
+              "agent.cases, at least what the threshold needs, agent.turn_budget at most): tool_calls present, "
+              "names from the schema, arguments valid JSON per schema; the format-error rate's 95 % upper bound "
+              "<= thresholds.tool_format_error_rate; below it only with every error recovered by the validated retry"),
          evidence="probes/agent/<case>/*",
          source="003/recipe: K3 occasionally emits a tool-call format its parser does not expect")
 register("agent.schema_accuracy", stage="agent", consequence=AGENT,
@@ -342,7 +353,9 @@ register("agent.schema_accuracy", stage="agent", consequence=AGENT,
          source="recipe: Kimi Vendor Verifier schema accuracy; 003: rates of schema-valid calls")
 register("agent.trigger_consistency", stage="agent", consequence=AGENT,
          title="Consistent tool triggering",
-         rule="repeated runs of the same input trigger the same call",
+         rule=("repeated runs of the same case trigger the same call (agent.consistency_cases x agent.repeats; "
+              "repeats never enter a rate); the irrelevance cases (no tool fits) abstain: the 95 % lower bound "
+              "of abstentions >= thresholds.tool_abstain_min"),
          evidence="probes/agent/<case>/*",
          source="003: repeated runs: rates of schema-valid calls and of consistent triggering")
 register("agent.separation", stage="agent", consequence=AGENT,
@@ -400,6 +413,24 @@ register("agent.multimodal", stage="agent", consequence=AGENT,
          rule="where the service takes images, an image request is answered and the image reached the model",
          evidence="probes/agent/<case>/*",
          source="003: a multimodal request where the service takes images")
+register("agent.under_load", stage="agent", consequence=AGENT,
+         title="Agent checks hold under load",
+         rule=("the case set sent again with the contracted concurrency in flight (--under-load N, "
+              "agent.under_load): no case that passed served alone fails under load (schema-invalid arguments, "
+              "markup in content, a lost field, a 5xx); the failing cases, the concurrency and the layer are named "
+              "(the gateway's when the direct server passes the same cases under the same load)"),
+         evidence="probes/agent/cases.json, cases-under-load.json",
+         source="issue 29: failures that reach production appear when many guided-decoding and tool-parsing "
+                "requests run at once")
+register("agent.reference_agreement", stage="agent", consequence=AGENT,
+         title="Tool calls agree with the reference",
+         rule=("with a reference endpoint (agent_reference_url / --reference-url), the case set sent to it too: "
+              "tool-call F1 on triggering (the reference's calls are the positive class) >= "
+              "thresholds.reference_agreement_min (default 0.80); argument agreement per case reported; "
+              "no reference: not_applicable, never pass"),
+         evidence="probes/agent/reference.json",
+         source=("Moonshot K2-Vendor-Verifier: tool-call F1 against the official API, thresholds F1 >= 80 % for "
+                 "K2-0905 and >= 73 % for K2-thinking (docs/sources.md#k2-vendor-verifier)"))
 register("agent.timeouts", stage="agent", consequence=AGENT,
          title="Hung agent requests",
          rule="a request without a complete answer within agent.request_timeout_s decides nothing; it is named",

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.contract import contract_window, launch_max_model_len
+from ..core.contract import LIMITING_ARGS, contract_window, launch_max_model_len, limits_contract
 from ..core.findings import Consequence, Finding, Status, missing
 from ..core.profile import Profile
 from ..parsers.base import version_at_least
@@ -165,6 +165,7 @@ def check_actual_config(reports: ServerReports, profile: Profile, host: str | No
     return [_actual_prefix_caching(reports, wanted, host),
             _actual_cache(reports, wanted, argv, host),
             _actual_flags(reports, wanted, argv, host),
+            _actual_unlisted(reports, profile, wanted, host),
             _actual_max_model_len(reports, profile, host)]
 
 
@@ -228,6 +229,48 @@ def _actual_flags(reports: ServerReports, wanted: dict[str, Any], argv: dict[str
                              evidence=evidence)
     readings = [read_from_startup_log(key, wanted[key], reports.startup, argv) for key in keys]
     return _judge_readings(check, readings, host, evidence)
+
+
+def unlisted_args(non_default: dict[str, Any], wanted: dict[str, Any]) -> dict[str, Any]:
+    """The server's non-default args that the profile does not list (model, host, port and the like included)."""
+    return {k: v for k, v in non_default.items() if k not in wanted}
+
+
+def limiting_unlisted(unlisted: dict[str, Any], profile: Profile) -> dict[str, str]:
+    """Those that limit the contract's capacity (core/contract.py limits_contract), each with why."""
+    out = {k: limits_contract(profile.data, k, v) for k, v in unlisted.items()
+           if k in LIMITING_ARGS or k == "max_model_len"}
+    return {k: why for k, why in out.items() if why}
+
+
+def _actual_unlisted(reports: ServerReports, profile: Profile, wanted: dict[str, Any], host: str | None) -> Finding:
+    """Every non-default argument of the running server judged (issue 28, item 4): those the profile does not list
+    are recorded; a capacity-limiting one (max_num_seqs, enforce_eager, a speculative config, KV offload or
+    transfer, ...) the profile does not state fails (rebuild_environment: the launch is out of the profile)."""
+    check = registry.get("compat.actual_config.unlisted_args")
+    evidence = reports.log_evidence
+    scan = reports.startup
+    if scan is None or scan.lines == 0:
+        return check.missing(host, "no startup log: the server's non-default args (what it runs with beyond the "
+                                   "profile) are unread", evidence=evidence)
+    if scan.non_default_args is None:
+        why = (f"the non-default args line is unreadable: {scan.non_default_args_line.text[:300]}"
+               if scan.non_default_args_line is not None else "the startup log has no non-default args line")
+        return check.inconclusive(host, evidence=evidence, reason=why,
+                                  action="capture the whole startup log from its first line and re-run")
+    unlisted = unlisted_args(scan.non_default_args, wanted)
+    limiting = limiting_unlisted(unlisted, profile)
+    observed = {"unlisted": unlisted, "limiting": limiting}
+    expected = "no capacity-limiting argument the profile does not state (" + ", ".join(sorted(LIMITING_ARGS)) + ")"
+    if limiting:
+        return check.fail(host, observed=observed, expected=expected, evidence=evidence,
+                          reason="the server runs with arguments the profile does not state that limit capacity: "
+                                 + "; ".join(f"{k}={unlisted.get(k)!r} ({why})" for k, why in limiting.items()),
+                          action="launch without them (inventory vllm_serve_extra_args, the attached server's own "
+                                 "command line), or write a site profile whose launch.args state them and accept that")
+    return check.passed(host, observed=observed, expected=expected, evidence=evidence,
+                        reason=("arguments the profile does not list, none limiting capacity: "
+                                + ", ".join(sorted(unlisted))) if unlisted else "")
 
 
 def _expected_prefix_caching(wanted: dict[str, Any]) -> bool:
