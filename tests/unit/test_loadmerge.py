@@ -29,7 +29,7 @@ def records(host: str, n: int, start: float, e2e: float = 0.5, status: str = "ok
 
 
 def write_host(run_dir: Path, host: str, recs: list[Record], concurrency: int = 2, asked: int | None = None,
-               torn: bool = False, cpu_pct: float | None = 20.0) -> None:
+               torn: bool = False, cpu_pct: float | None = 20.0, prompt_tokens: int | None = None) -> None:
     d = run_dir / "probes" / "load-distributed"
     d.mkdir(parents=True, exist_ok=True)
     text = "".join(json.dumps(r.to_dict()) + "\n" for r in recs)
@@ -37,6 +37,8 @@ def write_host(run_dir: Path, host: str, recs: list[Record], concurrency: int = 
         text += '{"request_id": "cut-mid-wri'
     (d / f"{host}.jsonl").write_text(text)
     meta = {"host": host, "concurrency": concurrency, "requests": len(recs) if asked is None else asked}
+    if prompt_tokens is not None:
+        meta["prompt_tokens"] = prompt_tokens
     if cpu_pct is not None:  # the worker's client self-check, as load/worker.py writes it
         meta["selfcheck"] = [{"process": 0, "host": host, "cpu_pct": cpu_pct, "loop_lag_s": {"p99": 0.002},
                               "chunks": sum(r.chunks for r in recs), "read_busy_s": 0.01}]
@@ -159,3 +161,22 @@ def test_a_host_without_a_self_check_cannot_pass(tmp_path: Path) -> None:
     write_host(tmp_path, "lg1", records("lg1", 8, START + 0.3), cpu_pct=None)  # an older worker, or a lost meta
     finding, _ = merge(tmp_path, ["lg0", "lg1"])
     assert finding.status == Status.INCONCLUSIVE and "no load generator self-check" in finding.reason
+
+
+def test_a_step_below_the_contract_concurrency_never_passes(tmp_path: Path) -> None:
+    """loadgen_concurrency: 1 on two hosts sends 2 sessions where the contract (cpu-lab) asks 4: the SLO is met
+    there, which says nothing about the contract (issue 28, item 8)."""
+    write_host(tmp_path, "lg0", records("lg0", 6, START + 0.01), concurrency=1)
+    write_host(tmp_path, "lg1", records("lg1", 4, START + 0.02), concurrency=1)
+    finding, _ = merge(tmp_path, ["lg0", "lg1"])
+    assert finding.status == Status.INCONCLUSIVE
+    assert "2 concurrency in all, below 4" in finding.reason and "loadgen_concurrency" in finding.reason
+
+
+def test_shorter_prompts_than_the_profile_never_pass(tmp_path: Path) -> None:
+    write_host(tmp_path, "lg0", records("lg0", 6, START + 0.01), prompt_tokens=256)
+    write_host(tmp_path, "lg1", records("lg1", 4, START + 0.02), prompt_tokens=16)    # loadgen_prompt_tokens: 16
+    finding, _ = merge(tmp_path, ["lg0", "lg1"])
+    assert finding.status == Status.INCONCLUSIVE
+    assert "prompt_tokens below the profile's 256 (loadgen_prompt_tokens): lg1 16" in finding.reason
+    assert finding.observed["below_contract"]

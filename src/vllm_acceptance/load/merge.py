@@ -116,6 +116,27 @@ def host_clients(runs: list[HostRun], cfg: LoadProbeConfig) -> dict[str, dict[st
                                                  cfg.client, cfg.slo) for run in runs}
 
 
+def below_contract_shape(runs: list[HostRun], cfg: LoadProbeConfig) -> list[str]:
+    """What the hosts sent below the profile's shape (issue 28, item 8): fewer concurrent sessions or requests in
+    all than the contract and load.requests_per_step, or a host's prompts or outputs shorter than the profile's
+    load section. The loadgen_* inventory variables set these; a step below the contract proves nothing about it,
+    so it never passes. Totals count over the hosts (the default splits the contract's concurrency over them)."""
+    out = []
+    for name, want, var in (("concurrency", cfg.contract_concurrency, "loadgen_concurrency x hosts: the contract's "
+                                                                      "concurrent sessions"),
+                            ("requests", cfg.requests_per_step, "loadgen_requests x hosts: load.requests_per_step")):
+        total = sum(int((run.meta or {}).get(name) or 0) for run in runs)
+        if runs and total < want:
+            out.append(f"{total} {name} in all, below {want} ({var})")
+    for name, want, var in (("prompt_tokens", cfg.prompt_tokens, "loadgen_prompt_tokens"),
+                            ("output_tokens", cfg.output_tokens, "loadgen_output_tokens")):
+        low = sorted(f"{run.host} {(run.meta or {}).get(name)}" for run in runs
+                     if isinstance((run.meta or {}).get(name), int) and int((run.meta or {})[name]) < want)
+        if low:
+            out.append(f"{name} below the profile's {want} ({var}): {', '.join(low)}")
+    return out
+
+
 def judge(runs: list[HostRun], expected_hosts: list[str], clock: dict[str, Any], row: dict[str, Any],
           evidence: list[str], cfg: LoadProbeConfig) -> Finding:
     """The finding ``capacity.distributed`` from the merged step row and the checks around it."""
@@ -145,6 +166,13 @@ def judge(runs: list[HostRun], expected_hosts: list[str], clock: dict[str, Any],
         return Finding(status=Status.INCONCLUSIVE, reason=f"{loadgen_rules.SATURATED} on {why}",
                        action=loadgen_rules.RECOMMENDATION, **common)
     shortfall = expected_shortfall(runs)
+    weaker = below_contract_shape(runs, cfg)
+    observed["below_contract"] = weaker
+    if row["meets_slo"] and not shortfall and weaker:
+        return Finding(status=Status.INCONCLUSIVE, reason="the step ran below the contract's shape, so meeting the "
+                       "SLO there says nothing about the contract: " + "; ".join(weaker),
+                       action="remove the weakening loadgen_* variables (the defaults split the contract over the "
+                              "hosts) and re-run playbooks/loadgen.yml", **common)
     if row["meets_slo"] and not shortfall:
         return Finding(status=Status.PASS, action="none", **common)
     # Preemptions unknown: a latency or error miss still fails, but a clean step cannot pass.
