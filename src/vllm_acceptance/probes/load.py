@@ -343,8 +343,13 @@ class LoadRun:
         self.pool: AgentPool | None = None   # the loadgen hosts' agents, when the run has loadgen hosts
 
     def snapshot(self) -> Snapshot | None:
-        """A metrics snapshot, or None when the server stopped answering (judged by `send`)."""
+        """A metrics snapshot, or None when the server stopped answering (judged by `send`) or the scrape failed.
+        Through Prometheus it reflects a scrape made after this call began (its real interval), so a step's
+        before/after deltas hold the whole step."""
         try:
+            wait = getattr(self.source, "wait_for_scrape", None)
+            if wait is not None:
+                wait()
             return self.source.snapshot()
         except MetricsError:
             return None
