@@ -92,3 +92,11 @@ def test_names_that_merely_end_in_key_are_kept() -> None:
     data = {"key": "ttft_p95_slo_s", "idempotency_key": "ord-1", "sort_keys": "true", "cache_key": "abc",
             "api_key": "sk-1", "OPENAI_KEY": "sk-2", "X-Api-Key": "sk-3"}
     assert redact_obj(data) == {**data, "api_key": REDACTED, "OPENAI_KEY": REDACTED, "X-Api-Key": REDACTED}
+
+
+def test_vllm_non_default_args_as_python_dict() -> None:
+    line = ("INFO non-default args: {'model': '/m', 'hf_token': 'hf_pyrepr1', 'api_key': ['sk-pyrepr2'], "
+            "'max_num_batched_tokens': 8192, 'tokenizer_mode': 'auto'}")
+    out = redact_text(line)
+    assert "hf_pyrepr1" not in out and "sk-pyrepr2" not in out
+    assert "'model': '/m'" in out and "'max_num_batched_tokens': 8192" in out and "'tokenizer_mode': 'auto'" in out

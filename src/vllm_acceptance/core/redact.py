@@ -76,6 +76,8 @@ _VALUE = r"(?:'[^'\n]*'|\"[^\"\n]*\"|[^\s'\"]+)"
 _KNOWN_FLAG = re.compile(rf"(?P<k>--(?:api-key|hf-token|token|password))(?P<sep>[ =])(?P<v>{_VALUE})", re.IGNORECASE)
 # --any-secret-name value (not a following flag)
 _FLAG = re.compile(rf"(?P<k>(?<![A-Za-z0-9])--[A-Za-z][A-Za-z0-9\-]*)(?P<sep>[ =])(?P<v>(?!-){_VALUE})")
+# a Python dict as vLLM logs it ("non-default args: {'hf_token': 'hf_...', 'api_key': ['sk-...']}")
+_PY_FIELD = re.compile(r"(?P<k>'[A-Za-z0-9_.\-]+')(?P<sep>\s*:\s*)(?P<v>'[^'\n]*'|\[[^\]\n]*\])")
 # an argv written as JSON: "--hf-token", "value"
 _JSON_ARGV = re.compile(r"(?P<k>\"-{1,2}[A-Za-z][A-Za-z0-9\-]*\")(?P<sep>\s*,\s*)(?P<v>\"(?!-)(?:[^\"\\]|\\.)*\")")
 # Authorization: Bearer xyz
@@ -101,7 +103,7 @@ def _redact_patterns(text: str) -> str:
     text = _URL_USERINFO.sub(_redact_userinfo, text)
     text = _AUTH_HEADER.sub(lambda m: f"{m.group('k')}{m.group('sep')}{_mask(m.group('v'))}", text)
     text = _KNOWN_FLAG.sub(lambda m: f"{m.group('k')}{m.group('sep')}{_mask(m.group('v'))}", text)
-    for pattern in (_ASSIGN, _FLAG, _JSON_FIELD, _JSON_ARGV):
+    for pattern in (_ASSIGN, _FLAG, _JSON_FIELD, _JSON_ARGV, _PY_FIELD):
         text = pattern.sub(_redact_named, text)
     return _HEADER.sub(_redact_header, text)
 
@@ -124,6 +126,8 @@ def _redact_header(m: re.Match[str]) -> str:
 
 
 def _mask(value: str) -> str:
+    if value.startswith("["):
+        return value if value in ("[]", f"['{REDACTED}']") else f"['{REDACTED}']"
     if value[:1] in ('"', "'"):
         quote = value[0]
         return value if value.strip(quote) in ("", REDACTED) else f"{quote}{REDACTED}{quote}"
