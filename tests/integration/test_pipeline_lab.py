@@ -60,6 +60,9 @@ def test_each_family_judged_from_real_evidence(lab_run: Path) -> None:
     assert findings[("compat.actual_config.prefix_caching", "localhost")]["status"] == "pass"
     # every cpu-lab flag is shown by the running server's own startup record (non-default args)
     assert findings[("compat.actual_config.flags", "localhost")]["status"] == "pass"
+    # every other argument it runs with is listed; none limits capacity on the healthy lab (issue 28, item 4)
+    unlisted = findings[("compat.actual_config.unlisted_args", "localhost")]
+    assert unlisted["status"] == "pass" and "port" in unlisted["observed"]["unlisted"], unlisted
     assert findings[("cache.hot_reuse", None)]["status"] == "pass"
     assert findings[("capacity.context_contract", None)]["status"] == "pass"
     assert findings[("agent.tool_schemas", None)]["status"] == "pass"

@@ -122,3 +122,13 @@ def test_the_profile_pinned_digest_passes(tmp_path: Path) -> None:
     profile = pinned_profile(tmp_path, GOOD_DIGEST)
     build_evidence("good", tmp_path, host="gpu-01")
     assert identity(tmp_path, profile)[1]["compat.image_identity"].status == Status.PASS
+
+
+def test_a_retagged_non_official_image_fails_rebuild_and_still_says_it_is_not_the_official_one(tmp_path: Path) -> None:
+    """The custom name on the official image's metadata (a local retag: no RepoDigest for its repository)."""
+    build_evidence("good", tmp_path, host="gpu-01", image=CUSTOM)
+    findings, checks = identity(tmp_path)
+    ident = checks["compat.image_identity"]
+    assert ident.status == Status.FAIL and ident.consequence == Consequence.REBUILD
+    assert "a retagged or locally built image" in ident.reason and ident.observed["official"] is False
+    assert not_official_image(KIMI, findings)["reference"] == [CUSTOM]

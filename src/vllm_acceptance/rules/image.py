@@ -99,7 +99,6 @@ def _not_official(ctx: NodeContext, observed: dict[str, Any], expected: dict[str
     The run is judged on the experimental route (SPEC: a self-built image is released only on its own
     experimental profile, with lineage): at most limited observation here (report/build.py says so first)."""
     official, _ = official_reference(ctx)
-    observed = {**observed, "official": False, "official_reference": official, "not_official": reasons}
     return finding("compat.image_identity", Status.FAIL, ctx.host, observed=observed, expected=expected, rule=rule,
                    evidence=evidence, consequence=Consequence.LIMIT,
                    reason=f"not the profile's official image {official}: " + "; ".join(reasons)
@@ -144,12 +143,15 @@ def check_image_identity(ctx: NodeContext) -> Finding:
                         "a retagged or locally built image")
     if pinned and pinned not in inspect.digests:
         problems.append(f"digest {inspect.digests} != pinned {pinned}")
+    other = not_official_reasons(ctx, reference, inspect.digests)
+    if other:      # whatever else is wrong, the report says first that this is not the profile's image
+        observed = {**observed, "official": False, "official_reference": official_reference(ctx)[0],
+                    "not_official": other}
     if problems:
         return finding(check, Status.FAIL, ctx.host, observed=observed, expected=expected, rule=rule,
                         evidence=evidence, reason="; ".join(problems),
                         action=f"{ROUTE_IMAGE}: pull {ctx.profile.get('image.reference')} by digest and pin it "
                                f"(inventory vllm_image_digest); a self-built image only as {ROUTE_SELF_BUILT}")
-    other = not_official_reasons(ctx, reference, inspect.digests)
     if other:
         return _not_official(ctx, observed, expected, rule, evidence, other)
     return finding(check, Status.PASS, ctx.host, observed=observed, expected=expected, rule=rule,
