@@ -272,15 +272,16 @@ class Rehearsal:
         path = self.state(host) / "calls.jsonl"
         return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
 
-    def start_server(self, host: str, timeout_s: float = 900) -> str:
+    def start_server(self, host: str, timeout_s: float = 900, extra_args: tuple[str, ...] = ()) -> str:
         """A deployment already running on the cluster (for attach): the same container launch the role
-        makes, through the node's runtime; returns its base URL once /v1/models answers."""
-        if self.container_status(host) != "running":
+        makes, through the node's runtime; returns its base URL once /v1/models answers. `extra_args`: an
+        operator's own flags (a fresh container; the caller removes it afterwards)."""
+        if extra_args or self.container_status(host) != "running":
             self.ssh(host, "docker", "rm", "-f", CONTAINER)
             argv = ["docker", "run", "-d", "--name", CONTAINER, "--gpus", "all", "--ipc", "host", "--network", "host",
                     "-v", f"{MODELS}:/root/.cache/huggingface", "-e=VLLM_CPU_KVCACHE_SPACE",
                     f"vllm/vllm-openai:kimi-k3@{DIGEST}", profile_model(), "--host", "0.0.0.0", "--port", str(PORT),
-                    *profile_args()]
+                    *profile_args(), *extra_args]
             started = self.ssh(host, "env", "VLLM_CPU_KVCACHE_SPACE=1", *argv)
             if started.returncode != 0:
                 raise RuntimeError(f"docker run on {host} failed: {started.stderr}")
@@ -494,36 +495,16 @@ ALLREDUCE = {"preflight_nccl_test_method": "auto", "preflight_allreduce_env": {"
                                           "--timeout", "120"]}
 
 
-def two_node_layout(r: Rehearsal, reports: Path) -> Outcome:
-    """The example-gb300 case on healthy nodes: the inventory's vllm_parallel differs from the profile's
-    (tensor 1), launched with vLLM's --nnodes/--node-rank/--master-addr (the worker --headless); every
-    layout check must judge the launched plan. One rank per node is what the lab fills
-    (vllm_gpus_per_node: 1); GLOO_SOCKET_IFNAME names the nodes' interface for torch.distributed (gloo is
-    the CPU build's backend), as a site names its NCCL/GLOO interface."""
-    nodes = ["gb300-a01", "gb300-a03"]
-    for host in nodes:
-        r.set_node(host, "flat")
-        r.ssh(host, "docker", "rm", "-f", CONTAINER)
-        r.set_tool(host, "all_reduce_perf", present=False)   # no nccl-tests: the image's own all-reduce
-    try:
-        inv = r.inventory("two-node-layout", gpu_nodes=nodes, head="gb300-a01", workers=nodes[1:],
-                          variables={"vllm_serve_mode": "launch", "vllm_parallel": TWO_NODE_LAYOUT,
-                                     "vllm_gpus_per_node": 1, "vllm_serve_multinode_poll_s": 10,
-                                     "vllm_serve_multinode_env": {"GLOO_SOCKET_IFNAME": "eth0"},
-                                     **ALLREDUCE})
-        return run_accept(inv, reports)
-    finally:
-        for host in nodes:
-            r.ssh(host, "docker", "rm", "-f", CONTAINER)
-            r.set_tool(host, "all_reduce_perf", present=True)
-
-
 def gb300_nvl72(r: Rehearsal, reports: Path) -> Outcome:
     """The example GB300 NVL72 case on its true shape: two 4-GPU aarch64 trays from the real tray capture, one
     ClusterUUID and CliqueId, IMEX active with both trays READY, tensor parallel across both trays with vLLM's
-    multi-node flags (one rank per tray is what the CPU build fills: vllm_gpus_per_node 1, as
-    two-node-layout). The ranks and preflight's in-image all-reduce talk gloo over the namespace network,
-    which the profile declares (hardware.collective_backend): fabric_path is not applicable, never a pass."""
+    multi-node flags (one rank per tray is what the CPU build fills: vllm_gpus_per_node 1); the inventory's
+    vllm_parallel differs from the profile's (tensor 1) and every layout check judges the launched plan.
+    GLOO_SOCKET_IFNAME names the trays' interface for torch.distributed, as a site names its NCCL/GLOO
+    interface. The ranks and preflight's in-image all-reduce talk gloo over the namespace network, which the
+    profile declares (hardware.collective_backend): fabric_path is not applicable, never a pass. It replaced
+    two-node-layout (the same layout on 8-GPU GB300 nodes, a node shape that does not exist: issue 31), which
+    cost the rehearsal a second multi-node launch of the same model and flags."""
     for host in TRAYS:
         r.set_node(host, "flat")
         r.ssh(host, "docker", "rm", "-f", CONTAINER)
@@ -574,6 +555,44 @@ def weakened_contract(r: Rehearsal, reports: Path) -> Outcome:
     return run_accept(inv, reports)
 
 
+def custom_image(r: Rehearsal, reports: Path) -> Outcome:
+    """A non-official image on the flagship profile (issue 28): the inventory's vllm_image names a self-built
+    one; whatever the image's own checks say, it is never a release of the official profile, and the report's
+    first reason says so."""
+    r.set_node("gb300-a01", "flat")
+    r.ssh("gb300-a01", "docker", "rm", "-f", CONTAINER)
+    inv = r.inventory("custom-image", gpu_nodes=["gb300-a01"], head="gb300-a01",
+                      variables={"vllm_serve_mode": "launch", "vllm_image": "ghcr.io/acme/vllm-k3:custom"})
+    try:
+        return run_accept(inv, reports)
+    finally:
+        r.ssh("gb300-a01", "docker", "rm", "-f", CONTAINER)
+
+
+def extra_limit(r: Rehearsal, reports: Path) -> Outcome:
+    """`--max-num-seqs 1` added by vllm_serve_extra_args: refused at validation, before any node is touched."""
+    inv = r.inventory("extra-limit", gpu_nodes=["gb300-a01"], head="gb300-a01",
+                      variables={"vllm_serve_mode": "launch", "vllm_serve_extra_args": ["--max-num-seqs", "1"]})
+    return run_accept(inv, reports)
+
+
+def extra_limit_attached(r: Rehearsal, reports: Path) -> Outcome:
+    """The same limit started by hand, then attached: the server's own non-default args show it, never release."""
+    r.set_node("gb300-a01", "flat")
+    try:
+        url = r.start_server("gb300-a01", extra_args=("--max-num-seqs", "1"))
+        log = r.workdir / "inventories" / "extra-limit-attached-startup.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(r.ssh("gb300-a01", "docker", "logs", CONTAINER).stdout)
+        pid = (r.state("gb300-a01") / "containers" / CONTAINER / "pid").read_text().strip()
+        inv = r.inventory("extra-limit-attached", gpu_nodes=["gb300-a01"], head="gb300-a01",
+                          variables={"vllm_serve_mode": "attach", "vllm_base_url": url, "vllm_serve_pid": int(pid),
+                                     "vllm_serve_startup_log": str(log), "vllm_serve_attach_container": CONTAINER})
+        return run_accept(inv, reports)
+    finally:
+        r.ssh("gb300-a01", "docker", "rm", "-f", CONTAINER)     # the next attach starts the profile's own launch
+
+
 @dataclass(frozen=True)
 class Play:
     expected: str                          # a verdict, or "refused": the run stopped naming the cause, no report
@@ -599,8 +618,6 @@ PLAYS: dict[str, Play] = {
                                   ("every required check passed with evidence",)),
     "oom-mid-ramp": Play("expand_capacity", lambda r, p: oom_mid_ramp(r, p, "oom_at_running=2", "oom-mid-ramp"),
                          ("capacity.crash", "torch.OutOfMemoryError: CUDA out of memory"), suite=False),
-    "two-node-layout": Play("release", two_node_layout, ("every required check passed with evidence",),
-                            suite=False),
     "container-at-its-limit": Play("limited_observation", container_at_its_limit,
                                    ("stable only under limits: capacity.kv_capacity",), suite=False),
     "crash-mid-ramp": Play("incomplete", lambda r, p: oom_mid_ramp(r, p, "crash_at_running=2", "crash-mid-ramp"),
@@ -614,6 +631,12 @@ PLAYS: dict[str, Play] = {
     "gb300-nvl72": Play("release", gb300_nvl72, ("every required check passed with evidence",), suite=False),
     "b300-single-node": Play("release", b300_single_node, ("every required check passed with evidence",),
                              suite=False),
+    # Issue 28: the image and the arguments that run are judged, not the variables that name them.
+    "custom-image": Play("rebuild_environment", custom_image, ("NOT THE OFFICIAL IMAGE", "compat.image_identity"),
+                         suite=False),
+    "extra-limit": Play("refused", extra_limit, ("vllm_serve_extra_args", "--max-num-seqs 1"), suite=False),
+    "extra-limit-attached": Play("rebuild_environment", extra_limit_attached,
+                                 ("compat.actual_config.unlisted_args",), suite=False),
 }
 
 
