@@ -84,7 +84,8 @@ def lab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
     reuse = os.environ.get("VLLM_ACCEPTANCE_REUSE_LAB")  # developer shortcut: STATE_DIR of a running `lab up`
     if reuse:
         state = Path(reuse)
-        yield LabServer(base_url="http://127.0.0.1:8011/v1", model="tiny-agent",
+        yield LabServer(base_url=os.environ.get("VLLM_ACCEPTANCE_REUSE_LAB_URL", "http://127.0.0.1:8011/v1"),
+                        model="tiny-agent",
                         pid=int((state / "vllm.pid").read_text()), log_path=state / "vllm.log", state_dir=state)
         return
     port = int(os.environ.get("LAB_TEST_PORT", "8021")) + int(os.environ.get("LAB_PORT_OFFSET", "0"))

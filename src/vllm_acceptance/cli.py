@@ -37,6 +37,13 @@ def _add_probe(sub: argparse._SubParsersAction, kind: str, help_text: str) -> No
                    help="environment variable holding the API key (never passed on the command line)")
     if kind == "agent":
         p.add_argument("--direct-url", help="the server's direct base URL when --base-url is a gateway")
+        p.add_argument("--reference-url", help="a reference endpoint (the vendor's API, an accepted deployment): "
+                                               "the case set is sent to it too (agent.reference_agreement)")
+        p.add_argument("--reference-model", help="the reference's model name (default: --model)")
+        p.add_argument("--reference-api-key-env", default="VLLM_REFERENCE_API_KEY",
+                       help="environment variable holding the reference's API key")
+        p.add_argument("--under-load", type=int, default=0, metavar="N",
+                       help="also send the case set while N other requests are held in flight (agent.under_load)")
     if kind in ("load", "cache"):
         p.add_argument("--server-pid", type=int, help="the server's pid: tells an exited server from a hung one "
                                                       "(load: its RSS is the lab memory series)")
@@ -287,7 +294,10 @@ def cmd_probe(args: argparse.Namespace) -> int:
         direct_url=getattr(args, "direct_url", None),
         api_key=os.environ.get(args.api_key_env) or None, server_pid=getattr(args, "server_pid", None),
         server_log=getattr(args, "server_log", None), restart_command=getattr(args, "restart_command", None),
-        overrides=parse_overrides(args.set))
+        overrides=parse_overrides(args.set), reference_url=getattr(args, "reference_url", None),
+        reference_model=getattr(args, "reference_model", None),
+        reference_api_key=os.environ.get(getattr(args, "reference_api_key_env", "") or "") or None,
+        under_load=getattr(args, "under_load", 0) or 0)
     status, findings, _ = run_probe(opts)
     for f in findings:
         print(f"{f.status.value:>14}  {f.check}" + (f"  [{f.layer}]" if f.layer else "") +

@@ -298,9 +298,13 @@ def agent_stage(opts: ProbeOptions, e2e: float) -> Stage:
     scenario = str(opts.profile.get("agent.scenario", "ops-agent")) if opts.profile else "ops-agent"
     cfg = agent_config(opts, load_scenario(scenario))
     turns = turn_target(cfg)
-    waves = math.ceil(turns / max(1, cfg.concurrency)) + AGENT_CASES
-    return Stage("agent", f"tool calls ({scenario}): rate run, then {AGENT_CASES} cases", turns + AGENT_CASES,
-                 waves * e2e, basis=f"{turns} turns at agent.concurrency {cfg.concurrency} + {AGENT_CASES} cases, "
+    others = min(cfg.other_cases, max(5, turns // 5))
+    repeats = cfg.consistency_cases * max(1, cfg.repeats)
+    sent = turns + others + repeats
+    waves = math.ceil(sent / max(1, cfg.concurrency)) + AGENT_CASES
+    return Stage("agent", f"tool calls ({scenario}): the case set, then {AGENT_CASES} cases", sent + AGENT_CASES,
+                 waves * e2e, basis=f"{turns} distinct call cases + {others} other cases + {repeats} repeats at "
+                                    f"agent.concurrency {cfg.concurrency} + {AGENT_CASES} cases, "
                                     f"{waves} waves x e2e p95 {e2e:g} s")
 
 

@@ -92,7 +92,8 @@ MARKUP_CHECKS = ("agent.tool_call", "agent.schema_accuracy", "agent.trigger_cons
                  "agent.tool_failure_fallback")
 STREAM_CHECKS = ("agent.stream_consistency", "agent.stream_structure")
 ARGUMENT_CHECKS = ("agent.tool_call", "agent.schema_accuracy", "agent.tool_failure_fallback")
-FEW_TURNS = ("--set", "thresholds.tool_format_error_rate=0.2", "--set", "thresholds.schema_accuracy_min=0.8")
+FEW_TURNS = ("--set", "thresholds.tool_format_error_rate=0.2", "--set", "thresholds.schema_accuracy_min=0.8",
+             "--set", "agent.cases=1")  # the case set as small as the 0.2 threshold allows (14 call cases)
 
 # (mode, through --direct-url?, {failing check: layer}) -- nothing else may fail.
 CASES = [

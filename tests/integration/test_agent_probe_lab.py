@@ -35,7 +35,16 @@ def test_every_agent_check_passes_on_the_lab(lab_server, tmp_path: Path) -> None
     assert statuses["agent.multimodal"] == "not_applicable"  # cpu-lab: agent.images false, said so
     rates = result["details"]["rates"]
     assert rates["schema_accuracy"] == 1.0 and rates["format_error_rate"] == 0.0
-    # The turn count follows from the 1 % threshold: zero errors in 299 turns bound the rate at <= 1 %.
+    # The case set: >= 300 distinct bodies (every request and raw response kept in cases.json), each class
+    # answered; the rates are over distinct cases, with their assumptions stated.
+    kept = json.loads((tmp_path / "cases.json").read_text())["cases"]
+    assert rates["distinct_bodies"] == len({json.dumps(c["request"], sort_keys=True) for c in kept}) >= 300
+    assert all(c["response"] for c in kept) and "independent Bernoulli" in rates["assumptions"]
+    assert set(rates["classes"]) == {"single", "parallel", "multi_turn", "irrelevance", "structured"}
+    assert rates["repeats"]["consistent"] == rates["repeats"]["cases"] == 10
+    # The lab model calls a tool whenever tools are offered: it never abstains (the lab threshold is 0, stated).
+    assert rates["classes"]["irrelevance"]["abstained"] == 0 and rates["abstain_rate"] == 0.0
+    # Zero errors in 299 distinct call cases bound the rate at <= 1 %.
     assert rates["runs"] >= 299 and rates["bounds"]["format_error_rate"]["upper_95"] <= 0.01
     assert rates["bounds"]["schema_accuracy"]["lower_95"] >= 0.99  # thresholds.schema_accuracy_min
     assert "agent.turn_budget=600 buys" in rates["resolution"]
@@ -72,7 +81,8 @@ def test_the_second_scenario_pack_runs_with_its_own_tools(lab_server, tmp_path: 
     statuses = {f["check"]: f["status"] for f in result["findings"]}
     assert rc == 0 and result["status"] == "pass", statuses
     tools = {t["function"]["name"] for t in json.loads((tmp_path / "tool_schemas.json").read_text())}
-    assert tools == {"lookup_order", "check_stock", "issue_refund", "open_case"}
+    # The pack's tools and the two its case set adds (case_set.extra_tools: numbers, booleans, nested arrays).
+    assert tools == {"lookup_order", "check_stock", "issue_refund", "open_case", "quote_shipping", "tag_order_lines"}
     executed = json.loads((tmp_path / "executor.json").read_text())
     # (The key names are redacted on disk: evidence redaction treats every "*key*" field as a secret.)
     assert set(executed["write_tools"]) == {"issue_refund", "open_case"}

@@ -117,10 +117,10 @@ def stop(proc: subprocess.Popen) -> str:
 # which answers every request the gateway forwards (only the kill test needs a server of its own).
 def test_hung_requests_during_the_agent_probe_are_named_and_never_pass(lab_server, tmp_path: Path) -> None:
     server = lab_server
-    # The 2nd chat request (one of the concurrent tool-call turns, not streamed) gets no byte; the 301st
-    # (the streamed half of the stream check, after the 299 turns the 1 % threshold needs and the plain
-    # half) gets its first chunk and then silence. Both are held far past the timeout.
-    gateway, url = start_gateway(server.base_url, "--mode", "stall_nth", "--nth", "2,301", "--stall-s", "3600")
+    # The 2nd chat request (one of the concurrent cases of the case set, not streamed) gets no byte; the
+    # 392nd (the streamed half of the stream check, after the 360 cases of the set, 10 cases repeated 3
+    # times and the plain half) gets its first chunk and then silence. Both are held far past the timeout.
+    gateway, url = start_gateway(server.base_url, "--mode", "stall_nth", "--nth", "2,392", "--stall-s", "3600")
     out = tmp_path / "agent"
     try:
         began = time.time()
@@ -130,7 +130,7 @@ def test_hung_requests_during_the_agent_probe_are_named_and_never_pass(lab_serve
         seconds = time.time() - began
     finally:
         log = stop(gateway)
-    assert "stalling chat request #2 (no byte)" in log and "stalling chat request #301 (streamed" in log
+    assert "stalling chat request #2 (no byte)" in log and "stalling chat request #392 (streamed" in log
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
     assert seconds < 600  # bounded: two 20 s timeouts, not two 3600 s stalls
@@ -142,7 +142,7 @@ def test_hung_requests_during_the_agent_probe_are_named_and_never_pass(lab_serve
     timeouts = next(f for f in findings if f.check == "agent.timeouts")
     assert timeouts.status == Status.INCONCLUSIVE
     hung = {h["case"]: h for h in timeouts.observed}
-    turn = next(c for c in hung if c.startswith("01-turn-"))
+    turn = next(c for c in hung if c.startswith("01-single-"))
     assert set(hung) == {turn, "03-stream-streamed"}, hung
     assert all(h["url"] == url + "/chat/completions" and h["timeout_s"] == 20 for h in hung.values())
     assert hung[turn]["checks"][0] == "agent.tool_call"
@@ -164,8 +164,8 @@ def test_hung_requests_during_the_agent_probe_are_named_and_never_pass(lab_serve
     for check in ("agent.multi_turn", "agent.tool_failure_fallback", "agent.structured_output",
                   "agent.executor_safety"):
         assert statuses[check] == "pass", (check, statuses)
-    assert result["details"]["rates"]["turns_sent"] == 299  # every turn was sent; the hung one is not counted
-    assert result["details"]["rates"]["runs"] == 298
+    assert result["details"]["rates"]["turns_sent"] == 324  # every case was sent; the hung one is not counted
+    assert result["details"]["rates"]["runs"] == 323
     assert decide(findings).verdict != "release"
 
 

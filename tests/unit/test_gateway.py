@@ -141,7 +141,7 @@ def test_client_library_keeps_raw_fields_and_refuses_a_body_without_finish_reaso
 
 
 def test_unknown_mode_and_bad_cli_are_refused() -> None:
-    assert len(MODES) == len(set(MODES)) == 13
+    assert len(MODES) == len(set(MODES)) == 14
     with pytest.raises(ValueError, match="choose one of"):
         Corruptor("eat_everything")
     with pytest.raises(SystemExit):
@@ -215,3 +215,15 @@ def test_strip_images_removes_image_parts_and_keeps_the_text() -> None:
     corruptor = Corruptor("strip_images")
     out = json.loads(corruptor.rewrite_request(request))
     assert out["messages"][0]["content"] == [{"type": "text", "text": "What colour?"}] and corruptor.corrupted == 1
+
+
+def test_arguments_are_corrupted_only_with_three_or_more_in_flight() -> None:
+    gw = Corruptor("change_arg_types_under_load")
+    assert gw.min_in_flight == 3
+    gw.in_flight = 2
+    assert gw.rewrite_body(body()) == body() and gw.corrupted == 0
+    gw.in_flight = 3
+    changed = gw.rewrite_body(body())
+    args = json.loads(changed["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"])
+    assert args != json.loads(body()["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"])
+    assert gw.corrupted == 1

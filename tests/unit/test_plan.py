@@ -61,10 +61,13 @@ def test_flagship_cost_table_derives_from_the_profile(flagship: planmod.Plan) ->
     assert stage["ramp"].wall_s >= sum(math.ceil(max(per_step, c) / c) * e2e for c in below)
     # The agent rate run: zero errors in n turns resolve 1 % at 95 % when n >= ln(0.05) / ln(0.99).
     agent = profile["agent"]
-    turns = min(agent["turn_budget"], max(agent["repeats"], math.ceil(math.log(0.05) / math.log(
-        1 - profile["thresholds"]["tool_format_error_rate"]))))
-    assert stage["agent"].requests == turns + planmod.AGENT_CASES
-    assert stage["agent"].wall_s == (math.ceil(turns / agent["concurrency"]) + planmod.AGENT_CASES) * e2e
+    # The case set: at least agent.cases distinct call cases (default 300), the other classes beside them, and
+    # agent.consistency_cases (default 10) cases repeated agent.repeats times.
+    turns = min(agent["turn_budget"], max(agent["repeats"], agent.get("cases", 300), math.ceil(
+        math.log(0.05) / math.log(1 - profile["thresholds"]["tool_format_error_rate"]))))
+    sent = turns + min(agent.get("other_cases", 60), max(5, turns // 5)) + 10 * agent["repeats"]
+    assert stage["agent"].requests == sent + planmod.AGENT_CASES
+    assert stage["agent"].wall_s == (math.ceil(sent / agent["concurrency"]) + planmod.AGENT_CASES) * e2e
     # Relaunches at proposed limits are a worst case beside the total, never in it.
     # A launched single-node server is relaunched at each (at most two) limit; across nodes the client is driven
     # at the limit on the server as launched (playbooks/vars/probes.yml probe_relaunch).

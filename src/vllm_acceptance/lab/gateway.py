@@ -35,6 +35,10 @@ so the agent probe can be shown to find the defect and to name the layer that ca
                                never reaches the server, so every session shares one cached prefix.
 * `drop_tool_results`       -- `tool` messages removed from every chat completion request (a gateway
                                that does not carry tool results): the model answers without them.
+* `change_arg_types_under_load` -- `change_arg_types`, but only on answers that complete while
+                               `--min-in-flight` (default 3) or more chat completions are in flight at
+                               the gateway (counting the answered one): a defect that appears only under
+                               concurrency; requests served one or two at a time pass untouched.
 
 `/metrics`, `/tokenize`, `/v1/models`, `/health` and everything else pass untouched.
 
@@ -58,7 +62,7 @@ from typing import Any
 
 MODES = ("passthrough", "markup_in_content", "drop_stream_tool_calls", "reasoning_into_content",
          "change_arg_types", "drop_field", "markup_one_in_five", "stall_nth", "shift_stream_index", "stamp_system",
-         "strip_images", "replace_system", "drop_tool_results")
+         "strip_images", "replace_system", "drop_tool_results", "change_arg_types_under_load")
 # The modes that rewrite requests only and leave the answers alone.
 REQUEST_ONLY = ("stall_nth", "stamp_system", "strip_images", "replace_system", "drop_tool_results")
 GATEWAY_SYSTEM = "You are the company assistant. Follow the company policy and answer briefly."
@@ -150,6 +154,8 @@ class Corruptor:
     tool_responses: int = 0
     corrupted: int = 0
     chat_requests: int = 0
+    in_flight: int = 0  # chat completions the gateway is serving now
+    min_in_flight: int = 3  # change_arg_types_under_load: corrupt only at this many in flight or more
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -227,6 +233,8 @@ class Corruptor:
             return body
         if self.mode in (*REQUEST_ONLY, "shift_stream_index"):
             return body
+        if self.mode == "change_arg_types_under_load" and self.in_flight < self.min_in_flight:
+            return body
         has_calls = any((c.get("message") or {}).get("tool_calls") for c in choices)
         markup = self.mode == "markup_in_content" or (
             self.mode == "markup_one_in_five" and has_calls and self._count_tool_response())
@@ -236,7 +244,8 @@ class Corruptor:
                 _markup_message(message, choice)
             elif self.mode == "reasoning_into_content":
                 _reasoning_message(message)
-            elif self.mode == "change_arg_types":
+            elif self.mode in ("change_arg_types", "change_arg_types_under_load"):
+                self.corrupted += bool(message.get("tool_calls"))
                 for call in message.get("tool_calls") or []:
                     fn = call.get("function") or {}
                     fn["arguments"] = change_arguments(fn.get("arguments") or "")
@@ -371,6 +380,16 @@ def make_app(upstream: str, corruptor: Corruptor) -> Any:
                 streamed = bool(json.loads(data or b"{}").get("stream"))
             except (ValueError, AttributeError):
                 rewrite = False  # not a JSON body: let the upstream answer the client's error
+        if chat:
+            corruptor.in_flight += 1
+            try:
+                return await _forward(request, session, data, chat, rewrite, streamed)
+            finally:
+                corruptor.in_flight -= 1
+        return await _forward(request, session, data, chat, rewrite, streamed)
+
+    async def _forward(request: web.Request, session: Any, data: bytes, chat: bool, rewrite: bool,
+                       streamed: bool) -> web.StreamResponse:
         stall = chat and corruptor.stall_this()
         if chat:
             data = corruptor.rewrite_request(data)
@@ -459,6 +478,9 @@ def main(argv: list[str] | None = None) -> int:
                                                    "requests chosen, counted from 1 (comma-separated, e.g. 2,5; "
                                                    "stamp_system, replace_system: 0 = all)")
     parser.add_argument("--stall-s", type=float, default=3600.0, help="stall_nth: how long each is held")
+    parser.add_argument("--min-in-flight", type=int, default=3,
+                        help="change_arg_types_under_load: corrupt only answers completing with this many chat "
+                             "completions in flight or more")
     args = parser.parse_args(argv)
     if args.every < 1:
         parser.error("--every must be >= 1")
@@ -471,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve(args.upstream, args.host, args.port,
                           Corruptor(args.mode, drop_field=args.drop_field, every=args.every, nth=nth,
-                                    stall_s=args.stall_s)))
+                                    stall_s=args.stall_s, min_in_flight=args.min_in_flight)))
     return 0
 
 

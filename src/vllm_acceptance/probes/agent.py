@@ -27,7 +27,9 @@ from ..core.evidence import EvidenceStore
 from ..core.findings import Finding, Status
 from ..rules import registry
 from ..rules.agent import (
+    BOUND_ASSUMPTIONS,
     CallCheck,
+    CaseJudgement,
     Rate,
     _arg,
     arguments_diff,
@@ -35,17 +37,21 @@ from ..rules.agent import (
     channel_diff,
     check_separation,
     check_tool_call,
+    class_rates,
     client_library_problems,
     execute_real_calls,
     finish_of,
+    judge_case,
     judge_fallback_step,
     message_of,
     rate_lower_bound,
+    reference_agreement,
     stream_structure_problems,
     structure_diff,
     turns_to_resolve,
 )
 from ..scenarios import tool_schema_problems
+from ..scenarios.cases import CALL_CLASSES, Case, build_cases, case_tools, class_counts
 from .client import Exchange, OpenAIClient
 
 # Checks judged over repeated runs: a hung run is left out of the rates, the answered runs still judged.
@@ -87,11 +93,19 @@ class AgentProbeConfig:
     images: bool = False
     image_tokens: int | None = None  # prompt tokens one probe image adds, where the profile states it
     reasoning_parser: str | None = None
+    cases: int = 300  # distinct call-requiring cases of the case set (at least; the thresholds may need more)
+    other_cases: int = 60  # multi-turn, irrelevance and structured cases beside them
+    case_seed: int = 0
+    consistency_cases: int = 10  # single cases repeated `repeats` times for trigger consistency
+    abstain_min: float = 0.9  # irrelevance cases: the abstention rate's 95 % lower bound
+    reference_model: str | None = None  # the reference endpoint's model name (agent.reference_agreement)
+    reference_min: float = 0.80  # tool-call F1 on triggering vs the reference (K2-Vendor-Verifier, K2-0905)
+    under_load: int = 0  # the case set sent again with this many requests in flight (agent.under_load)
 
 
 def turn_target(cfg: AgentProbeConfig) -> int:
     """Turns needed so that zero errors resolve both thresholds, at least `repeats`, at most the budget."""
-    need = max(cfg.repeats, turns_to_resolve(cfg.format_error_threshold),
+    need = max(cfg.repeats, cfg.cases, turns_to_resolve(cfg.format_error_threshold),
                turns_to_resolve(1.0 - cfg.schema_accuracy_min))
     return min(need, cfg.turn_budget)
 
@@ -121,9 +135,13 @@ def exchange_row(case: str, ex: Exchange, parsed: Any, decision: dict[str, Any],
 
 class AgentProbe:
     def __init__(self, client: OpenAIClient, cfg: AgentProbeConfig, store: EvidenceStore,
-                 direct: OpenAIClient | None = None) -> None:
+                 direct: OpenAIClient | None = None, reference: OpenAIClient | None = None) -> None:
         self.client, self.cfg, self.store, self.direct = client, cfg, store, direct
+        self.reference = reference
+        self.cases: list[Case] = []
+        self.context_fit: dict[str, Any] = {}
         self.tools = cfg.scenario["tools"]
+        self.all_tools = case_tools(cfg.scenario)  # with the pack's case_set.extra_tools (the case set only)
         self.tasks = cfg.scenario["tasks"]
         self.write_tools: dict[str, dict[str, Any]] = cfg.scenario.get("write_tools") or {}
         self.system = cfg.scenario["system_prompt"].format(
@@ -132,6 +150,7 @@ class AgentProbe:
         self.rates: dict[str, Any] = {}
         self.hung: list[dict[str, Any]] = []
         self.exchanges: list[dict[str, Any]] = []  # one row per request sent, for the report's case table
+        self.case_rows: list[dict[str, Any]] = []  # every case of the case set: request, response, judgement
         self.required_bodies: list[Any] = []
         # Every tool call the deployment returned: {"case", "call", "retry_group"?} (executor_safety).
         self.real_calls: list[dict[str, Any]] = []
@@ -171,8 +190,8 @@ class AgentProbe:
 
     def run(self) -> tuple[list[Finding], dict[str, Any]]:
         findings: list[Finding] = []
-        ev_schemas = self.store.write_json("tool_schemas.json", self.tools)
-        problems = tool_schema_problems(self.tools)
+        ev_schemas = self.store.write_json("tool_schemas.json", self.all_tools)
+        problems = tool_schema_problems(self.all_tools)
         check = registry.get("agent.tool_schemas")
         if problems:
             return [check.fail(layer="client", evidence=[ev_schemas], observed=problems,
@@ -190,6 +209,8 @@ class AgentProbe:
         findings.append(self.client_library())
         if self.direct is not None:
             findings.append(self.gateway_compare())
+        findings.append(self.under_load())
+        findings.append(self.reference_agreement())
         findings = [self._judge_hangs(f) for f in findings]
         if self.hung:
             findings.append(self._timeouts(findings))
@@ -248,43 +269,109 @@ class AgentProbe:
         acc = Rate("schema_accuracy", by_finish - misses, by_finish, self.cfg.schema_accuracy_min, "min").verdict()
         return fmt == "pass" and acc == "pass" and errors == 0
 
-    def send_turns(self, body: dict[str, Any]) -> list[Exchange]:
-        """Send the required-tool turn concurrently, in rounds, until the rates are decided or the
-        target (raised while errors leave the bound straddling the threshold) is reached."""
+    def case_set(self) -> list[Case]:
+        """The seeded case set: as many call-requiring cases as the thresholds need (at least `agent.cases`,
+        at most `agent.turn_budget`), and `agent.other_cases` of the other classes (a fifth of the calls
+        at most)."""
+        calls = self.turn_target()
+        others = min(self.cfg.other_cases, max(5, calls // 5))
+        limit = self._context_limit()
+        want = class_counts(calls, others)
+        extra = 0
+        while True:
+            built = build_cases(self.cfg.scenario, calls + extra, others + extra, self.cfg.case_seed, self.system)
+            fitted = self._fit(built, limit)
+            have = Counter(c.cls for c in fitted)
+            if all(have[k] >= n for k, n in want.items()) or extra >= calls:
+                break
+            extra += max(want[k] - have[k] for k in want) * 2
+        taken: Counter[str] = Counter()
+        out = []
+        for case in fitted:
+            if taken[case.cls] < want.get(case.cls, 0):
+                taken[case.cls] += 1
+                out.append(case)
+        self.context_fit = {"prompt_token_limit": limit, "max_tokens": self.cfg.max_tokens,
+                                 "trimmed": sum(1 for c in built if c not in fitted)}
+        return out
+
+    def _context_limit(self) -> int | None:
+        """The prompt tokens a case may take: the served model's max_model_len less max_tokens (None: unknown)."""
+        try:
+            data = self.client.models().get("data") or []
+        except Exception:  # noqa: BLE001 - an unknown context length only means no trimming
+            return None
+        lengths = [m.get("max_model_len") for m in data if isinstance(m, dict) and m.get("max_model_len")]
+        return int(lengths[0]) - self.cfg.max_tokens if lengths else None
+
+    def _fit(self, cases: list[Case], limit: int | None) -> list[Case]:
+        """Each case trimmed (notes, earlier turns, spare tools) until its rendered prompt fits the server's
+        context (/tokenize); a case that cannot fit, or whose trimmed body repeats another, is left out."""
+        if limit is None:
+            return cases
+
+        def fit(case: Case) -> Case | None:
+            current: Case | None = case
+            while current is not None:
+                tokens = self.client.tokenize(self.cfg.model, current.messages, current.tools or None)
+                if tokens is None or len(tokens) <= limit:
+                    return current
+                current = current.trimmed()
+            return None
+
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            fitted = list(pool.map(fit, cases))
+        seen: set[str] = set()
+        out = []
+        for case in fitted:
+            key = json.dumps(case.body("m", 0, 0.0), sort_keys=True) if case else ""
+            if case is not None and key not in seen:
+                seen.add(key)
+                out.append(case)
+        return out
+
+    def send_cases(self, cases: list[Case]) -> list[Exchange]:
+        """Every case once, concurrently, in rounds: the run stops early once the format-error rate's lower
+        bound is above its threshold (a failure more cases cannot mend); unsent cases are left out."""
         exchanges: list[Exchange] = []
-        target = self.turn_target()
+        errors = answered = 0
         with ThreadPoolExecutor(max_workers=max(1, self.cfg.concurrency)) as pool:
-            while len(exchanges) < target:
-                batch = min(BATCH, target - len(exchanges))
-                exchanges += list(pool.map(lambda _: self.client.chat(body), range(batch)))
-                answered = [ex for ex in exchanges if not ex.timed_out]
-                checks = [check_tool_call(ex.body if ex.ok else None, self.tools) for ex in answered]
-                errors = sum(1 for c in checks if c.problems)
-                by_finish = [c for c in checks if c.finish_reason == "tool_calls"]
-                misses = sum(1 for c in by_finish if c.problems)
-                if self._decided(errors, misses, len(by_finish), len(answered)):
+            for start in range(0, len(cases), BATCH):
+                batch = cases[start:start + BATCH]
+                got = list(pool.map(lambda c: self.client.chat(self._case_body(c)), batch))
+                exchanges += got
+                for case, ex in zip(batch, got, strict=True):
+                    if ex.timed_out or case.cls not in CALL_CLASSES:
+                        continue
+                    answered += 1
+                    errors += bool(check_tool_call(ex.body if ex.ok else None, self.tools_of(case)).problems)
+                if answered and rate_lower_bound(errors, answered) > self.cfg.format_error_threshold:
                     break
-                if len(exchanges) >= target and errors and errors / max(1, len(answered)) <= \
-                        self.cfg.format_error_threshold:
-                    target = min(self.cfg.turn_budget, turns_to_resolve(self.cfg.format_error_threshold, errors))
         return exchanges
 
-    def validated_retry(self, body: dict[str, Any], failed: list[int]) -> list[dict[str, Any]]:
-        """The retry the policy names, for real: the same request re-sent (up to `retry_attempts`),
+    def _case_body(self, case: Case) -> dict[str, Any]:
+        return case.body(self.cfg.model, self.cfg.max_tokens, self.cfg.temperature)
+
+    def tools_of(self, case: Case) -> list[dict[str, Any]]:
+        return case.tools or self.tools
+
+    def validated_retry(self, failed: list[tuple[str, dict[str, Any], list[dict[str, Any]]]]
+                        ) -> list[dict[str, Any]]:
+        """The retry the policy names, for real: the failed case's request re-sent (up to `retry_attempts`),
         each answer validated; recovered when one passes every check."""
         out = []
-        for turn in failed:
+        for turn, body, tools in failed:
             attempts = []
             recovered = False
             for attempt in range(1, self.cfg.retry_attempts + 1):
                 ex = self.client.chat(body)
-                check = check_tool_call(ex.body if ex.ok else None, self.tools)
+                check = check_tool_call(ex.body if ex.ok else None, tools)
                 sep = check_separation(ex.body) if ex.ok else []
                 ok = ex.ok and not check.problems and not sep
                 attempts.append({"attempt": attempt, "status": ex.status, "response": ex.body, "error": ex.error,
                                  "problems": check.problems + sep, "valid": ok})
                 if ex.ok:
-                    self.collect_calls(f"retry-{turn}-{attempt}", ex.body, group="required-tool")
+                    self.collect_calls(f"retry-{turn}-{attempt}", ex.body, group=turn)
                 if ok:
                     recovered = True
                     break
@@ -292,62 +379,97 @@ class AgentProbe:
         return out
 
     def required_tool_calls(self) -> list[Finding]:
-        """The task that must call a tool, over enough turns to resolve the thresholds."""
-        body = self.base(self.required_call_messages(), tools=self.tools, tool_choice="auto")
-        exchanges = self.send_turns(body)
-        rows, checks, signatures, seps, hung_ev, bad_ev = [], [], [], [], [], []
-        failed_turns: list[int] = []
-        for i, ex in enumerate(exchanges, 1):
-            if ex.timed_out:  # judged apart (_judge_hangs); not a format error of the answered turns
-                hung_ev.append(self.keep(f"turn-{i}", ex, {"valid": None, "timed_out": True}))
+        """The case set, each case once: the rates over distinct cases; a sample of cases repeated for
+        consistency (a repeat is the same observation again: it never enters a rate)."""
+        cases = self.cases = self.case_set()
+        exchanges = self.send_cases(cases)
+        judged: list[CaseJudgement] = []
+        rows, hung_ev, bad_ev, failed = [], [], [], []
+        for case, ex in zip(cases, exchanges, strict=False):
+            if ex.timed_out:  # judged apart (_judge_hangs); not a format error of the answered cases
+                hung_ev.append(self.keep(case.id, ex, {"valid": None, "timed_out": True}))
                 continue
-            check = check_tool_call(ex.body if ex.ok else None, self.tools)
-            if not ex.ok:
-                check.problems.append(("gateway" if ex.status >= 500 else "client", f"HTTP error: {ex.error}"))
-            sep = check_separation(ex.body) if ex.ok else []
-            checks.append(check)
-            seps.append(sep)
-            signatures.append(json.dumps(call_signature(ex.body), sort_keys=True))
-            self.required_bodies.append(ex.body if ex.ok else None)
-            self.collect_calls(f"turn-{i}", ex.body, group="required-tool")
-            if check.problems or sep:
-                failed_turns.append(i)
-                if len(bad_ev) < 10:
-                    bad_ev.append(self.keep(f"turn-{i}", ex, {"problems": check.problems, "separation": sep}))
-            rows.append({"turn": i, "status": ex.status, "error": ex.error, "response": ex.body,
-                         "seconds": round(ex.end - ex.sent, 3), "problems": check.problems, "separation": sep})
-        ev_turns = self.store.write_json("turns.json", {"request": body, "turns": rows})
-        retries = self.validated_retry(body, failed_turns)
+            j = judge_case(case.id, case.cls, case.expect, case.schema, ex.status, ex.body if ex.ok else None,
+                           self.tools_of(case), ex.error)
+            judged.append(j)
+            if case.cls in CALL_CLASSES:
+                self.required_bodies.append(ex.body if ex.ok else None)
+            self.collect_calls(case.id, ex.body, group=case.id)
+            if not j.ok:
+                failed.append((case.id, self._case_body(case), self.tools_of(case)))
+                if len(bad_ev) < 20:
+                    bad_ev.append(self.keep(case.id, ex, j.to_dict()))
+            rows.append({**case.summary(), **j.to_dict(), "seconds": round(ex.end - ex.sent, 3),
+                         "request": ex.request, "response": ex.body, "error": ex.error})
+        self.case_rows = rows
+        ev_cases = self.store.write_json("cases.json", {"seed": self.cfg.case_seed, "cases": rows})
+        repeats, ev_rep = self.repeat_sample(cases)
+        retries = self.validated_retry(failed)
         ev_retry = [self.store.write_json("retries.json", retries)] if retries else []
-        evs = [ev_turns, *ev_retry, *bad_ev, *hung_ev]
-        n = len(checks)
-        errors = sum(1 for c in checks if c.problems)
-        by_finish = [c for c in checks if c.finish_reason == "tool_calls"]
-        valid = [c for c in by_finish if c.valid]
-        leaks = sum(1 for s in seps if s)
+        evs = [ev_cases, *ev_retry, *bad_ev, *hung_ev]
+        calls = [j for j in judged if j.cls in CALL_CLASSES]
+        fmt_cases = [j for j in judged if j.cls in (*CALL_CLASSES, "multi_turn")]
+        errors = [j for j in fmt_cases if j.problems]
+        by_finish = [j for j in judged if j.check.finish_reason == "tool_calls" and j.cls != "structured"]
+        valid = [j for j in by_finish if not j.check.problems]
+        leaks = [j for j in judged if j.separation]
+        irrelevant = [j for j in judged if j.cls == "irrelevance"]
         thr, acc_min = self.cfg.format_error_threshold, self.cfg.schema_accuracy_min
-        fmt = Rate("format_error_rate", errors, n, thr)
+        fmt = Rate("format_error_rate", len(errors), len(fmt_cases), thr)
         acc = Rate("schema_accuracy", len(valid), len(by_finish), acc_min, "min")
-        sep_rate = Rate("separation_error_rate", leaks, n, thr)
+        sep_rate = Rate("separation_error_rate", len(leaks), len(judged), thr)
+        abstain = Rate("abstain_rate", sum(1 for j in irrelevant if j.abstained), len(irrelevant),
+                       self.cfg.abstain_min, "min")
+        consistent = sum(1 for r in repeats if r["consistent"])
         recovered = sum(1 for r in retries if r["recovered"])
         self.rates = {
             "schema_accuracy": acc.value, "format_error_rate": fmt.value,
-            "separation_error_rate": sep_rate.value,
-            "trigger_consistency": Counter(signatures).most_common(1)[0][1] / n if n else None,
-            "runs": n, "turns_sent": len(exchanges), "turn_target": self.turn_target(),
-            "turn_budget": self.cfg.turn_budget, "concurrency": self.cfg.concurrency,
-            "triggered": sum(1 for c in checks if c.tool_calls), "finish_tool_calls": len(by_finish),
+            "separation_error_rate": sep_rate.value, "abstain_rate": abstain.value,
+            "trigger_consistency": consistent / len(repeats) if repeats else None,
+            "runs": len(fmt_cases), "cases": len(judged), "distinct_bodies": len(
+                {json.dumps(r["request"], sort_keys=True) for r in rows}),
+            "turns_sent": sum(1 for c in cases[:len(exchanges)] if c.cls in (*CALL_CLASSES, "multi_turn")),
+            "turn_target": self.turn_target(), "turn_budget": self.cfg.turn_budget,
+            "concurrency": self.cfg.concurrency, "seed": self.cfg.case_seed,
+            "triggered": sum(1 for j in calls if j.check.tool_calls), "finish_tool_calls": len(by_finish),
             "bounds": {"format_error_rate": fmt.to_dict(), "schema_accuracy": acc.to_dict(),
-                       "separation_error_rate": sep_rate.to_dict()},
-            "resolution": self._resolution(n),
+                       "separation_error_rate": sep_rate.to_dict(), "abstain_rate": abstain.to_dict()},
+            "classes": class_rates(judged), "misses": [m for j in judged for m in
+                                                        (f"{j.case}: {x}" for x in j.misses)][:20],
+            "repeats": {"cases": len(repeats), "consistent": consistent, "runs_each": self.cfg.repeats,
+                        "evidence": ev_rep},
+            "assumptions": BOUND_ASSUMPTIONS, "context": self.context_fit,
+            "resolution": self._resolution(len(fmt_cases)),
             "retry": {"policy": f"re-send the same request, up to {self.cfg.retry_attempts} time(s), validate",
                       "errors": len(retries), "recovered": recovered},
         }
+        checks = [j.check for j in fmt_cases]
+        for j in fmt_cases:  # the case's own problems (HTTP errors, a missing assistant answer) count as its check's
+            j.check.problems = list(j.problems)
         out = [self._judge_format(fmt, checks, retries, evs), self._judge_accuracy(
-            acc, evs, Counter(la for c in checks for la, _ in c.problems).most_common(1)[0][0] if errors else None)]
-        out.append(self._judge_trigger(checks, signatures, evs))
-        out.append(self._judge_separation(sep_rate, seps, retries, evs))
+            acc, evs, Counter(la for j in errors for la, _ in j.problems).most_common(1)[0][0] if errors else None)]
+        out.append(self._judge_trigger(repeats, abstain, evs + [ev_rep]))
+        out.append(self._judge_separation(sep_rate, [j.separation for j in judged], retries, evs))
         return out
+
+    def repeat_sample(self, cases: list[Case]) -> tuple[list[dict[str, Any]], str]:
+        """The first `agent.consistency_cases` single cases, each sent `agent.repeats` times: consistent when
+        every run gives the same calls (names and parsed arguments)."""
+        sample = [c for c in cases if c.cls == "single"][:self.cfg.consistency_cases]
+        jobs = [(c, r) for c in sample for r in range(max(1, self.cfg.repeats))]
+        with ThreadPoolExecutor(max_workers=max(1, self.cfg.concurrency)) as pool:
+            got = list(pool.map(lambda job: self.client.chat(self._case_body(job[0])), jobs))
+        out = []
+        for case in sample:
+            runs = [(ex, check_tool_call(ex.body if ex.ok else None, self.tools_of(case)))
+                    for (c, _), ex in zip(jobs, got, strict=True) if c is case and not ex.timed_out]
+            sigs = [json.dumps(call_signature(ex.body), sort_keys=True) for ex, _ in runs]
+            out.append({"case": case.id, "runs": len(runs), "consistent": len(set(sigs)) == 1 and bool(runs),
+                        "signatures": Counter(sigs).most_common(3), "checks": [c for _, c in runs],
+                        "triggered": [bool(c.tool_calls) for _, c in runs],
+                        "responses": [ex.body for ex, _ in runs]})
+        ev = self.store.write_json("repeats.json", [{k: v for k, v in r.items() if k != "checks"} for r in out])
+        return out, ev
 
     def _resolution(self, n: int) -> str:
         need = turns_to_resolve(self.cfg.format_error_threshold)
@@ -430,20 +552,45 @@ class AgentProbe:
         return _finding("agent.schema_accuracy", status, layer, evs, observed=observed, expected=expected, rule=rule,
                         reason=reason, action="see agent.tool_call; raise agent.turn_budget when unresolved")
 
-    def _judge_trigger(self, checks: list[CallCheck], signatures: list[str], evs: list[str]) -> Finding:
+    def _judge_trigger(self, repeats: list[dict[str, Any]], abstain: Rate, evs: list[str]) -> Finding:
+        """Repeats of a case trigger the same call (consistency), and the irrelevance cases abstain at a rate
+        whose 95 % lower bound reaches `thresholds.tool_abstain_min`."""
+        runs = [r for r in repeats if r["runs"]]
+        checks = [c for r in runs for c in r["checks"]]
         triggered = [c for c in checks if c.tool_calls > 0]
-        consistency = self.rates["trigger_consistency"] or 0.0
-        status = Status.FAIL if not triggered else (Status.PASS if consistency == 1.0 else Status.WARN)
+        odd = [r for r in runs if not r["consistent"]]
+        abstain_verdict = abstain.verdict() if abstain.n else "pass"
+        status = Status.FAIL if not triggered else (Status.PASS if not odd else Status.WARN)
         if not checks:
-            status = Status.INCONCLUSIVE  # no turn answered: nothing to judge
-        layer, reason = None, ""
-        if status != Status.PASS and checks:
-            layer, reason, _ = self._attribute(self._trigger_layer(checks, signatures, triggered), "tool")
-        return _finding("agent.trigger_consistency", status, layer, evs, reason=reason,
-                        observed={"consistency": self.rates["trigger_consistency"], "runs": len(checks),
-                                  "calls": Counter(signatures).most_common(3)},
-                        expected="1.0", action="pin temperature / review the prompt; inconsistent triggering needs "
-                                               "a retry policy")
+            status = Status.INCONCLUSIVE  # no repeat answered: nothing to judge
+        reasons = []
+        if odd:
+            reasons.append(f"{len(odd)} of {len(runs)} repeated cases gave different calls: "
+                           + ", ".join(r["case"] for r in odd[:10]))
+        if abstain_verdict == "fail":
+            status = Status.FAIL
+            reasons.append(f"irrelevance cases: a tool was called in {abstain.n - abstain.events} of {abstain.n} "
+                           f"where none fits (abstained {abstain.value:.3f} < {abstain.threshold:g})")
+        elif abstain_verdict == "unresolved" and status == Status.PASS:
+            status = Status.INCONCLUSIVE
+            reasons.append(f"abstention unresolved: {abstain.events} of {abstain.n}, 95 % lower bound "
+                           f"{abstain.bound:.3f} < {abstain.threshold:g} (more irrelevance cases needed)")
+        layer = None
+        if status in (Status.FAIL, Status.WARN) and checks:
+            sigs = [json.dumps(call_signature(b), sort_keys=True) for r in runs for b in r["responses"]]
+            base = self._trigger_layer(checks, sigs, triggered) if (odd or not triggered) else "model"
+            layer, why, _ = self._attribute(base, "tool")
+            reasons.append(why)
+        return _finding("agent.trigger_consistency", status, layer, evs, reason="; ".join(x for x in reasons if x),
+                        observed={"consistency": self.rates.get("trigger_consistency"), "repeated_cases": len(runs),
+                                  "runs_each": self.cfg.repeats, "inconsistent": [r["case"] for r in odd][:10],
+                                  "abstain": abstain.to_dict()},
+                        expected=f"every repeated case gives the same call; irrelevance cases abstain "
+                                 f"(95 % lower bound >= {abstain.threshold:g})",
+                        rule="consistency over repeats of the same case (never a rate); abstention over distinct "
+                             "irrelevance cases (a rate, judged on its bound)",
+                        action="pin temperature / review the prompt; inconsistent triggering needs a retry policy; "
+                               "calls where no tool fits: review the tool descriptions and the system prompt")
 
     def _judge_separation(self, rate: Rate, seps: list[list[tuple[str, str]]], retries: list[dict[str, Any]],
                           evs: list[str]) -> Finding:
@@ -653,6 +800,13 @@ class AgentProbe:
                     problems.append(GATEWAY_REASON.format(detail="its cut body carries finish_reason length"))
                 else:
                     cut_layer = "parser"
+        # The case set's structured cases (other phrasings, context lengths): each answer validated too.
+        cased = [r for r in self.case_rows if r["class"] == "structured"]
+        rejected = [r for r in cased if not r["ok"]]
+        if rejected:
+            problems.append(f"{len(rejected)} of {len(cased)} structured cases rejected: "
+                            + "; ".join(f"{r['case']}: {r['problems'][0][1]}" for r in rejected[:5]))
+            valid_error = valid_error or rejected[0]["problems"][0][1]
         ev = [self.keep("structured-output", ex, {"problems": problems, "validation": valid_error or "valid"}),
               self.keep("structured-output-cut", cut, broken)]
         finish = (ex.body or {}).get("choices", [{}])[0].get("finish_reason") if ex.ok else None
@@ -669,6 +823,7 @@ class AgentProbe:
             ev += ref_ev
         return _finding("agent.structured_output", status, layer, ev, reason=reason,
                         observed={"content": content, "finish_reason": finish, "problems": problems,
+                                  "structured_cases": len(cased), "structured_rejected": [r["case"] for r in rejected],
                                   "separation": leak, "broken_body": broken},
                         expected="content valid per the JSON Schema; a body cut by max_tokens rejected and marked "
                                  "finish_reason length",
@@ -678,7 +833,7 @@ class AgentProbe:
 
     def executor_safety(self) -> Finding:
         """Every tool call the deployment returned in this run through the reference client."""
-        records, unsafe, retry = execute_real_calls(self.real_calls, self.tools, self.write_tools)
+        records, unsafe, retry = execute_real_calls(self.real_calls, self.all_tools, self.write_tools)
         ev = [self.store.write_json("executor.json", {"write_tools": self.write_tools, "calls": records})]
         executed = sum(r["executions"] for r in records)
         keys: dict[Any, set[str]] = {}
@@ -840,6 +995,120 @@ class AgentProbe:
                         expected="openai ChatCompletion.model_validate keeps every raw field",
                         rule="a field present in raw HTTP but lost through the client library is the client's",
                         action="upgrade/pin the client library or read the raw response for the lost field")
+
+    # --- the case set under load, and against a reference -------------------------------------------
+
+    def _judge_all(self, client: OpenAIClient, cases: list[Case], concurrency: int,
+                   model: str | None = None) -> list[tuple[CaseJudgement, Exchange]]:
+        def send(case: Case) -> Exchange:
+            body = self._case_body(case)
+            return client.chat({**body, "model": model} if model else body)
+
+        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+            got = list(pool.map(send, cases))
+        return [(judge_case(c.id, c.cls, c.expect, c.schema, ex.status, ex.body if ex.ok else None,
+                            self.tools_of(c), ex.error), ex) for c, ex in zip(cases, got, strict=True)]
+
+    def under_load(self) -> Finding:
+        """The case set again with `under_load` requests in flight (the contracted concurrency): a case that
+        passed alone and fails under load is a defect that appears only under concurrency."""
+        check = registry.get("agent.under_load")
+        n = self.cfg.under_load
+        if n <= 0:
+            return check.result(Status.NOT_APPLICABLE, reason="not measured in this run: no concurrency to hold "
+                                "(--under-load N, agent.under_load)", action="run with --under-load <contract "
+                                "concurrency>, or in accept.yml (during the soak)")
+        alone = {r["case"]: r for r in self.case_rows}
+        cases = [c for c in self.cases if c.id in alone]
+        if not cases:
+            return check.inconclusive(None, reason="no case was answered alone: nothing to compare",
+                                      expected="the case set answered alone first", action="see agent.tool_call")
+        loaded = self._judge_all(self.client, cases, n)
+        rows = [{**j.to_dict(), "request": ex.request, "response": ex.body, "error": ex.error,
+                 "alone_ok": alone[j.case]["ok"]} for j, ex in loaded]
+        ev = [self.store.write_json("cases-under-load.json", {"concurrency": n, "cases": rows})]
+        broke = [(j, ex) for j, ex in loaded if alone[j.case]["ok"] and not j.ok]
+        hung = [j.case for j, ex in loaded if ex.timed_out]
+        judged = [j for j, _ in loaded]
+        self.rates["under_load"] = {"concurrency": n, "cases": len(loaded), "broke": len(broke),
+                                    "classes": class_rates(judged)}
+        for j, ex in broke[:10]:
+            ev.append(self.keep(f"under-load-{j.case}", ex, j.to_dict()))
+        observed = {"concurrency": n, "cases": len(loaded), "passed_alone": sum(1 for r in rows if r["alone_ok"]),
+                    "broke_under_load": [{"case": j.case, "problems": [list(p) for p in j.problems + j.separation]}
+                                         for j, _ in broke[:20]]}
+        expected = f"every case that passed alone passes with {n} requests in flight"
+        rule = "a case's result under the contracted concurrency equals its result served alone"
+        if hung and not broke:
+            return check.inconclusive(None, reason=f"{len(hung)} case(s) hung under load: {', '.join(hung[:10])}",
+                                      expected=expected, evidence=ev, observed=observed, rule=rule,
+                                      action="see agent.timeouts")
+        if not broke:
+            return check.passed(evidence=ev, observed=observed, expected=expected, rule=rule,
+                                reason=f"{len(loaded)} cases with {n} in flight: none broke")
+        layers = Counter(la for j, _ in broke for la, _ in j.problems + j.separation)
+        layer = layers.most_common(1)[0][0]
+        why = ""
+        if self.direct is not None:
+            direct = self._judge_all(self.direct, [c for c in cases if c.id in {j.case for j, _ in broke}] or cases,
+                                     n)
+            clean = all(j.ok for j, _ in direct)
+            ev.append(self.store.write_json("cases-under-load-direct.json",
+                                            [{**j.to_dict(), "response": ex.body} for j, ex in direct]))
+            if clean:
+                layer, why = "gateway", GATEWAY_REASON.format(
+                    detail=f"the {len(direct)} broken cases, sent to it with {n} in flight, all pass")
+            else:
+                why = "the direct server shows the same defects under load: not the gateway"
+        names = ", ".join(j.case for j, _ in broke[:10])
+        return check.fail(layer=layer, evidence=ev, observed=observed, expected=expected, rule=rule,
+                          reason="; ".join(x for x in (
+                              f"{len(broke)} case(s) passed alone and failed with {n} requests in flight: {names} "
+                              f"({broke[0][0].to_dict()['problems'][0][1]})", why) if x),
+                          action="a defect only under concurrency: check guided decoding and the tool parser "
+                                 "under concurrent requests, and any gateway in front")
+
+    def reference_agreement(self) -> Finding:
+        """The case set (tool classes) sent to the reference: tool-call F1 on triggering (the reference's
+        calls the positive class), per-case argument agreement on the cases both call."""
+        check = registry.get("agent.reference_agreement")
+        if self.reference is None:
+            return check.result(Status.NOT_APPLICABLE, reason="no reference given (agent_reference_url / "
+                                "--reference-url): nothing to compare with", action="none, or give a reference")
+        mine = {r["case"]: r for r in self.case_rows if r["class"] != "structured"}
+        cases = [c for c in self.cases if c.id in mine]
+        ref = self._judge_all(self.reference, cases, self.cfg.concurrency, self.cfg.reference_model)
+        rows = []
+        for j, ex in ref:
+            ours = mine[j.case]
+            rows.append({"case": j.case, "class": j.cls, "reference_status": ex.status,
+                         "reference_calls": call_signature(ex.body) if ex.ok else None,
+                         "calls": call_signature(ours["response"]) if ours["status"] == 200 else None,
+                         "reference_response": ex.body, "reference_request": ex.request})
+        ev = [self.store.write_json("reference.json", {"model": self.cfg.reference_model, "cases": rows})]
+        agreement = reference_agreement(rows)
+        self.rates["reference"] = agreement
+        observed = {k: v for k, v in agreement.items() if k != "disagreeing"} | {
+            "disagreeing": agreement["disagreeing"][:20]}
+        thr = self.cfg.reference_min
+        expected = f"tool-call F1 on triggering >= {thr:g} (the reference's calls are the positive class)"
+        rule = ("F1 = 2TP / (2TP + FP + FN) over the cases both answered; TP: both call, FP: only the deployment, "
+                "FN: only the reference; argument agreement: same names and parsed arguments where both call")
+        if agreement["answered"] == 0 or agreement["f1"] is None:
+            why = ("the reference answered no case" if agreement["answered"] == 0 else
+                   "neither side called a tool on any case: F1 has no positive class")
+            return check.inconclusive(None, reason=why, expected=expected, evidence=ev, observed=observed,
+                                      rule=rule, action="check the reference URL, model and key")
+        ok = agreement["f1"] >= thr
+        reason = (f"F1 {agreement['f1']:.3f} over {agreement['answered']} cases (TP {agreement['tp']}, FP "
+                  f"{agreement['fp']}, FN {agreement['fn']}); arguments agree on {agreement['arguments_agree']} of "
+                  f"{agreement['tp']} cases both call")
+        if ok:
+            return check.passed(evidence=ev, observed=observed, expected=expected, rule=rule, reason=reason)
+        return check.fail(layer="model", evidence=ev, observed=observed, expected=expected, rule=rule,
+                          reason=reason + f" < {thr:g}",
+                          action="the deployment triggers tools unlike the reference: compare the chat template, "
+                                 "the tool parser and the weights with the reference's")
 
     # --- layer attribution helpers ---------------------------------------------------------------
 

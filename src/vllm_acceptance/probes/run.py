@@ -43,6 +43,11 @@ class ProbeOptions:
     loadgen_agents: list[dict[str, Any]] = field(default_factory=list)
     loadgen_token: str | None = None
     overrides: dict[str, Any] = field(default_factory=dict)
+    # agent: a reference endpoint for agent.reference_agreement (its key from the environment, never argv)
+    reference_url: str | None = None
+    reference_model: str | None = None
+    reference_api_key: str | None = None
+    under_load: int = 0  # agent: the case set sent again while this many other requests are in flight
 
 
 def resolve_profile(path: str | None) -> Profile | None:
@@ -71,7 +76,7 @@ def run_probe(opts: ProbeOptions, *, write_result_json: bool = True) -> tuple[st
     """
     if opts.kind not in PROBES:
         raise ConfigError(f"probe {opts.kind!r}: unknown (choose one of {', '.join(PROBES)})")
-    secrets = [opts.api_key] if opts.api_key else []
+    secrets = [k for k in (opts.api_key, opts.reference_api_key) if k]
     store = EvidenceStore(opts.out_dir, secrets=secrets)
     client = OpenAIClient(opts.base_url, api_key=opts.api_key, timeout_s=request_timeout_s(opts))
     try:
@@ -141,11 +146,16 @@ def _dispatch(opts: ProbeOptions, client: OpenAIClient, store: EvidenceStore
         cfg_a = agent_config(opts, scenario)
         direct = OpenAIClient(opts.direct_url, api_key=opts.api_key, timeout_s=client.timeout_s) \
             if opts.direct_url else None
+        reference = OpenAIClient(opts.reference_url, api_key=opts.reference_api_key, timeout_s=client.timeout_s) \
+            if opts.reference_url else None
+        cfg_a.reference_model = opts.reference_model or opts.model
+        cfg_a.under_load = int(opts.under_load or _get(opts, "agent.under_load", 0) or 0)
         try:
-            return AgentProbe(client, cfg_a, store, direct).run()
+            return AgentProbe(client, cfg_a, store, direct, reference).run()
         finally:
-            if direct:
-                direct.close()
+            for extra in (direct, reference):
+                if extra:
+                    extra.close()
     from .load import run_load_probe
 
     source = metrics_source(opts.metrics_url, opts.prometheus_url, opts.prometheus_instance, opts.base_url,
@@ -168,7 +178,12 @@ def agent_config(opts: ProbeOptions, scenario: dict[str, Any]) -> Any:
         retry_attempts=int(_get(opts, "agent.retry_attempts", 1)),
         reasoning_parser=_get(opts, "model.reasoning_parser", None) or None,
         images=bool(_get(opts, "agent.images", False)),
-        image_tokens=_get(opts, "agent.image_tokens", None))
+        image_tokens=_get(opts, "agent.image_tokens", None),
+        cases=int(_get(opts, "agent.cases", 300)), other_cases=int(_get(opts, "agent.other_cases", 60)),
+        case_seed=int(_get(opts, "agent.case_seed", 0)),
+        consistency_cases=int(_get(opts, "agent.consistency_cases", 10)),
+        abstain_min=float(_get(opts, "thresholds.tool_abstain_min", 0.9)),
+        reference_min=float(_get(opts, "thresholds.reference_agreement_min", 0.80)))
 
 
 def load_config(opts: ProbeOptions) -> Any:

@@ -517,3 +517,109 @@ def _arg(call: dict[str, Any], key: str) -> Any:
         return json.loads((call.get("function") or {}).get("arguments") or "").get(key)
     except (ValueError, TypeError, AttributeError):
         return None
+
+
+# --- the case set -------------------------------------------------------------------------------
+
+@dataclass
+class CaseJudgement:
+    """One case of the case set judged by its class (scenarios/cases.py): `problems` are defects of the
+    deployment (each naming its layer); `misses` are what the case expected but the answer chose otherwise
+    (another tool, one call of two): reported per case, judged by the rates that own them."""
+
+    case: str
+    cls: str
+    status: int
+    check: CallCheck
+    separation: list[tuple[str, str]]
+    problems: list[tuple[str, str]]
+    misses: list[str]
+    abstained: bool | None = None  # irrelevance: no call made (None for the other classes)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and not self.separation
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"case": self.case, "class": self.cls, "status": self.status, "ok": self.ok,
+                "finish_reason": self.check.finish_reason, "calls": self.check.names,
+                "problems": [list(p) for p in self.problems + self.separation], "misses": self.misses,
+                "abstained": self.abstained}
+
+
+def judge_case(case: str, cls: str, expect: list[str], schema: dict[str, Any] | None, status: int,
+               body: dict[str, Any] | None, tools: list[dict[str, Any]], error: str | None = None) -> CaseJudgement:
+    """A case's answer against its class: single/parallel must call (valid calls, schema tools);
+    multi_turn must answer as the assistant (text, or valid calls); irrelevance must not call (a call made
+    is still checked for format); structured content must validate against its schema."""
+    check = check_tool_call(body if status == 200 else None, tools)
+    sep = check_separation(body) if status == 200 else []
+    if status != 200:
+        layer = "gateway" if status >= 500 or status == 0 else "client"
+        return CaseJudgement(case, cls, status, check, [], [(layer, f"HTTP {status}: {error or ''}".strip())], [])
+    no_call = [p for p in check.problems if p[1].startswith("no tool call")]
+    misses: list[str] = []
+    abstained = None
+    problems = list(check.problems)
+    if cls == "parallel" or cls == "single":
+        missing = [n for n in expect if n not in check.names]
+        if missing and check.tool_calls:
+            misses.append(f"expected {', '.join(expect)}, called {', '.join(map(str, check.names))}")
+    elif cls == "multi_turn":
+        message = message_of(body)
+        problems = [p for p in problems if p not in no_call]
+        if message.get("role") != "assistant" or not (message.get("content") or message.get("tool_calls")):
+            problems.append(("model", "no assistant answer after the tool result"))
+    elif cls == "irrelevance":
+        problems = [p for p in problems if p not in no_call]
+        abstained = check.tool_calls == 0 and not markup_in(message_of(body).get("content"))
+        if not abstained:
+            misses.append(f"no tool fits, called {', '.join(map(str, check.names)) or 'one (markup)'}")
+    elif cls == "structured":
+        problems = []
+        content = message_of(body).get("content")
+        try:
+            jsonschema.validate(json.loads(content or ""), schema or {})
+        except (ValueError, jsonschema.ValidationError) as exc:
+            layer = "model" if finish_of(body) == "length" else "parser"
+            problems.append((layer, f"structured answer rejected: {str(exc).splitlines()[0][:160]}"))
+    return CaseJudgement(case, cls, status, check, sep, problems, misses, abstained)
+
+
+BOUND_ASSUMPTIONS = (
+    "one-sided 95 % Clopper-Pearson bounds over distinct cases, each sent once: the cases are treated as "
+    "independent Bernoulli trials with one rate; they are a seeded sample of the scenario pack's tools, argument "
+    "types, phrasings and context lengths, so the bound speaks for traffic like the pack, not for any traffic; "
+    "repeats of a case measure consistency only and never enter a rate")
+
+
+def class_rates(judged: list[CaseJudgement]) -> dict[str, dict[str, Any]]:
+    """Per class of case: cases, cases without a defect, the rate of defects with its 95 % upper bound,
+    the cases that chose otherwise than expected (misses), and the irrelevance class's abstentions."""
+    out: dict[str, dict[str, Any]] = {}
+    for cls in sorted({j.cls for j in judged}):
+        mine = [j for j in judged if j.cls == cls]
+        bad = [j for j in mine if not j.ok]
+        out[cls] = {"cases": len(mine), "ok": len(mine) - len(bad), "defect_rate": len(bad) / len(mine),
+                    "upper_95": round(rate_upper_bound(len(bad), len(mine)), 5),
+                    "misses": sum(1 for j in mine if j.misses), "failed": [j.case for j in bad][:10]}
+        if cls == "irrelevance":
+            out[cls]["abstained"] = sum(1 for j in mine if j.abstained)
+    return out
+
+
+def reference_agreement(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Tool-call F1 on triggering against a reference (the reference's calls are the positive class), as
+    Moonshot's K2-Vendor-Verifier judges a vendor; argument agreement per case where both call. Rows:
+    {"case", "reference_status", "reference_calls", "calls"} (calls: call_signature lists, None unanswered)."""
+    both = [r for r in rows if r["reference_status"] == 200 and r["calls"] is not None]
+    tp = sum(1 for r in both if r["reference_calls"] and r["calls"])
+    fp = sum(1 for r in both if not r["reference_calls"] and r["calls"])
+    fn = sum(1 for r in both if r["reference_calls"] and not r["calls"])
+    agree = [r for r in both if r["reference_calls"] and r["calls"] and r["reference_calls"] == r["calls"]]
+    f1 = 2 * tp / (2 * tp + fp + fn) if (tp + fp + fn) else None
+    disagreeing = [{"case": r["case"], "reference": r["reference_calls"], "deployment": r["calls"]}
+                   for r in both if r["reference_calls"] != r["calls"]]
+    return {"cases": len(rows), "answered": len(both), "tp": tp, "fp": fp, "fn": fn, "f1": f1,
+            "arguments_agree": len(agree), "argument_agreement": len(agree) / tp if tp else None,
+            "disagreeing": disagreeing}

@@ -24,7 +24,8 @@ def load_scenario(name_or_path: str) -> dict[str, Any]:
                               f"packaged: {', '.join(packaged())})")
         text = resource.read_text()
     data = yaml.safe_load(text)
-    for problem in tool_schema_problems(data.get("tools", [])) + pack_problems(data):
+    extra = list((data.get("case_set") or {}).get("extra_tools") or [])
+    for problem in tool_schema_problems(list(data.get("tools", [])) + extra) + pack_problems(data):
         raise ConfigError(f"scenario {name_or_path!r}: {problem}")
     return data
 
