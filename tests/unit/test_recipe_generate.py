@@ -175,3 +175,10 @@ def test_the_gb300_dep16_profile_launches_four_trays_of_four_ranks() -> None:
         assert "--moe-backend=deep_gemm_mega_moe" in args
         assert args.count("--enable-expert-parallel") == 1          # the recipe's strategy flag, once
         assert (f"--data-parallel-start-rank={rank * 4}" in args) is (rank > 0)
+
+
+def test_the_nvfp4_variant_serves_its_own_checkpoint_on_blackwell_only() -> None:
+    profile, _ = generate(RECIPE, Selection("b300", "single_node_tp", variant="nvfp4"))
+    assert profile["model"]["name"] == "RedHatAI/Kimi-K3-NVFP4" and profile["hardware"]["memory_estimate_gb"] == 1650
+    with pytest.raises(ConfigError, match="variant nvfp4 \\(nvfp4\\) runs on NVIDIA Blackwell only, h200 is hopper"):
+        generate(RECIPE, Selection("h200", "single_node_tp", variant="nvfp4"))
