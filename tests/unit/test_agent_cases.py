@@ -106,3 +106,23 @@ def test_expected_arguments_validate() -> None:
         text = case.messages[-1]["content"]
         if case.cls == "single" and text.startswith("Call "):
             jsonschema.validate(json.loads(text[text.index("{"):]), schemas[case.expect[0]])
+
+
+def test_the_report_shows_each_class_alone_and_under_load_with_the_raw_bodies_a_click_away() -> None:
+    from vllm_acceptance.report.render_html import render_html
+
+    good = _answer([("get_service_health", {"service": "vllm-engine"})])
+    bad = _answer([("get_service_health", {"service": "x"})])
+    alone = [judge_case(f"single-{i:04d}", "single", [], None, 200, good, TOOLS) for i in range(1, 5)]
+    loaded = [judge_case(f"single-{i:04d}", "single", [], None, 200, bad if i == 3 else good, TOOLS)
+              for i in range(1, 5)]
+    rates = {"classes": class_rates(alone), "under_load": {"concurrency": 4, "classes": class_rates(loaded)},
+             "assumptions": "one-sided 95 % Clopper-Pearson bounds over distinct cases", "repeats": {"cases": 1}}
+    report = {"schema_version": "1.0", "inventory": "lab", "profile": "cpu-lab", "run_id": "r1", "started": None,
+              "finished": "2026-12-02T00:00:00Z", "verdict": "incomplete", "findings": [],
+              "stages": {"agent": {"evidence_root": "probes/agent", "rates": rates}}}
+    html = render_html(report)
+    assert "Case set by class" in html and "Under load (4 in flight)" in html
+    assert "1 / 4" in html and "single-0003" in html  # the case that broke under load, named
+    assert 'href="probes/agent/cases.json"' in html and 'href="probes/agent/cases-under-load.json"' in html
+    assert "Clopper-Pearson" in html

@@ -378,7 +378,19 @@ def agent_view(report: dict[str, Any]) -> dict[str, Any] | None:
             "rate_rows": plots.agent_rate_rows(agent), "resolution": str(rates.get("resolution") or ""),
             "rates": [("schema accuracy", fmt_pct(rates.get("schema_accuracy"))),
                       ("trigger consistency", fmt_pct(rates.get("trigger_consistency"))),
-                      ("format error rate", fmt_pct(rates.get("format_error_rate")))]}
+                      ("format error rate", fmt_pct(rates.get("format_error_rate")))],
+            "classes": views.agent_class_rows(agent), "assumptions": str(rates.get("assumptions") or ""),
+            "under_load": (rates.get("under_load") or {}).get("concurrency"),
+            "case_files": [evidence_path(str(agent.get("evidence_root") or ""), name) for name in
+                           ("cases.json", "cases-under-load.json", "reference.json", "repeats.json")
+                           if _kept(agent, name)]}
+
+
+def _kept(agent: dict[str, Any], name: str) -> bool:
+    """A case-set file the probe wrote: named in the rates (cases.json always with a case set)."""
+    rates = agent.get("rates") or {}
+    return {"cases.json": bool(rates.get("classes")), "cases-under-load.json": bool(rates.get("under_load")),
+            "reference.json": bool(rates.get("reference")), "repeats.json": bool(rates.get("repeats"))}[name]
 
 
 def evidence_path(root: str, path: Any) -> str:

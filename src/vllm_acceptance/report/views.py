@@ -268,3 +268,29 @@ def agent_case_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
                      "status": status, "checks": sorted({str(f.get("check")) for f in judged}),
                      "http_status": ex.get("http_status"), "timed_out": ex.get("timed_out"), "evidence": path})
     return rows
+
+
+CASE_CLASSES = ("single", "parallel", "multi_turn", "irrelevance", "structured")
+
+
+def agent_class_rows(agent: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per class of the case set: cases, defects and the defect rate's one-sided 95 % upper bound, served alone
+    and under load (when measured), and the cases that chose otherwise than expected."""
+    rates = agent.get("rates") or {}
+    alone = rates.get("classes") if isinstance(rates.get("classes"), dict) else {}
+    loaded = ((rates.get("under_load") or {}).get("classes") or {}) if isinstance(rates.get("under_load"), dict) \
+        else {}
+    rows = []
+    for cls in [c for c in CASE_CLASSES if c in alone] + sorted(set(alone) - set(CASE_CLASSES)):
+        a, b = alone.get(cls) or {}, loaded.get(cls) or {}
+        rows.append({"class": cls, "cases": a.get("cases"), "defects": _defects(a), "rate": a.get("defect_rate"),
+                     "bound": a.get("upper_95"), "misses": a.get("misses"), "abstained": a.get("abstained"),
+                     "failed": a.get("failed") or [], "load_cases": b.get("cases"), "load_defects": _defects(b),
+                     "load_rate": b.get("defect_rate"), "load_bound": b.get("upper_95"),
+                     "load_failed": b.get("failed") or []})
+    return rows
+
+
+def _defects(row: dict[str, Any]) -> int | None:
+    cases, ok = row.get("cases"), row.get("ok")
+    return cases - ok if isinstance(cases, int) and isinstance(ok, int) else None
