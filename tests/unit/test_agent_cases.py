@@ -126,3 +126,14 @@ def test_the_report_shows_each_class_alone_and_under_load_with_the_raw_bodies_a_
     assert "1 / 4" in html and "single-0003" in html  # the case that broke under load, named
     assert 'href="probes/agent/cases.json"' in html and 'href="probes/agent/cases-under-load.json"' in html
     assert "Clopper-Pearson" in html
+
+
+def test_pack_offer_gives_every_case_exactly_the_packs_tools() -> None:
+    pack = load_scenario("ops-agent")
+    cases = build_cases(pack, 30, 10, offer="pack")
+    assert all(c.tools == pack["tools"] for c in cases if c.cls != "structured")
+    assert all(c.trimmed() is None or c.trimmed().tools == c.tools for c in cases)
+    sampled = build_cases(pack, 30, 10)
+    assert len({len(c.tools) for c in sampled if c.cls == "single"}) > 2  # the default offers a varying share
+    with pytest.raises(ValueError, match="agent.case_tools"):
+        build_cases(pack, 1, 0, offer="every")

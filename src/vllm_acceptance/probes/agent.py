@@ -96,6 +96,7 @@ class AgentProbeConfig:
     cases: int = 300  # distinct call-requiring cases of the case set (at least; the thresholds may need more)
     other_cases: int = 60  # multi-turn, irrelevance and structured cases beside them
     case_seed: int = 0
+    case_tools: str = "sample"  # "pack": every case offers exactly the pack's tools (scenarios/cases.py)
     consistency_cases: int = 10  # single cases repeated `repeats` times for trigger consistency
     abstain_min: float = 0.9  # irrelevance cases: the abstention rate's 95 % lower bound
     reference_model: str | None = None  # the reference endpoint's model name (agent.reference_agreement)
@@ -141,7 +142,8 @@ class AgentProbe:
         self.cases: list[Case] = []
         self.context_fit: dict[str, Any] = {}
         self.tools = cfg.scenario["tools"]
-        self.all_tools = case_tools(cfg.scenario)  # with the pack's case_set.extra_tools (the case set only)
+        # with the pack's case_set.extra_tools (offered in the case set only, unless agent.case_tools is "pack")
+        self.all_tools = case_tools(cfg.scenario) if cfg.case_tools == "sample" else list(self.tools)
         self.tasks = cfg.scenario["tasks"]
         self.write_tools: dict[str, dict[str, Any]] = cfg.scenario.get("write_tools") or {}
         self.system = cfg.scenario["system_prompt"].format(
@@ -279,7 +281,8 @@ class AgentProbe:
         want = class_counts(calls, others)
         extra = 0
         while True:
-            built = build_cases(self.cfg.scenario, calls + extra, others + extra, self.cfg.case_seed, self.system)
+            built = build_cases(self.cfg.scenario, calls + extra, others + extra, self.cfg.case_seed, self.system,
+                                self.cfg.case_tools)
             fitted = self._fit(built, limit)
             have = Counter(c.cls for c in fitted)
             if all(have[k] >= n for k, n in want.items()) or extra >= calls:

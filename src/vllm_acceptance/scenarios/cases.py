@@ -30,7 +30,8 @@ from typing import Any
 import jsonschema
 
 CLASSES = ("single", "parallel", "multi_turn", "irrelevance", "structured")
-CALL_CLASSES = ("single", "parallel")  # a tool call is required: the format-error rate's denominator
+CALL_CLASSES = ("single", "parallel")
+OFFERS = ("sample", "pack")  # a tool call is required: the format-error rate's denominator
 
 PHRASINGS = (
     "Please use {name} now: {prose}.",
@@ -74,6 +75,7 @@ class Case:
     context_turns: int = 0
     note_lines: int = 0
     turn_messages: int = 2  # messages per earlier turn (the pack's shared history)
+    fixed_tools: bool = False  # offers exactly the pack's tools (agent.case_tools: pack): never trimmed
 
     def body(self, model: str, max_tokens: int, temperature: float) -> dict[str, Any]:
         body: dict[str, Any] = {"model": model, "messages": self.messages, "max_tokens": max_tokens,
@@ -99,7 +101,7 @@ class Case:
                             context_turns=self.context_turns - 1)
         used = set(self.expect) | {c["function"]["name"] for m in self.messages for c in m.get("tool_calls") or []}
         spare = [t for t in self.tools if t["function"]["name"] not in used]
-        if len(spare) > (0 if self.expect else 1) and self.response_format is None:
+        if len(spare) > (0 if self.expect else 1) and self.response_format is None and not self.fixed_tools:
             tools = list(self.tools)
             tools.remove(spare[-1])
             return _replace(self, self.messages, tools=tools)
@@ -206,9 +208,13 @@ def case_tools(pack: dict[str, Any]) -> list[dict[str, Any]]:
 class CaseSet:
     """The generator: `take(n)` the first n cases of class mix `shares`, reproducibly from `seed`."""
 
-    def __init__(self, pack: dict[str, Any], seed: int = 0, system: str | None = None) -> None:
-        self.pack, self.seed = pack, seed
-        self.tools = case_tools(pack)
+    def __init__(self, pack: dict[str, Any], seed: int = 0, system: str | None = None, offer: str = "sample") -> None:
+        """`offer`: "sample" (the pack's tools and its case_set extras; each case offers the tools it needs and
+        a random share of the others) or "pack" (every case offers exactly the pack's `tools`)."""
+        if offer not in OFFERS:
+            raise ValueError(f"agent.case_tools {offer!r}: choose one of {', '.join(OFFERS)}")
+        self.pack, self.seed, self.offer = pack, seed, offer
+        self.tools = case_tools(pack) if offer == "sample" else list(pack["tools"])
         self.system = system or pack["system_prompt"].format(session_id="agent-cases",
                                                              environment=pack["default_environment"])
         extra = pack.get("case_set") or {}
@@ -228,6 +234,8 @@ class CaseSet:
     def _offer(self, needed: list[dict[str, Any]], rng: random.Random) -> list[dict[str, Any]]:
         """The tools a case offers: the ones it needs and a random share of the others (at least one tool),
         in the pack's order."""
+        if self.offer == "pack":
+            return list(self.tools)
         others = [t for t in self.tools if t not in needed]
         keep = rng.sample(others, rng.randint(0 if needed else 1, len(others)))
         return [t for t in self.tools if t in needed or t in keep]
@@ -236,7 +244,7 @@ class CaseSet:
         msgs, turns, notes = self._context(rng)
         cid = f"{cls}-{i:04d}"
         case = self._build(cls, cid, msgs, rng)
-        return dataclasses.replace(case, context_turns=turns, note_lines=notes,
+        return dataclasses.replace(case, context_turns=turns, note_lines=notes, fixed_tools=self.offer == "pack",
                                    turn_messages=max(1, len(self.history)) if self.history else 2)
 
     def _build(self, cls: str, cid: str, msgs: list[dict[str, Any]], rng: random.Random) -> Case:
@@ -308,8 +316,8 @@ def class_counts(calls: int, others: int) -> dict[str, int]:
 
 
 def build_cases(pack: dict[str, Any], calls: int, others: int, seed: int = 0,
-                system: str | None = None) -> list[Case]:
+                system: str | None = None, offer: str = "sample") -> list[Case]:
     """The case set: `calls` call-requiring cases and `others` of the other classes, distinct bodies.
     Each class has its own seeded stream, so a larger set starts with the smaller one, class by class."""
-    gen = CaseSet(pack, seed, system)
+    gen = CaseSet(pack, seed, system, offer)
     return [case for cls, n in class_counts(calls, others).items() for case in gen.take(cls, n)]
