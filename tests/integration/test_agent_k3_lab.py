@@ -113,7 +113,11 @@ def test_every_agent_check_through_the_kimi_k3_parsers(k3_lab_server, tmp_path: 
     assert set(statuses.values()) == {"pass", "not_applicable"} and rc == 1, statuses
     rates = result["details"]["rates"]
     assert rates["schema_accuracy"] == 1.0 and rates["format_error_rate"] == 0.0
-    assert rates["finish_tool_calls"] == rates["runs"] >= 59  # the K3 lab profile's 5 % threshold resolved
+    assert rates["finish_tool_calls"] >= rates["runs"] >= 59  # the K3 lab profile's 5 % threshold resolved
+    # The K3 lab model answers the whole case set; its canned call is another tool than most cases ask for:
+    # reported per case (misses), not a format error (lab-only: agent.case_tools pack in cpu-lab-k3.yml).
+    assert rates["distinct_bodies"] == rates["cases"] >= 300 and rates["triggered"] == 300
+    assert any("called get_node_status" in m for m in rates["misses"])
     # With the profile's reasoning parser, the assembled stream carries the non-streamed reasoning too.
     stream = next(f for f in result["findings"] if f["check"] == "agent.stream_consistency")
     assert stream["observed"]["compared"] == "reasoning, content, tool calls" and not stream["observed"]["diffs"]
