@@ -1,10 +1,11 @@
 """The cluster rehearsal in the suite: accept.yml on simulated GB300 nodes, each verdict for its reason.
 
-One stand-in cluster (three namespace sshd nodes: gb300-a01 and gb300-a03 recorded healthy, gb300-a02 on
-driver 575) is shared by every scenario here (src/vllm_acceptance/lab/rehearsal.py), each run once. The
-suite runs the short set (`Play.suite`: the scenarios that need no vLLM start, plus the flagship one, a
-container launched on a GPU node to a release, about 3 minutes) and the in-image all-reduce between two
-nodes; `make rehearsal` runs every scenario and writes reports/rehearsal/summary.json (REHEARSAL_FULL=1
+One stand-in cluster (namespace sshd nodes: gb300-a01 and gb300-a03 recorded healthy, gb300-a02 on
+driver 575, two GB300 NVL72 trays gb300-t01/t02 and an HGX B300 node b300-n01) is shared by every scenario
+here (src/vllm_acceptance/lab/rehearsal.py), each run once. The suite runs the short set (`Play.suite`: the
+scenarios that need no vLLM start, plus the flagship one, a container launched on a GPU node to a release,
+about 3 minutes), the in-image all-reduce between two nodes and fabric-not-initialised's preflight on the
+trays; `make rehearsal` runs every scenario and writes reports/rehearsal/summary.json (REHEARSAL_FULL=1
 runs the other server scenarios' tests here). Each test asserts the exact verdict and the reasons that
 decide it.
 """
@@ -157,44 +158,48 @@ def test_nccl_bandwidth_without_nccl_tests_spans_the_nodes_and_fails_on_a_slow_l
 
 
 @FULL
-def test_two_nodes_judge_the_launched_layout_not_the_profiles(cluster: rh.Rehearsal,
-                                                               played: dict[str, rh.Outcome]) -> None:
-    """The example-gb300 case on healthy nodes: the inventory's vllm_parallel (tensor 2 over two nodes, vLLM's
-    own multi-node flags, the worker --headless) differs from the profile's (tensor 1); the real lab vLLM runs
-    it, and every layout check judges the launched plan."""
-    outcome = played["two-node-layout"]
+def test_gb300_nvl72_trays_judge_the_launched_layout_not_the_profiles(cluster: rh.Rehearsal,
+                                                                    played: dict[str, rh.Outcome]) -> None:
+    """The example GB300 NVL72 case on its true shape (two 4-GPU trays, one ClusterUUID, IMEX active): the
+    inventory's vllm_parallel (tensor 2 over the two trays, vLLM's own multi-node flags, the worker --headless)
+    differs from the profile's (tensor 1); the real lab vLLM runs it, and every layout check judges the
+    launched plan. (It replaced two-node-layout, the same layout on 8-GPU GB300 nodes, a shape that does not
+    exist: issue 31.)"""
+    outcome = played["gb300-nvl72"]
+    head_tray, worker_tray = rh.TRAYS
     assert outcome.report is not None, outcome.output[-3000:]
-    head = [c["argv"] for c in cluster.calls("gb300-a01") if c["argv"][1:3] == ["run", "-d"]][-1]
-    worker = [c["argv"] for c in cluster.calls("gb300-a03") if c["argv"][1:3] == ["run", "-d"]][-1]
+    head = [c["argv"] for c in cluster.calls(head_tray) if c["argv"][1:3] == ["run", "-d"]][-1]
+    worker = [c["argv"] for c in cluster.calls(worker_tray) if c["argv"][1:3] == ["run", "-d"]][-1]
     assert {"--tensor-parallel-size=2", "--nnodes=2", "--node-rank=0", "--port"} <= set(head)
     assert "--headless" not in head
     assert {"--tensor-parallel-size=2", "--nnodes=2", "--node-rank=1", "--headless",
-            f"--master-addr={cluster.address('gb300-a01')}"} <= set(worker)
+            f"--master-addr={cluster.address(head_tray)}"} <= set(worker)
     assert "--port" not in worker and "--host" not in worker
     log = outcome.finding("compat.startup_log")
     assert log["status"] == "pass", log
     assert log["observed"]["world_size"] == log["expected"]["world_size"] == 2
     assert log["expected"]["layout"]["source"] == "profile + inventory"
-    for host in ("gb300-a01", "gb300-a03"):
+    for host in rh.TRAYS:
         gpus = outcome.finding("compat.gpu_visibility", host)
         assert gpus["status"] == "pass" and gpus["expected"]["layout"]["tensor"] == 2, gpus
         env = outcome.finding("interconnect.nccl_env", host)
         assert env["status"] == "pass" and env["observed"]["env"]["NCCL_MNNVL_ENABLE"] == "1", env
-    topology = outcome.finding("compat.topology")
-    assert topology["status"] == "pass" and topology["observed"]["nodes"] == 2, topology
-    soak = outcome.finding("capacity.soak")   # judged on both nodes: their GPU series and their container logs
+        assert outcome.finding("interconnect.fabric_state", host)["status"] == "pass"
+        assert outcome.finding("interconnect.fabric_path", host)["status"] == "not_applicable"   # gloo
+    for check in ("compat.topology", "interconnect.nvlink_domain", "interconnect.imex"):
+        assert outcome.finding(check)["status"] == "pass", outcome.finding(check)
+    assert outcome.finding("compat.topology")["observed"]["nodes"] == 2
+    soak = outcome.finding("capacity.soak")   # judged on both trays: their GPU series and their container logs
     assert soak["status"] == "pass", soak
-    assert set(soak["observed"]["gpu_memory_growth_pct"]) == {f"gpu{i}@{h}" for h in ("gb300-a01", "gb300-a03")
-                                                              for i in range(8)}
-    assert soak["observed"]["logs_after_probes"] == [f"evidence/serve/after-probes/{h}.log"
-                                                     for h in ("gb300-a01", "gb300-a03")]
-    # No nccl-tests on the nodes: the image's own all-reduce crossed both (gloo on the lab image, labelled).
-    for host in ("gb300-a01", "gb300-a03"):
+    assert set(soak["observed"]["gpu_memory_growth_pct"]) == {f"gpu{i}@{h}" for h in rh.TRAYS for i in range(4)}
+    assert soak["observed"]["logs_after_probes"] == [f"evidence/serve/after-probes/{h}.log" for h in rh.TRAYS]
+    # No nccl-tests on the trays: the image's own all-reduce crossed both (gloo on the lab image, labelled).
+    for host in rh.TRAYS:
         bandwidth = outcome.finding("interconnect.nccl_bandwidth", host)
         assert bandwidth["status"] == "pass" and bandwidth["observed"]["backend"] == "gloo", bandwidth
-        assert sorted(bandwidth["observed"]["hosts"]) == ["gb300-a01", "gb300-a03"]
+        assert sorted(bandwidth["observed"]["hosts"]) == rh.TRAYS
     assert outcome.verdict == "release", outcome.reasons
-    assert cluster.container_status("gb300-a03") == "absent"
+    assert cluster.container_status(worker_tray) == "absent"
 
 
 def test_gb300_nvl72_trays_an_uninitialised_fabric_names_its_tray_the_other_passes(
@@ -232,3 +237,16 @@ def test_gb300_nvl72_trays_an_uninitialised_fabric_names_its_tray_the_other_pass
     assert by["interconnect.nccl_bandwidth@gb300-t01"]["observed"]["backend"] == "gloo"
     assert by["interconnect.imex"]["status"] == by["compat.topology"]["status"] == "pass"
     assert decide([Finding.from_dict(f) for f in findings]).verdict == "rebuild_environment"
+
+
+@FULL
+def test_b300_single_node_releases_on_its_own_shape(cluster: rh.Rehearsal, played: dict[str, rh.Outcome]) -> None:
+    """One HGX B300 node: 8 GPUs behind its own NVSwitch, Fabric Manager judged on the node, x86_64; the
+    NVLink-domain checks of NVL72 trays do not apply."""
+    outcome = played["b300-single-node"]
+    assert outcome.verdict == "release", outcome.reasons
+    for check in ("compat.gpu_visibility", "compat.fabric_manager"):
+        assert outcome.finding(check, "b300-n01")["status"] == "pass", outcome.finding(check, "b300-n01")
+    assert outcome.finding("interconnect.fabric_state", "b300-n01")["status"] == "not_applicable"
+    assert outcome.finding("interconnect.imex")["status"] == "not_applicable"
+    assert cluster.container_status("b300-n01") == "absent"
