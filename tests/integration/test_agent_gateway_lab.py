@@ -209,18 +209,20 @@ def test_markup_one_in_five_gives_the_rate_and_the_threshold_verdict(lab_server,
 
 
 def test_rare_errors_the_retry_recovers_are_a_limited_observation(lab_server, gateway, tmp_path: Path) -> None:
-    """Markup on one tool-call response in twenty, a 10 % threshold: the probe sends turns until the 95 %
-    bound of the observed rate is under the threshold, retries every error for real (through the same
-    gateway) and validates the retry: every one recovered -> warn, agents open under the retry policy.
-    Through --direct-url: the direct runs are clean, so the layer is the gateway's."""
-    rc, result, findings = probe(gateway("markup_one_in_five", "--every", "20"), lab_server.model, tmp_path,
+    """Markup on one tool-call response in sixty, a 10 % threshold: the probe sends the case set, retries every
+    error for real (through the same gateway) and validates the retry: every one recovered -> warn, agents open
+    under the retry policy. Through --direct-url: the direct runs are clean, so the layer is the gateway's.
+    (Sixty: the case set's 324 tool-call responses carry the 5 hits at 60..300; the 30 repeats and the retries
+    that follow, responses 325..359, fall before the next one, so every retry is a clean answer.)"""
+    rc, result, findings = probe(gateway("markup_one_in_five", "--every", "60"), lab_server.model, tmp_path,
                                  "--direct-url", lab_server.base_url,
                                  "--set", "thresholds.tool_format_error_rate=0.1",
                                  "--set", "thresholds.schema_accuracy_min=0.9")
     rates = result["details"]["rates"]
     bound = rates["bounds"]["format_error_rate"]
     assert bound["events"] > 0 and bound["upper_95"] <= 0.1 and bound["verdict"] == "pass"
-    assert rates["retry"]["errors"] == bound["events"] == rates["retry"]["recovered"]
+    # Every failed case is retried (the format-error events, and any other class a fifth-response markup hit).
+    assert rates["retry"]["errors"] >= bound["events"] and rates["retry"]["errors"] == rates["retry"]["recovered"]
     retries = json.loads((tmp_path / "retries.json").read_text())
     assert all(r["recovered"] and r["attempts"][-1]["valid"] for r in retries)
     by_check = {f.check: f for f in findings}

@@ -358,27 +358,25 @@ class AgentProbe:
     def tools_of(self, case: Case) -> list[dict[str, Any]]:
         return case.tools or self.tools
 
-    def validated_retry(self, failed: list[tuple[str, dict[str, Any], list[dict[str, Any]]]]
-                        ) -> list[dict[str, Any]]:
+    def validated_retry(self, failed: list[Case]) -> list[dict[str, Any]]:
         """The retry the policy names, for real: the failed case's request re-sent (up to `retry_attempts`),
-        each answer validated; recovered when one passes every check."""
+        each answer judged as the case was (its class); recovered when one passes."""
         out = []
-        for turn, body, tools in failed:
+        for case in failed:
             attempts = []
             recovered = False
             for attempt in range(1, self.cfg.retry_attempts + 1):
-                ex = self.client.chat(body)
-                check = check_tool_call(ex.body if ex.ok else None, tools)
-                sep = check_separation(ex.body) if ex.ok else []
-                ok = ex.ok and not check.problems and not sep
+                ex = self.client.chat(self._case_body(case))
+                j = judge_case(case.id, case.cls, case.expect, case.schema, ex.status, ex.body if ex.ok else None,
+                               self.tools_of(case), ex.error)
                 attempts.append({"attempt": attempt, "status": ex.status, "response": ex.body, "error": ex.error,
-                                 "problems": check.problems + sep, "valid": ok})
+                                 "problems": j.problems + j.separation, "valid": j.ok})
                 if ex.ok:
-                    self.collect_calls(f"retry-{turn}-{attempt}", ex.body, group=turn)
-                if ok:
+                    self.collect_calls(f"retry-{case.id}-{attempt}", ex.body, group=case.id)
+                if j.ok:
                     recovered = True
                     break
-            out.append({"turn": turn, "recovered": recovered, "attempts": attempts})
+            out.append({"turn": case.id, "class": case.cls, "recovered": recovered, "attempts": attempts})
         return out
 
     def required_tool_calls(self) -> list[Finding]:
@@ -399,7 +397,7 @@ class AgentProbe:
                 self.required_bodies.append(ex.body if ex.ok else None)
             self.collect_calls(case.id, ex.body, group=case.id)
             if not j.ok:
-                failed.append((case.id, self._case_body(case), self.tools_of(case)))
+                failed.append(case)
                 if len(bad_ev) < 20:
                     bad_ev.append(self.keep(case.id, ex, j.to_dict()))
             rows.append({**case.summary(), **j.to_dict(), "seconds": round(ex.end - ex.sent, 3),
