@@ -1,5 +1,5 @@
 """The Python entry point for CI: run the acceptance through ansible-runner, stream its progress, and
-return the verdict, the run directory and an exit code per verdict (README "From CI").
+return the verdict, the run directory and an exit code per verdict (README "Exit codes").
 
     from vllm_acceptance.api import accept
     result = accept("inventories/site")            # streams the progress lines to stdout
@@ -24,7 +24,7 @@ from .core.profile import ConfigError
 from .core.rundir import new_run_id
 from .progress import read_events
 
-# One exit code per verdict, spaced so CI can test ranges; documented in the README ("From CI").
+# One exit code per verdict, spaced so CI can test ranges; documented in the README ("Exit codes").
 EXIT_CODES: dict[str, int] = {
     "release": 0,
     "limited_observation": 10,

@@ -1,9 +1,9 @@
 """vllm-acceptance: the command line (docs/acceptance.md "Contracts", 3), sharing the modules' code.
 
 Probe exit codes: 0 pass, 1 fail, 3 inconclusive, 2 usage or set-up error.
-`run` exit codes (one per verdict, README "From CI"): 0 release, 10 limited_observation, 20 expand_capacity,
+`run` exit codes (one per verdict, README "Exit codes"): 0 release, 10 limited_observation, 20 expand_capacity,
 30 rebuild_environment, 40 incomplete; 2 inputs refused; 1 the run failed before a verdict; --check: 0 ok.
-`remediation-decision` (README "Beyond the verdict"): 0 keep, 1 revert, 3 no choice (a sign lacks evidence), 2 usage.
+`remediation-decision` (docs/remediation.md): 0 keep, 1 revert, 3 no choice (a sign lacks evidence), 2 usage.
 `lineage`: 0 every check passes, 1 a check fails (or release not allowed), 3 evidence missing, 2 usage.
 """
 
