@@ -103,7 +103,8 @@ def test_healthy_server_passes_every_actual_config_check() -> None:
     findings = by_check(check_actual_config(reports(FP8_INFO, FP8_LOG), FP8_PROFILE, "localhost"))
     assert {c: f.status for c, f in findings.items()} == {
         "compat.actual_config.prefix_caching": Status.PASS, "compat.actual_config.cache": Status.PASS,
-        "compat.actual_config.flags": Status.PASS, "compat.actual_config.max_model_len": Status.PASS}
+        "compat.actual_config.flags": Status.PASS, "compat.actual_config.max_model_len": Status.PASS,
+        "compat.actual_config.unlisted_args": Status.PASS}
     cache = findings["compat.actual_config.cache"]
     assert {r["flag"]: r["source"] for r in cache.observed["flags"]} == {
         "--kv-cache-dtype": 'vllm:cache_config_info cache_dtype="fp8"',
