@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vllm_acceptance.core.redact import redact_obj
+
 EVENTS_FILE = "events.jsonl"
 PIPELINE = ("validate", "preflight", "serve", "cache", "agent", "load", "report")
 PROBES = ("cache", "agent", "load")
@@ -196,7 +198,7 @@ class Progress:
 
     def emit(self, event: str, **data: Any) -> None:
         record = {"time": dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-                  "elapsed_s": round(self.elapsed(), 3), "event": event, "stage": self.stage, **data}
+                  "elapsed_s": round(self.elapsed(), 3), "event": event, "stage": self.stage, **redact_obj(data)}
         line = json.dumps(record, default=str)
         if self.events_path is not None:
             _append(self.events_path, line)

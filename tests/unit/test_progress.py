@@ -26,6 +26,16 @@ def test_stage_is_read_from_module_role_file_and_probe_name() -> None:
     assert stage_of(TaskInfo("Show it", action="ansible.builtin.debug")) is None
 
 
+def test_events_written_to_disk_are_redacted(tmp_path: Path) -> None:
+    """A failure reason can carry an SSH or proxy error with credentials in a URL: events.jsonl never keeps them."""
+    events = tmp_path / "events.jsonl"
+    progress = Progress(write=lambda _line: None, events_path=events)
+    progress.emit("failed", host="gb300-a01", why="proxy http://alice:s3cr3t-pw@proxy:3128 refused; HF_TOKEN=hf_abc123")
+    text = events.read_text()
+    assert "s3cr3t-pw" not in text and "hf_abc123" not in text
+    assert "proxy:3128" in text and "gb300-a01" in text
+
+
 def test_bounds_come_from_the_profile() -> None:
     bounds = stage_bounds(PROFILE)
     assert bounds["serve"] == "ready within 15 min (launch.ready_timeout_s)"
