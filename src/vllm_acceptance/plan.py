@@ -25,7 +25,6 @@ import argparse
 import json
 import math
 import shlex
-import shutil
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
@@ -41,6 +40,7 @@ from .probes.run import ProbeOptions, agent_config, cache_config, load_config
 from .rules.capacity import ramp_plan
 from .scenarios import load_scenario
 from .serve import launch
+from .validate import ansible_inventory_command
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 # The agent probe's single cases after its rate run (probes/agent.py AgentProbe.run): streaming, multi_turn,
@@ -120,19 +120,11 @@ class Inventory:
         return {}
 
 
-def _ansible_inventory() -> str:
-    beside = Path(sys.executable).parent / "ansible-inventory"
-    found = str(beside) if beside.is_file() else shutil.which("ansible-inventory")
-    if not found:
-        raise ConfigError("ansible-inventory not found: install ansible-core in this environment (make venv)")
-    return found
-
-
 def read_inventory(source: Path) -> Inventory:
     """Groups and variables as Ansible resolves them (group_vars, host_vars), without contacting any host."""
     if not source.exists():
         raise ConfigError(f"inventory {source}: no such file or directory (pass -i inventories/<site>)")
-    proc = subprocess.run([_ansible_inventory(), "-i", str(source), "--list"], capture_output=True, text=True,
+    proc = subprocess.run([ansible_inventory_command(), "-i", str(source), "--list"], capture_output=True, text=True,
                           check=False, timeout=120)
     if proc.returncode != 0:
         raise ConfigError(f"inventory {source}: ansible-inventory failed: {proc.stderr.strip()[-800:]}")

@@ -64,7 +64,9 @@ def resolve_profile(name_or_path: str, project: Path, field_name: str) -> Path:
         raise ConfigError(str(exc).replace("inventory field `acceptance_profile`", field_name, 1)) from exc
 
 
-def _ansible_inventory() -> str:
+def ansible_inventory_command() -> str:
+    """The ansible-inventory of this environment (beside the running Python first), for reading an inventory
+    without contacting any host."""
     beside = Path(sys.executable).parent / "ansible-inventory"
     found = str(beside) if beside.is_file() else shutil.which("ansible-inventory")
     if not found:
@@ -73,7 +75,7 @@ def _ansible_inventory() -> str:
 
 
 def _inventory_json(inventory: Path, *args: str) -> dict[str, Any]:
-    proc = subprocess.run([_ansible_inventory(), "-i", str(inventory), *args], capture_output=True, text=True,
+    proc = subprocess.run([ansible_inventory_command(), "-i", str(inventory), *args], capture_output=True, text=True,
                           check=False, timeout=120)
     if proc.returncode != 0:
         raise ConfigError(f"inventory {inventory}: ansible-inventory failed: {proc.stderr.strip()[-800:]}")
