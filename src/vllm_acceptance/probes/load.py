@@ -858,7 +858,9 @@ def memory_split(run: LoadRun, rec: Record | None) -> dict[str, int | None]:
         return {"prefill_peak_bytes": None, "decode_peak_bytes": None}
     cut = rec.first_token or rec.end or rec.sent
     pre = run.sampler.memory_window(rec.sent, cut)
-    dec = [m["bytes"] for m in run.sampler.memory if cut <= m["t"] <= (rec.end or cut)]
+    # Like the prefill's window, the decode's includes the sample taken right after it ends: a decode shorter than
+    # a sample's own cost on a busy host would otherwise hold no sample at all.
+    dec = run.sampler.memory_window(cut, rec.end or cut)
     return {"prefill_peak_bytes": max(pre) if pre else None, "decode_peak_bytes": max(dec) if dec else None}
 
 
