@@ -47,6 +47,20 @@ options:
   api_key:
     description: API key; never written to evidence.
     type: str
+  reference_url:
+    description:
+      - Agent - a reference endpoint's OpenAI base URL (the vendor's API, an accepted deployment); the case set is
+        sent to it too and judged as C(agent.reference_agreement). Without it that check is C(not_applicable).
+      - A malformed URL fails the task naming the field; credentials in it (C(https://user:token@host/v1)) are
+        redacted in evidence and messages, and Ansible hides the value in its own output. Agent only.
+    type: str
+  reference_model:
+    description: Agent - the reference's model name (default O(model)).
+    type: str
+  reference_api_key:
+    description: Agent - the reference's API key (playbooks read it from the environment variable named by
+      C(agent_reference_api_key_env)); never written to evidence.
+    type: str
   server_pid:
     description: Server pid; tells an exited server from a hung one; the lab RSS memory series (load).
     type: int
@@ -112,6 +126,16 @@ author: vllm-acceptance
 """
 
 EXAMPLES = r"""
+- name: Agent probe, with a reference endpoint for agent.reference_agreement (its key from the environment)
+  acceptance_probe:
+    kind: agent
+    run_dir: "{{ acceptance_run_dir }}"
+    base_url: http://127.0.0.1:8011/v1
+    model: tiny-agent
+    reference_url: https://api.example.com/v1
+    reference_model: kimi-k2-0905-preview
+    reference_api_key: "{{ lookup('ansible.builtin.env', 'VLLM_REFERENCE_API_KEY') }}"
+
 - name: Prefix-cache probe
   acceptance_probe:
     kind: cache
@@ -162,6 +186,7 @@ import traceback
 from ansible_collections.vllm.acceptance.plugins.module_utils.acceptance_base import AcceptanceModule
 
 try:
+    from vllm_acceptance.core.reference import check_reference_url
     from vllm_acceptance.probes.stage import run_cache_restart_stage, run_load_limit_stage, run_probe_stage
 except ImportError:
     IMPORT_ERROR = traceback.format_exc()
@@ -181,6 +206,9 @@ def main() -> None:
             "prometheus_selector": {"type": "str"},
             "direct_url": {"type": "str"},
             "api_key": {"type": "str", "no_log": True},
+            "reference_url": {"type": "str", "no_log": True},  # it may hold credentials (user:token@host)
+            "reference_model": {"type": "str"},
+            "reference_api_key": {"type": "str", "no_log": True},
             "server_pid": {"type": "int"},
             "server_log": {"type": "path"},
             "overrides": {"type": "dict", "default": {}},
@@ -197,6 +225,14 @@ def main() -> None:
         profile=True, import_error=IMPORT_ERROR,
     )
     p = module.params
+    reference = {k: p[k] for k in ("reference_url", "reference_model", "reference_api_key") if p[k]}
+    if reference and p["kind"] != "agent":
+        module.fail_json(msg=f"reference_url, reference_model and reference_api_key are the agent probe's only "
+                             f"(kind is {p['kind']}): drop them for this probe")
+    if reference and not p["reference_url"]:
+        module.fail_json(msg="reference_model or reference_api_key given without reference_url: set reference_url "
+                             "(inventory agent_reference_url) to the reference's OpenAI base URL, or drop them")
+    module.guard(check_reference_url, p["reference_url"], "reference_url (inventory agent_reference_url)")
     if module.check_mode:
         module.exit_json(changed=False, status="skipped", msg=f"check mode: the {p['kind']} probe sends no traffic")
     run = module.run()
@@ -234,7 +270,7 @@ def main() -> None:
         base_url=p["base_url"], model=p["model"], metrics_url=p["metrics_url"], prometheus_url=p["prometheus_url"],
         prometheus_instance=p["prometheus_instance"], prometheus_selector=p["prometheus_selector"],
         direct_url=p["direct_url"], api_key=p["api_key"],
-        server_pid=p["server_pid"], server_log=p["server_log"], overrides=p["overrides"], **extra)
+        server_pid=p["server_pid"], server_log=p["server_log"], overrides=p["overrides"], **reference, **extra)
     module.exit_json(changed=True, status=status, statuses=statuses, result=str(result),
                      pending=bool((run.stage(p["kind"]) or {}).get("relaunch_point")))
 

@@ -22,11 +22,13 @@ from typing import Any
 import yaml
 
 from .profile import ConfigError, load_schema, validate_errors
+from .reference import inventory_errors as reference_errors
 
 # The prefixes of the product's variables (playbooks/validate.yml passes exactly these to acceptance_run).
 PREFIXES: tuple[str, ...] = (
     "acceptance_", "vllm_", "prometheus_", "preflight_", "rebuild_", "rollback_", "loadgen_", "monitoring_",
     "build_image_", "isolated_env_", "gpu_memory_sampler_", "node_state_", "driver_upgrade_", "scheduler_hook_",
+    "agent_reference_",   # the agent probe's reference endpoint only (core/reference.py), not every agent_* name
 )
 UNCHECKED = "acceptance_unchecked_vars"
 
@@ -203,6 +205,7 @@ def check_variables(variables: Mapping[str, Any], source: str, project_dir: Path
                       "or set vllm_serve_mode: launch")
     errors.extend(schema_errors)
     errors.extend(option_errors(known, declared, source))
+    errors.extend(reference_errors(known, source))
     return errors
 
 

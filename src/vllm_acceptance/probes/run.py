@@ -10,6 +10,7 @@ from typing import Any
 from ..core.evidence import EvidenceStore
 from ..core.findings import Consequence, Finding, missing
 from ..core.profile import ConfigError, Profile, load_profile
+from ..core.reference import check_reference_url, url_secrets
 from ..scenarios import load_scenario
 from .client import OpenAIClient, ServerUnreachable
 from .metrics import metrics_source
@@ -50,6 +51,11 @@ class ProbeOptions:
     under_load: int = 0  # agent: the case set sent again while this many other requests are in flight
 
 
+def probe_secrets(opts: ProbeOptions) -> list[str]:
+    """What never reaches evidence: the API keys, and credentials written in the reference URL (core/reference.py)."""
+    return [k for k in (opts.api_key, opts.reference_api_key, *url_secrets(opts.reference_url)) if k]
+
+
 def resolve_profile(path: str | None) -> Profile | None:
     if path:
         return load_profile(path)
@@ -76,7 +82,8 @@ def run_probe(opts: ProbeOptions, *, write_result_json: bool = True) -> tuple[st
     """
     if opts.kind not in PROBES:
         raise ConfigError(f"probe {opts.kind!r}: unknown (choose one of {', '.join(PROBES)})")
-    secrets = [k for k in (opts.api_key, opts.reference_api_key) if k]
+    check_reference_url(opts.reference_url, "reference URL (--reference-url, inventory agent_reference_url)")
+    secrets = probe_secrets(opts)
     store = EvidenceStore(opts.out_dir, secrets=secrets)
     client = OpenAIClient(opts.base_url, api_key=opts.api_key, timeout_s=request_timeout_s(opts))
     try:

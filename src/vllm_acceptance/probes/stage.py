@@ -11,7 +11,7 @@ from typing import Any
 from ..core.profile import load_profile
 from ..core.rundir import RunDir
 from .result import overall_status, rebase_evidence
-from .run import ProbeOptions, run_cache_restart_probe, run_load_limit_probe, run_probe
+from .run import ProbeOptions, probe_secrets, run_cache_restart_probe, run_load_limit_probe, run_probe
 
 
 def run_probe_stage(run_dir: Path, kind: str, *, profile_path: str, base_url: str, model: str,
@@ -24,7 +24,7 @@ def run_probe_stage(run_dir: Path, kind: str, *, profile_path: str, base_url: st
     if isinstance(details, dict):
         details.setdefault("evidence_root", f"probes/{kind}")  # evidence paths inside details are relative to it
     run.write_findings(kind, findings)
-    stage = run.write_stage(kind, {"status": status, **details}, [opts.api_key] if opts.api_key else None)
+    stage = run.write_stage(kind, {"status": status, **details}, probe_secrets(opts) or None)
     return status, {f"{f.check}@{f.host}" if f.host else f.check: f.status.value for f in findings}, stage
 
 
