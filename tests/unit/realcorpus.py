@@ -210,11 +210,27 @@ def _metrics(text: str) -> dict[str, Any]:
             "kv_usage_family": kv[0] if kv else None, "model_names": names, "cache_config_info": cache_config(snap)}
 
 
+def _ss(text: str) -> dict[str, Any]:
+    """The port of the file's LISTEN lines, read as the node script filters them (roles/preflight/files/
+    live_process.py) and as the controller parses them (serve/live.py)."""
+    try:
+        from vllm_acceptance.serve.live import parse_ss_listeners
+    except ImportError:             # an older checkout of the package
+        return {"port": ABSENT, "listeners": ABSENT}
+    node: dict[str, Any] = {}
+    exec(compile((ROOT / "roles/preflight/files/live_process.py").read_text(), "live_process.py", "exec"), node)  # noqa: S102
+    ports = sorted({x.port for x in parse_ss_listeners(text)})
+    port = ports[0] if len(ports) == 1 else None
+    lines, _ = node["listening"](text, port) if port is not None else ([], [])
+    return {"port": port, "listeners": [{"address": x.address, "port": x.port, "pid": x.pid, "process": x.process}
+                                        for x in parse_ss_listeners("\n".join(lines))]}
+
+
 READERS: dict[str, Callable[[str], dict[str, Any]]] = {
     "vllm_log": _vllm_log, "nvidia_smi_xml": _xml, "nvidia_smi_csv": _csv, "nvidia_smi_table": _table,
     "driver_version": _driver,
     "nvidia_smi_error": _smi_error, "nccl_tests": _nccl, "ibv_devinfo": _ibv, "metrics": _metrics,
-    "imex_nodes": _imex,
+    "imex_nodes": _imex, "ss_listeners": _ss,
 }
 
 

@@ -168,3 +168,112 @@ def test_the_node_script_reports_the_listener_and_the_controller_saves_it_redact
     nobody = json.loads(node_answer(free))
     assert nobody["pid"] is None and "no process listens" in nobody["reason"]
     assert live_launch(json.dumps(nobody)) is None   # no running server here: the plan is judged, never a pass by it
+
+
+# --- compat.server_location: the attached server runs on a judged GPU node (rules/live_server.py) -----------
+
+SS_CAPTURES = ROOT / "tests/fixtures/real/ss"
+
+
+def save_answer(run_dir: Path, host: str, answer: str) -> None:
+    base = run_dir / EVIDENCE_SUBDIR / host
+    base.mkdir(parents=True, exist_ok=True)
+    (base / "live_process.txt").write_text(answer)
+    (base / "live_process.json").write_text(json.dumps({"cmd": ["python3"], "rc": 0, "stderr": "", "missing": False}))
+
+
+def located(run_dir: Path, answers: dict[str, str | None], url: str, mode: str = "attach") -> Finding:
+    """compat.server_location of a run on two trays, each answering `answers[host]` (None: unreachable)."""
+    from vllm_acceptance.preflight.stage import judge
+
+    from nodefixtures import build_evidence
+
+    hosts = list(answers)
+    for host, answer in answers.items():
+        if answer is not None:
+            build_evidence("good", run_dir, host=host)
+            save_answer(run_dir, host, answer)
+    (run_dir / "run.json").write_text(json.dumps({"hosts": hosts, "inventory_vars": {
+        **EXAMPLE_GB300, "vllm_serve_mode": mode, "vllm_base_url": url}}))
+    found = [f for f in judge(run_dir, load_profile(KIMI), hosts, today=dt.date(2026, 8, 30))
+             if f.check == "compat.server_location"]
+    assert len(found) == 1
+    return found[0]
+
+
+def captured_answer(capture: Path, port: int) -> str:
+    """What the node script answers when `ss -ltnpH` prints this real capture, as far as ss tells it (its own
+    code; the /proc of a pid from another machine is not read here)."""
+    node: dict[str, object] = {}
+    exec(compile(NODE_SCRIPT, "live_process.py", "exec"), node)  # noqa: S102 - the real node script's code
+    told, _ = node["from_ss"](capture.read_text(), 0, "", port)  # type: ignore[operator]
+    return json.dumps(told)
+
+
+def test_the_real_listener_on_a_judged_node_locates_the_server(serving, tmp_path: Path) -> None:
+    proc, port = serving
+    # one machine plays both trays: a01 answers as the script does where nobody listens on the port
+    here = located(tmp_path, {"gb300-a01": node_answer_nobody(port), "gb300-a02": node_answer(port)},
+                   f"http://head-01:{port}/v1")
+    assert here.status == Status.PASS and f"gb300-a02 (pid {proc.pid})" in here.reason
+    assert here.observed["nodes"] == {"gb300-a01": "absent", "gb300-a02": "here"}
+    assert here.observed["serving"][0]["host"] == "gb300-a02" and here.observed["serving"][0]["pid"] == proc.pid
+    assert any(p.endswith("gb300-a02/live_process.txt") for p in here.evidence)
+
+
+def test_a_server_on_no_judged_node_is_never_a_pass(serving, tmp_path: Path) -> None:
+    from vllm_acceptance.verdict import decide
+
+    _, port = serving
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    # the server listens on `port`, but the URL names `free`: on neither tray does anything listen there
+    elsewhere = located(tmp_path, {"gb300-a01": node_answer(free), "gb300-a02": node_answer(free)},
+                        f"http://10.0.0.99:{free}/v1")
+    assert elsewhere.status == Status.INCONCLUSIVE and "no GPU node judged" in elsewhere.reason
+    assert "gb300-a01" in elsewhere.reason and "gpu_nodes" in elsewhere.action
+    assert decide([elsewhere]).verdict == "incomplete"
+    # one tray did not answer: the server may run there, so evidence is missing, never a pass
+    gone = located(tmp_path / "gone", {"gb300-a01": node_answer(free), "gb300-a02": None}, f"http://h:{free}/v1")
+    assert gone.status == Status.MISSING and "gb300-a02" in gone.reason
+    # ss failed on the node: not "nobody listens"
+    failed = located(tmp_path / "failed", {"gb300-a01": json.dumps(
+        {"port": free, "pid": None, "reason": "ss -ltnpH failed: [Errno 2] No such file or directory: 'ss'"}),
+        "gb300-a02": node_answer(free)}, f"http://h:{free}/v1")
+    assert failed.status == Status.MISSING and "ss -ltnpH failed" in failed.reason
+
+
+@pytest.mark.parametrize(("capture", "pid", "process"), [
+    ("vllm-serve-8001.txt", 3285, "vllm"),
+    ("python3-holder-8001.txt", 421841, "python3"),
+    ("no-pid-netlink-denied-8001.txt", None, None),   # another user's process: the listener, no pid
+])
+def test_recorded_ss_captures_locate_the_server_by_port(tmp_path: Path, capture: str, pid: int | None,
+                                                        process: str | None) -> None:
+    answer = captured_answer(SS_CAPTURES / capture, 8001)
+    here = located(tmp_path, {"gb300-a01": node_answer_nobody(8001), "gb300-a02": answer}, "http://gb300-a02:8001/v1")
+    assert here.status == Status.PASS, here.reason
+    serving = here.observed["serving"][0]
+    assert (serving["host"], serving["pid"], serving["process"]) == ("gb300-a02", pid, process)
+    assert ("not visible to this user" in here.reason) == (pid is None)
+    # the same capture, the URL on another port: nothing on the trays serves it
+    other = located(tmp_path / "other", {"gb300-a01": node_answer_nobody(8000),
+                                         "gb300-a02": captured_answer(SS_CAPTURES / capture, 8000)},
+                    "http://gb300-a02:8000/v1")
+    assert other.status == Status.INCONCLUSIVE and "port 8000" in other.reason
+
+
+def node_answer_nobody(port: int) -> str:
+    return json.dumps({"port": port, "pid": None, "reason": f"no process listens on port {port} on this node"})
+
+
+def test_launch_mode_and_a_url_without_port(tmp_path: Path) -> None:
+    from vllm_acceptance.rules.live_server import attached_port
+
+    launch = located(tmp_path, {"gb300-a01": node_answer_nobody(8000)}, "http://h:8000/v1", mode="launch")
+    assert launch.status == Status.NOT_APPLICABLE
+    assert attached_port({"vllm_serve_mode": "attach", "vllm_base_url": "https://vllm.example/v1"}) == 443
+    assert attached_port({"vllm_serve_mode": "attach", "vllm_base_url": "http://h:8000/v1",
+                          "preflight_live_port": "9000"}) == 9000
+    assert attached_port({"vllm_serve_mode": "launch", "vllm_base_url": "http://h:8000/v1"}) is None

@@ -34,7 +34,8 @@ from ..rules.compat import (
     check_topology,
     host_driver_version,
 )
-from ..rules.launched import LaunchedPlan, plan_of_run
+from ..rules.launched import LaunchedPlan, plan_of_run, run_inventory_vars
+from ..rules.live_server import check_server_location
 from ..rules.registry import get as catalog_get
 
 # Evidence and host directory names: no path separators, no hidden or parent entries.
@@ -92,6 +93,7 @@ def judge(run_dir: Path, profile: Profile, hosts: list[str], *, today: dt.date |
         findings.append(check_topology(contexts, profile, plan))
         findings.extend(rule(contexts, profile) for rule in CLUSTER_FABRIC_RULES)
         findings.append(check_image_uniform(contexts))
+    findings.append(check_server_location(contexts, profile, run_inventory_vars(Path(run_dir))))
     return findings
 
 
