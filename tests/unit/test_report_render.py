@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from vllm_acceptance.report import checklist
-from vllm_acceptance.report.render_html import render_html
+from vllm_acceptance.report.render_html import fmt_pct, render_html
 from vllm_acceptance.report.render_junit import render_junit
 from vllm_acceptance.report.render_md import render_markdown
 from vllm_acceptance.report.signoff import CONFIRM_FIELDS
@@ -287,6 +287,64 @@ def test_markdown_cells_cannot_break_the_table(built: dict) -> None:
     report["findings"][0]["observed"] = "a | b\nc"
     md = render_markdown(report)
     assert "a \\| b c" in md
+
+
+def _case_set_rates(under_load: bool) -> dict[str, Any]:
+    """Class rates as the agent probe writes them (rules/agent.py class_rates over judged cases): 40 single cases,
+    one broken alone; under load two more break; 10 irrelevance cases, one calls a tool where none fits."""
+    from vllm_acceptance.rules.agent import CaseJudgement, class_rates
+
+    def judged(broken: set[str]) -> list[CaseJudgement]:
+        ids = [("single", f"single-{i:04d}") for i in range(1, 41)] + [("irrelevance", f"irrelevance-{i:04d}")
+                                                                       for i in range(1, 11)]
+        return [CaseJudgement(case=c, cls=cls, status=200, check=None, separation=[],  # type: ignore[arg-type]
+                              problems=[("arguments invalid", "model")] if c in broken else [],
+                              misses=["get_ticket"] if c == "irrelevance-0004" else [],
+                              abstained=(c != "irrelevance-0004") if cls == "irrelevance" else None)
+                for cls, c in ids]
+
+    rates: dict[str, Any] = {"classes": class_rates(judged({"single-0007"})),
+                             "assumptions": "One-sided 95 % Clopper-Pearson bounds over distinct cases."}
+    if under_load:
+        rates["under_load"] = {"concurrency": 8, "cases": 50, "broke": 2,
+                               "classes": class_rates(judged({"single-0007", "single-0012", "single-0031"}))}
+    return rates
+
+
+def test_markdown_shows_the_agent_case_set_per_class_alone_and_under_load(built: dict) -> None:
+    report = copy.deepcopy(built["limited"][1])
+    agent = report["stages"]["agent"]
+    agent["rates"].update(_case_set_rates(under_load=True))
+    agent["exchanges"].append({"case": "03-single-0007", "http_status": 200, "finish_reason": "tool_calls",
+                               "calls": 1, "valid": False, "evidence": "cases/03-single-0007.json"})
+    md = render_markdown(report)
+    section = md[md.index("## Agent case set by class"):md.index("## Checklist coverage")]
+    assert "| Under load (8 in flight): defects / cases | Rate | 95% upper bound | Worst cases |" in section
+    single = next(line for line in section.splitlines() if line.startswith("| `single`"))
+    cells = [c.strip() for c in single.strip("|").split("|")]
+    assert cells[1:6] == ["40", "1", "2.5%", fmt_pct(agent["rates"]["classes"]["single"]["upper_95"]), "0"]
+    assert cells[6:9] == ["3 / 40", "7.5%", fmt_pct(agent["rates"]["under_load"]["classes"]["single"]["upper_95"])]
+    # the worst cases with their raw bodies one click away: its own kept file alone, the under-load set's file
+    own, loaded = "evidence/agent/cases/03-single-0007.json", "evidence/agent/cases-under-load.json"
+    assert f"`single-0007`: [{own}]({own})" in single
+    assert f"`single-0012` under load only: [{loaded}]({loaded})" in single
+    assert single.count("`single-0007`") == 1  # failed alone and under load: named once, with its own file
+    irrelevance = next(line for line in section.splitlines() if line.startswith("| `irrelevance`"))
+    assert "| 1 (abstained 9) |" in irrelevance and irrelevance.endswith("| — |")
+    assert "Clopper-Pearson" in section and "[evidence/agent/cases.json](evidence/agent/cases.json)" in section
+    # the HTML shows the same figures
+    html = render_html(report)
+    assert "Under load (8 in flight)" in html and "single-0031" in html and "3 / 40" in html
+
+
+def test_markdown_case_set_alone_has_no_under_load_columns_and_no_case_set_no_section(built: dict) -> None:
+    report = copy.deepcopy(built["limited"][1])
+    report["stages"]["agent"]["rates"].update(_case_set_rates(under_load=False))
+    md = render_markdown(report)
+    section = md[md.index("## Agent case set by class"):md.index("## Checklist coverage")]
+    assert "Under load" not in section and "cases-under-load.json" not in section
+    assert "| `single` | 40 | 1 | 2.5% |" in section
+    assert "## Agent case set by class" not in render_markdown(built["limited"][1])
 
 
 def test_junit_one_case_per_finding_with_status_mapping(built: dict) -> None:

@@ -14,11 +14,14 @@ from .checklist import SOURCES, coverage, coverage_groups, coverage_summary
 from .render_html import (
     VERDICT_TITLES,
     evidence_href,
+    evidence_path,
     finding_id,
     fmt,
+    fmt_pct,
     limit_rows,
     signoff_rows,
     sorted_findings,
+    stage,
 )
 from .signoff import sign_command
 
@@ -115,6 +118,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     out += findings_table(open_) if open_ else ["None."]
     out += ["", f"## Passed and not applicable ({len(rest)})", ""]
     out += findings_table(rest) if rest else ["None."]
+    out += agent_case_set_md(report)
     rows = coverage(report)
     counts = coverage_summary(rows)
     out += ["", "## Checklist coverage (source articles)", "",
@@ -141,6 +145,53 @@ def render_markdown(report: dict[str, Any]) -> str:
     out.append(f"| Test time | {fmt(report.get('started'))} → {fmt(report.get('finished'))} |")
     out += ["", "Evidence paths are relative to this report's directory; `report.json` is the record.", ""]
     return "\n".join(out)
+
+
+def agent_case_set_md(report: dict[str, Any]) -> list[str]:
+    """The agent case set per class, as the HTML shows it (views.agent_class_rows): cases, defects, the rate
+    and its one-sided 95 % bound, alone and under load when measured, and the worst cases with their evidence."""
+    agent = stage(report, "agent") or {}
+    rows = views.agent_class_rows(agent)
+    if not rows:
+        return []
+    rates = agent.get("rates") or {}
+    loaded = rates.get("under_load") if isinstance(rates.get("under_load"), dict) else {}
+    n = loaded.get("concurrency")
+    head = "| Class | Cases | Defects | Rate | 95% upper bound | Chose otherwise |"
+    rule = "| --- | --- | --- | --- | --- | --- |"
+    if n:
+        head += f" Under load ({cell(n)} in flight): defects / cases | Rate | 95% upper bound |"
+        rule += " --- | --- | --- |"
+    out = ["", "## Agent case set by class", "", head + " Worst cases |", rule + " --- |"]
+    for r in rows:
+        line = (f"| `{cell(r['class'])}` | {cell(r['cases'])} | {cell(r['defects'])} | {fmt_pct(r['rate'])} "
+                f"| {fmt_pct(r['bound'])} | {cell(r['misses'])}"
+                + (f" (abstained {cell(r['abstained'])})" if r.get("abstained") is not None else "") + " |")
+        if n:
+            line += (f" {cell(r['load_defects'])} / {cell(r['load_cases'])} | {fmt_pct(r['load_rate'])} "
+                     f"| {fmt_pct(r['load_bound'])} |")
+        # failed alone first; then the cases that broke only under load (a case failing both is named once)
+        worst = [(c, False) for c in r["failed"]] + [(c, True) for c in r["load_failed"] if c not in r["failed"]]
+        out.append(line + " " + ("<br>".join(_worst_case_md(agent, c, under_load) for c, under_load in worst[:5])
+                                 or "—") + " |")
+    root = str(agent.get("evidence_root") or "")
+    files = [evidence_path(root, name) for name, kept in (("cases.json", True), ("cases-under-load.json", bool(n)),
+                                                          ("reference.json", bool(rates.get("reference"))))
+             if kept]
+    out += ["", f"{cell(rates.get('assumptions'), 600) if rates.get('assumptions') else ''} Every request body and "
+            f"raw response: {', '.join(evidence_md([f]) for f in files)}.".strip()]
+    return out
+
+
+def _worst_case_md(agent: dict[str, Any], case: Any, under_load: bool) -> str:
+    """A failing case and where its request and raw response are: its own file when the probe kept one
+    (agent.py keep: `cases/NN-<case>.json`), else the case set's file."""
+    root = str(agent.get("evidence_root") or "")
+    own = None if under_load else next(
+        (ex.get("evidence") for ex in agent.get("exchanges") or [] if isinstance(ex, dict)
+         and str(ex.get("case", "")).split("-", 1)[-1] == str(case) and ex.get("evidence")), None)
+    path = evidence_path(root, own or ("cases-under-load.json" if under_load else "cases.json"))
+    return f"`{cell(case)}`{' under load only' if under_load else ''}: {evidence_md([path])}"
 
 
 def first_screen(report: dict[str, Any]) -> list[str]:
