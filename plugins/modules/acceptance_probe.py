@@ -232,7 +232,8 @@ def main() -> None:
     if reference and not p["reference_url"]:
         module.fail_json(msg="reference_model or reference_api_key given without reference_url: set reference_url "
                              "(inventory agent_reference_url) to the reference's OpenAI base URL, or drop them")
-    module.guard(check_reference_url, p["reference_url"], "reference_url (inventory agent_reference_url)")
+    module.guard(check_reference_url, p["reference_url"], "reference_url (inventory agent_reference_url)",
+                 p["reference_api_key"])
     if module.check_mode:
         module.exit_json(changed=False, status="skipped", msg=f"check mode: the {p['kind']} probe sends no traffic")
     run = module.run()

@@ -74,6 +74,9 @@ def test_the_probe_refuses_a_malformed_reference_before_any_request(tmp_path: Pa
         run_probe(opts)
     assert "agent_reference_url" in str(exc.value) and "s3cretPass99" not in str(exc.value)
     assert not any(tmp_path.iterdir())
+    with pytest.raises(ConfigError, match="Basic auth in place of the key"):
+        run_probe(ProbeOptions(kind="agent", base_url="http://127.0.0.1:9/v1", model="m", out_dir=tmp_path,
+                               reference_url=CRED_URL, reference_api_key="k-ref"))
     secrets = probe_secrets(ProbeOptions(kind="agent", base_url="http://x/v1", model="m", out_dir=tmp_path,
                                          api_key="k-main", reference_url=CRED_URL, reference_api_key="k-ref"))
     assert set(secrets) == {"k-main", "k-ref", "s3cretPass99"}
@@ -100,10 +103,15 @@ def run_module(args: dict, tmp_path: Path) -> tuple[dict, str]:
 def test_module_takes_the_reference_for_the_agent_probe_only(tmp_path: Path) -> None:
     common = {"run_dir": str(tmp_path), "base_url": "http://127.0.0.1:9/v1", "model": "m",
               "_ansible_check_mode": True}
-    ok, out = run_module({**common, "kind": "agent", "reference_url": CRED_URL, "reference_model": "ref",
-                          "reference_api_key": "k-ref-123456"}, tmp_path)
+    ok, out = run_module({**common, "kind": "agent", "reference_url": "https://api.example.com/v1",
+                          "reference_model": "ref", "reference_api_key": "k-ref-123456"}, tmp_path)
     assert not ok.get("failed") and ok["status"] == "skipped"
     assert "k-ref-123456" not in out
+    creds, out = run_module({**common, "kind": "agent", "reference_url": CRED_URL}, tmp_path)
+    assert not creds.get("failed") and "s3cretPass99" not in out
+    both, out = run_module({**common, "kind": "agent", "reference_url": CRED_URL, "reference_api_key": "k-ref-123456"},
+                           tmp_path)
+    assert both.get("failed") and "give one of them" in both["msg"] and "s3cretPass99" not in out
     bad, out = run_module({**common, "kind": "agent",
                            "reference_url": "ftp://ref-user:s3cretPass99@api.example.com/v1"}, tmp_path)
     assert bad.get("failed") and "reference_url (inventory agent_reference_url)" in bad["msg"]

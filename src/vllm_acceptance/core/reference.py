@@ -65,13 +65,19 @@ def url_secrets(url: str | None) -> list[str]:
     return [s for s in (parts.password, parts.username if parts.password is None else None) if s]
 
 
-def check_reference_url(url: str | None, field: str) -> None:
-    """Raise ConfigError when a given reference URL is malformed (run_probe, before any request)."""
+def check_reference_url(url: str | None, field: str, api_key: str | None = None) -> None:
+    """Raise ConfigError when a given reference URL is malformed (run_probe, before any request), or holds
+    credentials while a key is given too: the HTTP client sends a URL's credentials as Basic auth, which
+    replaces the key's Bearer header, so one of the two would be dropped without a word."""
     if url is None:
         return
     error = url_error(str(url), field)
     if error:
         raise ConfigError(f"reference endpoint: {error}")
+    if api_key and url_secrets(str(url)):
+        raise ConfigError(f"reference endpoint: field `{field}`: {_shown(str(url))!r} holds credentials and a key is "
+                          f"given too (the environment variable named by {KEY_ENV_VAR}, default {DEFAULT_KEY_ENV}): "
+                          "the URL's credentials would be sent as Basic auth in place of the key; give one of them")
 
 
 def inventory_errors(variables: Mapping[str, Any], source: str) -> list[str]:
