@@ -30,6 +30,16 @@ options:
   startup_log_path:
     description: A file on the controller holding the full startup log.
     type: path
+  startup_log_text:
+    description:
+      - The startup log itself (attach - the output of vllm_serve_attach_log_command); wins over startup_log_path.
+      - Never shown; saved redacted.
+    type: str
+  startup_log_source:
+    description:
+      - Where an attached server's startup log came from (a file, a command on a host), named in the findings.
+      - In attach mode such a log is used only when it matches the running server (compat.startup_log_identity).
+    type: str
   ready_s:
     description: Seconds from launch to ready.
     type: float
@@ -89,6 +99,8 @@ def main() -> None:
             "mode": {"type": "str", "choices": ["launch", "attach"], "default": "launch"},
             "launch_command": {"type": "str"},
             "startup_log_path": {"type": "path"},
+            "startup_log_text": {"type": "str", "no_log": True},
+            "startup_log_source": {"type": "str"},
             "ready_s": {"type": "float"},
             "launch_error": {"type": "str"},
             "process_args": {"type": "list", "elements": "str"},
@@ -102,10 +114,14 @@ def main() -> None:
     p = module.params
     log_path = Path(p["startup_log_path"]) if p["startup_log_path"] else None
     log_text = log_path.read_text(errors="replace") if log_path and log_path.is_file() else None
+    source = p["startup_log_source"] or (f"the file {log_path}" if log_path else None)
+    if p["startup_log_text"] is not None:
+        log_text = p["startup_log_text"]
     run, profile = module.run(), module.profile()
     facts = ServeFacts(base_url=p["base_url"], host=p["host"], mode=p["mode"], launch_command=p["launch_command"],
                        startup_log=log_text, ready_s=p["ready_s"], launch_error=p["launch_error"],
-                       process_args=p["process_args"], metrics_url=p["metrics_url"], api_key=p["api_key"])
+                       process_args=p["process_args"], metrics_url=p["metrics_url"], api_key=p["api_key"],
+                       startup_log_source=source)
     findings = module.guard(judge_serve, run.path, profile, facts)
     module.exit_json(changed=True, statuses={f.check: f.status.value for f in findings})
 

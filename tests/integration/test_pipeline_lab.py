@@ -93,9 +93,10 @@ def test_secrets_never_reach_evidence_or_reports(lab_server_factory, tmp_path: P
     variables in the environment: the run works with the key, and no planted value appears in any file
     the run wrote, while the URLs' scheme, host, port and path stay readable in the node's env dump."""
     server = lab_server_factory(f"--api-key {SECRET_KEY}", port=8026)
+    # the log read by the operator's command on the head (vllm_serve_attach_log_command), as for a systemd unit
     run_dir = run_accept(tmp_path, {
         "vllm_serve_mode": "attach", "vllm_base_url": server.base_url, "vllm_serve_pid": server.pid,
-        "vllm_serve_startup_log": str(server.log_path), "acceptance_probes": ["cache", "agent"]},
+        "vllm_serve_attach_log_command": f"cat {server.log_path}", "acceptance_probes": ["cache", "agent"]},
         env={"VLLM_API_KEY": SECRET_KEY, "HF_TOKEN": HF_SECRET, **{k: v for k, (v, _) in URL_SECRETS.items()}})
     report = json.loads((run_dir / "report.json").read_text())
     statuses = {f["check"]: f["status"] for f in report["findings"]}
@@ -113,8 +114,10 @@ def test_secrets_never_reach_evidence_or_reports(lab_server_factory, tmp_path: P
         if readable:
             scheme = URL_SECRETS[name][0].split("://")[0]
             assert any(f"{name}={scheme}://***REDACTED***@{readable}" in d for d in dumps), name
-    # The startup log became evidence (redacted copy); our launch line in the raw log is redacted too.
+    # The startup log became evidence (redacted copy), accepted as this server's; our launch line in the raw log is
+    # redacted too.
     assert (run_dir / "evidence" / "serve" / "startup.log").is_file()
+    assert statuses["compat.startup_log_identity"] == "pass" and statuses["compat.startup_log"] != "missing"
     assert f"--api-key {SECRET_KEY}" not in server.log_path.read_text().splitlines()[0]
 
 

@@ -267,6 +267,20 @@ def test_server_started_without_the_requested_flags_fails_on_its_own_evidence(la
     assert flags.status.value == "inconclusive" and "--attention-config=" in flags.reason
     assert "unverifiable" in flags.reason
     assert findings["compat.actual_config.prefix_caching"].status.value == "pass"
+    # the operator's log is this server's: its version and max_model_len are the live /version and /v1/models ones
+    identity = findings["compat.startup_log_identity"]
+    assert identity.status.value == "pass" and identity.evidence == ["evidence/serve/startup.log"], identity.reason
+    assert identity.observed["server"]["version"] == identity.observed["log"]["version"]
+    # another server's real log (a 0.10.2 GPU build) named for it: not this server's, not used, the run incomplete
+    other = Path(__file__).resolve().parents[2] / "tests/fixtures/real/vllm/v1-0.10.2-dev-engine-config-tp2.log"
+    wrong = {f.check: f for f in judge_serve(tmp_path / "wrong", load_profile(profile_path), ServeFacts(
+        base_url=lab_server.base_url, host="localhost", mode="attach", startup_log=other.read_text(),
+        process_args=argv, startup_log_source=f"the file {other}"))}
+    assert wrong["compat.startup_log_identity"].status.value == "inconclusive"
+    assert "is not this server's" in wrong["compat.startup_log_identity"].reason
+    assert wrong["compat.startup_log"].status.value == "missing"
+    assert not (tmp_path / "wrong/evidence/serve/startup.log").exists()
+    assert (tmp_path / "wrong/evidence/serve/startup-log-rejected.log").is_file()
 
 
 def test_podman_container_is_removed_when_the_serve_stage_fails(lab_server, tmp_path: Path) -> None:

@@ -206,7 +206,30 @@ def check_variables(variables: Mapping[str, Any], source: str, project_dir: Path
     errors.extend(schema_errors)
     errors.extend(option_errors(known, declared, source))
     errors.extend(reference_errors(known, source))
+    errors.extend(attach_log_errors(known, source, whole=schema))
     return errors
+
+
+def attach_log_errors(variables: Mapping[str, Any], source: str, *, whole: bool = True) -> list[str]:
+    """vllm_serve_attach_log_command (serve/log_identity.py): a non-empty command line, in attach mode only, and
+    not together with vllm_serve_startup_log (one log source, judged against the server)."""
+    command = variables.get("vllm_serve_attach_log_command")
+    if command is None:
+        return []
+    field = f"{source}: field `vllm_serve_attach_log_command`"
+    if not isinstance(command, str) or not command.strip():
+        return [f"{field}: got {describe(command)}; expected one command line that prints the server's startup log, "
+                "e.g. vllm_serve_attach_log_command: \"journalctl -u vllm.service -b --no-pager -o cat\""]
+    if any(op in command for op in ("|", ">", "<", "&&", ";", "$(", "`")):
+        return [f"{field}: {command!r} holds a shell operator; it runs as one command without a shell: give one "
+                "command (e.g. kubectl logs -n llm deploy/vllm), or a script on the head that prints the log"]
+    if whole and variables.get("vllm_serve_mode") != "attach":
+        return [f"{field}: set, but vllm_serve_mode is {variables.get('vllm_serve_mode')!r}: the log command reads an "
+                "attached server's log; set vllm_serve_mode: attach, or remove it (a launch keeps its own log)"]
+    if variables.get("vllm_serve_startup_log"):
+        return [f"{field}: set together with vllm_serve_startup_log: give one source of the server's startup log "
+                "(remove one of the two)"]
+    return []
 
 
 def attach_without_url(variables: Mapping[str, Any]) -> bool:

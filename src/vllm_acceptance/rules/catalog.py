@@ -182,6 +182,16 @@ register("compat.startup_log", stage="serve", consequence=REBUILD,
               "errors, world size == the launched layout, KV cache initialised; every warning listed",
          evidence="evidence/serve/startup.log",
          source="000/001: the first lines of the startup log compared with the recipe")
+register("compat.startup_log_identity", stage="serve", consequence=REBUILD,
+         title="An operator-named startup log is the running server's",
+         rule="attach mode, a log from vllm_serve_startup_log or vllm_serve_attach_log_command: the vLLM version it "
+              "states == the server's /version, and where it states them, its GPU blocks == vllm:cache_config_info "
+              "num_gpu_blocks and its max_model_len (engine config max_seq_len, else non-default args) == /v1/models; "
+              "a difference, or no version on either side: inconclusive and the log is not used (compat.startup_log "
+              "is then missing); launch mode: the run captured the log itself",
+         evidence="evidence/serve/startup.log (used) or evidence/serve/startup-log-rejected.log, /version, "
+                  "evidence/serve/v1-models.json, evidence/serve/metrics-at-ready.prom",
+         source="000/001: the startup log of the server under test, compared with the recipe (issue 28 item 3)")
 register("compat.actual_config", stage="serve", consequence=REBUILD,
          title="Actual configuration readable",
          rule="the running server's configuration could be read (/metrics, /v1/models)",

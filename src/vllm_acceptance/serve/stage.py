@@ -19,6 +19,7 @@ from ..probes.metrics import DirectMetrics, MetricsError, cache_config, server_r
 from ..rules.launch_triage import launch_findings
 from ..rules.launched import LaunchedPlan, plan_of_run
 from ..rules.serve import ServerReports, check_actual_config, check_startup_log, flag_readings
+from .log_identity import check_log_identity, read_live_identity
 
 
 @dataclass
@@ -34,12 +35,20 @@ class ServeFacts:
     metrics_url: str | None = None
     api_key: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # attach: where the operator's startup log came from ("the file ...", "the command `...` on HOST"); such a
+    # log is used only when it is this server's (serve/log_identity.py)
+    startup_log_source: str | None = None
 
 
 def judge_serve(run_dir: Path, profile: Profile, facts: ServeFacts) -> list[Finding]:
     store = EvidenceStore(run_dir, "evidence/serve", secrets=[facts.api_key] if facts.api_key else [])
     findings: list[Finding] = []
+    if facts.mode == "attach" and facts.startup_log is not None and facts.launch_error is None:
+        findings.append(_operator_log(store, facts))
     log_ev = [store.write_text("startup.log", facts.startup_log)] if facts.startup_log is not None else []
+    for finding in findings:     # the accepted operator log is the evidence of its identity
+        if finding.check == "compat.startup_log_identity" and not finding.evidence:
+            finding.evidence = list(log_ev)
     cmd_ev = [store.write_text("launch-command.txt", facts.launch_command + "\n")] if facts.launch_command else []
     scan = scan_startup_log(facts.startup_log) if facts.startup_log is not None else None
     plan = plan_of_run(run_dir, profile)
@@ -61,6 +70,19 @@ def judge_serve(run_dir: Path, profile: Profile, facts: ServeFacts) -> list[Find
     (run_dir / "stages").mkdir(exist_ok=True)
     EvidenceStore(run_dir, "stages").write_json("serve.json", details)
     return findings
+
+
+def _operator_log(store: EvidenceStore, facts: ServeFacts) -> Finding:
+    """compat.startup_log_identity: an operator-named log is used only when it is this server's; else it is kept
+    as startup-log-rejected.log and `facts.startup_log` is cleared (compat.startup_log is then missing)."""
+    text = facts.startup_log or ""
+    live = read_live_identity(facts.base_url, facts.api_key, facts.metrics_url)
+    source = facts.startup_log_source or "the operator"
+    finding = check_log_identity(scan_startup_log(text), live, source, facts.host, [])
+    if finding.status != Status.PASS:
+        finding.evidence = [store.write_text("startup-log-rejected.log", text)]
+        facts.startup_log = None
+    return finding
 
 
 def _triage(run_dir: Path, profile: Profile, facts: ServeFacts, log_ev: list[str], findings: list[Finding],
