@@ -68,7 +68,8 @@ def url_secrets(url: str | None) -> list[str]:
 def check_reference_url(url: str | None, field: str, api_key: str | None = None) -> None:
     """Raise ConfigError when a given reference URL is malformed (run_probe, before any request), or holds
     credentials while a key is given too: the HTTP client sends a URL's credentials as Basic auth, which
-    replaces the key's Bearer header, so one of the two would be dropped without a word."""
+    replaces the key's Bearer header, so one of the two would be dropped without a word
+    (docs/sources.md#httpx-url-auth)."""
     if url is None:
         return
     error = url_error(str(url), field)
