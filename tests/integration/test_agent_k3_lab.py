@@ -92,10 +92,10 @@ def test_k3_text_replies_and_structured_output(k3_lab_server) -> None:
     jsonschema.validate(json.loads(structured["message"]["content"]), schema)
 
 
-def _probe_agent(server: Any, out: Path) -> tuple[int, dict[str, Any]]:
+def _probe_agent(server: Any, out: Path, *extra: str) -> tuple[int, dict[str, Any]]:
     proc = subprocess.run([sys.executable, "-m", "vllm_acceptance.cli", "probe", "agent", "--base-url",
                            server.base_url, "--model", server.model, "--profile", str(LAB_PROFILE_K3),
-                           "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=900)
+                           "--out", str(out), *extra], cwd=REPO, capture_output=True, text=True, timeout=900)
     assert (out / "result.json").is_file(), proc.stderr[-2000:]
     return proc.returncode, json.loads((out / "result.json").read_text())
 
@@ -105,7 +105,8 @@ def test_every_agent_check_through_the_kimi_k3_parsers(k3_lab_server, tmp_path: 
     by name, the K3 lab model (which writes one canned get_node_status call) leaves out the ticket's
     required `details`, and K3's grammar does not enforce `required` (README, the K3 lab model): the
     deployment cannot produce the plan's write, a real defect the reference client refuses."""
-    rc, result = _probe_agent(k3_lab_server, tmp_path)
+    # The whole default case set (the lab profile sends 60 to keep its other runs short): the K3 model answers it.
+    rc, result = _probe_agent(k3_lab_server, tmp_path, "--set", "agent.cases=300", "--set", "agent.other_cases=60")
     statuses = {f["check"]: f["status"] for f in result["findings"]}
     fallback = next(f for f in result["findings"] if f["check"] == "agent.tool_failure_fallback")
     assert statuses.pop("agent.tool_failure_fallback") == "fail" and fallback["layer"] == "model"
