@@ -118,6 +118,9 @@ def test_secrets_never_reach_evidence_or_reports(lab_server_factory, tmp_path: P
     # redacted too.
     assert (run_dir / "evidence" / "serve" / "startup.log").is_file()
     assert statuses["compat.startup_log_identity"] == "pass" and statuses["compat.startup_log"] != "missing"
+    assert statuses["compat.server_location"] == "pass"   # the node judged (localhost) listens on the URL's port
+    # read again after the probes by the same command: it grew (their requests), so it is kept for the soak window
+    assert (run_dir / "evidence" / "serve" / "after-probes" / "localhost.log").is_file()
     assert f"--api-key {SECRET_KEY}" not in server.log_path.read_text().splitlines()[0]
 
 
