@@ -35,6 +35,9 @@ options:
       - The startup log itself (attach - the output of vllm_serve_attach_log_command); wins over startup_log_path.
       - Never shown; saved redacted.
     type: str
+  startup_log_error:
+    description: Why the attached server's log command gave no log (its exit status); recorded as missing evidence.
+    type: str
   startup_log_source:
     description:
       - Where an attached server's startup log came from (a file, a command on a host), named in the findings.
@@ -101,6 +104,7 @@ def main() -> None:
             "startup_log_path": {"type": "path"},
             "startup_log_text": {"type": "str", "no_log": True},
             "startup_log_source": {"type": "str"},
+            "startup_log_error": {"type": "str"},
             "ready_s": {"type": "float"},
             "launch_error": {"type": "str"},
             "process_args": {"type": "list", "elements": "str"},
@@ -121,7 +125,7 @@ def main() -> None:
     facts = ServeFacts(base_url=p["base_url"], host=p["host"], mode=p["mode"], launch_command=p["launch_command"],
                        startup_log=log_text, ready_s=p["ready_s"], launch_error=p["launch_error"],
                        process_args=p["process_args"], metrics_url=p["metrics_url"], api_key=p["api_key"],
-                       startup_log_source=source)
+                       startup_log_source=source, startup_log_error=p["startup_log_error"])
     findings = module.guard(judge_serve, run.path, profile, facts)
     module.exit_json(changed=True, statuses={f.check: f.status.value for f in findings})
 

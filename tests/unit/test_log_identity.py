@@ -77,3 +77,18 @@ def test_the_log_command_is_validated_before_any_node(extra: dict, says: str | N
         assert errors == []
     else:
         assert len(errors) == 1 and says in errors[0] and "field `vllm_serve_attach_log_command`" in errors[0]
+
+
+def test_a_log_command_that_failed_is_missing_evidence_never_a_pass(tmp_path: Path) -> None:
+    """The role hands over why the command gave nothing (roles/vllm_serve/tasks/attach.yml); the serve judge
+    records it before reading the server (here: nobody answers, so the server part is missing too)."""
+    from vllm_acceptance.core.profile import load_profile
+    from vllm_acceptance.serve.stage import ServeFacts, judge_serve
+
+    why = "the command `journalctl -u vllm.service -b --no-pager -o cat` on head-01 exited 1"
+    findings = {f.check: f for f in judge_serve(tmp_path, load_profile(ROOT / "profiles/cpu-lab.yml"), ServeFacts(
+        base_url="http://127.0.0.1:9/v1", host="head-01", mode="attach", startup_log_error=why,
+        launch_error="http://127.0.0.1:9/v1 does not answer within 30 s"))}
+    assert findings["compat.startup_log_identity"].status == Status.MISSING
+    assert why in findings["compat.startup_log_identity"].reason
+    assert findings["compat.startup_log"].status == Status.MISSING

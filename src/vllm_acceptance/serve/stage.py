@@ -16,6 +16,7 @@ from ..parsers.causal import causal_line
 from ..parsers.startup_log import StartupScan, scan_startup_log
 from ..probes.client import OpenAIClient, ServerUnreachable
 from ..probes.metrics import DirectMetrics, MetricsError, cache_config, server_root
+from ..rules import registry
 from ..rules.launch_triage import launch_findings
 from ..rules.launched import LaunchedPlan, plan_of_run
 from ..rules.serve import ServerReports, check_actual_config, check_startup_log, flag_readings
@@ -38,6 +39,7 @@ class ServeFacts:
     # attach: where the operator's startup log came from ("the file ...", "the command `...` on HOST"); such a
     # log is used only when it is this server's (serve/log_identity.py)
     startup_log_source: str | None = None
+    startup_log_error: str | None = None    # attach: why the operator's log command gave no log
 
 
 def judge_serve(run_dir: Path, profile: Profile, facts: ServeFacts) -> list[Finding]:
@@ -45,6 +47,10 @@ def judge_serve(run_dir: Path, profile: Profile, facts: ServeFacts) -> list[Find
     findings: list[Finding] = []
     if facts.mode == "attach" and facts.startup_log is not None and facts.launch_error is None:
         findings.append(_operator_log(store, facts))
+    elif facts.mode == "attach" and facts.startup_log_error:
+        findings.append(registry.get("compat.startup_log_identity").missing(
+            facts.host, f"{facts.startup_log_error}: no startup log of this server (run the command on the head as the "
+                        "inventory user to see why)"))
     log_ev = [store.write_text("startup.log", facts.startup_log)] if facts.startup_log is not None else []
     for finding in findings:     # the accepted operator log is the evidence of its identity
         if finding.check == "compat.startup_log_identity" and not finding.evidence:
