@@ -214,11 +214,15 @@ def test_the_real_listener_on_a_judged_node_locates_the_server(serving, tmp_path
     proc, port = serving
     # one machine plays both trays: a01 answers as the script does where nobody listens on the port
     here = located(tmp_path, {"gb300-a01": node_answer_nobody(port), "gb300-a02": node_answer(port)},
-                   f"http://head-01:{port}/v1")
+                   f"http://127.0.0.1:{port}/v1")
     assert here.status == Status.PASS and f"gb300-a02 (pid {proc.pid})" in here.reason
     assert here.observed["nodes"] == {"gb300-a01": "absent", "gb300-a02": "here"}
     assert here.observed["serving"][0]["host"] == "gb300-a02" and here.observed["serving"][0]["pid"] == proc.pid
     assert any(p.endswith("gb300-a02/live_process.txt") for p in here.evidence)
+    # the process binds 127.0.0.1: a URL on the node's name cannot reach it, so it is not where that URL is served
+    named = located(tmp_path / "named", {"gb300-a01": node_answer_nobody(port), "gb300-a02": node_answer(port)},
+                    f"http://gb300-a02:{port}/v1")
+    assert named.status == Status.INCONCLUSIVE and "bound to loopback only here (127.0.0.1)" in named.reason
 
 
 def test_a_server_on_no_judged_node_is_never_a_pass(serving, tmp_path: Path) -> None:
@@ -244,19 +248,27 @@ def test_a_server_on_no_judged_node_is_never_a_pass(serving, tmp_path: Path) -> 
     assert failed.status == Status.MISSING and "ss -ltnpH failed" in failed.reason
 
 
-@pytest.mark.parametrize(("capture", "pid", "process"), [
-    ("vllm-serve-8001.txt", 3285, "vllm"),
-    ("python3-holder-8001.txt", 421841, "python3"),
-    ("no-pid-netlink-denied-8001.txt", None, None),   # another user's process: the listener, no pid
+@pytest.mark.parametrize(("capture", "pid", "process", "address"), [
+    ("vllm-serve-8001.txt", 3285, "vllm", "127.0.0.1"),
+    ("python3-holder-8001.txt", 421841, "python3", "0.0.0.0"),
+    ("no-pid-netlink-denied-8001.txt", None, None, "127.0.0.1"),   # another user's process: the listener, no pid
 ])
 def test_recorded_ss_captures_locate_the_server_by_port(tmp_path: Path, capture: str, pid: int | None,
-                                                        process: str | None) -> None:
+                                                        process: str | None, address: str) -> None:
     answer = captured_answer(SS_CAPTURES / capture, 8001)
-    here = located(tmp_path, {"gb300-a01": node_answer_nobody(8001), "gb300-a02": answer}, "http://gb300-a02:8001/v1")
+    # the URL the controller uses on that node itself (as the lab's localhost node): any listener on the port counts
+    here = located(tmp_path, {"gb300-a01": node_answer_nobody(8001), "gb300-a02": answer}, "http://127.0.0.1:8001/v1")
     assert here.status == Status.PASS, here.reason
     serving = here.observed["serving"][0]
     assert (serving["host"], serving["pid"], serving["process"]) == ("gb300-a02", pid, process)
     assert ("not visible to this user" in here.reason) == (pid is None)
+    # a URL on the node's name: a socket bound to loopback there cannot be what answers it
+    remote = located(tmp_path / "remote", {"gb300-a01": node_answer_nobody(8001), "gb300-a02": answer},
+                     "http://gb300-a02:8001/v1")
+    if address == "127.0.0.1":
+        assert remote.status == Status.INCONCLUSIVE and "bound to loopback only" in remote.reason
+    else:
+        assert remote.status == Status.PASS and "gb300-a02 (pid 421841)" in remote.reason
     # the same capture, the URL on another port: nothing on the trays serves it
     other = located(tmp_path / "other", {"gb300-a01": node_answer_nobody(8000),
                                          "gb300-a02": captured_answer(SS_CAPTURES / capture, 8000)},

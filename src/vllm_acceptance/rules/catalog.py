@@ -110,7 +110,8 @@ register("compat.state_snapshot", stage="preflight", consequence=REBUILD,
 register("compat.server_location", stage="preflight", consequence=REBUILD,
          title="The attached server runs on a judged GPU node",
          rule="attach mode: a process listens on vllm_base_url's port (preflight_live_port) on at least one "
-              "gpu_nodes host (ss -ltnpH there), named with its pid; no judged node has one: inconclusive (the "
+              "gpu_nodes host (ss -ltnpH there), named with its pid, on an address the URL reaches (a socket bound "
+              "to loopback serves only a loopback URL); no judged node has one: inconclusive (the "
               "node evidence says nothing about the server, never a release); a node without an answer and none "
               "found: missing; launch mode: not applicable",
          evidence="evidence/nodes/<host>/live_process.txt (ss -ltnpH lines on the port, pid, /proc/PID)",

@@ -55,7 +55,20 @@ class NodeListen:
     evidence: tuple[str, ...] = ()
 
 
-def node_listen(ctx: NodeContext, port: int) -> NodeListen:
+_LOOPBACK = ("127.", "::1", "[::1]", "localhost")
+
+
+def _loopback(address: str) -> bool:
+    return address.strip("[]").startswith(_LOOPBACK) or address.strip("[]") == "::1"
+
+
+def reachable_from(listener: Listener, url_host: str | None) -> bool:
+    """A socket bound to a loopback address answers only on its own machine: it serves a URL whose host is not a
+    loopback name only when bound to a wildcard or another address (ss shows 0.0.0.0, *, [::] or the IP)."""
+    return url_host is None or _loopback(url_host) or not _loopback(listener.address)
+
+
+def node_listen(ctx: NodeContext, port: int, url_host: str | None = None) -> NodeListen:
     record = ctx.rec("live_process")
     evidence = tuple(ctx.paths("live_process"))
     if not ctx.evidence.dir_exists:
@@ -69,8 +82,13 @@ def node_listen(ctx: NodeContext, port: int) -> NodeListen:
     if not isinstance(data, dict):
         return NodeListen(ctx.host, "unknown", why="the node's answer is not a JSON object", evidence=evidence)
     lines = "\n".join(str(x) for x in data.get("listeners") or [])
-    found = tuple(x for x in parse_ss_listeners(lines) if x.port == port)
+    on_port = [x for x in parse_ss_listeners(lines) if x.port == port]
+    found = tuple(x for x in on_port if reachable_from(x, url_host))
     reason = str(data.get("reason") or "")
+    if on_port and not found:
+        return NodeListen(ctx.host, "absent", evidence=evidence,
+                          why=f"port {port} is bound to loopback only here ({', '.join(x.address for x in on_port)}): "
+                              f"it cannot serve {url_host}")
     pid = data.get("pid") if isinstance(data.get("pid"), int) else None
     if found:
         return NodeListen(ctx.host, "here", found, pid or next((x.pid for x in found if x.pid), None), reason, evidence)
@@ -104,7 +122,11 @@ def check_server_location(contexts: list[NodeContext], profile: Profile,
         if why is None:
             return check.not_applicable(None, "profile without GPUs and no gpu_nodes: no node evidence to bind")
         return check.missing(None, why)
-    nodes = [node_listen(ctx, port) for ctx in contexts]
+    try:
+        url_host = urlsplit(url).hostname
+    except ValueError:
+        url_host = None
+    nodes = [node_listen(ctx, port, url_host) for ctx in contexts]
     evidence = [p for n in nodes for p in n.evidence]
     here = [n for n in nodes if n.state == "here"]
     observed = {"url": url, "port": port, "nodes": {n.host: n.state for n in nodes}}
@@ -123,9 +145,10 @@ def check_server_location(contexts: list[NodeContext], profile: Profile,
     return check.inconclusive(
         None, observed=observed, expected=f"a process listening on port {port} on a gpu_nodes host",
         evidence=evidence,
-        reason=f"no GPU node judged ({', '.join(n.host for n in nodes)}) has a process listening on port {port}: "
-               f"{url} is served from elsewhere, and the driver, CUDA, image and interconnect evidence of these "
-               "nodes says nothing about it",
+        reason=f"no GPU node judged ({', '.join(n.host for n in nodes)}) has a process listening on port {port} "
+               f"that {url} can reach: it is served from elsewhere, and the driver, CUDA, image and interconnect "
+               "evidence of these nodes says nothing about it"
+               + "".join(f"; {n.host}: {n.why}" for n in nodes if n.why.startswith(f"port {port} is bound")),
         action="list the nodes that run the server under gpu_nodes (or point vllm_base_url at the server on them) "
                "and re-run; a server in a pod's own network namespace is not seen by the node's ss (run it with "
                "hostNetwork)")
