@@ -93,7 +93,7 @@ def judge(run_dir: Path, profile: Profile, hosts: list[str], *, today: dt.date |
         findings.append(check_topology(contexts, profile, plan))
         findings.extend(rule(contexts, profile) for rule in CLUSTER_FABRIC_RULES)
         findings.append(check_image_uniform(contexts))
-    findings.append(check_server_location(contexts, profile, run_inventory_vars(Path(run_dir))))
+        findings.append(check_server_location(contexts, run_inventory_vars(Path(run_dir))))
     return findings
 
 

@@ -16,7 +16,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..core.findings import Finding
-from ..core.profile import Profile
 from ..serve.live import Listener, parse_ss_listeners
 from . import registry
 from .context import NodeContext
@@ -104,7 +103,7 @@ def _describe(node: NodeListen) -> dict[str, Any]:
             **({"note": node.why} if node.why and node.pid is None else {})}
 
 
-def check_server_location(contexts: list[NodeContext], profile: Profile,
+def check_server_location(contexts: list[NodeContext],
                           inventory_vars: Mapping[str, Any]) -> Finding:
     check = registry.get(CHECK)
     port = attached_port(inventory_vars)
@@ -116,12 +115,8 @@ def check_server_location(contexts: list[NodeContext], profile: Profile,
     if port is None:
         return check.missing(None, f"no port to look for: vllm_base_url {url!r} names none and its scheme has no "
                                    "default; set preflight_live_port")
-    if not contexts:
-        why = (f"no GPU node judged (gpu_nodes is empty): where {url} runs is unknown" if profile.has_gpus
-               else None)
-        if why is None:
-            return check.not_applicable(None, "profile without GPUs and no gpu_nodes: no node evidence to bind")
-        return check.missing(None, why)
+    if not contexts:     # preflight judges none (compat.gpu_nodes says so for a GPU profile)
+        return check.missing(None, f"no GPU node judged (gpu_nodes is empty): where {url} runs is unknown")
     try:
         url_host = urlsplit(url).hostname
     except ValueError:
