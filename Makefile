@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: rehearsal demo test lint unit sysdeps venv lab-venv lab-model lab-up lab-down clean
+.PHONY: rehearsal demo test test-full lint unit sysdeps venv lab-venv lab-model lab-up lab-down clean
 
 ## demo: set everything up on a fresh machine, run the acceptance on the lab inventory, print the verdict
 demo: venv lab-venv lab-model
@@ -23,6 +23,10 @@ demo: venv lab-venv lab-model
 ## test: set up and run the whole suite (ruff, ansible-lint, pytest with the real lab vLLM)
 test: sysdeps venv lab-venv lab-model lint
 	$(VENV)/bin/pytest -ra --durations=30 $(PYTEST_ARGS)
+
+## test-full: the suite with its slower variants (tests marked `full`) and every rehearsal scenario
+test-full:
+	ACCEPTANCE_FULL=1 REHEARSAL_FULL=1 $(MAKE) test
 
 ## rehearsal: accept.yml on simulated GB300 nodes (namespace sshd, container stand-in running the real lab vLLM);
 ## writes reports/rehearsal/summary.json, exits non-zero when a scenario's verdict or reasons differ; needs root

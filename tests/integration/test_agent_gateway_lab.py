@@ -181,6 +181,7 @@ def test_a_gateway_that_drops_tool_results_fails_the_turns_after_them(lab_server
     assert "dropped or rewritten" in (turn.reason or "")
 
 
+@pytest.mark.full
 def test_markup_one_in_five_gives_the_rate_and_the_threshold_verdict(lab_server, gateway, tmp_path: Path) -> None:
     # The profile's threshold (cpu-lab: 0.01): a ~0.2 format-error rate blocks agent traffic as soon as
     # its lower bound clears the threshold (the first round of turns).
@@ -208,6 +209,7 @@ def test_markup_one_in_five_gives_the_rate_and_the_threshold_verdict(lab_server,
     assert any(named in r for r in strict.reasons), strict.reasons
 
 
+@pytest.mark.full
 def test_rare_errors_the_retry_recovers_are_a_limited_observation(lab_server, gateway, tmp_path: Path) -> None:
     """Markup on one tool-call response in sixty, a 10 % threshold: the probe sends the case set, retries every
     error for real (through the same gateway) and validates the retry: every one recovered -> warn, agents open

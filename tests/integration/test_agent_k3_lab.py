@@ -124,6 +124,7 @@ def test_every_agent_check_through_the_kimi_k3_parsers(k3_lab_server, tmp_path: 
     assert stream["observed"]["compared"] == "reasoning, content, tool calls" and not stream["observed"]["diffs"]
 
 
+@pytest.mark.full
 def test_k3_output_behind_the_wrong_tool_parser_is_a_parser_fault(lab_server_factory, tmp_path: Path) -> None:
     """The K3 model served with `--tool-call-parser hermes` (a wrong parser name in the launch): the
     XTML call stays in content, no tool_calls -> agent.tool_call fails, layer parser, K3 markup named."""

@@ -115,6 +115,7 @@ def stop(proc: subprocess.Popen) -> str:
 
 # The hung-request faults sit in the gateway, not the server: they run against the session's lab server,
 # which answers every request the gateway forwards (only the kill test needs a server of its own).
+@pytest.mark.full
 def test_hung_requests_during_the_agent_probe_are_named_and_never_pass(lab_server, tmp_path: Path) -> None:
     server = lab_server
     # The 2nd chat request (one of the concurrent cases of the case set, not streamed) gets no byte; the

@@ -215,6 +215,7 @@ def test_commands_per_node_match_the_golden_and_all_ranks_ready(cluster, tmp_pat
     print(f"multi-node launch, 2 nodes, ready: {elapsed:.1f} s of ansible-playbook wall time")
 
 
+@pytest.mark.full
 def test_worker_that_exits_stops_the_launch_and_is_named(cluster, tmp_path: Path) -> None:
     proc, run_dir = _run(cluster, tmp_path, {"gb300-a03": "exit"}, ["gb300-a02", "gb300-a03"],
                          extravars={"vllm_parallel": {"tensor": 1, "data": 24, "expert": True},
@@ -238,6 +239,7 @@ def test_worker_that_exits_stops_the_launch_and_is_named(cluster, tmp_path: Path
     assert "# node gb300-a03 (node rank 2, worker) - FAILED" in log
 
 
+@pytest.mark.full
 def test_head_refused_by_runtime_starts_no_worker(cluster, tmp_path: Path) -> None:
     proc, run_dir = _run(cluster, tmp_path, {"gb300-a01": "refuse"}, ["gb300-a02"],
                          extravars={"vllm_parallel": {"pipeline": 2}})
@@ -250,6 +252,7 @@ def test_head_refused_by_runtime_starts_no_worker(cluster, tmp_path: Path) -> No
     assert findings["compat.launch_triage"]["observed"]["class"] == "environment"
 
 
+@pytest.mark.full
 def test_readiness_wait_is_bounded(cluster, tmp_path: Path) -> None:
     started = time.monotonic()
     proc, run_dir = _run(cluster, tmp_path, {"gb300-a01": "hang"}, ["gb300-a02"],

@@ -243,6 +243,7 @@ def test_a_launched_server_is_relaunched_at_the_proposed_limit(tmp_path: Path) -
     assert record["action"] == "stopped" and record["gone"] is True
 
 
+@pytest.mark.full
 def test_limits_refuted_on_the_relaunched_server_mean_expand_capacity(tmp_path: Path) -> None:
     """The same launch under an end-to-end SLO of 50 ms that no step meets: no concurrency holds, the proposed
     context limit (4 sessions of 704 + 64 tokens) is relaunched with --max-num-seqs 4 --max-model-len 768 and

@@ -235,6 +235,7 @@ def run_probes(open_lab: tuple[int, Path], cluster: Any, work: Path,
             "log": log.read_text(errors="replace")[before:]}
 
 
+@pytest.mark.full
 def test_ramp_mixed_and_soak_are_sent_from_every_loadgen_host(probes_with_agents: dict[str, Any]) -> None:
     proc, run_dir, cluster = probes_with_agents["proc"], probes_with_agents["run_dir"], probes_with_agents["cluster"]
     assert proc.returncode == 0 and run_dir is not None, f"{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}"
@@ -264,6 +265,7 @@ def test_ramp_mixed_and_soak_are_sent_from_every_loadgen_host(probes_with_agents
             pass
 
 
+@pytest.mark.full
 def test_a_loadgen_host_without_its_agent_stops_the_load_probe_naming_it(
         probes_with_an_agent_missing: dict[str, Any]) -> None:
     proc, run_dir = probes_with_an_agent_missing["proc"], probes_with_an_agent_missing["run_dir"]

@@ -238,6 +238,7 @@ def test_rollback_restores_the_recorded_version(rolled: dict[str, Any]) -> None:
 # --- a node that does not come back healthy stops the roll ----------------------------------------------
 
 
+@pytest.mark.full
 def test_failed_post_upgrade_check_stops_the_roll_on_that_node(
         ns_hosts: ClusterFactory, old_cluster: dict[str, Any], tmp_path: Path) -> None:
     # node1 loses a GPU after the upgrade (recorded seven-gpus outputs at R580).
@@ -408,6 +409,7 @@ def failed_install(hosts_module: ClusterFactory, old_cluster: dict[str, Any],
     return roll
 
 
+@pytest.mark.full
 def test_failed_install_keeps_its_cause_and_stops_the_roll(failed_install: dict[str, Any]) -> None:
     proc = failed_install["proc"]
     assert proc.returncode != 0 and "stopped on node1 at step 'install'" in proc.stdout, out(proc)
@@ -424,6 +426,7 @@ def test_failed_install_keeps_its_cause_and_stops_the_roll(failed_install: dict[
     assert "make.log" in book["failed"]["detail"]["msg"]
 
 
+@pytest.mark.full
 def test_rollback_of_a_broken_node_restores_only_the_failed_node(failed_install: dict[str, Any]) -> None:
     proc, run_dir = failed_install["rollback"]
     assert proc.returncode == 0, out(proc)
@@ -454,6 +457,7 @@ def test_rollback_of_a_broken_node_restores_only_the_failed_node(failed_install:
     assert node["verified"]["workload"]["status"] == "ok"
 
 
+@pytest.mark.full
 def test_old_module_after_reboot_stops_the_roll(hosts_module: ClusterFactory, old_cluster: dict[str, Any],
                                                  tmp_path: Path) -> None:
     roll = _broken_roll(hosts_module, old_cluster, tmp_path, "old_module", hosts=PAIR)
@@ -468,6 +472,7 @@ def test_old_module_after_reboot_stops_the_roll(hosts_module: ClusterFactory, ol
     assert not any("state=resume" in c for c in changes(roll["bins"]["node0"]))
 
 
+@pytest.mark.full
 def test_gpus_missing_after_upgrade_then_rollback_accepts_the_failing_gpu_tool(
         hosts_module: ClusterFactory, old_cluster: dict[str, Any], tmp_path: Path) -> None:
     roll = _broken_roll(hosts_module, old_cluster, tmp_path, "gpus_lost", hosts=PAIR)
