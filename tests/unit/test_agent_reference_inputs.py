@@ -4,8 +4,6 @@ before any node is touched, passed by the acceptance_probe module, its credentia
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +11,8 @@ import pytest
 from vllm_acceptance.core.profile import ConfigError
 from vllm_acceptance.core.rundir import open_run, validate_inventory_vars
 from vllm_acceptance.probes.run import ProbeOptions, probe_secrets, run_probe
+
+from support import modules as support_modules
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = {"acceptance_profile": "cpu-lab", "acceptance_owner": "me", "vllm_serve_mode": "launch"}
@@ -86,18 +86,8 @@ def test_the_probe_refuses_a_malformed_reference_before_any_request(tmp_path: Pa
 
 
 # Run the module file as Ansible would (tests/unit/test_monitoring.py run_module).
-RUN_MODULE = ("import runpy, sys; sys.path.insert(0, sys.argv[1]); "
-              "sys.argv = sys.argv[2:]; runpy.run_path(sys.argv[0], run_name='__main__')")
-
-
 def run_module(args: dict, tmp_path: Path) -> tuple[dict, str]:
-    path = tmp_path / "args.json"
-    path.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
-    proc = subprocess.run([sys.executable, "-c", RUN_MODULE, str(REPO / ".collections"),
-                           str(REPO / "plugins" / "modules" / "acceptance_probe.py"), str(path)],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.stdout, proc.stderr
-    return json.loads(proc.stdout), proc.stdout + proc.stderr
+    return support_modules.run_module("acceptance_probe", args, tmp_path)
 
 
 def test_module_takes_the_reference_for_the_agent_probe_only(tmp_path: Path) -> None:

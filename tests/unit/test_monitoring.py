@@ -21,6 +21,8 @@ from vllm_acceptance.core.profile import Profile, load_profile
 from vllm_acceptance.monitoring import generate as mon
 from vllm_acceptance.verdict import ROLLBACK_TRIGGERS
 
+from support import modules as support_modules
+
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "fixtures" / "reports"))
 import samples  # noqa: E402
@@ -282,18 +284,8 @@ def test_summary_for_the_report(runs, tmp_path: Path) -> None:
 
 # Run the module file as Ansible would, with the collection's module_utils where Ansible puts them
 # (ansible_collections.vllm.acceptance.plugins.module_utils; the checkout's .collections link holds them).
-RUN_MODULE = ("import runpy, sys; sys.path.insert(0, sys.argv[1]); "
-              "sys.argv = sys.argv[2:]; runpy.run_path(sys.argv[0], run_name='__main__')")
-
-
 def run_module(args: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
-    path = tmp_path / "args.json"
-    path.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
-    proc = subprocess.run([sys.executable, "-c", RUN_MODULE, str(REPO / ".collections"),
-                           str(REPO / "plugins" / "modules" / "acceptance_monitoring.py"), str(path)],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.stdout, proc.stderr
-    return json.loads(proc.stdout)
+    return support_modules.run_module("acceptance_monitoring", args, tmp_path)[0]
 
 
 def test_module_writes_copies_and_refuses_unaccepted_runs(runs, tmp_path: Path) -> None:
