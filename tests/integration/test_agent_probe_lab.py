@@ -119,8 +119,13 @@ def test_a_fallback_the_model_must_choose_fails_when_the_answer_ignores_the_fail
 @pytest.mark.lab
 def test_a_write_key_written_anew_by_a_sampling_model_runs_the_write_twice(lab_server, tmp_path: Path) -> None:
     """At temperature 1 the model writes a fresh request_id into each create_ticket call: the reference
-    client, re-sent one operation, executes the write more than once -> executor_safety, layer retry."""
-    rc, result = run_agent(lab_server, tmp_path, "--set", "agent.temperature=1.0", "--set", "agent.turn_budget=40")
+    client, re-sent one operation, executes the write more than once -> executor_safety, layer retry.
+    The run is seeded (agent.seed): unseeded, the sampling model also writes arguments its schema refuses
+    (the client refuses them, so the write runs once) in most runs; seed 2 is a run in which both answers
+    are valid tickets. One request at a time: on vLLM's CPU backend a seeded request that chunked prefill
+    splits stops the engine ("CPU Generator does not use offset"); alone, a lab prompt is never split."""
+    rc, result = run_agent(lab_server, tmp_path, "--set", "agent.temperature=1.0", "--set", "agent.turn_budget=40",
+                           "--set", "agent.seed=2", "--set", "agent.concurrency=1")
     safety = next(f for f in result["findings"] if f["check"] == "agent.executor_safety")
     assert rc == 1 and safety["status"] == "fail" and safety["layer"] == "retry", safety
     assert "the key came from the model, not from the client" in safety["reason"]

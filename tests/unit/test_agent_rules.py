@@ -202,3 +202,15 @@ def test_multimodal_passes_only_when_the_image_tokens_reach_the_model(tmp_path, 
     seen = finding.observed
     assert seen["image_tokens"] == seen["prompt_tokens_with_image"] - seen["prompt_tokens_without"]
     assert seen["server_multimodal_tokens"] == ({"image": server.per_image} if not server.strip else None)
+
+
+def test_a_seeded_run_gives_each_request_its_own_seed_in_build_order(tmp_path) -> None:
+    """agent.seed: the seed plus the request's position (a re-sent request is sampled anew); no seed, none sent."""
+    from vllm_acceptance.core.evidence import EvidenceStore
+    from vllm_acceptance.probes.agent import AgentProbe, AgentProbeConfig
+
+    seeded = AgentProbe(None, AgentProbeConfig(model="m", scenario=OPS, seed=40), EvidenceStore(tmp_path / "a"))
+    bodies = [seeded.base([{"role": "user", "content": "x"}]) for _ in range(3)]
+    assert [b["seed"] for b in bodies] == [40, 41, 42]
+    plain = AgentProbe(None, AgentProbeConfig(model="m", scenario=OPS), EvidenceStore(tmp_path / "b"))
+    assert "seed" not in plain.base([{"role": "user", "content": "x"}])

@@ -96,6 +96,7 @@ class AgentProbeConfig:
     cases: int = 300  # distinct call-requiring cases of the case set (at least; the thresholds may need more)
     other_cases: int = 60  # multi-turn, irrelevance and structured cases beside them
     case_seed: int = 0
+    seed: int | None = None  # agent.seed: each request carries `seed` + its position, so a sampled run repeats
     case_tools: str = "sample"  # "pack": every case offers exactly the pack's tools (scenarios/cases.py)
     consistency_cases: int = 10  # single cases repeated `repeats` times for trigger consistency
     abstain_min: float = 0.9  # irrelevance cases: the abstention rate's 95 % lower bound
@@ -149,6 +150,7 @@ class AgentProbe:
         self.system = cfg.scenario["system_prompt"].format(
             session_id="agent-probe", environment=cfg.scenario["default_environment"])
         self.n = 0
+        self._sent = 0  # requests built so far: the next one's sampling seed is cfg.seed + this
         self.rates: dict[str, Any] = {}
         self.hung: list[dict[str, Any]] = []
         self.exchanges: list[dict[str, Any]] = []  # one row per request sent, for the report's case table
@@ -177,8 +179,17 @@ class AgentProbe:
             self.real_calls.append({"case": case, "call": call, **({"retry_group": group} if group else {})})
 
     def base(self, messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-        return {"model": self.cfg.model, "messages": messages, "max_tokens": self.cfg.max_tokens,
-                "temperature": self.cfg.temperature, **extra}
+        return self.seeded({"model": self.cfg.model, "messages": messages, "max_tokens": self.cfg.max_tokens,
+                            "temperature": self.cfg.temperature, **extra})
+
+    def seeded(self, body: dict[str, Any]) -> dict[str, Any]:
+        """With `agent.seed`, the request's own sampling seed: the seed plus the request's position in the run
+        (bodies are built in a fixed order), so a run at temperature > 0 repeats answer for answer, and a
+        re-sent operation is still sampled anew, as a real client's retry is."""
+        if self.cfg.seed is not None:
+            body["seed"] = self.cfg.seed + self._sent
+        self._sent += 1
+        return body
 
     def required_call_messages(self) -> list[dict[str, Any]]:
         return [{"role": "system", "content": self.system},
@@ -341,7 +352,7 @@ class AgentProbe:
         with ThreadPoolExecutor(max_workers=max(1, self.cfg.concurrency)) as pool:
             for start in range(0, len(cases), BATCH):
                 batch = cases[start:start + BATCH]
-                got = list(pool.map(lambda c: self.client.chat(self._case_body(c)), batch))
+                got = list(pool.map(self.client.chat, [self._case_body(c) for c in batch]))
                 exchanges += got
                 for case, ex in zip(batch, got, strict=True):
                     if ex.timed_out or case.cls not in CALL_CLASSES:
@@ -353,7 +364,7 @@ class AgentProbe:
         return exchanges
 
     def _case_body(self, case: Case) -> dict[str, Any]:
-        return case.body(self.cfg.model, self.cfg.max_tokens, self.cfg.temperature)
+        return self.seeded(case.body(self.cfg.model, self.cfg.max_tokens, self.cfg.temperature))
 
     def tools_of(self, case: Case) -> list[dict[str, Any]]:
         return case.tools or self.tools
@@ -459,7 +470,7 @@ class AgentProbe:
         sample = [c for c in cases if c.cls == "single"][:self.cfg.consistency_cases]
         jobs = [(c, r) for c in sample for r in range(max(1, self.cfg.repeats))]
         with ThreadPoolExecutor(max_workers=max(1, self.cfg.concurrency)) as pool:
-            got = list(pool.map(lambda job: self.client.chat(self._case_body(job[0])), jobs))
+            got = list(pool.map(self.client.chat, [self._case_body(job[0]) for job in jobs]))
         out = []
         for case in sample:
             runs = [(ex, check_tool_call(ex.body if ex.ok else None, self.tools_of(case)))
