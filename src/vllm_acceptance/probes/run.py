@@ -189,7 +189,8 @@ def agent_config(opts: ProbeOptions, scenario: dict[str, Any]) -> Any:
         image_tokens=_get(opts, "agent.image_tokens", None),
         cases=int(_get(opts, "agent.cases", 300)), other_cases=int(_get(opts, "agent.other_cases", 60)),
         case_seed=int(_get(opts, "agent.case_seed", 0)),
-        seed=None if _get(opts, "agent.seed", None) is None else int(_get(opts, "agent.seed", None)), case_tools=str(_get(opts, "agent.case_tools", "sample")),
+        seed=None if _get(opts, "agent.seed", None) is None else int(_get(opts, "agent.seed", None)),
+        case_tools=str(_get(opts, "agent.case_tools", "sample")),
         consistency_cases=int(_get(opts, "agent.consistency_cases", 10)),
         abstain_min=float(_get(opts, "thresholds.tool_abstain_min", 0.9)),
         reference_min=float(_get(opts, "thresholds.reference_agreement_min", 0.80)))
