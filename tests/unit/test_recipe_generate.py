@@ -182,3 +182,10 @@ def test_the_nvfp4_variant_serves_its_own_checkpoint_on_blackwell_only() -> None
     assert profile["model"]["name"] == "RedHatAI/Kimi-K3-NVFP4" and profile["hardware"]["memory_estimate_gb"] == 1650
     with pytest.raises(ConfigError, match="variant nvfp4 \\(nvfp4\\) runs on NVIDIA Blackwell only, h200 is hopper"):
         generate(RECIPE, Selection("h200", "single_node_tp", variant="nvfp4"))
+
+
+@pytest.mark.parametrize("name,hardware,strategy", SHIPPED)
+def test_the_agent_case_set_is_also_sent_at_the_contract_concurrency(name: str, hardware: str, strategy: str) -> None:
+    """agent.under_load follows contract.concurrency, also where --max-num-seqs shrinks it (h200: 5)."""
+    profile, _ = generate(RECIPE, Selection(hardware, strategy), name=name)
+    assert profile["agent"]["under_load"] == profile["contract"]["concurrency"] > 0

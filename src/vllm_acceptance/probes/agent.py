@@ -1028,8 +1028,9 @@ class AgentProbe:
         n = self.cfg.under_load
         if n <= 0:
             return check.result(Status.NOT_APPLICABLE, reason="not measured in this run: no concurrency to hold "
-                                "(--under-load N, agent.under_load)", action="run with --under-load <contract "
-                                "concurrency>, or in accept.yml (during the soak)")
+                                "(--under-load N, agent.under_load)", action="set agent.under_load in the profile to "
+                                "contract.concurrency (the flagship profiles do; accept.yml sends it in the agent "
+                                "stage), or run the probe with --under-load N")
         alone = {r["case"]: r for r in self.case_rows}
         cases = [c for c in self.cases if c.id in alone]
         if not cases:

@@ -159,15 +159,18 @@ def fit_contract(defaults: dict[str, Any], max_model_len: int) -> tuple[dict[str
 def fit_concurrency(defaults: dict[str, Any], contract: dict[str, Any], load: dict[str, Any],
                     max_num_seqs: int | None) -> tuple[dict[str, Any], str | None]:
     """The default concurrency, ramp and agent concurrency, shrunk to the recipe's --max-num-seqs when it is
-    below them (a contract the server's own sequence cap queues could never be met)."""
+    below them (a contract the server's own sequence cap queues could never be met). The agent case set is
+    also sent at the contract's concurrency (`agent.under_load`, docs/checks.md), unless the defaults say."""
     agent = dict(defaults.get("agent") or {})
     if not max_num_seqs or int(contract["concurrency"]) <= max_num_seqs:
+        agent.setdefault("under_load", int(contract["concurrency"]))
         return agent, None
     factors = [step / int(contract["concurrency"]) for step in load["ramp"]]
     contract["concurrency"] = max_num_seqs
     load["ramp"] = sorted({max(1, round(max_num_seqs * f)) for f in factors})
     if "concurrency" in agent:
         agent["concurrency"] = min(int(agent["concurrency"]), max_num_seqs)
+    agent["under_load"] = min(int(agent.get("under_load", max_num_seqs)), max_num_seqs)
     return agent, (f"contract.concurrency {max_num_seqs}, load.ramp {load['ramp']}, agent.concurrency "
                    f"{agent.get('concurrency')}: the defaults shrunk to the recipe's --max-num-seqs {max_num_seqs}")
 
