@@ -13,6 +13,8 @@ from vllm_acceptance.core.profile import ConfigError
 from vllm_acceptance.core.rundir import validate_inventory_vars
 from vllm_acceptance.core.variables import PREFIXES, declared_variables
 
+from support import modules as support_modules
+
 REPO = Path(__file__).resolve().parents[2]
 BASE = {"acceptance_profile": "cpu-lab", "acceptance_owner": "me", "vllm_serve_mode": "launch"}
 
@@ -144,3 +146,51 @@ def test_the_collection_playbook_runs_the_same_stages_as_accept_yml() -> None:
     collection = [i["ansible.builtin.import_playbook"]
                   for i in yaml.safe_load((REPO / "playbooks" / "accept.yml").read_text())]
     assert [Path(p).name for p in root] == collection
+
+
+# Secrets in refused inputs: the message names the field and the fix, never the credentials it quotes
+# (core/variables.py module docstring; docs/acceptance.md "Contracts").
+@pytest.mark.parametrize("field", ["vllm_base_url", "vllm_direct_url", "prometheus_url", "vllm_metrics_url"])
+def test_a_url_refused_by_its_pattern_is_quoted_without_its_credentials(field: str) -> None:
+    message = _error({field: "ftp://user:PLANTEDpw@head-01:8000/v1"})
+    assert f"field `{field}`" in message and "expected a string matching ^https?://" in message
+    assert "PLANTEDpw" not in message and "user:" not in message
+    assert "ftp://***REDACTED***@head-01:8000/v1" in message     # what is wrong stays readable
+
+
+def test_the_agent_reference_url_is_quoted_without_its_credentials() -> None:
+    message = _error({"agent_reference_url": "ftp://user:PLANTEDpw@ref.example/v1",
+                      "agent_reference_model": "m"})
+    assert "field `agent_reference_url`" in message and "PLANTEDpw" not in message
+
+
+def test_a_long_url_cut_in_a_type_error_is_redacted_before_the_cut() -> None:
+    # describe() shortens a value to 60 characters: cut before the '@', the password would no longer look like one
+    value = ["http://operator:PLANTEDpw" + "x" * 60 + "@head-01:8000/v1"]
+    message = _error({"vllm_serve_url": value})
+    assert "field `vllm_serve_url`" in message and "PLANTED" not in message
+
+
+def test_secret_named_and_operator_listed_values_are_never_quoted() -> None:
+    message = _error({"vllm_serve_api_key": ["sk-PLANTEDkey"], "preflight_secrets": ["PLANTEDsecret"],
+                      "vllm_serve_extra_args": "--api-key sk-PLANTEDarg",   # a string, not a list
+                      "vllm_serve_runtime": "PLANTEDsecret"})
+    for field in ("vllm_serve_api_key", "vllm_serve_extra_args", "vllm_serve_runtime"):
+        assert f"field `{field}`" in message
+    assert "PLANTED" not in message, message
+
+
+def test_a_host_line_is_redacted_with_the_groups_literal_secrets() -> None:
+    message = _error({"preflight_secrets": ["PLANTEDsecret"]}, {"gpu-01": {"vllm_serve_runtime": "PLANTEDsecret"}})
+    assert "host gpu-01" in message and "field `vllm_serve_runtime`" in message and "PLANTED" not in message
+
+
+def test_the_run_module_fails_with_the_same_redacted_message(tmp_path: Path) -> None:
+    # playbooks/validate.yml -> acceptance_run -> open_run -> validate_variables: the task's msg is what the
+    # console shows (Ansible drops the invocation's arguments below -vvv)
+    result, _ = support_modules.run_module("acceptance_run", {
+        "project_dir": str(REPO), "reports_dir": str(tmp_path / "reports"), "inventory": "lab",
+        "variables": {**BASE, "vllm_base_url": "ftp://user:PLANTEDpw@head-01:8000/v1"}}, tmp_path)
+    assert result.get("failed") and "field `vllm_base_url`" in result["msg"]
+    assert "ftp://***REDACTED***@head-01:8000/v1" in result["msg"] and "PLANTEDpw" not in result["msg"]
+    assert not (tmp_path / "reports").exists()     # refused before any run directory is opened

@@ -8,6 +8,11 @@ Two places declare them (docs/inventory.md):
 A variable that carries one of the product's prefixes but is declared nowhere stops validation with the
 closest declared name ("did you mean `vllm_serve_stop_at_end`?"), because Ansible itself would run as if
 it were absent. A site variable that only shares a prefix is listed in `acceptance_unchecked_vars`.
+
+Every value an error quotes is redacted first (core/redact.py; docs/acceptance.md "Contracts": secrets never
+reach evidence or reports): a URL's `user:password@`, a secret flag or header, and the literal values of
+secret-named variables (vllm_serve_api_key) and of the operator's secret lists (preflight_secrets). The field
+and the fix stay named.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from typing import Any
 import yaml
 
 from .profile import ConfigError, load_schema, validate_errors
+from .redact import REDACTED, is_secret_name, redact_text
 from .reference import inventory_errors as reference_errors
 
 # The prefixes of the product's variables (playbooks/validate.yml passes exactly these to acceptance_run).
@@ -156,11 +162,39 @@ def type_matches(value: Any, type_name: str) -> bool:
     return True if check is None else bool(check(value))
 
 
-def describe(value: Any) -> str:
+def describe(value: Any, *, secret: bool = False) -> str:
+    """The value's kind and its text, redacted before it is shortened (a cut would hide the `@` that marks a
+    URL's credentials); a secret-named variable's value is not shown at all."""
     kind = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
             dict: "a mapping"}.get(type(value), type(value).__name__)
-    text = json.dumps(value, default=str)
+    if secret:
+        return f"{kind} {REDACTED}"
+    text = redact_text(json.dumps(value, default=str))
     return f"{kind} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def _literals(value: Any) -> list[str]:
+    """Every scalar inside a value, as text and as a message may quote it (repr, JSON)."""
+    if isinstance(value, Mapping):
+        return [t for v in value.values() for t in _literals(v)]
+    if isinstance(value, list | tuple):
+        return [t for v in value for t in _literals(v)]
+    if value is None or isinstance(value, bool):
+        return []
+    text = str(value)
+    return [text, repr(text)[1:-1], json.dumps(text)[1:-1]]
+
+
+def secret_values(variables: Mapping[str, Any]) -> list[str]:
+    """The literal secrets among these variables: what a secret-named one holds (vllm_serve_api_key, and the
+    operator's lists of literal secrets, preflight_secrets / node_state_secrets), longest first."""
+    found = {t for name, value in variables.items() if is_secret_name(str(name)) for t in _literals(value)}
+    return sorted(found, key=len, reverse=True)
+
+
+def redact_errors(errors: list[str], secrets: list[str]) -> list[str]:
+    """Each error line with every quoted value redacted (module docstring)."""
+    return [redact_text(line, secrets) for line in errors]
 
 
 def option_errors(variables: Mapping[str, Any], declared: Mapping[str, Declared], source: str) -> list[str]:
@@ -170,17 +204,19 @@ def option_errors(variables: Mapping[str, Any], declared: Mapping[str, Declared]
         spec = declared.get(name)
         if spec is None or spec.type == "schema":
             continue
+        secret = is_secret_name(name)
         if not type_matches(value, spec.type):
             expected = _TYPE_WORDS.get(spec.type, spec.type)
-            errors.append(f"{source}: field `{name}`: got {describe(value)}; expected {expected}, "
+            errors.append(f"{source}: field `{name}`: got {describe(value, secret=secret)}; expected {expected}, "
                           f"e.g. {name}: {_EXAMPLES.get(spec.type, '...')} (declared in {spec.source})")
         elif spec.type == "list" and isinstance(value, list) and spec.elements in ("str", "path"):
             bad = [v for v in value if isinstance(v, list | dict)]
             if bad:
-                errors.append(f"{source}: field `{name}`: items must be strings, got {describe(bad[0])}; e.g. "
-                              f"{name}: [--flag, value] (declared in {spec.source})")
+                errors.append(f"{source}: field `{name}`: items must be strings, got "
+                              f"{describe(bad[0], secret=secret)}; e.g. {name}: [--flag, value] "
+                              f"(declared in {spec.source})")
         elif spec.choices and value not in spec.choices:
-            errors.append(f"{source}: field `{name}`: got {describe(value)}; expected one of "
+            errors.append(f"{source}: field `{name}`: got {describe(value, secret=secret)}; expected one of "
                           f"{', '.join(repr(c) for c in spec.choices)}, e.g. {name}: {spec.choices[0]} "
                           f"(declared in {spec.source})")
     return errors
@@ -207,7 +243,7 @@ def check_variables(variables: Mapping[str, Any], source: str, project_dir: Path
     errors.extend(option_errors(known, declared, source))
     errors.extend(reference_errors(known, source))
     errors.extend(attach_log_errors(known, source, whole=schema))
-    return errors
+    return redact_errors(errors, secret_values(variables))
 
 
 def attach_log_errors(variables: Mapping[str, Any], source: str, *, whole: bool = True) -> list[str]:
@@ -241,9 +277,13 @@ def validate_variables(variables: Mapping[str, Any], source: str, project_dir: P
                        host_variables: Mapping[str, Mapping[str, Any]] | None = None) -> None:
     """Raise ConfigError naming every bad variable (global ones, then per host), at most 20 lines."""
     errors = check_variables(variables, source, project_dir)
+    secrets = secret_values(variables)
     for host, host_vars in sorted((host_variables or {}).items()):
         own = {k: v for k, v in host_vars.items() if k not in variables or variables[k] != v}
         errors.extend(check_variables(own, f"{source}, host {host}", project_dir, schema=False))
+        secrets += secret_values(host_vars)
+    # a host's line may quote a secret the group declares (preflight_secrets in group_vars): redact with all
+    errors = redact_errors(errors, sorted(set(secrets), key=len, reverse=True))
     if errors:
         raise ConfigError("invalid inventory:\n  " + "\n  ".join(errors[:20])
                           + (f"\n  ... and {len(errors) - 20} more" if len(errors) > 20 else ""))
