@@ -88,7 +88,7 @@ from pathlib import Path
 from ansible_collections.vllm.acceptance.plugins.module_utils.acceptance_base import AcceptanceModule
 
 try:
-    from vllm_acceptance.load.merge import merge_stage
+    from vllm_acceptance.probes.loadmerge import merge_stage
 except ImportError:
     IMPORT_ERROR = traceback.format_exc()
 else:

@@ -81,7 +81,7 @@ def lenient_profile(work: Path) -> Path:
     profile["loadgen"].update({"max_cpu_pct": 100, "max_loop_lag_p99_s": 10, "max_send_lag_p99_s": 10,
                                "send_lag_ttft_fraction": 1})
     # The hosts send the profile's shape (short, for the shared machine): a step below the profile's prompt or
-    # output length is inconclusive by design (load/merge.py below_contract_shape; tests/unit/test_loadmerge.py).
+    # output length is inconclusive by design (probes/loadmerge.py below_contract_shape; tests/unit/test_loadmerge.py).
     profile["load"].update({"prompt_tokens": 64, "output_tokens": 8})
     path = work / "cpu-lab-lenient-loadgen.yml"
     path.write_text(yaml.safe_dump(profile))

@@ -212,9 +212,9 @@ def _metrics(text: str) -> dict[str, Any]:
 
 def _ss(text: str) -> dict[str, Any]:
     """The port of the file's LISTEN lines, read as the node script filters them (roles/preflight/files/
-    live_process.py) and as the controller parses them (serve/live.py)."""
+    live_process.py) and as the controller parses them (parsers/live.py)."""
     try:
-        from vllm_acceptance.serve.live import parse_ss_listeners
+        from vllm_acceptance.parsers.live import parse_ss_listeners
     except ImportError:             # an older checkout of the package
         return {"port": ABSENT, "listeners": ABSENT}
     node: dict[str, Any] = {}

@@ -210,8 +210,8 @@ OOM_LINE = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 
 
 def crashed_load(run_dir: Path, record: dict) -> None:
     """The load stage's findings as run_load_probe writes them after the server died in the ramp."""
-    from vllm_acceptance.core.findings import missing
     from vllm_acceptance.probes.load import crash_finding
+    from vllm_acceptance.rules.registry import missing
 
     path = run_dir / "findings" / "load.json"
     kept = [f for f in read_findings(path) if f.check in ("capacity.model_load", "capacity.long_context")]

@@ -1,4 +1,4 @@
-"""The serving process as it runs (serve/live.py): a real process listening on a port, found with the real
+"""The serving process as it runs (parsers/live.py): a real process listening on a port, found with the real
 `ss -ltnp`, its argv and environment read from the real /proc, secrets redacted, compared with a plan."""
 
 from __future__ import annotations
@@ -17,9 +17,7 @@ import pytest
 from vllm_acceptance.core.findings import Finding, Status
 from vllm_acceptance.core.profile import load_profile
 from vllm_acceptance.core.redact import REDACTED
-from vllm_acceptance.parsers.node_evidence import EVIDENCE_SUBDIR
-from vllm_acceptance.rules.interconnect import expected_comm_settings
-from vllm_acceptance.serve.live import (
+from vllm_acceptance.parsers.live import (
     LiveError,
     LiveProcess,
     compare_launch,
@@ -28,6 +26,8 @@ from vllm_acceptance.serve.live import (
     parse_ss_listeners,
     read_live_process,
 )
+from vllm_acceptance.parsers.node_evidence import EVIDENCE_SUBDIR
+from vllm_acceptance.rules.interconnect import expected_comm_settings
 
 SERVE = ("import socket, sys, time\n"
          "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"

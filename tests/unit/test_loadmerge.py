@@ -9,8 +9,8 @@ import pytest
 
 from vllm_acceptance.core.findings import Status, read_findings
 from vllm_acceptance.load.engine import Record
-from vllm_acceptance.load.merge import CHECK, clock_check, merge_stage, read_host_runs
 from vllm_acceptance.load.worker import build_parser, host_seed, meta_path, validate
+from vllm_acceptance.probes.loadmerge import CHECK, clock_check, merge_stage, read_host_runs
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILE = str(REPO / "profiles" / "cpu-lab.yml")

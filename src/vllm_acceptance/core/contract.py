@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .argv import parse_flags
+
 FLAG = "--max-model-len"
 
 
@@ -133,8 +135,6 @@ def limits_contract(data: Mapping[str, Any], key: str, value: Any) -> str | None
 
 
 def _flags(args: Sequence[Any]) -> dict[str, Any]:
-    from ..rules.flag_readings import parse_flags  # rules import core: resolved at call time
-
     return parse_flags([str(a) for a in args])
 
 
@@ -168,7 +168,7 @@ def limiting_args_errors(data: Mapping[str, Any], variables: Mapping[str, Any], 
 
 # The distributed load stage's shape (playbooks/loadgen.yml): each loadgen_* value below the profile's load
 # section weakens the step the contract is judged by (issue 28, item 8). loadgen_concurrency is per host and
-# its total depends on the host count: load/merge.py judges it.
+# its total depends on the host count: probes/loadmerge.py judges it.
 LOADGEN_FLOORS: dict[str, str] = {
     "loadgen_prompt_tokens": "load.prompt_tokens",
     "loadgen_output_tokens": "load.output_tokens",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextvars
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -41,6 +42,15 @@ CHECK_PREFIXES = ("compat.", "capacity.", "cache.", "agent.", "interconnect.")
 # Findings read back from disk (an older run, a diff) are taken as they were written; findings built
 # by the code must name a catalogued check (rules/catalog.py).
 _READING = contextvars.ContextVar("reading_findings", default=False)
+# The check catalog's lookup (rules/registry.py installs it): a finding of an id outside the catalog raises.
+# core imports nothing above it, so the catalog is handed in rather than imported.
+_CATALOG: Callable[[str], object] | None = None
+
+
+def use_catalog(lookup: Callable[[str], object]) -> None:
+    """Validate every finding's check id with `lookup` from now on (rules/registry.py calls it on import)."""
+    global _CATALOG
+    _CATALOG = lookup
 
 
 @dataclass
@@ -68,10 +78,8 @@ class Finding:
             raise ValueError(f"check id {self.check!r} must start with one of {CHECK_PREFIXES}")
         if self.layer is not None and self.layer not in LAYERS:
             raise ValueError(f"layer {self.layer!r} must be one of {LAYERS}")
-        if not _READING.get():
-            from ..rules.registry import get
-
-            get(self.check)  # an id outside the catalog is a programming error
+        if not _READING.get() and _CATALOG is not None:
+            _CATALOG(self.check)  # an id outside the catalog is a programming error
 
     @property
     def blocks(self) -> bool:
@@ -92,20 +100,6 @@ class Finding:
             return cls(**{k: v for k, v in data.items() if k in known})
         finally:
             _READING.reset(token)
-
-
-def missing(check: str, host: str | None, why: str, consequence: Consequence | None = None,
-            evidence: list[str] | None = None) -> Finding:
-    """A required check whose evidence could not be had: never a pass (the catalog's consequence by default)."""
-    from ..rules.registry import get
-
-    return get(check).missing(host, why, evidence=evidence or [], consequence=consequence)
-
-
-def not_applicable(check: str, host: str | None, why: str) -> Finding:
-    from ..rules.registry import get
-
-    return get(check).not_applicable(host, why)
 
 
 def write_findings(path: Path, findings: list[Finding]) -> None:

@@ -1,7 +1,7 @@
 """One load generator host's share of a distributed load stage (docs/acceptance.md "Capacity under load").
 
 Every host of the inventory group ``loadgen`` runs this at once (playbooks/loadgen.yml), each
-writing its own records as JSONL; the controller merges them (:mod:`vllm_acceptance.load.merge`).
+writing its own records as JSONL; the controller merges them (:mod:`vllm_acceptance.probes.loadmerge`).
 
     python -m vllm_acceptance.load.worker run --base-url URL --model M --concurrency C \
         --requests N --prompt-tokens P --output-tokens O --out FILE.jsonl [--start-at EPOCH]
@@ -105,7 +105,7 @@ def wait_until(epoch: float) -> None:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Send the load; returns the meta written beside the records."""
     from vllm_acceptance.load.engine import RecordSink, now, run_load
-    from vllm_acceptance.probes.load import spec
+    from vllm_acceptance.load.prompts import spec
 
     host = args.host or socket.gethostname()
     base = host_seed(host)

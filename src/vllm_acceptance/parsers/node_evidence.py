@@ -47,7 +47,7 @@ COMMANDS = {
     "image_pull": "docker|podman pull IMAGE (only when preflight_pull_image is set)",
     "inputs": "the role's inputs (JSON)",
     "live_process": "ss -ltnpH; /proc/PID/cmdline and /proc/PID/environ of the process serving the port "
-                    "(JSON, secrets redacted: serve/live.py)",
+                    "(JSON, secrets redacted: parsers/live.py)",
 }
 
 

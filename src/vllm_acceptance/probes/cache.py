@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 
 from ..core.evidence import EvidenceStore
-from ..core.findings import Consequence, Finding, Status, missing
+from ..core.findings import Consequence, Finding, Status
 from ..lab.server import rss_bytes, tail_lines
 from ..rules import registry
 from ..rules.cache import (  # noqa: F401 - judge_reuse, expected_hits re-exported for callers
@@ -38,6 +38,7 @@ from ..rules.cache import (  # noqa: F401 - judge_reuse, expected_hits re-export
     judge_reuse,
     judge_rounds,
 )
+from ..rules.registry import missing
 from .client import OpenAIClient
 from .metrics import (
     MetricsError,

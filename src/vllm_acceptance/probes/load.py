@@ -17,7 +17,6 @@ import contextlib
 import json
 import math
 import os
-import random
 import threading
 import time
 from collections.abc import Iterator
@@ -33,6 +32,7 @@ from ..core.profile import Profile
 from ..lab.server import rss_bytes, tail_lines
 from ..load.agent import AgentPool
 from ..load.engine import Record, RequestSpec, run_load
+from ..load.prompts import filler, words_spec
 from ..load.stats import client_summary, summarize
 from ..parsers.causal import causal_line
 from ..parsers.startup_log import StartupScan, scan_startup_log
@@ -56,9 +56,6 @@ from .metrics import (
 LONE_STAGES = ("long_prompt", "mixed_repeated")
 OOM_MARKERS = ("out of memory", "outofmemoryerror", "cuda error: out of memory", "killed process",
                "oom-kill", "cannot allocate memory")
-WORDS = ("node", "driver", "fabric", "gpu", "cache", "ticket", "health", "service", "gateway", "engine",
-         "memory", "queue", "tensor", "parallel", "prefill", "decode", "token", "status", "window", "owner")
-
 
 @dataclass
 class LoadProbeConfig:
@@ -133,25 +130,6 @@ class LoadProbeConfig:
             client=ClientLimits.from_profile(get), **kw)
 
 
-def filler(n_words: int, seed: int) -> str:
-    """Deterministic agent-like filler text of n_words words."""
-    rng = random.Random(seed)
-    return " ".join(rng.choice(WORDS) for _ in range(n_words))
-
-
-def spec(tokens: int, output: int, seed: int, tag: str, prefix: str = "") -> RequestSpec:
-    """A request of about ``tokens`` prompt tokens, estimated at 1.3 tokens a word (the distributed load
-    workers' shape; the load probe counts with /tokenize instead, see PromptBuilder)."""
-    return _spec(max(1, int(tokens / 1.3)), output, seed, tag, prefix)
-
-
-def _spec(words: int, output: int, seed: int, tag: str, prefix: str = "", text_seed: int | None = None) -> RequestSpec:
-    """The unique system line comes first, so two requests share no cache block whatever the filler."""
-    return RequestSpec(messages=[{"role": "system", "content": prefix + f"Request {tag}-{seed}."},
-                                 {"role": "user", "content": filler(words, seed if text_seed is None else text_seed)}],
-                       max_tokens=output, tag=tag, extra={"temperature": 0.0, "ignore_eos": True})
-
-
 class PromptBuilder:
     """Prompts of an exact token count, counted by the server itself (POST /tokenize with the chat
     messages, so the chat template's tokens count too). Where the server has no /tokenize the count is
@@ -198,7 +176,7 @@ class PromptBuilder:
         for _ in range(10):
             # One filler text per length (the unique system line keeps requests apart): the count found
             # for a shape holds for the next seed within a token or two, so most requests cost one count.
-            req = _spec(words, output, seed, tag, prefix, text_seed=0)
+            req = words_spec(words, output, seed, tag, prefix, text_seed=0)
             n = self.count(req.messages)
             if n is None:
                 return req, None
@@ -210,7 +188,7 @@ class PromptBuilder:
             self.words_per_token = max(0.2, min(2.0, words / max(1, n)))
             words = max(1, words + (int((tokens - n) * self.words_per_token) or (1 if n < tokens else -1)))
         if best is None:  # the fixed part alone (template, system line) is over the target
-            req = _spec(1, output, seed, tag, prefix, text_seed=0)
+            req = words_spec(1, output, seed, tag, prefix, text_seed=0)
             return req, self.count(req.messages)
         self.known[key] = best[2]
         return best[0], best[1]

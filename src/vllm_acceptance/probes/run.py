@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from ..core.evidence import EvidenceStore
-from ..core.findings import Consequence, Finding, missing
+from ..core.findings import Consequence, Finding
 from ..core.profile import ConfigError, Profile, load_profile
 from ..core.reference import check_reference_url, url_secrets
+from ..rules.registry import missing
 from ..scenarios import load_scenario
 from .client import OpenAIClient, ServerUnreachable
 from .metrics import metrics_source

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.findings import Finding, Status, not_applicable
+from ..core.findings import Finding, Status
 from ..core.profile import Profile
 from ..parsers.container import ImageInspect, Probe, parse_image_inspect, parse_probe
 from ..parsers.lsmod import Lsmod, parse_lsmod
@@ -15,6 +15,7 @@ from ..parsers.nvidia_smi import GpuList, parse_query_csv, parse_xml
 from ..parsers.startup_log import StartupScan
 from . import registry
 from .launched import LaunchedPlan
+from .registry import not_applicable
 
 # The rebuild routes (source 001's route selection; docs/remediation.md), named in every action.
 ROUTE_DRIVER = ("upgrade the host driver (rolling, one node out of the scheduler at a time, state saved, "

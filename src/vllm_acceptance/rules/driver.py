@@ -3,13 +3,14 @@ memory (docs/checks.md, compat.driver_*, compat.fabric_manager, compat.peermem).
 
 from __future__ import annotations
 
-from ..core.findings import Finding, Status, missing, not_applicable
+from ..core.findings import Finding, Status
 from ..hardware import fabric_manager_of
 from ..parsers.base import version_at_least
 from ..parsers.causal import causal_line
 from ..parsers.driver import branch_of, parse_fabricmanager_version, parse_proc_version
 from ..parsers.nvidia_smi import SmiFailure, parse_query_csv, parse_smi_failure, parse_table, parse_xml
 from .context import ROUTE_DRIVER, ROUTE_ISOLATED, ROUTE_SELF_BUILT, NodeContext, finding, gpu_profile_na, why_missing
+from .registry import missing, not_applicable
 
 # --- compat.driver_branch -------------------------------------------------------------------
 

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ..core.findings import Finding, Status, missing, not_applicable
+from ..core.findings import Finding, Status
 from ..core.profile import Profile
 from ..hardware import nvlink_domain_of
 from ..parsers.imex import ImexDomain, parse_imex_nodes
 from ..parsers.nccl_tests import detect_fabric
 from ..parsers.nvidia_smi import Gpu, parse_xml
 from .context import NodeContext, finding, gpu_profile_na, why_missing
+from .registry import missing, not_applicable
 
 _ZERO_UUID = "00000000-0000-0000-0000-000000000000"
 

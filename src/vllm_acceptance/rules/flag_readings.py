@@ -25,6 +25,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..core.argv import parse_flags
 from ..core.profile import Profile
 from ..parsers.pyrepr import REPR_KEY
 from ..parsers.startup_log import StartupScan
@@ -68,30 +69,6 @@ class FlagReading:
         if self.state == UNVERIFIABLE:
             return f"{text}: unverifiable ({self.source})"
         return f"{text}: shown ({self.source})"
-
-
-def parse_flags(args: list[str]) -> dict[str, Any]:
-    """argv -> {flag_with_underscores: value}; the last occurrence wins (argparse semantics); --no-x
-    sets x False; ``--x=v`` and ``--x v`` both give v."""
-    flags: dict[str, Any] = {}
-    index = 0
-    while index < len(args):
-        arg = str(args[index])
-        index += 1
-        if not arg.startswith("--"):
-            continue
-        name, sep, value = arg[2:].partition("=")
-        key = name.replace("-", "_")
-        if not sep and index < len(args) and not str(args[index]).startswith("--"):
-            value, sep = str(args[index]), "="
-            index += 1
-        if sep:
-            flags[key] = value
-        elif key.startswith("no_"):
-            flags[key[3:]] = False
-        else:
-            flags[key] = True
-    return flags
 
 
 LAYOUT_FLAGS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "data_parallel_size_local")

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.findings import Consequence, Finding, Status, missing, not_applicable
+from ..core.findings import Consequence, Finding, Status
 from ..parsers.base import version_at_least
 from .context import ROUTE_IMAGE, ROUTE_SELF_BUILT, NodeContext, finding, why_missing
+from .registry import missing, not_applicable
 
 # --- compat.container_cuda ------------------------------------------------------------------
 

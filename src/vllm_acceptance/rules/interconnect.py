@@ -3,17 +3,18 @@
 
 from __future__ import annotations
 
-from ..core.findings import Consequence, Finding, Status, missing, not_applicable
+from ..core.findings import Consequence, Finding, Status
 from ..core.profile import Profile
 from ..hardware import FabricThreshold, nvlink_domain_of, profile_class
 from ..parsers.env import comm_env
+from ..parsers.live import live_launch
 from ..parsers.nccl_tests import NcclPerf, detect_fabric, parse_all_reduce_perf, parse_torch_allreduce
 from ..parsers.rdma import parse_ibv_devinfo, parse_rdma_link
 from ..parsers.startup_log import StartupScan
-from ..serve.live import live_launch
 from .context import NodeContext, finding, gpu_profile_na, why_missing
 from .fabric import _all_reduce_log
 from .launched import LaunchedPlan, launched_plan
+from .registry import missing, not_applicable
 
 
 def check_rdma(ctx: NodeContext) -> Finding:

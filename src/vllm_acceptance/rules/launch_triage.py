@@ -37,9 +37,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..core.findings import Consequence, Finding, Status, missing, read_findings
+from ..core.findings import Consequence, Finding, Status, read_findings
 from ..core.profile import Profile
 from ..parsers.startup_log import wrapped_pairs
+from .registry import missing
 
 ENVIRONMENT, CAPACITY, CONFIGURATION, INTERCONNECT = "environment", "capacity", "configuration", "interconnect"
 CHECK_TRIAGE = "compat.launch_triage"

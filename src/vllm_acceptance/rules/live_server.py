@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..core.findings import Finding
-from ..serve.live import Listener, parse_ss_listeners
+from ..parsers.live import Listener, parse_ss_listeners
 from . import registry
 from .context import NodeContext
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import datetime as dt
 
-from ..core.findings import Consequence, Finding, Status, missing
+from ..core.findings import Consequence, Finding, Status
 from ..core.profile import Profile
 from ..core.rundir import PROFILE_EVIDENCE  # the profile copy every run holds (run.record_profile)
 from .context import finding
+from .registry import missing
 
 # --- compat.recipe_record -------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.findings import CHECK_PREFIXES, Consequence, Finding, Status
+from ..core.findings import CHECK_PREFIXES, Consequence, Finding, Status, use_catalog
 
 FAMILIES = tuple(prefix.rstrip(".") for prefix in CHECK_PREFIXES)
 STAGES = ("preflight", "serve", "launch", "cache", "agent", "load", "loadgen", "report", "rebuild")
@@ -125,3 +125,16 @@ def known(check_id: str) -> bool:
     from . import catalog  # noqa: F401
 
     return check_id in CHECKS
+
+
+def missing(check: str, host: str | None, why: str, consequence: Consequence | None = None,
+            evidence: list[str] | None = None) -> Finding:
+    """A required check whose evidence could not be had: never a pass (the catalog's consequence by default)."""
+    return get(check).missing(host, why, evidence=evidence or [], consequence=consequence)
+
+
+def not_applicable(check: str, host: str | None, why: str) -> Finding:
+    return get(check).not_applicable(host, why)
+
+
+use_catalog(get)

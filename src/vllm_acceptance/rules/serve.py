@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.contract import LIMITING_ARGS, contract_window, launch_max_model_len, limits_contract
-from ..core.findings import Consequence, Finding, Status, missing
+from ..core.findings import Consequence, Finding, Status
 from ..core.profile import Profile
 from ..parsers.base import version_at_least
 from ..parsers.startup_log import StartupScan
@@ -26,6 +26,7 @@ from .flag_readings import (
     requested_flags,
 )
 from .launched import LaunchedPlan, launched_plan
+from .registry import missing
 
 # --- compat.startup_log (called by the serve stage) -----------------------------------------
 

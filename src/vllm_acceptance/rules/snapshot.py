@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from ..core.findings import Finding, Status, missing
+from ..core.findings import Finding, Status
 from ..core.profile import Profile
 from ..parsers.container import parse_runtime_info
 from .context import NodeContext, finding, why_missing
+from .registry import missing
 
 # --- compat.state_snapshot ------------------------------------------------------------------
 

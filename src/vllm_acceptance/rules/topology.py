@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import math
 
-from ..core.findings import Consequence, Finding, Status, missing, not_applicable
+from ..core.findings import Consequence, Finding, Status
 from ..core.profile import Profile
 from ..hardware import nvlink_domain_of, profile_class
 from .context import NodeContext, finding, gpu_profile_na, why_missing
 from .launched import LaunchedPlan, launched_plan
+from .registry import missing, not_applicable
 
 # --- compat.gpu_visibility / compat.topology ------------------------------------------------
 

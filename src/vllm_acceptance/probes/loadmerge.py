@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from ..core.findings import Consequence, Finding, Status, write_findings
-from ..probes.load import LoadProbeConfig, meets_slo, step_row
+from ..load.engine import Record, read_records
+from ..load.stats import client_summary, summarize
 from ..rules import loadgen as loadgen_rules
-from .engine import Record, read_records
-from .stats import client_summary, summarize
+from .load import LoadProbeConfig, meets_slo, step_row
 
 CHECK = "capacity.distributed"
 DEFAULT_TOLERANCE_S = 2.0
@@ -187,7 +187,7 @@ def judge(runs: list[HostRun], expected_hosts: list[str], clock: dict[str, Any],
 
 def preemption_delta(before: Path | None, after: Path | None) -> float | None:
     """``vllm:num_preemptions`` after - before, from two saved /metrics texts (None if either is absent)."""
-    from ..probes.metrics import MetricsError, delta, parse_exposition
+    from .metrics import MetricsError, delta, parse_exposition
 
     if before is None or after is None or not before.is_file() or not after.is_file():
         return None
