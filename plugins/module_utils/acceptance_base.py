@@ -19,7 +19,7 @@ from ansible.module_utils.basic import AnsibleModule
 try:
     from vllm_acceptance.core.profile import ConfigError, load_profile
     from vllm_acceptance.core.rundir import RunDir
-    from vllm_acceptance.probes.client import ServerUnreachable
+    from vllm_acceptance.runtime.client import ServerUnreachable
 except ImportError:
     BASE_IMPORT_ERROR: str | None = traceback.format_exc()
     INPUT_ERRORS: tuple[type[BaseException], ...] = ()

@@ -143,7 +143,7 @@ from ansible_collections.vllm.acceptance.plugins.module_utils.acceptance_base im
 
 try:
     from vllm_acceptance.core.redact import redact_text
-    from vllm_acceptance.lab import server
+    from vllm_acceptance.runtime import process as server
 except ImportError:
     IMPORT_ERROR = traceback.format_exc()
 else:

@@ -16,10 +16,10 @@ import sys
 from pathlib import Path
 
 from .core.profile import ConfigError, load_profile
-from .probes.client import ServerUnreachable
 from .probes.result import EXIT_USAGE, exit_code
 from .recipe import commands as recipe_commands
 from .rules.registry import FAMILIES
+from .runtime.client import ServerUnreachable
 
 
 def _add_probe(sub: argparse._SubParsersAction, kind: str, help_text: str) -> None:
@@ -348,7 +348,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_lab(args: argparse.Namespace) -> int:
-    from .lab import server
+    from .runtime import process as server
 
     state: Path = args.state_dir
     if args.lab_command == "down":

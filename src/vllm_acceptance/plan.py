@@ -4,7 +4,7 @@
 inventory through Ansible's own `ansible-inventory` and the profile it names, and prints:
 
 - the launch per node: the argv and environment the serve role would use (roles/vllm_serve), built by the
-  same code (serve/launch.py for the container commands, lab/server.py for the process runtime), the
+  same code (serve/launch.py for the container commands, runtime/process.py for the process runtime), the
   environment's secret-bearing values redacted;
 - every stage the run goes through, its requests and its estimated wall time and GPU-hours, from the same
   probe settings the run uses (probes/run.py cache_config, agent_config, load_config) and the same ramp plan
@@ -217,8 +217,8 @@ def _container_launch(profile: Profile, facts: dict[str, Any]) -> NodeLaunch:
 
 
 def _process_launch(profile: Profile, facts: dict[str, Any]) -> NodeLaunch:
-    """roles/vllm_serve/tasks/process.yml: the lab's vLLM process (lab/server.py LaunchSpec)."""
-    from .lab.server import LaunchSpec
+    """roles/vllm_serve/tasks/process.yml: the lab's vLLM process (runtime/process.py LaunchSpec)."""
+    from .runtime.process import LaunchSpec
 
     model = profile.get("model.name")
     spec = LaunchSpec(python=str(facts["python"]), model_path=str(profile.get("model.path") or model),

@@ -16,9 +16,9 @@ from vllm_acceptance.core.evidence import EvidenceStore
 from vllm_acceptance.core.findings import Status
 from vllm_acceptance.core.profile import Profile, load_profile
 from vllm_acceptance.probes.load import LoadProbeConfig, LoadRun, stage_context_contract
-from vllm_acceptance.probes.metrics import DirectMetrics
 from vllm_acceptance.rules import registry
 from vllm_acceptance.rules.compat import ServerReports, check_actual_config
+from vllm_acceptance.runtime.metrics import DirectMetrics
 from vllm_acceptance.verdict import decide
 
 REPO = Path(__file__).resolve().parents[2]

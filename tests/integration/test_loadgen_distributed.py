@@ -25,9 +25,9 @@ import pytest
 import yaml
 
 from vllm_acceptance.core.profile import load_profile
-from vllm_acceptance.lab import server as lab
 from vllm_acceptance.lab.nshosts import HostSpec
 from vllm_acceptance.load.engine import read_records
+from vllm_acceptance.runtime import process as lab
 
 from support.hosts import REPO, ClusterFactory, ansible_bin, ansible_env, cluster_factory
 

@@ -24,7 +24,7 @@ from vllm_acceptance.load.engine import RequestSpec, run_closed_loop_sync
 from vllm_acceptance.load.prompts import filler
 from vllm_acceptance.monitoring.generate import RULES_FILE, generate_rules
 from vllm_acceptance.probes.load import LoadProbeConfig, run_load_probe
-from vllm_acceptance.probes.metrics import DirectMetrics
+from vllm_acceptance.runtime.metrics import DirectMetrics
 
 from support.prom import Prometheus
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from vllm_acceptance.probes.metrics import DirectMetrics, MetricsError, PrometheusMetrics, delta, metrics_source
+from vllm_acceptance.runtime.metrics import DirectMetrics, MetricsError, PrometheusMetrics, delta, metrics_source
 
 from support.prom import Prometheus
 

@@ -22,8 +22,8 @@ from vllm_acceptance.parsers.nccl_tests import parse_all_reduce_perf
 from vllm_acceptance.parsers.nvidia_smi import parse_query_csv, parse_table, parse_xml
 from vllm_acceptance.parsers.rdma import parse_ibv_devinfo
 from vllm_acceptance.parsers.startup_log import scan_startup_log
-from vllm_acceptance.probes.metrics import MetricsError, cache_config, parse_exposition
 from vllm_acceptance.rules.launch_triage import classify_launch_failure
+from vllm_acceptance.runtime.metrics import MetricsError, cache_config, parse_exposition
 
 ROOT = Path(__file__).resolve().parents[2]
 REAL = ROOT / "tests" / "fixtures" / "real"

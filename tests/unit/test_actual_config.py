@@ -11,7 +11,6 @@ from vllm_acceptance.core.findings import Status
 from vllm_acceptance.core.profile import Profile, load_profile
 from vllm_acceptance.parsers.pyrepr import ReprError, read_repr
 from vllm_acceptance.parsers.startup_log import scan_startup_log
-from vllm_acceptance.probes.metrics import cache_config, parse_exposition
 from vllm_acceptance.rules.compat import ServerReports, check_actual_config, check_startup_log, flag_readings
 from vllm_acceptance.rules.flag_readings import (
     DIFFERS,
@@ -21,6 +20,7 @@ from vllm_acceptance.rules.flag_readings import (
     read_from_startup_log,
     requested_flags,
 )
+from vllm_acceptance.runtime.metrics import cache_config, parse_exposition
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVE = ROOT / "tests" / "fixtures" / "serve"

@@ -175,7 +175,7 @@ class _ImageCountingServer:
         self.per_image, self.strip = per_image, strip
 
     def chat(self, body: dict):
-        from vllm_acceptance.probes.client import Exchange
+        from vllm_acceptance.runtime.client import Exchange
 
         parts = [p for m in body["messages"] for p in (m["content"] if isinstance(m["content"], list) else [])]
         images = 0 if self.strip else sum(str(p.get("type", "")).startswith("image") for p in parts)

@@ -15,9 +15,9 @@ from vllm_acceptance.probes.cache import (
     one_instance,
     run_cache_probe,
 )
-from vllm_acceptance.probes.client import OpenAIClient
-from vllm_acceptance.probes.metrics import MetricsError, MetricsSource, Snapshot, parse_exposition
 from vllm_acceptance.rules.cache import judge_restart, judge_rounds
+from vllm_acceptance.runtime.client import OpenAIClient
+from vllm_acceptance.runtime.metrics import MetricsError, MetricsSource, Snapshot, parse_exposition
 
 BLOCK = 128
 METRICS = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "metrics"

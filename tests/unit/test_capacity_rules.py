@@ -8,8 +8,8 @@ import pytest
 
 from vllm_acceptance.core.findings import Consequence, Status
 from vllm_acceptance.parsers.startup_log import scan_startup_log
-from vllm_acceptance.probes.metrics import cache_config, histogram_quantile_delta, parse_exposition
 from vllm_acceptance.rules import capacity as rules
+from vllm_acceptance.runtime.metrics import cache_config, histogram_quantile_delta, parse_exposition
 from vllm_acceptance.verdict import decide
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"

@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from vllm_acceptance.probes.client import OpenAIClient
+from vllm_acceptance.runtime.client import OpenAIClient
 
 CHUNK = b'data: {"choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hi"}}]}\n\n'
 

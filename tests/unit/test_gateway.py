@@ -11,7 +11,6 @@ import json
 import pytest
 
 from vllm_acceptance.lab.gateway import GATEWAY_SYSTEM, MODES, STAND_IN_REASONING, Corruptor, drop_path, main
-from vllm_acceptance.probes.client import assemble_stream
 from vllm_acceptance.rules.agent import (
     arguments_diff,
     call_signature,
@@ -20,6 +19,7 @@ from vllm_acceptance.rules.agent import (
     client_library_problems,
     structure_diff,
 )
+from vllm_acceptance.runtime.client import assemble_stream
 
 TOOLS = [{"type": "function", "function": {"name": "get_node_status", "parameters": {
     "type": "object", "properties": {"node": {"type": "string"}, "include": {"enum": ["gpus", "all"]}},

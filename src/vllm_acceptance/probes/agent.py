@@ -50,9 +50,9 @@ from ..rules.agent import (
     structure_diff,
     turns_to_resolve,
 )
+from ..runtime.client import Exchange, OpenAIClient
 from ..scenarios import tool_schema_problems
 from ..scenarios.cases import CALL_CLASSES, Case, build_cases, case_tools, class_counts
-from .client import Exchange, OpenAIClient
 
 # Checks judged over repeated runs: a hung run is left out of the rates, the answered runs still judged.
 REPEATED = ("agent.tool_call", "agent.trigger_consistency", "agent.separation", "agent.schema_accuracy")

@@ -27,7 +27,6 @@ import httpx
 
 from ..core.evidence import EvidenceStore
 from ..core.findings import Consequence, Finding, Status
-from ..lab.server import rss_bytes, tail_lines
 from ..rules import registry
 from ..rules.cache import (  # noqa: F401 - judge_reuse, expected_hits re-exported for callers
     Measurement,
@@ -39,8 +38,8 @@ from ..rules.cache import (  # noqa: F401 - judge_reuse, expected_hits re-export
     judge_rounds,
 )
 from ..rules.registry import missing
-from .client import OpenAIClient
-from .metrics import (
+from ..runtime.client import OpenAIClient
+from ..runtime.metrics import (
     MetricsError,
     MetricsSource,
     PrometheusMetrics,
@@ -50,6 +49,7 @@ from .metrics import (
     histogram_delta,
     missing_families,
 )
+from ..runtime.process import rss_bytes, tail_lines
 
 KINDS = ("cold", "hot_a", "hot_b", "control")
 REQUIRED_FAMILIES = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:request_success",

@@ -29,7 +29,6 @@ import httpx
 from ..core.evidence import EvidenceStore
 from ..core.findings import Finding, Status
 from ..core.profile import Profile
-from ..lab.server import rss_bytes, tail_lines
 from ..load.agent import AgentPool
 from ..load.engine import Record, RequestSpec, run_load
 from ..load.prompts import filler, words_spec
@@ -40,7 +39,7 @@ from ..rules import capacity as rules
 from ..rules import loadgen as loadgen_rules
 from ..rules import registry
 from ..rules.loadgen import ClientLimits
-from .metrics import (
+from ..runtime.metrics import (
     MetricsError,
     MetricsSource,
     Snapshot,
@@ -51,6 +50,7 @@ from .metrics import (
     histogram_quantile_delta,
     server_root,
 )
+from ..runtime.process import rss_bytes, tail_lines
 
 # Sends that measure one request alone stay on the controller; every other step goes through the agents.
 LONE_STAGES = ("long_prompt", "mixed_repeated")

@@ -187,7 +187,7 @@ def judge(runs: list[HostRun], expected_hosts: list[str], clock: dict[str, Any],
 
 def preemption_delta(before: Path | None, after: Path | None) -> float | None:
     """``vllm:num_preemptions`` after - before, from two saved /metrics texts (None if either is absent)."""
-    from .metrics import MetricsError, delta, parse_exposition
+    from ..runtime.metrics import MetricsError, delta, parse_exposition
 
     if before is None or after is None or not before.is_file() or not after.is_file():
         return None

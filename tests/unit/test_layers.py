@@ -1,0 +1,77 @@
+"""One-way layers (docs/architecture.md): the imports between the package's folders, read from the source
+with `ast` (function-level imports included): no cycle between subpackages, core imports nothing above it,
+the runtime layer only core, the load library nothing of the probes, and no product module the lab."""
+
+from __future__ import annotations
+
+import ast
+import functools
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "src" / "vllm_acceptance"
+
+
+def _layer(module: str) -> str:
+    """`vllm_acceptance.probes.load` -> `probes`; a top-level module (cli, plan, ...) is its own layer."""
+    return module.split(".")[1]
+
+
+def _imports(path: Path) -> set[str]:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    package = parts[:-1]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("vllm_acceptance.")}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[:len(package) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target == "vllm_acceptance":
+                found |= {f"vllm_acceptance.{a.name}" for a in node.names}
+            elif target.startswith("vllm_acceptance."):
+                found.add(target)
+    return {t for t in found if (PACKAGE / t.split(".")[1]).exists() or (PACKAGE / f"{t.split('.')[1]}.py").exists()}
+
+
+@functools.cache
+def _edges() -> dict[str, dict[str, set[str]]]:
+    """{layer: {imported layer: {file, ...}}} across layers (read once; the tests only read it)."""
+    edges: dict[str, dict[str, set[str]]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE)
+        source = rel.parts[0].removesuffix(".py")
+        for target in _imports(path):
+            layer = _layer(target)
+            if layer != source:
+                edges.setdefault(source, {}).setdefault(layer, set()).add(str(rel))
+    return edges
+
+
+def test_the_import_walk_sees_real_edges() -> None:
+    edges = _edges()
+    assert "probes/load.py" in edges["probes"]["load"] and "serve/stage.py" in edges["serve"]["runtime"]
+
+
+def test_no_import_cycle_between_subpackages() -> None:
+    edges = _edges()
+    cycles = [(a, b, sorted(edges[a][b]), sorted(edges[b][a])) for a in edges for b in edges[a]
+              if a < b and a in edges.get(b, {})]
+    assert not cycles, cycles
+
+
+def test_core_imports_nothing_above_it_and_runtime_only_core() -> None:
+    edges = _edges()
+    assert not edges.get("core"), edges.get("core")
+    assert set(edges.get("runtime", {})) <= {"core"}, edges.get("runtime")
+
+
+def test_the_load_library_never_imports_the_probes() -> None:
+    assert "probes" not in _edges().get("load", {})
+
+
+def test_no_product_module_imports_the_lab() -> None:
+    importers = {layer: files["lab"] for layer, files in _edges().items() if "lab" in files}
+    assert not importers, importers
