@@ -8,7 +8,16 @@ import ast
 import functools
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[2] / "src" / "vllm_acceptance"
+REPO = Path(__file__).resolve().parents[2]
+PACKAGE = REPO / "src" / "vllm_acceptance"
+
+
+def allowed_imports() -> dict[str, set[str]]:
+    """docs/architecture.md's table between its layers markers: {layer: the layers it may import}."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    table = text.split("<!-- layers:begin -->", 1)[1].split("<!-- layers:end -->", 1)[0]
+    rows = [line.strip().strip("|").split("|") for line in table.strip().splitlines()[2:]]
+    return {layer.strip(): {x.strip() for x in may.split(",") if x.strip()} for layer, may in rows}
 
 
 def _layer(module: str) -> str:
@@ -70,6 +79,16 @@ def test_core_imports_nothing_above_it_and_runtime_only_core() -> None:
 
 def test_the_load_library_never_imports_the_probes() -> None:
     assert "probes" not in _edges().get("load", {})
+
+
+def test_every_layer_imports_only_what_docs_architecture_md_allows() -> None:
+    allowed = allowed_imports()
+    layers = {p.name.removesuffix(".py") for p in PACKAGE.iterdir()
+              if (p.is_dir() and (p / "__init__.py").exists()) or (p.suffix == ".py" and p.name != "__init__.py")}
+    assert layers - set(allowed) == set(), "a folder missing from the table in docs/architecture.md"
+    outside = {layer: {t: sorted(files) for t, files in targets.items() if t not in allowed[layer]}
+               for layer, targets in _edges().items()}
+    assert not {k: v for k, v in outside.items() if v}, outside
 
 
 def test_no_product_module_imports_the_lab() -> None:
