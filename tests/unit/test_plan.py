@@ -65,9 +65,14 @@ def test_flagship_cost_table_derives_from_the_profile(flagship: planmod.Plan) ->
     # agent.consistency_cases (default 10) cases repeated agent.repeats times.
     turns = min(agent["turn_budget"], max(agent["repeats"], agent.get("cases", 300), math.ceil(
         math.log(0.05) / math.log(1 - profile["thresholds"]["tool_format_error_rate"]))))
-    sent = turns + min(agent.get("other_cases", 60), max(5, turns // 5)) + 10 * agent["repeats"]
-    assert stage["agent"].requests == sent + planmod.AGENT_CASES
-    assert stage["agent"].wall_s == (math.ceil(sent / agent["concurrency"]) + planmod.AGENT_CASES) * e2e
+    others = min(agent.get("other_cases", 60), max(5, turns // 5))
+    sent = turns + others + 10 * agent["repeats"]
+    # agent.under_load (the flagship sets the contract's concurrency): the case set once more, that many in flight.
+    loaded = agent.get("under_load", 0)
+    again = turns + others if loaded else 0
+    assert loaded == contract and stage["agent"].requests == sent + again + planmod.AGENT_CASES
+    assert stage["agent"].wall_s == (math.ceil(sent / agent["concurrency"]) + math.ceil(again / loaded)
+                                     + planmod.AGENT_CASES) * e2e
     # Relaunches at proposed limits are a worst case beside the total, never in it.
     # A launched single-node server is relaunched at each (at most two) limit; across nodes the client is driven
     # at the limit on the server as launched (playbooks/vars/probes.yml probe_relaunch).

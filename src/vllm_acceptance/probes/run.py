@@ -158,7 +158,7 @@ def _dispatch(opts: ProbeOptions, client: OpenAIClient, store: EvidenceStore
         reference = OpenAIClient(opts.reference_url, api_key=opts.reference_api_key, timeout_s=client.timeout_s) \
             if opts.reference_url else None
         cfg_a.reference_model = opts.reference_model or opts.model
-        cfg_a.under_load = int(opts.under_load or _get(opts, "agent.under_load", 0) or 0)
+        cfg_a.under_load = int(opts.under_load or cfg_a.under_load)
         try:
             return AgentProbe(client, cfg_a, store, direct, reference).run()
         finally:
@@ -193,6 +193,7 @@ def agent_config(opts: ProbeOptions, scenario: dict[str, Any]) -> Any:
         seed=None if _get(opts, "agent.seed", None) is None else int(_get(opts, "agent.seed", None)),
         case_tools=str(_get(opts, "agent.case_tools", "sample")),
         consistency_cases=int(_get(opts, "agent.consistency_cases", 10)),
+        under_load=int(_get(opts, "agent.under_load", 0) or 0),
         abstain_min=float(_get(opts, "thresholds.tool_abstain_min", 0.9)),
         reference_min=float(_get(opts, "thresholds.reference_agreement_min", 0.80)))
 
