@@ -442,3 +442,21 @@ def test_checklist_owner_line_fails_without_owner(built: dict) -> None:
             f["owner"] = None
     rows = {r.item.ref: r for r in checklist.coverage(report)}
     assert rows["000#18"].status == "fail"
+
+
+def test_a_figure_is_reused_for_the_same_data_and_redrawn_when_it_changes() -> None:
+    """plots keeps the markup of figures drawn before (a report written again reuses them): the same data gives
+    the same markup, a changed value or order a new figure, never the stale one."""
+    from vllm_acceptance.report import plots
+
+    steps = [{"concurrency": 8, "max_running": 8, "max_waiting": 0, "max_kv_usage": 0.4},
+             {"concurrency": 16, "max_running": 16, "max_waiting": 3, "max_kv_usage": 0.9, "preemptions": 2}]
+    first = plots.queue_svg({"steps": steps})
+    assert first is not None and plots.queue_svg(copy.deepcopy({"steps": steps})) == first
+    changed = copy.deepcopy(steps)
+    changed[1]["preemptions"] = 5
+    redrawn = plots.queue_svg({"steps": changed})
+    assert redrawn is not None and redrawn != first and "5 preempt." in redrawn and "2 preempt." in first
+    plots.clear_cache()
+    assert plots.queue_svg({"steps": steps}) != first          # drawn again: a new id prefix, the same figure
+    assert "2 preempt." in (plots.queue_svg({"steps": steps}) or "")

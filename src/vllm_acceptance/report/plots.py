@@ -9,9 +9,14 @@ namespace itself), and element ids prefixed per figure so two figures never shar
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import io
 import itertools
 import re
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import matplotlib
@@ -42,6 +47,52 @@ COLORS = {"p50": "#4c78a8", "p95": "#f58518", "p99": "#e45756",
 SERIES_COLORS = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#ff9da6", "#9d755d",
                  "#bab0ac", "#eeca3b"]
 _counter = itertools.count(1)
+_PLAIN = (str, int, float, bool, type(None))
+_CACHE_SIZE = 48  # six figures per report: the last eight reports' figures
+_cache: OrderedDict[str, str | None] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def _is_plain(value: Any) -> bool:
+    """JSON-like data only (what report stages hold): its repr() then names the value exactly."""
+    if isinstance(value, _PLAIN):
+        return True
+    if isinstance(value, list | tuple):
+        return all(_is_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, _PLAIN) and _is_plain(v) for k, v in value.items())
+    return False
+
+
+def _same_data_same_figure(fn: Callable[..., str | None]) -> Callable[..., str | None]:
+    """A figure is a pure function of its data: the same data (same values, same order) gives the markup drawn
+    before, so a report written again (signed, re-judged, a second document) does not redraw it. Matplotlib's
+    drawing is most of a report's write time (benchmarks/report_render.py). Ids stay unique within a report: each
+    of its figures has its own name prefix (to_svg)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> str | None:
+        if not _is_plain((args, kwargs)):
+            return fn(*args, **kwargs)
+        key = hashlib.sha256(f"{fn.__name__}:{args!r}:{sorted(kwargs.items())!r}".encode()).hexdigest()
+        with _cache_lock:
+            if key in _cache:
+                _cache.move_to_end(key)
+                return _cache[key]
+        svg = fn(*args, **kwargs)
+        with _cache_lock:
+            _cache[key] = svg
+            while len(_cache) > _CACHE_SIZE:
+                _cache.popitem(last=False)
+        return svg
+
+    return wrapper
+
+
+def clear_cache() -> None:
+    """Forget the figures drawn so far (a benchmark that times the drawing calls it between repeats)."""
+    with _cache_lock:
+        _cache.clear()
 
 
 def _num(value: Any) -> float | None:
@@ -97,6 +148,7 @@ def _steps(load: dict[str, Any] | None) -> list[dict[str, Any]]:
                   key=lambda s: float(s["concurrency"]))
 
 
+@_same_data_same_figure
 def latency_svg(load: dict[str, Any] | None, slo: dict[str, Any] | None = None) -> str | None:
     """TTFT, inter-token and end-to-end p50/p95/p99 per concurrency step, SLO and knee marked."""
     steps = _steps(load)
@@ -132,6 +184,7 @@ def latency_svg(load: dict[str, Any] | None, slo: dict[str, Any] | None = None) 
         return to_svg(fig, "latency")
 
 
+@_same_data_same_figure
 def queue_svg(load: dict[str, Any] | None) -> str | None:
     """Running and waiting requests (bars) and peak KV-cache usage (line) per step; preemptions noted."""
     steps = _steps(load)
@@ -196,6 +249,7 @@ def _draw_bands(ax: Any, bands: list[tuple[str, float, float]], t0: float) -> No
 MAX_SERIES = 8
 
 
+@_same_data_same_figure
 def memory_svg(load: dict[str, Any] | None) -> str | None:
     """Memory per GPU (or process RSS in the lab) over the run, with the load stages as bands.
 
@@ -255,6 +309,7 @@ def _envelope(ax: Any, series: dict[str, list[tuple[float, float]]]) -> None:
     ax.plot(*zip(*pts, strict=True), color="#e03131", linewidth=1.1, label=f"farthest from median: {name}", zorder=4)
 
 
+@_same_data_same_figure
 def kv_timeline_svg(load: dict[str, Any] | None) -> str | None:
     """KV-cache usage and waiting requests over time (the load probe's /metrics samples), stages as bands."""
     rows = [r for r in (load or {}).get("metrics_timeline") or []
@@ -344,6 +399,7 @@ def agent_rate_rows(agent: dict[str, Any] | None) -> list[dict[str, Any]]:
     return rows
 
 
+@_same_data_same_figure
 def agent_rates_svg(agent: dict[str, Any] | None, threshold: float | None = None) -> str | None:
     rows = agent_rate_rows(agent)
     if not rows:
@@ -380,6 +436,7 @@ def agent_rates_svg(agent: dict[str, Any] | None, threshold: float | None = None
 KIND_ORDER = ("cold", "hot_a", "hot_b", "control")
 
 
+@_same_data_same_figure
 def cache_svg(cache: dict[str, Any] | None) -> str | None:
     """Prefix-cache hits and prefill work per request, grouped by session: cold / hot A / hot B / control."""
     requests = [r for r in (cache or {}).get("requests") or [] if isinstance(r, dict)]
