@@ -226,11 +226,41 @@ def _ss(text: str) -> dict[str, Any]:
                                         for x in parse_ss_listeners("\n".join(lines))]}
 
 
+def _node_script() -> dict[str, Any]:
+    """The node script's own functions (roles/preflight/files/live_process.py runs without the package)."""
+    node: dict[str, Any] = {}
+    exec(compile((ROOT / "roles/preflight/files/live_process.py").read_text(), "live_process.py", "exec"), node)  # noqa: S102
+    return node
+
+
+def _cgroup(text: str) -> dict[str, Any]:
+    """/proc/PID/cgroup -> the container of the process, as the package reads it (parsers/live.py) and whether the
+    node script's copy reads the same (issue 28 item 3)."""
+    try:
+        from vllm_acceptance.parsers.live import container_from_cgroup
+    except ImportError:             # an older checkout of the package
+        return {"engine": ABSENT, "id": ABSENT, "node_script_agrees": ABSENT}
+    engine, cid, line = container_from_cgroup(text)
+    node = _node_script()["cgroup_container"](text)
+    return {"engine": engine, "id": cid, "node_script_agrees": node == (engine, cid, line)}
+
+
+def _container_inspect(text: str) -> dict[str, Any]:
+    """`docker inspect --type container` -> the image the container runs (parsers/live.py and the node script)."""
+    try:
+        from vllm_acceptance.parsers.live import container_image
+    except ImportError:
+        return {"image_id": ABSENT, "image_ref": ABSENT, "node_script_agrees": ABSENT}
+    image_id, image_ref = container_image(text)
+    return {"image_id": image_id, "image_ref": image_ref,
+            "node_script_agrees": _node_script()["container_image"](text) == (image_id, image_ref)}
+
+
 READERS: dict[str, Callable[[str], dict[str, Any]]] = {
     "vllm_log": _vllm_log, "nvidia_smi_xml": _xml, "nvidia_smi_csv": _csv, "nvidia_smi_table": _table,
     "driver_version": _driver,
     "nvidia_smi_error": _smi_error, "nccl_tests": _nccl, "ibv_devinfo": _ibv, "metrics": _metrics,
-    "imex_nodes": _imex, "ss_listeners": _ss,
+    "imex_nodes": _imex, "ss_listeners": _ss, "cgroup_container": _cgroup, "container_inspect": _container_inspect,
 }
 
 

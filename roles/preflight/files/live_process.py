@@ -2,10 +2,14 @@
 and environment from /proc/PID/{cmdline,environ}, as one JSON object on stdout. No listener here, or one of
 another user's processes (`ss` shows no pid then), is stated with pid null, never guessed. Values of
 secret-looking variables are dropped here already; the controller redacts again before saving
-(preflight/stage.py, core/redact.py). Usage: python3 -c "$(cat live_process.py)" PORT"""
+(preflight/stage.py, core/redact.py). The container it runs in: the id from /proc/PID/cgroup and, with the
+docker or podman CLI here, the image that container runs (`inspect --type container`: Image, Config.Image),
+or why not (issue 28 item 3; rules/image.py compares it with the judged image).
+Usage: python3 -c "$(cat live_process.py)" PORT"""
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 
@@ -18,6 +22,101 @@ def listening(ss, port):
     lines = [line.strip() for line in ss.splitlines()
              if len(line.split()) > 3 and line.split()[0] == "LISTEN" and line.split()[3].rsplit(":", 1)[-1] == str(port)]
     return lines, sorted({int(p) for line in lines for p in re.findall(r"pid=(\d+)", line)})
+
+
+# A copy of parsers/live.py CGROUP_PATTERNS (this script runs on stock python3 without the package);
+# tests/unit/test_live_container.py feeds both the same real captures (docs/sources.md#cgroup-container-id).
+HEX64 = r"([0-9a-f]{64})"
+CGROUP_PATTERNS = (
+    (r"docker-" + HEX64 + r"\.scope", "docker"),
+    (r"/docker/" + HEX64 + r"(?=/|$)", "docker"),
+    (r"cri-containerd[-:]" + HEX64, "containerd"),
+    (r"crio-" + HEX64, "crio"),
+    (r"libpod-(?:payload-)?" + HEX64, "podman"),
+    (r"/" + HEX64 + r"(?=/|$)", None),
+)
+
+
+def cgroup_container(text):
+    """(engine, id, line) of the innermost container /proc/PID/cgroup names; the `0::` line first, else the
+    first line naming one; (None, None, None) for a host process."""
+    found = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        best = None
+        for pattern, engine in CGROUP_PATTERNS:
+            for match in re.finditer(pattern, parts[2]):
+                key = (match.end(1), 1 if engine else 0, engine, match.group(1))
+                if best is None or key[:2] > best[:2]:
+                    best = key
+        if best is not None:
+            found.append((0 if parts[0] == "0" and parts[1] == "" else 1, len(found), best[2], best[3], line))
+    if not found:
+        return None, None, None
+    first = min(found)
+    return first[2], first[3], first[4]
+
+
+def container_image(text):
+    """(image id, reference) of `docker|podman inspect --type container` JSON; ValueError when unreadable."""
+    data = json.loads(text)
+    if isinstance(data, list):
+        if len(data) != 1:
+            raise ValueError(f"expected one container in the inspect answer, found {len(data)}")
+        data = data[0]
+    if not isinstance(data, dict) or not isinstance(data.get("Image"), str) or not data["Image"]:
+        raise ValueError("no `Image` (image id) in the container inspect answer")
+    config = data.get("Config") if isinstance(data.get("Config"), dict) else {}
+    ref = config.get("Image") or data.get("ImageName")
+    return data["Image"], (str(ref) if ref else None)
+
+
+def inspect_container(engine, cid, which=shutil.which, run=subprocess.run):
+    """What the container runs, read with its runtime's CLI (docker or podman; for a bare id either that is
+    here), or the reasons it could not be read. Never guessed."""
+    clis = [engine] if engine in ("docker", "podman") else (["docker", "podman"] if engine is None else [])
+    if not clis:
+        return {"inspect_error": f"{engine} has no CLI this script uses (docker or podman) to read "
+                                 "the container's image"}
+    tried = []
+    for cli in clis:
+        if not which(cli):
+            tried.append(f"{cli} not on PATH")
+            continue
+        try:
+            done = run([cli, "inspect", "--type", "container", cid], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError) as exc:
+            tried.append(f"{cli} inspect failed: {exc}")
+            continue
+        if done.returncode != 0:
+            tried.append(f"{cli} inspect --type container rc {done.returncode}: {done.stderr.strip()[:300]}")
+            continue
+        try:
+            image_id, image_ref = container_image(done.stdout)
+        except ValueError as exc:
+            tried.append(f"{cli} inspect answer unreadable: {exc}")
+            continue
+        return {"inspected_with": cli, "image_id": image_id, "image_ref": image_ref}
+    return {"inspect_error": "; ".join(tried)}
+
+
+def container_of(pid, proc="/proc", which=shutil.which, run=subprocess.run):
+    """(container, reason): the container record of the process, or None and why (a host process)."""
+    try:
+        with open(f"{proc}/{pid}/cgroup") as handle:
+            text = handle.read()
+    except OSError as exc:
+        return None, f"cannot read {proc}/{pid}/cgroup: {exc}"
+    engine, cid, line = cgroup_container(text)
+    if cid is None:
+        first = text.strip().splitlines()[0] if text.strip() else "(empty)"
+        return None, f"no container id in {proc}/{pid}/cgroup ({first.strip()}): a host process"
+    box = {"id": cid, "engine": engine, "cgroup_line": line}
+    box.update(inspect_container(engine, cid, which, run))
+    return box, None
 
 
 def from_ss(stdout, returncode, stderr, port):
@@ -57,8 +156,10 @@ def main(port):
                     env[name] = "<redacted>" if SECRET.search(name) else value
     except OSError as exc:
         notes.append(f"environment not readable: {exc}")
+    container, why = container_of(pid)
     return {"port": port, "pid": pid, "argv": argv, "env": env, "listeners": lines, "notes": notes,
-            "source": f"ss -ltnpH; /proc/{pid}/cmdline, /proc/{pid}/environ"}
+            "container": container, "container_reason": why,
+            "source": f"ss -ltnpH; /proc/{pid}/cmdline, /proc/{pid}/environ, /proc/{pid}/cgroup"}
 
 
 if __name__ == "__main__":

@@ -142,3 +142,103 @@ def live_launch(text: str) -> tuple[list[str], dict[str, str], str] | None:
     env = data.get("env") if isinstance(data.get("env"), dict) else {}
     return ([str(a) for a in data["argv"]], {str(k): str(v) for k, v in env.items()},
             f"the running server (pid {data['pid']}, {data.get('source') or '/proc'})")
+
+
+# --- the container the serving process runs in (issue 28 item 3) ---------------------------------------------
+# /proc/PID/cgroup names the container by its full 64-hex id; the runtime by the path's shape (real captures:
+# tests/fixtures/real/cgroup/, docs/sources.md#cgroup-container-id). roles/preflight/files/live_process.py keeps
+# its own copy of these patterns (stock python3 on the node); tests/unit/test_live_container.py holds both equal.
+_HEX64 = r"([0-9a-f]{64})"
+CGROUP_PATTERNS: tuple[tuple[str, str | None], ...] = (
+    (r"docker-" + _HEX64 + r"\.scope", "docker"),                  # systemd driver: docker-<id>.scope
+    (r"/docker/" + _HEX64 + r"(?=/|$)", "docker"),                 # cgroupfs driver: /docker/<id>
+    (r"cri-containerd[-:]" + _HEX64, "containerd"),                # cri-containerd-<id>.scope, ...:cri-containerd:<id>
+    (r"crio-" + _HEX64, "crio"),                                   # crio-<id>.scope
+    (r"libpod-(?:payload-)?" + _HEX64, "podman"),                  # libpod-<id>.scope[/container]
+    (r"/" + _HEX64 + r"(?=/|$)", None),                            # a bare id (kubepods cgroupfs, --cgroup-parent)
+)
+_CGROUP_RES = tuple((re.compile(p), engine) for p, engine in CGROUP_PATTERNS)
+
+
+def _cgroup_path_container(path: str) -> tuple[str | None, str] | None:
+    """(engine, id) of the innermost container a cgroup path names (the match ending last; at one end, a pattern
+    that names the runtime wins over a bare id); None when it names none (a host process)."""
+    best: tuple[int, int, str | None, str] | None = None
+    for regex, engine in _CGROUP_RES:
+        for match in regex.finditer(path):
+            key = (match.end(1), 1 if engine else 0, engine, match.group(1))
+            if best is None or key[:2] > best[:2]:
+                best = key
+    return None if best is None else (best[2], best[3])
+
+
+def container_from_cgroup(text: str) -> tuple[str | None, str | None, str | None]:
+    """(engine, container id, the cgroup line it came from) of /proc/PID/cgroup text; the unified `0::` line is
+    preferred, else the first line that names one. Engine is docker, podman, containerd, crio, or None where the
+    path names no runtime (a bare id). (None, None, None) for a host process."""
+    found = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        hit = _cgroup_path_container(parts[2])
+        if hit is not None:
+            found.append((0 if parts[0] == "0" and parts[1] == "" else 1, len(found), hit, line))
+    if not found:
+        return None, None, None
+    _, _, (engine, cid), line = min(found)
+    return engine, cid, line
+
+
+def container_image(text: str) -> tuple[str, str | None]:
+    """(image id, reference it was started from) of `docker|podman inspect --type container` JSON (the CLI's
+    one-element array or the API's object): `Image` and `Config.Image` (podman: `ImageName` when Config has none).
+    ValueError when the answer holds no container with an image id."""
+    data = json.loads(text)
+    if isinstance(data, list):
+        if len(data) != 1:
+            raise ValueError(f"expected one container in the inspect answer, found {len(data)}")
+        data = data[0]
+    if not isinstance(data, dict) or not isinstance(data.get("Image"), str) or not data["Image"]:
+        raise ValueError("no `Image` (image id) in the container inspect answer")
+    config = data.get("Config") if isinstance(data.get("Config"), dict) else {}
+    ref = config.get("Image") or data.get("ImageName")
+    return data["Image"], (str(ref) if ref else None)
+
+
+def same_image_id(a: str, b: str) -> bool:
+    """Image ids equal, with or without the `sha256:` prefix (docker before 1.10 and podman print the bare hex)."""
+    return a.removeprefix("sha256:").lower() == b.removeprefix("sha256:").lower()
+
+
+@dataclass(frozen=True)
+class RunningContainer:
+    """The container of the serving process as the node read it (live_process evidence, key `container`)."""
+    id: str | None
+    engine: str | None
+    image_id: str | None
+    image_ref: str | None
+    reason: str | None          # why the image is not known (no container, no CLI, inspect failed)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+def running_container(text: str) -> RunningContainer | None:
+    """The `container` of a live_process evidence record; None when the record holds no process (then nothing is
+    known about a container either) or predates the container read (the node script did not record one)."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not data.get("pid") or "container" not in data:
+        return None
+    box = data.get("container")
+    if not isinstance(box, dict) or not box.get("id"):
+        return RunningContainer(None, None, None, None,
+                                str(data.get("container_reason") or "no container id in /proc/PID/cgroup"))
+    image_id = box.get("image_id") if isinstance(box.get("image_id"), str) and box.get("image_id") else None
+    reason = None if image_id else str(box.get("inspect_error") or "the container's image was not read")
+    return RunningContainer(str(box["id"]), box.get("engine") or box.get("inspected_with"), image_id,
+                            box.get("image_ref"), reason)
