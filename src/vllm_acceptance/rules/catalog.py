@@ -61,8 +61,10 @@ register("compat.image_identity", stage="preflight", consequence=REBUILD,
          rule="full reference and registry digest recorded; no forbidden tag suffix (e.g. -cu129); pinned digest "
               "matches when the profile or inventory pins one; the profile's own image (repository, tag, the digest "
               "the profile pins), whatever inventory variable names another: another image fails with limited "
-              "observation at most, the run judged on the experimental route (never a release of the profile)",
-         evidence="docker/podman image inspect",
+              "observation at most, the run judged on the experimental route (never a release of the profile); "
+              "attached to a running server: the container of the process on its port (/proc/PID/cgroup) runs the "
+              "judged image ID (docker/podman inspect --type container), another image fails",
+         evidence="docker/podman image inspect; attached: live_process (container id, its image ID)",
          source="000/001: image identity: full reference and digest, pull date, the exact launch command")
 register("compat.image_uniform", stage="preflight", consequence=REBUILD,
          title="One image on every GPU node",

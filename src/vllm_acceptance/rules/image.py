@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from ..core.findings import Consequence, Finding, Status
 from ..parsers.base import version_at_least
+from ..parsers.live import running_container, same_image_id
 from .context import ROUTE_IMAGE, ROUTE_SELF_BUILT, NodeContext, finding, why_missing
 from .registry import missing, not_applicable
 
@@ -108,6 +110,42 @@ def _not_official(ctx: NodeContext, observed: dict[str, Any], expected: dict[str
                           "playbooks/build_image.yml writes the image's own experimental profile with its lineage")
 
 
+def _running_container(ctx: NodeContext, judged_id: str) -> dict[str, Any] | None:
+    """What the attached server's container runs (issue 28 item 3; live_process evidence, parsers/live.py), for
+    `observed.running_container`; None where no server was read (not attached). `matches_judged_image` is True or
+    False only where the container's image ID was read; otherwise `reason` says why it is unknown."""
+    record = ctx.rec("live_process")
+    if not record.present:
+        return None
+    running = running_container(record.stdout)
+    if running is None:
+        try:
+            told = json.loads(record.stdout)
+        except ValueError:
+            told = {}
+        why = told.get("reason") if isinstance(told, dict) else None
+        return {"matches_judged_image": None,
+                "reason": str(why or "the node's answer names no container (read by an older live_process script?)")}
+    out: dict[str, Any] = {"id": running.id, "engine": running.engine, "image_id": running.image_id,
+                           "image_ref": running.image_ref}
+    if running.image_id is None:
+        return {**out, "matches_judged_image": None,
+                "reason": f"the image of the server's container is unknown: {running.reason}"}
+    return {**out, "matches_judged_image": same_image_id(running.image_id, judged_id)}
+
+
+def _other_image_runs(ctx: NodeContext, running: dict[str, Any], judged_id: str, observed: dict[str, Any],
+                      expected: dict[str, Any], rule: str, evidence: list[str], problems: list[str]) -> Finding:
+    runs = running["image_ref"] or "(reference unknown)"
+    reason = (f"the running server's container {str(running['id'])[:12]} runs {runs} ({running['image_id']}), "
+              f"not the judged image {ctx.image_ref} ({judged_id})")
+    also = "; also " + "; ".join(problems) if problems else ""
+    return finding("compat.image_identity", Status.FAIL, ctx.host, observed=observed, expected=expected, rule=rule,
+                   evidence=evidence, reason=reason + also,
+                   action=f"judge the image that runs (set vllm_image to {running['image_ref'] or running['image_id']})"
+                          " or attach to the server started from the judged image")
+
+
 def check_image_identity(ctx: NodeContext) -> Finding:
     check = "compat.image_identity"
     if not ctx.containerised:
@@ -130,7 +168,8 @@ def check_image_identity(ctx: NodeContext) -> Finding:
                 "forbidden_tag_suffixes": forbidden}
     rule = ("full reference and registry digest recorded; no forbidden tag suffix; the local tag was pulled "
             "from its own repository; digest == the pinned digest when one is pinned; the profile's own image "
-            "(repository, tag, the digest the profile pins), whatever inventory variable names another")
+            "(repository, tag, the digest the profile pins), whatever inventory variable names another; attached: "
+            "the running server's container runs the judged image (image ID)")
     problems: list[str] = []
     tags = ([reference] if reference else []) + inspect.repo_tags
     bad_tags = sorted({t for t in tags for s in forbidden if s and _tag(t).endswith(s)})
@@ -148,6 +187,12 @@ def check_image_identity(ctx: NodeContext) -> Finding:
     if other:      # whatever else is wrong, the report says first that this is not the profile's image
         observed = {**observed, "official": False, "official_reference": official_reference(ctx)[0],
                     "not_official": other}
+    running = _running_container(ctx, inspect.id)
+    if running is not None:    # attach: the image the server's container runs, not only the configured one
+        observed = {**observed, "running_container": running}
+        evidence = evidence + ctx.paths("live_process")
+        if running["matches_judged_image"] is False:
+            return _other_image_runs(ctx, running, inspect.id, observed, expected, rule, evidence, problems)
     if problems:
         return finding(check, Status.FAIL, ctx.host, observed=observed, expected=expected, rule=rule,
                         evidence=evidence, reason="; ".join(problems),

@@ -1,0 +1,268 @@
+"""The container the attached server runs in, and the image it runs (issue 28 item 3): the node script
+(roles/preflight/files/live_process.py) reads the container id from /proc/PID/cgroup and the container's image
+with the docker or podman CLI; parsers/live.py holds the same parsing; compat.image_identity fails when the
+server's container runs another image than the judged one (rules/image.py, docs/checks.md).
+
+Inputs are real captures (tests/fixtures/real/cgroup/, tests/fixtures/real/container-inspect/, sources beside
+them and in docs/sources.md#cgroup-container-id). The docker and podman CLIs are stand-ins that serve a recorded
+answer (or fail as a CLI without access does), like the fake nvidia-smi binaries elsewhere."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from vllm_acceptance.core.findings import Status
+from vllm_acceptance.core.profile import load_profile
+from vllm_acceptance.core.redact import redact_obj
+from vllm_acceptance.parsers.live import container_from_cgroup, container_image, running_container
+from vllm_acceptance.preflight.stage import judge
+
+from nodefixtures import build_evidence
+
+ROOT = Path(__file__).resolve().parents[2]
+REAL = ROOT / "tests" / "fixtures" / "real"
+CGROUPS = sorted((REAL / "cgroup").glob("*.txt"))
+INSPECTS = sorted((REAL / "container-inspect").glob("*.json"))
+SCRIPT = ROOT / "roles" / "preflight" / "files" / "live_process.py"
+KIMI = load_profile(ROOT / "profiles" / "kimi-k3.yml")
+JUPYTER = REAL / "container-inspect" / "docker4s-jupyterhub-singleuser.json"
+DOCKER_V2 = REAL / "cgroup" / "kepler-v2-docker-prometheus.txt"       # docker-b176….scope
+PODMAN_V2 = REAL / "cgroup" / "kepler-v2-podman-rootless.txt"         # libpod-f992….scope/container
+CONTAINERD = REAL / "cgroup" / "neuvector-bottlerocket-cri-containerd-hybrid.txt"
+HOST = REAL / "cgroup" / "kepler-v2-host-tmux.txt"
+CAT = shutil.which("cat")     # the stand-ins run on a PATH that holds only them
+
+
+def node_script() -> dict[str, Any]:
+    node: dict[str, Any] = {}
+    exec(compile(SCRIPT.read_text(), "live_process.py", "exec"), node)  # noqa: S102
+    return node
+
+
+def expect(capture: Path) -> dict[str, Any]:
+    return yaml.safe_load(capture.with_suffix(".yml").read_text())["expect"]
+
+
+# --- the parsing, package and node script alike ----------------------------------------------------------------
+
+@pytest.mark.parametrize("capture", CGROUPS, ids=[p.stem for p in CGROUPS])
+def test_each_real_cgroup_names_its_container_alike_in_the_package_and_on_the_node(capture: Path) -> None:
+    text = capture.read_text()
+    engine, cid, line = container_from_cgroup(text)
+    assert (engine, cid) == (expect(capture)["engine"], expect(capture)["id"])
+    assert node_script()["cgroup_container"](text) == (engine, cid, line)
+    if cid is not None:
+        assert cid in line and line in [x.strip() for x in text.splitlines()]
+
+
+def test_the_captures_cover_every_runtime_cgroup_v1_and_v2_and_host_processes() -> None:
+    read = [container_from_cgroup(p.read_text()) for p in CGROUPS]
+    assert {engine for engine, cid, _ in read if cid} == {"docker", "podman", "containerd", "crio", None}
+    assert sum(cid is None for _, cid, _ in read) == 3
+    assert any(line and line.startswith("0::") for _, _, line in read)          # a cgroup v2 line decides
+    # BottleRocket has v1 lines and the v2 line: the unified line is the one recorded
+    assert container_from_cgroup(CONTAINERD.read_text())[2].startswith("0::/kubepods.slice/")
+
+
+@pytest.mark.parametrize("capture", INSPECTS, ids=[p.stem for p in INSPECTS])
+def test_a_real_container_inspect_gives_the_image_id_and_its_reference_alike(capture: Path) -> None:
+    text = capture.read_text()
+    got = container_image(text)
+    assert got == (expect(capture)["image_id"], expect(capture)["image_ref"])
+    assert node_script()["container_image"](text) == got
+
+
+def test_an_inspect_without_one_container_image_is_an_error_never_a_reading() -> None:
+    for text in ("[]", "{}", '[{"Id": "x"}]', json.dumps([json.loads(JUPYTER.read_text())] * 2)):
+        for parse in (container_image, node_script()["container_image"]):
+            with pytest.raises(ValueError):
+                parse(text)
+
+
+# --- the node script with a container CLI (stand-in serving the real capture) ----------------------------------
+
+def fake_cli(tmp_path: Path, name: str, answer: str | None, rc: int = 0, stderr: str = "") -> Path:
+    """`name` on a PATH of its own: records its argv, prints `answer` (a recorded capture) or fails with `stderr`."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    (tmp_path / f"{name}.answer").write_text(answer or "")
+    (tmp_path / f"{name}.stderr").write_text(stderr)
+    tool = bin_dir / name
+    tool.write_text(f'#!/bin/sh\necho "$@" >> "{tmp_path}/{name}.argv"\n{CAT} "{tmp_path}/{name}.answer"\n'
+                    f'{CAT} "{tmp_path}/{name}.stderr" >&2\nexit {rc}\n')
+    tool.chmod(0o755)
+    return bin_dir
+
+
+def fake_proc(tmp_path: Path, pid: int, cgroup: Path) -> Path:
+    (tmp_path / "proc" / str(pid)).mkdir(parents=True, exist_ok=True)
+    shutil.copy(cgroup, tmp_path / "proc" / str(pid) / "cgroup")
+    return tmp_path / "proc"
+
+
+def read_container(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cgroup: Path,
+                   bin_dir: Path | None) -> tuple[dict[str, Any] | None, str | None]:
+    monkeypatch.setenv("PATH", str(bin_dir) if bin_dir else str(tmp_path / "empty"))
+    return node_script()["container_of"](4242, proc=str(fake_proc(tmp_path, 4242, cgroup)))
+
+
+def test_the_node_reads_the_docker_container_and_the_image_it_runs(tmp_path: Path, monkeypatch) -> None:
+    cid = expect(DOCKER_V2)["id"]
+    box, why = read_container(tmp_path, monkeypatch, DOCKER_V2, fake_cli(tmp_path, "docker", JUPYTER.read_text()))
+    assert why is None and box is not None
+    assert (box["id"], box["engine"], box["inspected_with"]) == (cid, "docker", "docker")
+    assert (box["image_id"], box["image_ref"]) == container_image(JUPYTER.read_text())
+    assert (tmp_path / "docker.argv").read_text().split() == ["inspect", "--type", "container", cid]
+    assert redact_obj(box) == box          # ids and references survive the controller's redaction
+
+
+def test_a_podman_container_is_read_with_podman(tmp_path: Path, monkeypatch) -> None:
+    bin_dir = fake_cli(tmp_path, "podman", JUPYTER.read_text())
+    fake_cli(tmp_path, "docker", None, 1, "must not be asked")
+    box, _ = read_container(tmp_path, monkeypatch, PODMAN_V2, bin_dir)
+    assert box is not None and box["engine"] == "podman" and box["inspected_with"] == "podman"
+    assert not (tmp_path / "docker.argv").exists()
+
+
+def test_a_cli_without_access_is_recorded_as_its_error_never_a_guess(tmp_path: Path, monkeypatch) -> None:
+    denied = ("permission denied while trying to connect to the Docker daemon socket at "
+              "unix:///var/run/docker.sock: Get \"http://%2Fvar%2Frun%2Fdocker.sock/v1.24/containers/json\"")
+    box, _ = read_container(tmp_path, monkeypatch, DOCKER_V2, fake_cli(tmp_path, "docker", None, 1, denied))
+    assert box is not None and "image_id" not in box and "permission denied" in box["inspect_error"]
+    assert "rc 1" in box["inspect_error"]
+
+
+def test_no_cli_and_containerd_leave_the_image_unknown_with_the_reason(tmp_path: Path, monkeypatch) -> None:
+    box, _ = read_container(tmp_path, monkeypatch, DOCKER_V2, None)
+    assert box is not None and box["inspect_error"] == "docker not on PATH" and "image_id" not in box
+    box, _ = read_container(tmp_path / "k8s", monkeypatch, CONTAINERD, fake_cli(tmp_path, "docker", "[]"))
+    assert box is not None and box["engine"] == "containerd" and "containerd has no CLI" in box["inspect_error"]
+
+
+def test_a_host_process_has_no_container_and_says_why(tmp_path: Path, monkeypatch) -> None:
+    box, why = read_container(tmp_path, monkeypatch, HOST, None)
+    assert box is None and why is not None and "a host process" in why and "0::/user.slice" in why
+    box, why = node_script()["container_of"](4242, proc=str(tmp_path / "nowhere"))
+    assert box is None and why is not None and "cannot read" in why
+
+
+def test_the_whole_script_on_a_real_listener_states_its_container_or_why_not() -> None:
+    """The script as the role runs it, against a real process listening on a port: the answer carries a
+    `container` (this machine's own cgroup decides which) and, without one, the reason."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        out = subprocess.run([sys.executable, "-c", SCRIPT.read_text(), str(port)], capture_output=True,
+                             text=True, check=True, timeout=60, env={**os.environ, "PATH": os.defpath})
+    answer = json.loads(out.stdout)
+    assert answer["pid"] == os.getpid() and "container" in answer
+    own = container_from_cgroup(Path("/proc/self/cgroup").read_text())
+    if own[1] is None:
+        assert answer["container"] is None and "a host process" in answer["container_reason"]
+    else:
+        assert answer["container"]["id"] == own[1]
+
+
+# --- compat.image_identity on what runs --------------------------------------------------------------------------
+
+GOOD_INSPECT = ROOT / "tests" / "fixtures" / "generated-nodes" / "good" / "docker-image-inspect.json"
+
+
+def judged_id() -> str:
+    data = json.loads(GOOD_INSPECT.read_text())
+    return (data[0] if isinstance(data, list) else data)["Id"]
+
+
+def with_live(tmp_path: Path, container: dict[str, Any] | None, reason: str | None = None,
+              pid: int | None = 4242) -> Any:
+    """The good node case, attached: a live_process record as the node script writes it."""
+    base = build_evidence("good", tmp_path, host="gpu-01")
+    record = ({"port": 8000, "pid": None, "reason": "no process listens on port 8000 on this node"} if pid is None
+              else {"port": 8000, "pid": pid, "argv": ["vllm", "serve"], "env": {}, "notes": [],
+                    "listeners": ["LISTEN 0 2048 0.0.0.0:8000 0.0.0.0:* users:((\"vllm\",pid=4242,fd=3))"],
+                    "container": container, "container_reason": reason, "source": "ss -ltnpH; /proc/4242"})
+    (base / "live_process.txt").write_text(json.dumps(record))
+    (base / "live_process.json").write_text(json.dumps({"cmd": "live_process", "rc": 0, "stderr": "",
+                                                        "missing": False}))
+    findings = judge(tmp_path, KIMI, ["gpu-01"], today=dt.date(2026, 9, 1))
+    return next(f for f in findings if f.check == "compat.image_identity" and f.host == "gpu-01")
+
+
+def baseline(tmp_path: Path) -> Any:
+    build_evidence("good", tmp_path, host="gpu-01")
+    findings = judge(tmp_path, KIMI, ["gpu-01"], today=dt.date(2026, 9, 1))
+    return next(f for f in findings if f.check == "compat.image_identity" and f.host == "gpu-01")
+
+
+def docker_box(tmp_path: Path, monkeypatch, answer: str) -> dict[str, Any]:
+    box, _ = read_container(tmp_path, monkeypatch, DOCKER_V2, fake_cli(tmp_path, "docker", answer))
+    assert box is not None
+    return box
+
+
+def test_a_server_whose_container_runs_another_image_fails_identity(tmp_path: Path, monkeypatch) -> None:
+    assert baseline(tmp_path / "before").status == Status.PASS          # the configured image alone: green
+    box = docker_box(tmp_path / "node", monkeypatch, JUPYTER.read_text())
+    found = with_live(tmp_path / "run", box)
+    assert found.status == Status.FAIL
+    assert found.reason == ("the running server's container b176419186d7 runs jupyterhub/singleuser:latest "
+                            "(sha256:c277215e785e96520dd2e7717b692c128e782f187edcb1c32feaf209b533a530), not the "
+                            f"judged image vllm/vllm-openai:kimi-k3 ({judged_id()})")
+    assert "set vllm_image to jupyterhub/singleuser:latest" in found.action
+    assert "attach to the server started from the judged image" in found.action
+    running = found.observed["running_container"]
+    assert running["matches_judged_image"] is False and running["engine"] == "docker"
+    assert running["id"] == expect(DOCKER_V2)["id"] and running["image_ref"] == "jupyterhub/singleuser:latest"
+    assert any(p.endswith("live_process.txt") for p in found.evidence)
+
+
+def test_a_server_whose_container_runs_the_judged_image_passes_and_says_so(tmp_path: Path, monkeypatch) -> None:
+    # the real capture with its Image set to the judged image's Id (generated: the same image both ways)
+    same = json.loads(JUPYTER.read_text()) | {"Image": judged_id()}
+    found = with_live(tmp_path / "run", docker_box(tmp_path / "node", monkeypatch, json.dumps(same)))
+    assert found.status == Status.PASS
+    assert found.observed["running_container"]["matches_judged_image"] is True
+
+
+@pytest.mark.parametrize("case", ["host", "containerd", "denied", "no-listener"])
+def test_without_the_running_image_the_status_is_unchanged_and_observed_says_why(tmp_path: Path, monkeypatch,
+                                                                                   case: str) -> None:
+    before = baseline(tmp_path / "before")
+    if case == "host":
+        box, why = read_container(tmp_path / "node", monkeypatch, HOST, None)
+        found, says = with_live(tmp_path / "run", box, why), "a host process"
+    elif case == "containerd":
+        box, _ = read_container(tmp_path / "node", monkeypatch, CONTAINERD, None)
+        found, says = with_live(tmp_path / "run", box), "containerd has no CLI"
+    elif case == "denied":
+        box, _ = read_container(tmp_path / "node", monkeypatch, DOCKER_V2,
+                                fake_cli(tmp_path / "node", "docker", None, 1, "permission denied"))
+        found, says = with_live(tmp_path / "run", box), "permission denied"
+    else:
+        found, says = with_live(tmp_path / "run", None, pid=None), "no process listens on port 8000"
+    assert found.status == before.status == Status.PASS
+    running = found.observed["running_container"]
+    assert running["matches_judged_image"] is None and says in running["reason"]
+
+
+def test_a_launch_without_a_live_process_record_is_not_told_about_a_container(tmp_path: Path) -> None:
+    assert "running_container" not in (baseline(tmp_path).observed or {})
+
+
+def test_the_evidence_record_reads_back_as_the_node_wrote_it(tmp_path: Path, monkeypatch) -> None:
+    box = docker_box(tmp_path, monkeypatch, JUPYTER.read_text())
+    got = running_container(json.dumps({"pid": 7, "container": box, "container_reason": None}))
+    assert got is not None and (got.id, got.engine, got.reason) == (box["id"], "docker", None)
+    assert running_container(json.dumps({"pid": 7, "argv": []})) is None       # an older script: no claim
