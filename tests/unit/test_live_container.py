@@ -143,6 +143,15 @@ def test_a_cli_without_access_is_recorded_as_its_error_never_a_guess(tmp_path: P
     assert "rc 1" in box["inspect_error"]
 
 
+@pytest.mark.skipif(shutil.which("docker") is None, reason="no docker CLI on this machine")
+def test_the_real_docker_cli_answering_an_error_leaves_the_image_unknown(tmp_path: Path, monkeypatch) -> None:
+    """The real CLI (no daemon here, or a daemon that does not know this container id): its error is recorded."""
+    real = Path(str(shutil.which("docker"))).parent
+    box, _ = read_container(tmp_path, monkeypatch, DOCKER_V2, real)
+    assert box is not None and "image_id" not in box and box["id"] == expect(DOCKER_V2)["id"]
+    assert "docker inspect --type container rc" in box["inspect_error"]
+
+
 def test_no_cli_and_containerd_leave_the_image_unknown_with_the_reason(tmp_path: Path, monkeypatch) -> None:
     box, _ = read_container(tmp_path, monkeypatch, DOCKER_V2, None)
     assert box is not None and box["inspect_error"] == "docker not on PATH" and "image_id" not in box
