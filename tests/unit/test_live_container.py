@@ -275,3 +275,15 @@ def test_the_evidence_record_reads_back_as_the_node_wrote_it(tmp_path: Path, mon
     got = running_container(json.dumps({"pid": 7, "container": box, "container_reason": None}))
     assert got is not None and (got.id, got.engine, got.reason) == (box["id"], "docker", None)
     assert running_container(json.dumps({"pid": 7, "argv": []})) is None       # an older script: no claim
+
+
+def test_a_failed_live_process_command_is_stated_not_passed_over(tmp_path: Path) -> None:
+    base = build_evidence("good", tmp_path, host="gpu-01")
+    (base / "live_process.txt").write_text("")
+    (base / "live_process.json").write_text(json.dumps({"cmd": "live_process", "rc": 127, "missing": True,
+                                                        "stderr": "[Errno 2] No such file or directory: b'python3'"}))
+    findings = judge(tmp_path, KIMI, ["gpu-01"], today=dt.date(2026, 9, 1))
+    found = next(f for f in findings if f.check == "compat.image_identity" and f.host == "gpu-01")
+    running = found.observed["running_container"]
+    assert found.status == Status.PASS and running["matches_judged_image"] is None
+    assert "command not found on the node" in running["reason"]

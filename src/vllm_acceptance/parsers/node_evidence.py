@@ -46,8 +46,9 @@ COMMANDS = {
                             "is absent)",
     "image_pull": "docker|podman pull IMAGE (only when preflight_pull_image is set)",
     "inputs": "the role's inputs (JSON)",
-    "live_process": "ss -ltnpH; /proc/PID/cmdline and /proc/PID/environ of the process serving the port "
-                    "(JSON, secrets redacted: parsers/live.py)",
+    "live_process": "ss -ltnpH; /proc/PID/cmdline, /proc/PID/environ and /proc/PID/cgroup of the process serving "
+                    "the port, its container's image (docker/podman inspect --type container) (JSON, secrets "
+                    "redacted: parsers/live.py)",
 }
 
 

@@ -123,7 +123,7 @@ def _running_container(ctx: NodeContext, judged_id: str) -> dict[str, Any] | Non
             told = json.loads(record.stdout)
         except ValueError:
             told = {}
-        why = told.get("reason") if isinstance(told, dict) else None
+        why = (told.get("reason") if isinstance(told, dict) else None) or (None if record.ok else record.why_not())
         return {"matches_judged_image": None,
                 "reason": str(why or "the node's answer names no container (read by an older live_process script?)")}
     out: dict[str, Any] = {"id": running.id, "engine": running.engine, "image_id": running.image_id,
