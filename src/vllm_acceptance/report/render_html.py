@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from functools import cache
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -480,7 +481,10 @@ def hosts_text(report: dict[str, Any]) -> str:
     return text
 
 
+@cache
 def environment() -> jinja2.Environment:
+    """One environment per process: Jinja keeps the compiled templates (most of a render's time without it) and
+    still reloads a template whose file changed (auto_reload). Nothing changes it after it is built."""
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
                              undefined=jinja2.ChainableUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters["fmt"] = fmt
