@@ -77,3 +77,24 @@ def test_open_run_makes_unique_directories_and_names_unknown_profiles(tmp_path: 
     with pytest.raises(ConfigError, match="allowed: .*cpu-lab"):
         open_run(project_dir=REPO, reports_dir=tmp_path, inventory="lab",
                  variables={**variables, "acceptance_profile": "kimi-k9"}, hosts=[])
+
+
+def test_a_profile_read_again_is_a_fresh_copy_and_an_edited_file_is_read_anew(tmp_path: Path) -> None:
+    """Profile YAML is parsed once per distinct text (core/profile.py parse_yaml): a caller changing what it got
+    never changes the next read, and an edited file gives the edited values."""
+    from vllm_acceptance.core.profile import parse_yaml
+
+    first = parse_yaml("a: {b: [1, 2]}\n")
+    first["a"]["b"].append(3)
+    assert parse_yaml("a: {b: [1, 2]}\n") == {"a": {"b": [1, 2]}}
+    source = Path(__file__).resolve().parents[2] / "profiles" / "cpu-lab.yml"
+    path = tmp_path / "cpu-lab.yml"
+    path.write_text(source.read_text())
+    before = load_profile(path)
+    path.write_text(source.read_text().replace("concurrency: 4", "concurrency: 3", 1))
+    after = load_profile(path)
+    assert before.data != after.data and load_profile(source).data == before.data
+    path.write_text("a: [unclosed\n")
+    for _ in range(2):                                     # an error is raised on every read, never cached
+        with pytest.raises(ConfigError, match="not valid YAML"):
+            load_profile(path)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,19 @@ from .contract import contract_errors
 
 class ConfigError(Exception):
     """Bad input (profile, inventory, option): the message names the file, the field and the fix."""
+
+
+@lru_cache(maxsize=128)
+def _parsed_yaml(text: str) -> Any:
+    return yaml.safe_load(text)
+
+
+def parse_yaml(text: str) -> Any:
+    """yaml.safe_load(text), each distinct text parsed once per process: profiles and recipes are read again and
+    again (extends chains, plan, validate, report) and the pure-Python parse is most of the time a read takes.
+    Keyed by the text itself, so a changed file is parsed again; a deep copy, so a caller may change what it
+    gets. A YAMLError is raised every time (never cached)."""
+    return copy.deepcopy(_parsed_yaml(text))
 
 
 def load_schema(name: str) -> dict[str, Any]:
@@ -154,7 +169,7 @@ def _read_profile_file(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"profile {path}: no such file (profiles live in profiles/*.yml)")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = parse_yaml(path.read_text())
     except yaml.YAMLError as exc:
         raise ConfigError(f"profile {path}: not valid YAML: {exc}") from exc
     if not isinstance(data, dict):

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from ..core.profile import ConfigError
+from ..core.profile import ConfigError, parse_yaml
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class RecipeBundle:
 
 def _yaml_mapping(path: Path, what: str) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text())
+        data = parse_yaml(path.read_text())
     except OSError as exc:
         raise ConfigError(f"{what} {path}: cannot read it ({exc.strerror})") from exc
     except yaml.YAMLError as exc:
