@@ -7,9 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-import yaml
 
-from ..core.profile import ConfigError
+from ..core.profile import ConfigError, parse_yaml
 
 
 def load_scenario(name_or_path: str) -> dict[str, Any]:
@@ -23,7 +22,7 @@ def load_scenario(name_or_path: str) -> dict[str, Any]:
             raise ConfigError(f"scenario {name_or_path!r}: no such pack (profile field `agent.scenario`; "
                               f"packaged: {', '.join(packaged())})")
         text = resource.read_text()
-    data = yaml.safe_load(text)
+    data = parse_yaml(text)                  # parsed once per distinct text, a fresh copy each call
     extra = list((data.get("case_set") or {}).get("extra_tools") or [])
     for problem in tool_schema_problems(list(data.get("tools", [])) + extra) + pack_problems(data):
         raise ConfigError(f"scenario {name_or_path!r}: {problem}")
