@@ -4,7 +4,7 @@ The story of one inventory: run A (the session's accept.yml run) is signed `rele
 then changes (the context limit lowered to 1024, the recipe record re-checked) and run B is accepted again
 with a short ramp: B names the two reopen triggers that fired, `diff A B` names the same; the restore
 rehearsal relaunches A's exact server argv, smoke-tests it and records it in B; B's verdict is not
-release (its ramp stopped below the contracted concurrency: inconclusive), so signing `release` is
+release (agent.multimodal fails: an image sent to the text-only model), so signing `release` is
 refused until an override reason is given, which is recorded and shown in red. B's report is the lab
 report the browser test reads (tests/integration/test_report_chromium.py).
 """
@@ -83,7 +83,8 @@ def test_restore_rehearsal_relaunches_the_signed_launch_and_is_shown(lab_signoff
 def test_a_decision_more_permissive_than_the_verdict_needs_an_override(lab_signoff_story: dict[str, Any]) -> None:
     run_b = lab_signoff_story["b"]
     verdict = report(run_b)["verdict"]
-    assert verdict != "release"  # the ramp stopped below the contracted concurrency: inconclusive, for real
+    assert verdict != "release"  # an image sent to the text-only lab model: agent.multimodal fails, for real
+    assert next(f for f in report(run_b)["findings"] if f["check"] == "agent.multimodal")["status"] == "fail"
     refused = lab_signoff_story["refused_b"]
     assert refused.returncode == 2 and "--override-reason" in refused.stderr
     assert lab_signoff_story["signoff_after_refusal"] is False

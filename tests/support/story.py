@@ -17,7 +17,7 @@ from .accept import REPO, run_accept
 
 CLI = [sys.executable, "-m", "vllm_acceptance.cli"]
 REHEARSAL_PORT = 20000 + int(os.environ.get("LAB_PORT_OFFSET", "0")) + 51
-OVERRIDE_REASON = "ramp at 4 sessions proven by the signed run; this run only changed the context limit"
+OVERRIDE_REASON = "this tenant sends no images; every text agent check passed and the signed run proved the ramp"
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -25,8 +25,9 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def changed_profile(path: Path) -> Path:
-    """cpu-lab with a new context limit and recipe record (two reopen triggers) and a lighter load that
-    stops below the contracted concurrency (the run stays short; its ramp is inconclusive, for real)."""
+    """cpu-lab with a new context limit and recipe record (two reopen triggers), a lighter load (the run stays
+    short), and agent images on: the text-only lab model cannot take an image, so agent.multimodal fails for
+    real (layer model) and the verdict is not release."""
     data = yaml.safe_load((REPO / "profiles" / "cpu-lab.yml").read_text())
     data["model"]["path"] = str(REPO / data["model"]["path"])
     data["contract"]["context_tokens"] = 1024
@@ -34,6 +35,7 @@ def changed_profile(path: Path) -> Path:
     data["load"].update({"ramp": [1, 2], "requests_per_step": 4, "long_prompt_tokens": 900, "soak_s": 4})
     data["cache"]["sessions"] = 2
     data["agent"]["repeats"] = 2
+    data["agent"]["images"] = True
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 
@@ -55,7 +57,7 @@ def build_story(lab_server: Any, lab_accept_run: Path, root: Path) -> dict[str, 
         envvars={"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"},
         extravars={"acceptance_reports_dir": str(root / "reports"), "restore_rehearsal_port": REHEARSAL_PORT},
         quiet=True)
-    # B's verdict is not release (its ramp stopped below the contract): release needs an override, in red.
+    # B's verdict is not release (agent.multimodal fails on the text model): release needs an override, in red.
     refused_b = cli("sign", str(run_b), "--reviewer", "P. Lead (SRE)", "--decision", "release")
     signoff_after_refusal = (run_b / "signoff.json").exists()
     signed_b = cli("sign", str(run_b), "--reviewer", "P. Lead (SRE)", "--decision", "release",

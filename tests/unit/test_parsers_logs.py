@@ -104,3 +104,31 @@ def test_log_parsers_never_raise(text: str) -> None:
                                 read("good", "startup.log").splitlines()), max_size=60))
 def test_scan_of_shuffled_real_lines_never_raises(lines: list[str]) -> None:
     scan_startup_log("\n".join(lines)).summary()
+
+
+# A request the lab vLLM 0.32.0 refused, verbatim from its log (the session lab server of a CI run, 2026-12-03):
+# a client asked for a model it does not serve.
+REFUSED_REQUEST = ("(APIServer pid=25858) ERROR 12-03 08:56:57 [serving.py:274] Error with model error=ErrorInfo("
+                   "message='The model `no-such-model` does not exist. Valid aliases: tiny-agent.', "
+                   "type='NotFoundError', param='model', code=404)")
+
+
+def test_a_request_refused_after_ready_is_the_clients_error_not_a_startup_failure() -> None:
+    """An attached server's log runs past its start: a 4xx it logged at ERROR after ready is listed apart and
+    never makes the start a failure; the same line before ready still counts (nothing is assumed there)."""
+    from pathlib import Path
+
+    from vllm_acceptance.core.profile import load_profile
+    from vllm_acceptance.rules.serve import check_startup_log
+
+    repo = Path(__file__).resolve().parents[2]
+    ready = (repo / "tests/fixtures/real/vllm/v1-0.32-cpu-lab-ready-one-line-kv.log").read_text()
+    assert scan_startup_log(ready).failure_class() is None
+    after = scan_startup_log(ready.rstrip("\n") + "\n" + REFUSED_REQUEST + "\n")
+    assert after.ready and after.failure_class() is None and not after.error_lines
+    assert len(after.request_errors) == 1 and "no-such-model" in after.request_errors[0].text
+    assert "request_errors" in after.summary() and "no-such-model" in after.summary()["request_errors"][0]
+    finding = check_startup_log(after, load_profile(repo / "profiles" / "cpu-lab.yml"), "localhost", [])
+    assert finding.status.value != "fail", finding.reason
+    before = scan_startup_log(REFUSED_REQUEST + "\n" + ready)
+    assert before.failure_class() == "other" and not before.request_errors

@@ -98,6 +98,10 @@ _BACKEND_WORDS = re.compile(r"backend|kernel|attention|all2all|nccl|flashinfer|t
                             re.IGNORECASE)
 _TRACEBACK = re.compile(r"(?:^|[\s:>)\]])Traceback \(most recent call last\):")
 _ENGINE_FAILED = re.compile(r"EngineCore failed to start|Engine core initialization failed")
+# A request the running server refused (vLLM's OpenAI layer, serving.py: "Error with model error=ErrorInfo(
+# message='The model `x` does not exist. ...', type='NotFoundError', param='model', code=404)"): the client's
+# error, logged at ERROR after the server became ready; never a startup failure.
+_REQUEST_ERROR = re.compile(r"Error with model error=ErrorInfo\(.*\bcode=4\d\d\)")
 
 
 @dataclass
@@ -140,6 +144,7 @@ class StartupScan(Parsed):
     ready: bool = False
     warnings: list[LogLine] = field(default_factory=list)
     error_lines: list[LogLine] = field(default_factory=list)
+    request_errors: list[LogLine] = field(default_factory=list)   # 4xx refusals after ready (clients' errors)
     fallbacks: list[LogLine] = field(default_factory=list)
     nccl_errors: list[LogLine] = field(default_factory=list)
     dmabuf_errors: list[LogLine] = field(default_factory=list)
@@ -209,7 +214,8 @@ class StartupScan(Parsed):
             "model_load_gib": self.model_load_gib, "model_load_s": self.model_load_s,
             "weights_load_s": self.weights_load_s, "engine_init_s": self.engine_init_s, "ready": self.ready,
             "failure_class": self.failure_class(), "warnings": texts(self.warnings),
-            "errors": texts(self.error_lines), "fallbacks": texts(self.fallbacks),
+            "errors": texts(self.error_lines), "request_errors": texts(self.request_errors[:10]),
+            "fallbacks": texts(self.fallbacks),
             "nccl_errors": texts(self.nccl_errors), "dmabuf_errors": texts(self.dmabuf_errors),
             "dmabuf_errno": self.dmabuf_errno, "driver_incompatible": texts(self.driver_incompatible),
             "no_kernel_image": texts(self.no_kernel_image), "oom": texts(self.oom),
@@ -275,7 +281,7 @@ def _scan_line(scan: StartupScan, line: LogLine) -> None:  # noqa: C901 - one ta
     if line.level == "WARNING":
         scan.warnings.append(line)
     elif line.level in ("ERROR", "CRITICAL"):
-        scan.error_lines.append(line)
+        (scan.request_errors if scan.ready and _REQUEST_ERROR.search(msg) else scan.error_lines).append(line)
     if scan.version is None:
         for pattern in _VERSION_PATTERNS:
             found = pattern.search(msg)
