@@ -214,3 +214,32 @@ def test_a_seeded_run_gives_each_request_its_own_seed_in_build_order(tmp_path) -
     assert [b["seed"] for b in bodies] == [40, 41, 42]
     plain = AgentProbe(None, AgentProbeConfig(model="m", scenario=OPS), EvidenceStore(tmp_path / "b"))
     assert "seed" not in plain.base([{"role": "user", "content": "x"}])
+
+
+def test_seeds_follow_the_cases_order_also_when_sent_concurrently(tmp_path) -> None:
+    """The case set sent again (under load, to a reference) through a pool: every body is built, in the cases'
+    order, before the first is sent, so each case keeps its own seed whatever order the pool runs them in."""
+    import threading
+
+    from vllm_acceptance.core.evidence import EvidenceStore
+    from vllm_acceptance.probes.agent import AgentProbe, AgentProbeConfig
+    from vllm_acceptance.runtime.client import Exchange
+    from vllm_acceptance.scenarios.cases import build_cases
+
+    seen: dict[str, int] = {}
+    built: list[int] = []   # bodies built so far, at each send
+    lock = threading.Lock()
+
+    class Recorder:
+        def chat(self, body: dict) -> Exchange:
+            with lock:
+                seen[json.dumps(body["messages"], sort_keys=True)] = body["seed"]
+                built.append(probe._sent)
+            return Exchange(request=body, status=200, body={"choices": [{"message": {"role": "assistant",
+                                                                                    "content": "ok"}}]})
+
+    probe = AgentProbe(None, AgentProbeConfig(model="m", scenario=OPS, seed=100), EvidenceStore(tmp_path))
+    cases = build_cases(OPS, 12, 0, 0, probe.system)[:12]
+    probe._judge_all(Recorder(), cases, concurrency=4)
+    assert built == [len(cases)] * len(cases)
+    assert [seen[json.dumps(c.messages, sort_keys=True)] for c in cases] == list(range(100, 100 + len(cases)))

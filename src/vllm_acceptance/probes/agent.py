@@ -1012,12 +1012,10 @@ class AgentProbe:
 
     def _judge_all(self, client: OpenAIClient, cases: list[Case], concurrency: int,
                    model: str | None = None) -> list[tuple[CaseJudgement, Exchange]]:
-        def send(case: Case) -> Exchange:
-            body = self._case_body(case)
-            return client.chat({**body, "model": model} if model else body)
-
+        # The bodies are built here, in the cases' order, so agent.seed gives each the same seed every run.
+        bodies = [self._case_body(case) for case in cases]
         with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-            got = list(pool.map(send, cases))
+            got = list(pool.map(client.chat, [{**b, "model": model} if model else b for b in bodies]))
         return [(judge_case(c.id, c.cls, c.expect, c.schema, ex.status, ex.body if ex.ok else None,
                             self.tools_of(c), ex.error), ex) for c, ex in zip(cases, got, strict=True)]
 
