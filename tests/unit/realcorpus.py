@@ -256,11 +256,24 @@ def _container_inspect(text: str) -> dict[str, Any]:
             "node_script_agrees": _node_script()["container_image"](text) == (image_id, image_ref)}
 
 
+def _crictl_inspect(text: str) -> dict[str, Any]:
+    """`crictl inspect` (containerd, CRI-O) -> the image the container runs: image ID, repo digest, reference
+    (parsers/live.py `crictl_image` and the node script's copy; docs/sources.md#crictl-inspect)."""
+    try:
+        from vllm_acceptance.parsers.live import crictl_image
+    except ImportError:
+        return {"image_id": ABSENT, "image_digest": ABSENT, "image_ref": ABSENT, "node_script_agrees": ABSENT}
+    image_id, digest, image_ref = crictl_image(text)
+    return {"image_id": image_id, "image_digest": digest, "image_ref": image_ref,
+            "node_script_agrees": _node_script()["crictl_image"](text) == (image_id, digest, image_ref)}
+
+
 READERS: dict[str, Callable[[str], dict[str, Any]]] = {
     "vllm_log": _vllm_log, "nvidia_smi_xml": _xml, "nvidia_smi_csv": _csv, "nvidia_smi_table": _table,
     "driver_version": _driver,
     "nvidia_smi_error": _smi_error, "nccl_tests": _nccl, "ibv_devinfo": _ibv, "metrics": _metrics,
     "imex_nodes": _imex, "ss_listeners": _ss, "cgroup_container": _cgroup, "container_inspect": _container_inspect,
+    "crictl_inspect": _crictl_inspect,
 }
 
 

@@ -1,11 +1,13 @@
 """The container the attached server runs in, and the image it runs (issue 28 item 3): the node script
 (roles/preflight/files/live_process.py) reads the container id from /proc/PID/cgroup and the container's image
-with the docker or podman CLI; parsers/live.py holds the same parsing; compat.image_identity fails when the
-server's container runs another image than the judged one (rules/image.py, docs/checks.md).
+with the docker or podman CLI, or crictl for a Kubernetes pod (containerd, CRI-O); parsers/live.py holds the same
+parsing; compat.image_identity fails when the server's container runs another image than the judged one
+(rules/image.py, docs/checks.md).
 
 Inputs are real captures (tests/fixtures/real/cgroup/, tests/fixtures/real/container-inspect/, sources beside
-them and in docs/sources.md#cgroup-container-id). The docker and podman CLIs are stand-ins that serve a recorded
-answer (or fail as a CLI without access does), like the fake nvidia-smi binaries elsewhere."""
+them and in docs/sources.md#cgroup-container-id and #crictl-inspect). The docker, podman and crictl CLIs are
+stand-ins that serve a recorded answer (or fail as a CLI without access does), like the fake nvidia-smi binaries
+elsewhere."""
 
 from __future__ import annotations
 
@@ -25,7 +27,13 @@ import yaml
 from vllm_acceptance.core.findings import Status
 from vllm_acceptance.core.profile import load_profile
 from vllm_acceptance.core.redact import redact_obj
-from vllm_acceptance.parsers.live import container_from_cgroup, container_image, running_container
+from vllm_acceptance.parsers.live import (
+    container_from_cgroup,
+    container_image,
+    crictl_image,
+    running_container,
+    same_running_image,
+)
 from vllm_acceptance.preflight.stage import judge
 
 from nodefixtures import build_evidence
@@ -33,7 +41,8 @@ from nodefixtures import build_evidence
 ROOT = Path(__file__).resolve().parents[2]
 REAL = ROOT / "tests" / "fixtures" / "real"
 CGROUPS = sorted((REAL / "cgroup").glob("*.txt"))
-INSPECTS = sorted((REAL / "container-inspect").glob("*.json"))
+INSPECTS = sorted(p for p in (REAL / "container-inspect").glob("*.json") if not p.name.startswith("crictl-"))
+CRICTLS = sorted((REAL / "container-inspect").glob("crictl-*.json"))
 SCRIPT = ROOT / "roles" / "preflight" / "files" / "live_process.py"
 KIMI = load_profile(ROOT / "profiles" / "kimi-k3.yml")
 JUPYTER = REAL / "container-inspect" / "docker4s-jupyterhub-singleuser.json"
@@ -41,6 +50,10 @@ DOCKER_V2 = REAL / "cgroup" / "kepler-v2-docker-prometheus.txt"       # docker-b
 PODMAN_V2 = REAL / "cgroup" / "kepler-v2-podman-rootless.txt"         # libpod-f992….scope/container
 CONTAINERD = REAL / "cgroup" / "neuvector-bottlerocket-cri-containerd-hybrid.txt"
 HOST = REAL / "cgroup" / "kepler-v2-host-tmux.txt"
+CRIO = REAL / "cgroup" / "neuvector-crio-1.19.txt"
+BARE = REAL / "cgroup" / "neuvector-kubepods-cgroupfs-bare-id.txt"
+CRICTL_CONTAINERD = REAL / "container-inspect" / "crictl-inspect-containerd-1.7.json"    # imageRef: the image ID
+CRICTL_CRIO = REAL / "container-inspect" / "crictl-inspect-crio-2020-flannel.json"      # imageRef: a repo digest
 CAT = shutil.which("cat")     # the stand-ins run on a PATH that holds only them
 
 
@@ -88,6 +101,61 @@ def test_an_inspect_without_one_container_image_is_an_error_never_a_reading() ->
         for parse in (container_image, node_script()["container_image"]):
             with pytest.raises(ValueError):
                 parse(text)
+
+
+@pytest.mark.parametrize("capture", CRICTLS, ids=[p.stem for p in CRICTLS])
+def test_a_real_crictl_inspect_gives_the_image_id_or_repo_digest_and_reference_alike(capture: Path) -> None:
+    text = capture.read_text()
+    got = crictl_image(text)
+    want = expect(capture)
+    assert got == (want["image_id"], want["image_digest"], want["image_ref"])
+    assert node_script()["crictl_image"](text) == got
+
+
+def test_the_crictl_captures_cover_an_image_id_and_repo_digests_of_containerd_and_cri_o() -> None:
+    read = {p.stem: crictl_image(p.read_text()) for p in CRICTLS}
+    assert read["crictl-inspect-containerd-1.7"][0] == expect(CRICTL_CONTAINERD)["image_id"]
+    assert {stem for stem, (iid, digest, _) in read.items() if iid is None and digest} == {
+        "crictl-inspect-crio-2020-flannel", "crictl-inspect-cri-containerd-2017-nginx"}
+
+
+def test_a_crictl_answer_without_an_image_id_or_digest_is_an_error_never_a_reading() -> None:
+    status = json.loads(CRICTL_CRIO.read_text())["status"]
+    tag_only = {"status": {**status, "imageRef": "quay.io/coreos/flannel:v0.11.0-amd64"}}      # a tag: no identity
+    for text in ("{}", "[]", '{"status": "x"}', json.dumps(tag_only), json.dumps([tag_only, tag_only])):
+        for parse in (crictl_image, node_script()["crictl_image"]):
+            with pytest.raises(ValueError):
+                parse(text)
+
+
+def test_a_newer_cri_image_id_field_wins_over_a_repo_digest() -> None:
+    """CRI 1.30 added `imageId` (the platform image's config digest) beside a repo-digest `imageRef`
+    (docs/sources.md#crictl-inspect); generated from the real CRI-O capture with that field added."""
+    data = json.loads(CRICTL_CRIO.read_text())
+    data["status"]["imageId"] = "sha256:" + "ab" * 32
+    got = crictl_image(json.dumps(data))
+    assert got == ("sha256:" + "ab" * 32, expect(CRICTL_CRIO)["image_digest"], expect(CRICTL_CRIO)["image_ref"])
+    assert node_script()["crictl_image"](json.dumps(data)) == got
+
+
+DIGEST = "sha256:181ec868e19acf210c3bf194732b2f2d50459a1c59df63a1d2653a6c9450c5b6"
+OTHER = "sha256:" + "0" * 64
+
+
+@pytest.mark.parametrize(("image_id", "repo_digest", "judged_digests", "same"), [
+    ("sha256:" + "1" * 64, None, [], True),                                      # the image ID itself
+    ("1" * 64, None, [], True),                                                  # bare hex (podman, CRI-O)
+    (OTHER, None, [f"vllm/vllm-openai@{DIGEST}"], False),                       # another image ID
+    (None, f"docker.io/vllm/vllm-openai@{DIGEST}", [f"vllm/vllm-openai@{DIGEST}"], True),   # pulled by this digest
+    (None, f"mirror.example/vllm-openai@{DIGEST}", [f"vllm/vllm-openai@{DIGEST}"], True),   # same manifest elsewhere
+    (None, f"docker.io/vllm/vllm-openai@{OTHER}", [f"vllm/vllm-openai@{DIGEST}"], False),   # another manifest
+    (None, f"docker.io/vllm/vllm-openai@{DIGEST}", [], None),                    # nothing to compare it with
+    (None, "docker.io/vllm/vllm-openai@sha256:" + "1" * 64, [], True),           # docker's containerd store: Id
+    (None, None, [f"vllm/vllm-openai@{DIGEST}"], None),
+])
+def test_the_running_image_is_compared_by_id_or_by_repo_digest_never_guessed(
+        image_id: str | None, repo_digest: str | None, judged_digests: list[str], same: bool | None) -> None:
+    assert same_running_image(image_id, repo_digest, "sha256:" + "1" * 64, judged_digests) is same
 
 
 # --- the node script with a container CLI (stand-in serving the real capture) ----------------------------------
@@ -156,7 +224,48 @@ def test_no_cli_and_containerd_leave_the_image_unknown_with_the_reason(tmp_path:
     box, _ = read_container(tmp_path, monkeypatch, DOCKER_V2, None)
     assert box is not None and box["inspect_error"] == "docker not on PATH" and "image_id" not in box
     box, _ = read_container(tmp_path / "k8s", monkeypatch, CONTAINERD, fake_cli(tmp_path, "docker", "[]"))
-    assert box is not None and box["engine"] == "containerd" and "containerd has no CLI" in box["inspect_error"]
+    assert box is not None and box["engine"] == "containerd" and box["inspect_error"] == "crictl not on PATH"
+    assert not (tmp_path / "docker.argv").exists()         # a containerd container is not docker's to read
+
+
+def test_a_containerd_pod_is_read_with_crictl(tmp_path: Path, monkeypatch) -> None:
+    cid = expect(CONTAINERD)["id"]
+    bin_dir = fake_cli(tmp_path, "crictl", CRICTL_CONTAINERD.read_text())
+    fake_cli(tmp_path, "docker", None, 1, "must not be asked")
+    box, why = read_container(tmp_path, monkeypatch, CONTAINERD, bin_dir)
+    assert why is None and box is not None
+    assert (box["id"], box["engine"], box["inspected_with"]) == (cid, "containerd", "crictl")
+    assert (box["image_id"], box["image_digest"], box["image_ref"]) == crictl_image(CRICTL_CONTAINERD.read_text())
+    assert (tmp_path / "crictl.argv").read_text().split() == ["inspect", "-o", "json", cid]
+    assert not (tmp_path / "docker.argv").exists()
+    assert redact_obj(box) == box
+
+
+def test_a_cri_o_pod_is_read_with_crictl_and_keeps_its_repo_digest(tmp_path: Path, monkeypatch) -> None:
+    box, _ = read_container(tmp_path, monkeypatch, CRIO, fake_cli(tmp_path, "crictl", CRICTL_CRIO.read_text()))
+    assert box is not None and (box["engine"], box["inspected_with"]) == ("crio", "crictl")
+    assert box["image_id"] is None and box["image_digest"] == expect(CRICTL_CRIO)["image_digest"]
+    got = running_container(json.dumps({"pid": 7, "container": box, "container_reason": None}))
+    assert got is not None and got.reason is None and got.image_digest == box["image_digest"]
+
+
+def test_a_bare_id_is_tried_with_crictl_after_docker_and_podman(tmp_path: Path, monkeypatch) -> None:
+    bin_dir = fake_cli(tmp_path, "crictl", CRICTL_CONTAINERD.read_text())
+    box, _ = read_container(tmp_path, monkeypatch, BARE, bin_dir)
+    assert box is not None and box["engine"] is None and box["inspected_with"] == "crictl"
+    assert box["image_id"] == expect(CRICTL_CONTAINERD)["image_id"]
+
+
+def test_a_crictl_failure_is_recorded_with_its_rc_never_a_guess(tmp_path: Path, monkeypatch) -> None:
+    denied = ('validate service connection: validate CRI v1 runtime API for endpoint '
+              '"unix:///run/containerd/containerd.sock": rpc error: code = Unavailable desc = connection error: '
+              'desc = "transport: Error while dialing: dial unix /run/containerd/containerd.sock: connect: '
+              'permission denied"')
+    box, _ = read_container(tmp_path, monkeypatch, CONTAINERD, fake_cli(tmp_path, "crictl", None, 1, denied))
+    assert box is not None and "image_id" not in box and "image_digest" not in box
+    assert box["inspect_error"].startswith("crictl inspect -o json rc 1: validate service connection")
+    box, _ = read_container(tmp_path / "b", monkeypatch, CONTAINERD, fake_cli(tmp_path / "b", "crictl", "{}"))
+    assert box is not None and box["inspect_error"].startswith("crictl inspect answer unreadable: no `status`")
 
 
 def test_a_host_process_has_no_container_and_says_why(tmp_path: Path, monkeypatch) -> None:
@@ -254,7 +363,7 @@ def test_without_the_running_image_the_status_is_unchanged_and_observed_says_why
         found, says = with_live(tmp_path / "run", box, why), "a host process"
     elif case == "containerd":
         box, _ = read_container(tmp_path / "node", monkeypatch, CONTAINERD, None)
-        found, says = with_live(tmp_path / "run", box), "containerd has no CLI"
+        found, says = with_live(tmp_path / "run", box), "crictl not on PATH"
     elif case == "denied":
         box, _ = read_container(tmp_path / "node", monkeypatch, DOCKER_V2,
                                 fake_cli(tmp_path / "node", "docker", None, 1, "permission denied"))
@@ -287,3 +396,64 @@ def test_a_failed_live_process_command_is_stated_not_passed_over(tmp_path: Path)
     running = found.observed["running_container"]
     assert found.status == Status.PASS and running["matches_judged_image"] is None
     assert "command not found on the node" in running["reason"]
+
+
+# --- compat.image_identity on a Kubernetes pod (crictl) ----------------------------------------------------------
+
+def judged_repo_digest() -> str:
+    data = json.loads(GOOD_INSPECT.read_text())
+    return (data[0] if isinstance(data, list) else data)["RepoDigests"][0]
+
+
+def crictl_box(tmp_path: Path, monkeypatch, cgroup: Path, answer: str) -> dict[str, Any]:
+    box, _ = read_container(tmp_path, monkeypatch, cgroup, fake_cli(tmp_path, "crictl", answer))
+    assert box is not None and box["inspected_with"] == "crictl"
+    return box
+
+
+def test_a_pod_whose_container_runs_another_image_fails_identity(tmp_path: Path, monkeypatch) -> None:
+    box = crictl_box(tmp_path / "node", monkeypatch, CONTAINERD, CRICTL_CONTAINERD.read_text())
+    found = with_live(tmp_path / "run", box)
+    assert found.status == Status.FAIL
+    assert found.reason.startswith(f"the running server's container {box['id'][:12]} runs "
+                                   "registry.k8s.io/coredns/coredns:v1.10.1 (sha256:ead0a4a53df8")
+    running = found.observed["running_container"]
+    assert running["matches_judged_image"] is False and running["engine"] == "containerd"
+
+
+def test_a_pod_whose_container_runs_the_judged_image_passes(tmp_path: Path, monkeypatch) -> None:
+    # the real containerd capture with its imageRef and config image set to the judged image's Id (generated)
+    data = json.loads(CRICTL_CONTAINERD.read_text())
+    data["status"]["imageRef"] = data["info"]["config"]["image"]["image"] = judged_id()
+    found = with_live(tmp_path / "run", crictl_box(tmp_path / "node", monkeypatch, CONTAINERD, json.dumps(data)))
+    assert found.status == Status.PASS and found.observed["running_container"]["matches_judged_image"] is True
+
+
+def test_a_cri_o_pod_is_judged_by_its_repo_digest_both_ways(tmp_path: Path, monkeypatch) -> None:
+    """CRI-O (and containerd for a pulled image) give a repo digest, not an image ID: compared with the judged
+    image's RepoDigests. The real capture's flannel digest is none of them: fail; the same capture with the
+    judged image's repo digest as its imageRef (generated): pass."""
+    box = crictl_box(tmp_path / "a", monkeypatch, CRIO, CRICTL_CRIO.read_text())
+    found = with_live(tmp_path / "run-a", box)
+    assert found.status == Status.FAIL and found.observed["running_container"]["matches_judged_image"] is False
+    assert "(registry digest quay.io/coreos/flannel@sha256:7806805c" in found.reason
+    data = json.loads(CRICTL_CRIO.read_text())
+    data["status"]["imageRef"] = "docker.io/" + judged_repo_digest()
+    found = with_live(tmp_path / "run-b", crictl_box(tmp_path / "b", monkeypatch, CRIO, json.dumps(data)))
+    assert found.status == Status.PASS and found.observed["running_container"]["matches_judged_image"] is True
+    assert found.observed["running_container"]["image_digest"] == "docker.io/" + judged_repo_digest()
+
+
+def test_a_repo_digest_with_nothing_to_compare_is_stated_not_comparable(tmp_path: Path, monkeypatch) -> None:
+    box = crictl_box(tmp_path / "node", monkeypatch, CRIO, CRICTL_CRIO.read_text())
+    base = tmp_path / "run"
+    with_live(base, box)
+    inspect_path = base / "evidence" / "preflight" / "gpu-01" / "image_inspect.txt"     # the node's docker answer
+    data = json.loads(inspect_path.read_text())
+    (data[0] if isinstance(data, list) else data)["RepoDigests"] = []         # built or loaded locally
+    inspect_path.write_text(json.dumps(data))
+    findings = judge(base, KIMI, ["gpu-01"], today=dt.date(2026, 9, 1))
+    found = next(f for f in findings if f.check == "compat.image_identity" and f.host == "gpu-01")
+    running = found.observed["running_container"]
+    assert running["matches_judged_image"] is None and "not comparable" in running["reason"]
+    assert found.status == Status.FAIL and "no registry digest" in found.reason     # failed for its own reason

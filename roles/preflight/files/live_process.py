@@ -2,9 +2,11 @@
 and environment from /proc/PID/{cmdline,environ}, as one JSON object on stdout. No listener here, or one of
 another user's processes (`ss` shows no pid then), is stated with pid null, never guessed. Values of
 secret-looking variables are dropped here already; the controller redacts again before saving
-(preflight/stage.py, core/redact.py). The container it runs in: the id from /proc/PID/cgroup and, with the
-docker or podman CLI here, the image that container runs (`inspect --type container`: Image, Config.Image),
-or why not (issue 28 item 3; rules/image.py compares it with the judged image).
+(preflight/stage.py, core/redact.py). The container it runs in: the id from /proc/PID/cgroup and the image
+that container runs, read with the docker or podman CLI (`inspect --type container`: Image, Config.Image) or,
+for containerd and CRI-O (Kubernetes pods), with crictl (`crictl inspect`: status.imageId/imageRef, the image
+ID or a repo digest; status.image.image, the reference), or why not (issue 28 item 3; rules/image.py compares
+it with the judged image; docs/sources.md#crictl-inspect).
 Usage: python3 -c "$(cat live_process.py)" PORT"""
 
 import json
@@ -74,32 +76,81 @@ def container_image(text):
     return data["Image"], (str(ref) if ref else None)
 
 
+# A copy of parsers/live.py crictl_image (docs/sources.md#crictl-inspect); the same real captures feed both.
+IMAGE_ID = re.compile(r"^(?:sha256:)?[0-9a-f]{64}$")
+
+
+def str_at(data, *keys):
+    for key in keys[:-1]:
+        data = data.get(key) if isinstance(data.get(key), dict) else {}
+    value = data.get(keys[-1])
+    return value if isinstance(value, str) and value else None
+
+
+def crictl_image(text):
+    """(image ID, repo digest, reference) of `crictl inspect` JSON; ValueError when it names neither an ID nor a
+    repo digest."""
+    data = json.loads(text)
+    if isinstance(data, list):
+        if len(data) != 1:
+            raise ValueError(f"expected one container in the crictl inspect answer, found {len(data)}")
+        data = data[0]
+    status = data.get("status") if isinstance(data, dict) else None
+    if not isinstance(status, dict):
+        raise ValueError("no `status` in the crictl inspect answer")
+    info = data.get("info") if isinstance(data.get("info"), dict) else {}
+    config = info.get("config") if isinstance(info.get("config"), dict) else {}
+    named = [str_at(status, "imageId"), str_at(status, "imageRef"), str_at(config, "image", "image")]
+    image_id = next((x for x in named if x and IMAGE_ID.match(x)), None)
+    ref = str_at(status, "imageRef")
+    digest = ref if ref and "@sha256:" in ref else None
+    refs = [str_at(status, "image", "image"), str_at(config, "image", "image")]
+    reference = next((x for x in refs if x and not IMAGE_ID.match(x)), None)
+    if image_id is None and digest is None:
+        raise ValueError("neither an image ID nor a repo digest in the crictl inspect answer "
+                         "(status.imageId, status.imageRef, info.config.image.image)")
+    return image_id, digest, reference
+
+
+CLIS = {"docker": ["docker"], "podman": ["podman"], "containerd": ["crictl"], "crio": ["crictl"],
+        None: ["docker", "podman", "crictl"]}
+
+
+def inspect_with(cli, cid, run):
+    """(answer, None) or (None, why) of one CLI's inspect of the container."""
+    argv = ["crictl", "inspect", "-o", "json", cid] if cli == "crictl" else [cli, "inspect", "--type", "container", cid]
+    try:
+        done = run(argv, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return None, f"{' '.join(argv[:2])} failed: {exc}"
+    if done.returncode != 0:
+        return None, f"{' '.join(argv[:-1])} rc {done.returncode}: {done.stderr.strip()[:300]}"
+    try:
+        if cli == "crictl":
+            image_id, digest, image_ref = crictl_image(done.stdout)
+            return {"inspected_with": cli, "image_id": image_id, "image_digest": digest, "image_ref": image_ref}, None
+        image_id, image_ref = container_image(done.stdout)
+    except ValueError as exc:
+        return None, f"{cli} inspect answer unreadable: {exc}"
+    return {"inspected_with": cli, "image_id": image_id, "image_ref": image_ref}, None
+
+
 def inspect_container(engine, cid, which=shutil.which, run=subprocess.run):
-    """What the container runs, read with its runtime's CLI (docker or podman; for a bare id either that is
-    here), or the reasons it could not be read. Never guessed."""
-    clis = [engine] if engine in ("docker", "podman") else (["docker", "podman"] if engine is None else [])
+    """What the container runs, read with its runtime's CLI (docker, podman; crictl for containerd and CRI-O;
+    for a bare id whichever of them is here answers), or the reasons it could not be read. Never guessed."""
+    clis = CLIS.get(engine)
     if not clis:
-        return {"inspect_error": f"{engine} has no CLI this script uses (docker or podman) to read "
+        return {"inspect_error": f"{engine} has no CLI this script uses (docker, podman or crictl) to read "
                                  "the container's image"}
     tried = []
     for cli in clis:
         if not which(cli):
             tried.append(f"{cli} not on PATH")
             continue
-        try:
-            done = run([cli, "inspect", "--type", "container", cid], capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.SubprocessError) as exc:
-            tried.append(f"{cli} inspect failed: {exc}")
-            continue
-        if done.returncode != 0:
-            tried.append(f"{cli} inspect --type container rc {done.returncode}: {done.stderr.strip()[:300]}")
-            continue
-        try:
-            image_id, image_ref = container_image(done.stdout)
-        except ValueError as exc:
-            tried.append(f"{cli} inspect answer unreadable: {exc}")
-            continue
-        return {"inspected_with": cli, "image_id": image_id, "image_ref": image_ref}
+        answer, why = inspect_with(cli, cid, run)
+        if answer is not None:
+            return answer
+        tried.append(why)
     return {"inspect_error": "; ".join(tried)}
 
 

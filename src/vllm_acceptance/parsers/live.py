@@ -212,6 +212,72 @@ def same_image_id(a: str, b: str) -> bool:
     return a.removeprefix("sha256:").lower() == b.removeprefix("sha256:").lower()
 
 
+# `crictl inspect` (containerd and CRI-O, the Kubernetes node's CLI; docs/sources.md#crictl-inspect): the CRI
+# ContainerStatus. `status.imageRef` is a repo digest (`repo@sha256:...`, containerd when the image has one, CRI-O
+# before `imageId`) or the image ID (`sha256:<hex>`); `status.imageId` (CRI 1.30+) is the image ID;
+# containerd's `info.config.image.image` is the ID the kubelet created the container from. The node script keeps
+# its own copy (roles/preflight/files/live_process.py `crictl_image`); tests/unit/test_live_container.py holds
+# both equal on the real captures in tests/fixtures/real/container-inspect/crictl-*.json.
+_IMAGE_ID = re.compile(r"^(?:sha256:)?[0-9a-f]{64}$")
+
+
+def crictl_image(text: str) -> tuple[str | None, str | None, str | None]:
+    """(image ID, repo digest, reference) of `crictl inspect` JSON: the ID from `status.imageId`, else an ID-form
+    `status.imageRef`, else an ID-form `info.config.image.image`; the repo digest from a `repo@sha256:` imageRef;
+    the reference from `status.image.image` (else `info.config.image.image`) when it is not an ID. None where the
+    answer does not say. ValueError when it names neither an image ID nor a repo digest."""
+    data = json.loads(text)
+    if isinstance(data, list):
+        if len(data) != 1:
+            raise ValueError(f"expected one container in the crictl inspect answer, found {len(data)}")
+        data = data[0]
+    status = data.get("status") if isinstance(data, dict) else None
+    if not isinstance(status, dict):
+        raise ValueError("no `status` in the crictl inspect answer")
+    info = data.get("info") if isinstance(data.get("info"), dict) else {}
+    config = info.get("config") if isinstance(info.get("config"), dict) else {}
+    named = [_str_at(status, "imageId"), _str_at(status, "imageRef"), _str_at(config, "image", "image")]
+    image_id = next((x for x in named if x and _IMAGE_ID.match(x)), None)
+    ref = _str_at(status, "imageRef")
+    digest = ref if ref and "@sha256:" in ref else None
+    refs = [_str_at(status, "image", "image"), _str_at(config, "image", "image")]
+    reference = next((x for x in refs if x and not _IMAGE_ID.match(x)), None)
+    if image_id is None and digest is None:
+        raise ValueError("neither an image ID nor a repo digest in the crictl inspect answer "
+                         "(status.imageId, status.imageRef, info.config.image.image)")
+    return image_id, digest, reference
+
+
+def _str_at(data: dict[str, Any], *keys: str) -> str | None:
+    for key in keys[:-1]:
+        data = data.get(key) if isinstance(data.get(key), dict) else {}
+    value = data.get(keys[-1])
+    return value if isinstance(value, str) and value else None
+
+
+def _digest_part(reference: str) -> str:
+    return reference.rsplit("@", 1)[-1].lower()
+
+
+def same_running_image(image_id: str | None, repo_digest: str | None, judged_id: str,
+                       judged_repo_digests: list[str]) -> bool | None:
+    """Whether the container runs the judged image: True when its image ID is the judged image's ID, or its repo
+    digest is one the judged image was pulled by (RepoDigests; or its ID, which docker's containerd image store
+    makes the index digest); False when its image ID differs, or (with no ID to compare) its repo digest is none of
+    the judged image's RepoDigests (another manifest: another image); None when there is nothing to compare with
+    (a repo digest only, and the judged image has no RepoDigests: built or loaded locally)."""
+    if image_id and same_image_id(image_id, judged_id):
+        return True
+    judged = {_digest_part(d) for d in judged_repo_digests if "@" in d}
+    if repo_digest and (_digest_part(repo_digest) in judged or same_image_id(_digest_part(repo_digest), judged_id)):
+        return True
+    if image_id:
+        return False
+    if repo_digest and judged:
+        return False
+    return None
+
+
 @dataclass(frozen=True)
 class RunningContainer:
     """The container of the serving process as the node read it (live_process evidence, key `container`)."""
@@ -220,6 +286,7 @@ class RunningContainer:
     image_id: str | None
     image_ref: str | None
     reason: str | None          # why the image is not known (no container, no CLI, inspect failed)
+    image_digest: str | None = None     # repo digest (crictl's `repo@sha256:` imageRef) when no image ID is known
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -239,6 +306,7 @@ def running_container(text: str) -> RunningContainer | None:
         return RunningContainer(None, None, None, None,
                                 str(data.get("container_reason") or "no container id in /proc/PID/cgroup"))
     image_id = box.get("image_id") if isinstance(box.get("image_id"), str) and box.get("image_id") else None
-    reason = None if image_id else str(box.get("inspect_error") or "the container's image was not read")
+    digest = box.get("image_digest") if isinstance(box.get("image_digest"), str) and box.get("image_digest") else None
+    reason = None if image_id or digest else str(box.get("inspect_error") or "the container's image was not read")
     return RunningContainer(str(box["id"]), box.get("engine") or box.get("inspected_with"), image_id,
-                            box.get("image_ref"), reason)
+                            box.get("image_ref"), reason, digest)

@@ -47,7 +47,8 @@ COMMANDS = {
     "image_pull": "docker|podman pull IMAGE (only when preflight_pull_image is set)",
     "inputs": "the role's inputs (JSON)",
     "live_process": "ss -ltnpH; /proc/PID/cmdline, /proc/PID/environ and /proc/PID/cgroup of the process serving "
-                    "the port, its container's image (docker/podman inspect --type container) (JSON, secrets "
+                    "the port, its container's image (docker/podman inspect --type container; crictl inspect for "
+                    "containerd/CRI-O) (JSON, secrets "
                     "redacted: parsers/live.py)",
 }
 

@@ -63,7 +63,9 @@ register("compat.image_identity", stage="preflight", consequence=REBUILD,
               "the profile pins), whatever inventory variable names another: another image fails with limited "
               "observation at most, the run judged on the experimental route (never a release of the profile); "
               "attached to a running server: the container of the process on its port (/proc/PID/cgroup) runs the "
-              "judged image ID (docker/podman inspect --type container), another image fails",
+              "judged image ID (docker/podman inspect --type container; a Kubernetes pod: crictl inspect, its "
+              "image ID, or its repo digest compared with the judged image's RepoDigests, stated not comparable "
+              "when it has none), another image fails",
          evidence="docker/podman image inspect; attached: live_process (container id, its image ID)",
          source="000/001: image identity: full reference and digest, pull date, the exact launch command")
 register("compat.image_uniform", stage="preflight", consequence=REBUILD,

@@ -8,7 +8,8 @@ from typing import Any
 
 from ..core.findings import Consequence, Finding, Status
 from ..parsers.base import version_at_least
-from ..parsers.live import running_container, same_image_id
+from ..parsers.container import ImageInspect
+from ..parsers.live import running_container, same_running_image
 from .context import ROUTE_IMAGE, ROUTE_SELF_BUILT, NodeContext, finding, why_missing
 from .registry import missing, not_applicable
 
@@ -110,10 +111,12 @@ def _not_official(ctx: NodeContext, observed: dict[str, Any], expected: dict[str
                           "playbooks/build_image.yml writes the image's own experimental profile with its lineage")
 
 
-def _running_container(ctx: NodeContext, judged_id: str) -> dict[str, Any] | None:
+def _running_container(ctx: NodeContext, judged: ImageInspect) -> dict[str, Any] | None:
     """What the attached server's container runs (issue 28 item 3; live_process evidence, parsers/live.py), for
     `observed.running_container`; None where no server was read (not attached). `matches_judged_image` is True or
-    False only where the container's image ID was read; otherwise `reason` says why it is unknown."""
+    False only where the container's image ID, or its repo digest (crictl on containerd/CRI-O), could be compared
+    with the judged image's ID or RepoDigests (parsers/live.py `same_running_image`); otherwise `reason` says why
+    it is unknown."""
     record = ctx.rec("live_process")
     if not record.present:
         return None
@@ -128,21 +131,32 @@ def _running_container(ctx: NodeContext, judged_id: str) -> dict[str, Any] | Non
                 "reason": str(why or "the node's answer names no container (read by an older live_process script?)")}
     out: dict[str, Any] = {"id": running.id, "engine": running.engine, "image_id": running.image_id,
                            "image_ref": running.image_ref}
-    if running.image_id is None:
+    if running.image_digest:
+        out["image_digest"] = running.image_digest
+    if running.image_id is None and running.image_digest is None:
         return {**out, "matches_judged_image": None,
                 "reason": f"the image of the server's container is unknown: {running.reason}"}
-    return {**out, "matches_judged_image": same_image_id(running.image_id, judged_id)}
+    same = same_running_image(running.image_id, running.image_digest, str(judged.id), judged.repo_digests)
+    if same is None:
+        return {**out, "matches_judged_image": None,
+                "reason": f"the server's container runs the registry digest {running.image_digest} (no image ID "
+                          "read) and the judged image has no RepoDigests to compare it with (built or loaded "
+                          "locally): not comparable"}
+    return {**out, "matches_judged_image": same}
 
 
 def _other_image_runs(ctx: NodeContext, running: dict[str, Any], judged_id: str, observed: dict[str, Any],
                       expected: dict[str, Any], rule: str, evidence: list[str], problems: list[str]) -> Finding:
     runs = running["image_ref"] or "(reference unknown)"
-    reason = (f"the running server's container {str(running['id'])[:12]} runs {runs} ({running['image_id']}), "
+    what = running["image_id"] or f"registry digest {running.get('image_digest')}, none of the judged image's " \
+                                   "RepoDigests"
+    use = running["image_ref"] or running["image_id"] or running.get("image_digest")
+    reason = (f"the running server's container {str(running['id'])[:12]} runs {runs} ({what}), "
               f"not the judged image {ctx.image_ref} ({judged_id})")
     also = "; also " + "; ".join(problems) if problems else ""
     return finding("compat.image_identity", Status.FAIL, ctx.host, observed=observed, expected=expected, rule=rule,
                    evidence=evidence, reason=reason + also,
-                   action=f"judge the image that runs (set vllm_image to {running['image_ref'] or running['image_id']})"
+                   action=f"judge the image that runs (set vllm_image to {use})"
                           " or attach to the server started from the judged image")
 
 
@@ -169,7 +183,8 @@ def check_image_identity(ctx: NodeContext) -> Finding:
     rule = ("full reference and registry digest recorded; no forbidden tag suffix; the local tag was pulled "
             "from its own repository; digest == the pinned digest when one is pinned; the profile's own image "
             "(repository, tag, the digest the profile pins), whatever inventory variable names another; attached: "
-            "the running server's container runs the judged image (image ID)")
+            "the running server's container runs the judged image (image ID; with crictl a repo digest, compared "
+            "with the judged image's RepoDigests)")
     problems: list[str] = []
     tags = ([reference] if reference else []) + inspect.repo_tags
     bad_tags = sorted({t for t in tags for s in forbidden if s and _tag(t).endswith(s)})
@@ -187,7 +202,7 @@ def check_image_identity(ctx: NodeContext) -> Finding:
     if other:      # whatever else is wrong, the report says first that this is not the profile's image
         observed = {**observed, "official": False, "official_reference": official_reference(ctx)[0],
                     "not_official": other}
-    running = _running_container(ctx, inspect.id)
+    running = _running_container(ctx, inspect)
     if running is not None:    # attach: the image the server's container runs, not only the configured one
         observed = {**observed, "running_container": running}
         evidence = evidence + ctx.paths("live_process")
