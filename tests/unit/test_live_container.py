@@ -354,23 +354,45 @@ def test_a_server_whose_container_runs_the_judged_image_passes_and_says_so(tmp_p
     assert found.observed["running_container"]["matches_judged_image"] is True
 
 
-@pytest.mark.parametrize("case", ["host", "containerd", "denied", "no-listener"])
-def test_without_the_running_image_the_status_is_unchanged_and_observed_says_why(tmp_path: Path, monkeypatch,
-                                                                                   case: str) -> None:
+def test_no_server_on_this_node_leaves_the_status_unchanged_and_observed_says_why(tmp_path: Path) -> None:
+    """A node where nothing listens on the port (a worker tray, a dead URL): nothing runs here to bind the image
+    to; compat.server_location judges where the server is."""
     before = baseline(tmp_path / "before")
-    if case == "host":
-        box, why = read_container(tmp_path / "node", monkeypatch, HOST, None)
-        found, says = with_live(tmp_path / "run", box, why), "a host process"
-    elif case == "containerd":
+    found = with_live(tmp_path / "run", None, pid=None)
+    assert found.status == before.status == Status.PASS
+    running = found.observed["running_container"]
+    assert running["matches_judged_image"] is None and "no process listens on port 8000" in running["reason"]
+
+
+def test_a_server_that_is_a_host_process_is_not_the_judged_image(tmp_path: Path, monkeypatch) -> None:
+    """The real host-process cgroup: the server serving the port runs in no container, so the image judged is
+    not what serves (a pip install beside it, a server started by hand): fail, never the configured image's pass."""
+    assert baseline(tmp_path / "before").status == Status.PASS
+    box, why = read_container(tmp_path / "node", monkeypatch, HOST, None)
+    found = with_live(tmp_path / "run", box, why)
+    assert found.status == Status.FAIL
+    assert "runs in no container" in found.reason and "a host process" in found.reason
+    assert "the judged image vllm/vllm-openai:kimi-k3 is not what serves (launch.runtime docker)" in found.reason
+    assert "launch.runtime is process" in found.action
+    assert found.observed["running_container"]["host_process"] is True
+
+
+@pytest.mark.parametrize("case", ["containerd", "denied"])
+def test_a_container_whose_image_cannot_be_read_is_inconclusive_never_pass(tmp_path: Path, monkeypatch,
+                                                                           case: str) -> None:
+    """The server runs in a container the node cannot inspect (no crictl for a pod, docker refusing the user):
+    the configured image alone does not pass for it."""
+    if case == "containerd":
         box, _ = read_container(tmp_path / "node", monkeypatch, CONTAINERD, None)
-        found, says = with_live(tmp_path / "run", box), "crictl not on PATH"
-    elif case == "denied":
+        says = "crictl not on PATH"
+    else:
         box, _ = read_container(tmp_path / "node", monkeypatch, DOCKER_V2,
                                 fake_cli(tmp_path / "node", "docker", None, 1, "permission denied"))
-        found, says = with_live(tmp_path / "run", box), "permission denied"
-    else:
-        found, says = with_live(tmp_path / "run", None, pid=None), "no process listens on port 8000"
-    assert found.status == before.status == Status.PASS
+        says = "permission denied"
+    found = with_live(tmp_path / "run", box)
+    assert found.status == Status.INCONCLUSIVE
+    assert says in found.reason and f"container {box['id'][:12]} was found" in found.reason
+    assert "crictl for a Kubernetes pod" in found.action
     running = found.observed["running_container"]
     assert running["matches_judged_image"] is None and says in running["reason"]
 

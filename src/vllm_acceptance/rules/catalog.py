@@ -65,7 +65,8 @@ register("compat.image_identity", stage="preflight", consequence=REBUILD,
               "attached to a running server: the container of the process on its port (/proc/PID/cgroup) runs the "
               "judged image ID (docker/podman inspect --type container; a Kubernetes pod: crictl inspect, its "
               "image ID, or its repo digest compared with the judged image's RepoDigests, stated not comparable "
-              "when it has none), another image fails",
+              "when it has none), another image fails; a server on the node that runs in no container fails "
+              "(the judged image is not what serves); one whose container's image cannot be read is inconclusive",
          evidence="docker/podman image inspect; attached: live_process (container id, its image ID)",
          source="000/001: image identity: full reference and digest, pull date, the exact launch command")
 register("compat.image_uniform", stage="preflight", consequence=REBUILD,

@@ -130,7 +130,10 @@ def _running_container(ctx: NodeContext, judged: ImageInspect) -> dict[str, Any]
         return {"matches_judged_image": None,
                 "reason": str(why or "the node's answer names no container (read by an older live_process script?)")}
     out: dict[str, Any] = {"id": running.id, "engine": running.engine, "image_id": running.image_id,
-                           "image_ref": running.image_ref}
+                           "image_ref": running.image_ref, "served_here": True}
+    if running.id is None:     # the server on this node is a host process: no container runs it
+        return {**out, "matches_judged_image": None, "host_process": True,
+                "reason": f"the server on this node runs in no container: {running.reason}"}
     if running.image_digest:
         out["image_digest"] = running.image_digest
     if running.image_id is None and running.image_digest is None:
@@ -143,6 +146,32 @@ def _running_container(ctx: NodeContext, judged: ImageInspect) -> dict[str, Any]
                           "read) and the judged image has no RepoDigests to compare it with (built or loaded "
                           "locally): not comparable"}
     return {**out, "matches_judged_image": same}
+
+
+def _no_container_runs(ctx: NodeContext, running: dict[str, Any], observed: dict[str, Any], expected: dict[str, Any],
+                       rule: str, evidence: list[str], problems: list[str]) -> Finding:
+    """The attached server is a host process while the profile serves from a container image: the image judged
+    is not what serves (a pip install beside it, a hand-started server), whatever that image holds."""
+    also = "; also " + "; ".join(problems) if problems else ""
+    return finding("compat.image_identity", Status.FAIL, ctx.host, observed=observed, expected=expected, rule=rule,
+                   evidence=evidence,
+                   reason=f"{running['reason']}: the judged image {ctx.image_ref} is not what serves "
+                          f"(launch.runtime {ctx.runtime}){also}",
+                   action=f"attach to the server started from {ctx.image_ref} in its container (docker, podman or "
+                          "a Kubernetes pod); a host install is judged with a profile whose launch.runtime is "
+                          "process")
+
+
+def _running_image_unknown(ctx: NodeContext, running: dict[str, Any], observed: dict[str, Any],
+                           expected: dict[str, Any], rule: str, evidence: list[str]) -> Finding:
+    """The attached server runs in a container whose image could not be read: the configured image may not be
+    the one that serves, so the image is not accepted on the configured one alone (docs/checks.md)."""
+    return finding("compat.image_identity", Status.INCONCLUSIVE, ctx.host, observed=observed, expected=expected,
+                   rule=rule, evidence=evidence,
+                   reason=f"the server's container {str(running.get('id') or '')[:12]} was found, but "
+                          f"{running['reason']}: whether it runs {ctx.image_ref} is unknown",
+                   action="give the node the container runtime's CLI that knows the container (docker, podman, or "
+                          "crictl for a Kubernetes pod), run as a user allowed to inspect it, and run again")
 
 
 def _other_image_runs(ctx: NodeContext, running: dict[str, Any], judged_id: str, observed: dict[str, Any],
@@ -208,6 +237,10 @@ def check_image_identity(ctx: NodeContext) -> Finding:
         evidence = evidence + ctx.paths("live_process")
         if running["matches_judged_image"] is False:
             return _other_image_runs(ctx, running, inspect.id, observed, expected, rule, evidence, problems)
+        if running.get("host_process"):
+            return _no_container_runs(ctx, running, observed, expected, rule, evidence, problems)
+        if running.get("served_here") and running["matches_judged_image"] is None and not problems and not other:
+            return _running_image_unknown(ctx, running, observed, expected, rule, evidence)
     if problems:
         return finding(check, Status.FAIL, ctx.host, observed=observed, expected=expected, rule=rule,
                         evidence=evidence, reason="; ".join(problems),
