@@ -80,6 +80,9 @@ def test_attach_to_a_running_cluster_judges_the_soak_from_the_nodes_gpu_samples(
     assert soak["status"] == "pass" and soak["observed"]["memory_samples"] == 0
     assert set(soak["observed"]["gpu_memory_growth_pct"]) == {f"gpu{i}@gb300-a01" for i in range(8)}
     assert "evidence/memory/gb300-a01.csv" in soak["evidence"]
+    # the server's container found from its cgroup (docker's systemd driver naming) and its image ID matched
+    running = played["attach-running"].finding("compat.image_identity", "gb300-a01")["observed"]["running_container"]
+    assert running["engine"] == "docker" and running["matches_judged_image"] is True, running
 
 
 def test_dead_url_fails_naming_the_url(cluster: rh.Rehearsal, played: dict[str, rh.Outcome]) -> None:
@@ -250,3 +253,39 @@ def test_b300_single_node_releases_on_its_own_shape(cluster: rh.Rehearsal, playe
     assert outcome.finding("interconnect.fabric_state", "b300-n01")["status"] == "not_applicable"
     assert outcome.finding("interconnect.imex")["status"] == "not_applicable"
     assert cluster.container_status("b300-n01") == "absent"
+
+
+@FULL
+def test_attach_pod_reads_the_pods_image_with_crictl_and_its_log_by_command(cluster: rh.Rehearsal,
+                                                                           played: dict[str, rh.Outcome]) -> None:
+    """A server in a Kubernetes pod (its container under containerd, which the node's docker does not know), its log
+    given as a command: the container is found in /proc/PID/cgroup, its image read with crictl and matched with the
+    judged image, the startup log taken from the command and held to the live server; a healthy one releases."""
+    outcome = played["attach-pod"]
+    assert outcome.verdict == "release", outcome.reasons
+    image = outcome.finding("compat.image_identity", "gb300-a01")
+    running = image["observed"]["running_container"]
+    assert image["status"] == "pass" and running["matches_judged_image"] is True, image
+    assert running["engine"] == "containerd" and running["image_ref"] == rh.IMAGE
+    assert any(c["argv"][:3] == ["crictl", "inspect", "-o"] for c in _jsonl(cluster.state("gb300-a01")
+                                                                             / "crictl-calls.jsonl"))
+    identity = outcome.finding("compat.startup_log_identity", "gb300-a01")
+    assert identity["status"] == "pass" and identity["observed"]["source"].startswith("the command `cat ")
+
+
+@FULL
+def test_a_site_contract_below_the_served_window_releases_with_the_enforcement_warning(
+        played: dict[str, rh.Outcome]) -> None:
+    """kimi-k3's shape (a 262,144-token contract under the recipe's --max-model-len 1048576) on the lab server: a
+    contract of 992 + 32 tokens under its 2,048. At the contract: served; over the served window: refused; over the
+    contract but within the window: served, a warning that nothing enforces the contract, not a blocker."""
+    outcome = played["contract-below-served"]
+    assert outcome.verdict == "release", outcome.reasons
+    contract = outcome.finding("capacity.context_contract")
+    assert contract["status"] == "warn" and "nothing enforces the contract" in contract["reason"], contract
+    served = outcome.finding("compat.actual_config.max_model_len", "gb300-a01")
+    assert served["status"] == "pass" and "1024 tokens over the contract are served" in served["reason"]
+
+
+def _jsonl(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []

@@ -12,9 +12,14 @@ nshosts.py) `docker` is this script (stdlib only, run by the node's /usr/bin/pyt
   answered by the node's recorded docker (tests/fixtures/generated-nodes/<case>/bin/docker): they stand
   for the GPU image's facts; any other foreground `run ... --entrypoint python3 IMAGE -c PROGRAM` (the
   in-image all-reduce) runs PROGRAM for real with the lab's Python in the node's namespace;
-- `inspect --format '{{.State.Status}}' NAME` / `'{{json .Args}}'`, `ps`, `logs [--tail N] NAME`,
-  `stop NAME`, `rm [-f] NAME`, `restart [-t N] NAME` (same arguments, environment and log) act on the
-  supervised server.
+- `inspect --format '{{.State.Status}}' NAME` / `'{{json .Args}}'`, `inspect [--type container] NAME|ID`
+  (docker's JSON: Id, Image = the image ID the recorded docker gives for the run's image, Config.Image = the
+  reference it was run with, State), `ps`, `logs [--tail N] NAME`, `stop NAME`, `rm [-f] NAME`,
+  `restart [-t N] NAME` (same arguments, environment and log) act on the supervised server;
+- each container's server runs in a real cgroup named as docker's systemd driver names it
+  (`/system.slice/docker-<id>.scope` under the cgroup v2 mount): the node reads its container from
+  /proc/PID/cgroup as on a GPU node (roles/preflight/files/live_process.py), so an attached server is bound
+  to the image its container runs. `kubepods` pods are placed the same way by the rehearsal (attach-pod).
 
 A multi-node launch (roles/vllm_serve, serve/launch.py) sends every node `--nnodes N --node-rank R
 --master-addr HEAD --master-port P`, and the workers `--headless` without `--host/--port`. The image's
@@ -39,6 +44,7 @@ rehearsal profile's cache and agent probes send one request at a time, so N = 2 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -85,6 +91,38 @@ class Node:
     def recorded_docker(self, argv: list[str]) -> int:
         return subprocess.call([self.recorded, *argv])
 
+    def resolve(self, target: str) -> str | None:
+        """A container's name from its name or its id (or a unique prefix of it, as docker accepts)."""
+        if self.box(target).is_dir():
+            return target
+        boxes = sorted((self.state / "containers").iterdir()) if (self.state / "containers").is_dir() else []
+        found = [b.name for b in boxes if (b / "id").is_file() and (b / "id").read_text().strip().startswith(target)]
+        return found[0] if len(found) == 1 and len(target) >= 12 else None
+
+    def inspect(self, name: str, status: str) -> dict[str, object]:
+        """The fields of `docker inspect --type container` the product reads (live_process.py), docker's names."""
+        box = self.box(name)
+        image = (box / "image").read_text().strip() if (box / "image").is_file() else ""
+        pid = read_int(box / "pid")
+        return {"Id": (box / "id").read_text().strip() if (box / "id").is_file() else "",
+                "Created": (box / "created").read_text().strip() if (box / "created").is_file() else "",
+                "Path": "vllm", "Args": json.loads((box / "args.json").read_text()),
+                "State": {"Status": status, "Running": status == "running",
+                          "Pid": pid if status == "running" and pid else 0},
+                "Image": self.image_id(image), "Name": f"/{name}", "Config": {"Image": image}}
+
+    def image_id(self, reference: str) -> str:
+        """The image ID of `reference` as the node's recorded docker states it ("" where it knows none)."""
+        if not reference:
+            return ""
+        done = subprocess.run([self.recorded, "image", "inspect", reference], capture_output=True, text=True)
+        try:
+            data = json.loads(done.stdout) if done.returncode == 0 else []
+        except ValueError:
+            return ""
+        first = data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else {}
+        return str(first.get("Id") or "")
+
     def status(self, name: str) -> str | None:
         box = self.box(name)
         if not box.is_dir():
@@ -115,14 +153,86 @@ def alive(pid: int | None) -> bool:
         return False
 
 
+def cgroup2_root(mounts: str = "/proc/mounts") -> Path | None:
+    """Where the cgroup v2 hierarchy is mounted (/sys/fs/cgroup; /sys/fs/cgroup/unified on a hybrid host)."""
+    try:
+        lines = Path(mounts).read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split()
+        if len(parts) > 2 and parts[2] == "cgroup2":
+            return Path(parts[1])
+    return None
+
+
+def docker_cgroup(cid: str) -> str:
+    """The cgroup docker's systemd cgroup driver gives a container."""
+    return f"system.slice/docker-{cid}.scope"
+
+
+def make_cgroup(relative: str) -> tuple[Path | None, str]:
+    """The cgroup directory (created), or None and why (no cgroup v2 mount, not writable)."""
+    root = cgroup2_root()
+    if root is None:
+        return None, "no cgroup2 mount in /proc/mounts"
+    path = root / relative
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return None, f"cannot create {path}: {exc}"
+    return path, ""
+
+
+def join_cgroup(path: Path) -> None:
+    """Move the calling process into the cgroup (run in the child before exec: its children inherit it)."""
+    (path / "cgroup.procs").write_text(str(os.getpid()))
+
+
+def remove_cgroup(relative: str, wait_s: float = 10.0) -> None:
+    """The container's cgroup and the parents made for it, removed: a process still in it (an engine process
+    outliving its server) is killed first, as the runtime does when it removes a container."""
+    root = cgroup2_root()
+    if root is None:
+        return
+    path = root / relative
+    deadline = time.time() + wait_s
+    while (path / "cgroup.procs").is_file() and time.time() < deadline:
+        left = [int(p) for p in (path / "cgroup.procs").read_text().split() if p.isdigit()]
+        if not left:
+            break
+        for pid in left:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.2)
+    while path != root and root in path.parents:
+        try:
+            path.rmdir()
+        except OSError:
+            return
+        path = path.parent
+        if path.name in ("system.slice",) or not path.name.endswith(".slice"):
+            return
+
+
 def split_run(argv: list[str]) -> tuple[str, dict[str, str], list[str], list[str]]:
     """`run -d --name N [opts] IMAGE@digest MODEL ARGS` -> name, mounts, env keys, serve args."""
+    name, mounts, keys, _image, serve = _split_run(argv)
+    return name, mounts, keys, serve
+
+
+def run_image(argv: list[str]) -> str:
+    """The image reference a `run` argv names ("" when none)."""
+    return _split_run(argv)[3]
+
+
+def _split_run(argv: list[str]) -> tuple[str, dict[str, str], list[str], str, list[str]]:
     name, mounts, keys = "", {}, []
     i = 1
     while i < len(argv):
         arg = argv[i]
         if "@sha256:" in arg or not arg.startswith("-"):
-            return name, mounts, keys, argv[i + 1:]
+            return name, mounts, keys, arg, argv[i + 1:]
         if arg == "--name":
             name = argv[i + 1]
             i += 2
@@ -137,7 +247,7 @@ def split_run(argv: list[str]) -> tuple[str, dict[str, str], list[str], list[str
         elif arg in ("--gpus", "--ipc", "--network", "--shm-size", "--ulimit", "--entrypoint", "-p"):
             i += 1
         i += 1
-    return name, mounts, keys, []
+    return name, mounts, keys, "", []
 
 
 def run_detached(node: Node, argv: list[str]) -> int:
@@ -151,12 +261,16 @@ def run_detached(node: Node, argv: list[str]) -> int:
         return 125
     box = node.box(name)
     box.mkdir(parents=True)
+    cid = hashlib.sha256(f"{name} {time.time()} {os.getpid()}".encode()).hexdigest()
+    (box / "id").write_text(cid)
+    (box / "image").write_text(run_image(argv))
+    (box / "created").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     (box / "args.json").write_text(json.dumps(serve))
     (box / "env.json").write_text(json.dumps({k: os.environ.get(k, "") for k in keys}))
     (box / "mounts.json").write_text(json.dumps(mounts))
     (box / "state").write_text("created")
     spawn_supervisor(node, name)
-    print(f"{abs(hash((name, time.time()))):064x}"[:64])
+    print(cid)
     return 0
 
 
@@ -221,9 +335,13 @@ def supervise(node: Node, name: str) -> int:
         env["VLLM_HOST_IP"] = address
     serve = json.loads((box / "args.json").read_text())
     port = serve[serve.index("--port") + 1] if "--port" in serve else "8000"
+    group, why = make_cgroup(docker_cgroup((box / "id").read_text().strip()))
+    if group is None:
+        (box / "cgroup_error").write_text(why + "\n")
     with (box / "log").open("ab") as log:
         proc = subprocess.Popen(server_argv(node, box), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                env=env, start_new_session=True)
+                                env=env, start_new_session=True,
+                                preexec_fn=(lambda: join_cgroup(group)) if group is not None else None)
     (box / "pid").write_text(str(proc.pid))
     (box / "state").write_text("running")
     planned = fault(node)
@@ -283,6 +401,8 @@ def stop(node: Node, name: str, remove: bool) -> int:
     stop_process(box)
     (box / "state").write_text("exited")
     if remove:
+        if (box / "id").is_file():
+            remove_cgroup(docker_cgroup((box / "id").read_text().strip()))
         for path in sorted(box.iterdir()):
             path.rename(node.state / f"removed-{name}-{time.time():.0f}-{path.name}")
         box.rmdir()
@@ -301,12 +421,17 @@ def main(argv: list[str]) -> int:
     if cmd == "run" and "-d" in args:
         return run_detached(node, args)
     if cmd == "inspect":
-        fmt = args[args.index("--format") + 1] if "--format" in args else "{{json .}}"
-        name = [a for a in args[1:] if a != fmt and not a.startswith("-")][-1]
-        status = node.status(name)
-        if status is None:
-            sys.stderr.write(f"Error: No such object: {name}\n")
+        fmt = args[args.index("--format") + 1] if "--format" in args else None
+        skip = {fmt, "container"}
+        target = [a for a in args[1:] if a not in skip and not a.startswith("-")][-1]
+        name = node.resolve(target)
+        status = node.status(name) if name else None
+        if name is None or status is None:
+            sys.stderr.write(f"Error: No such object: {target}\n")
             return 1
+        if fmt is None:             # docker inspect's default answer: a JSON array of one object
+            print(json.dumps([node.inspect(name, status)], indent=4))
+            return 0
         print((node.box(name) / "args.json").read_text() if "json .Args" in fmt else status)
         return 0
     if cmd == "logs":

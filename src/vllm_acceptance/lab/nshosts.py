@@ -450,9 +450,14 @@ def _start_sshds(cluster: Cluster, specs: Sequence[HostSpec]) -> None:
         # /dev/null (here ~/.bashrc runs a slow `pyenv init` in every ssh session; a node's
         # sessions must not inherit the controller user's shell set-up anyway). /root itself
         # stays visible: work dirs (molecule's) may live under it.
+        # `ip netns exec` mounts a fresh sysfs on /sys (the namespace's network devices), which hides the
+        # controller's cgroup mounts under it; the cgroup v2 hierarchy is mounted again at /sys/fs/cgroup, as on a
+        # GPU node, so that a node's container runtime stand-in places its servers in cgroups the node reads
+        # (/proc/PID/cgroup: lab/container_standin.py). Where the kernel refuses, the node simply has none.
         # `exec` chain: ip netns exec -> unshare -> sh -> sshd keep one pid, so Popen.pid is sshd.
         script = (
             'hostname "$1" || exit 97; '
+            'mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null || true; '
             'if [ -n "$2" ]; then mount --bind "$2" /usr/local/bin || exit 97; fi; '
             'sshd="$3" config="$4" log="$5"; shift 5; '
             'for rc in "$@"; do mount --bind /dev/null "$rc" || exit 97; done; '

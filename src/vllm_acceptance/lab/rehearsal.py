@@ -16,10 +16,12 @@ writes reports/rehearsal/summary.json ({scenario: {verdict, expected, reasons, o
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shlex
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -29,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .container_standin import remove_cgroup
 from .nshosts import Cluster, HostSpec, system_python, up
 
 REPO = Path(__file__).resolve().parents[3]
@@ -38,6 +41,8 @@ MODELS = REPO / ".lab" / "models"
 DIGEST = "sha256:181ec868e19acf210c3bf194732b2f2d50459a1c59df63a1d2653a6c9450c5b6"  # the recorded RepoDigest
 PORT = 8000
 CONTAINER = "vllm-acceptance"
+IMAGE = "vllm/vllm-openai:kimi-k3"          # the rehearsal profiles' official image (pinned by DIGEST)
+CRICTL_CAPTURE = REPO / "tests" / "fixtures" / "real" / "container-inspect" / "crictl-inspect-containerd-1.7.json"
 REAL = REPO / "tests" / "fixtures" / "real"
 PROFILE_NVL72 = REPO / "profiles" / "rehearsal-gb300-nvl72.yml"
 PROFILE_B300 = REPO / "profiles" / "rehearsal-b300.yml"
@@ -183,6 +188,8 @@ def node_tree(case: str, node_dir: Path) -> Path:
                                     f"{recorded / 'docker'} --lab-python {lab_python} -- \"$@\"\n")
     _executable(bin_dir / "nvidia-smi", f"#!/bin/sh\nexec /usr/bin/python3 {lab / 'gpu_memory_standin.py'} {common} "
                                         f"{recorded / 'nvidia-smi'} -- \"$@\"\n")
+    _executable(bin_dir / "crictl", f"#!/bin/sh\nexec /usr/bin/python3 {lab / 'crictl_standin.py'} --state {state} "
+                                    "-- \"$@\"\n")
     return bin_dir
 
 
@@ -285,6 +292,78 @@ class Rehearsal:
             started = self.ssh(host, "env", "VLLM_CPU_KVCACHE_SPACE=1", *argv)
             if started.returncode != 0:
                 raise RuntimeError(f"docker run on {host} failed: {started.stderr}")
+        return self._ready(host, timeout_s, lambda: self.container_status(host) == "running",
+                           lambda: self.ssh(host, "docker", "logs", "--tail", "20", CONTAINER).stdout)
+
+    def start_pod(self, host: str, log: Path, timeout_s: float = 900) -> tuple[int, str, str]:
+        """A deployment that no container runtime of the node's docker knows: a Kubernetes pod's container under
+        containerd. The lab vLLM runs with the profile's launch in a real cgroup named as containerd's CRI plugin
+        names it (kubepods.slice/.../cri-containerd-<id>.scope), its output in `log` (what `kubectl logs` reads);
+        the node's `crictl inspect ID` answers with the real containerd capture, this container's id, image and
+        pid put in (crictl_standin.py). Returns its pid (a process group leader), base URL and container id."""
+        self.ssh(host, "docker", "rm", "-f", CONTAINER)        # the port is the container's otherwise
+        log.parent.mkdir(parents=True, exist_ok=True)
+        cid = hashlib.sha256(f"{host} {time.time()}".encode()).hexdigest()
+        argv = [str(REPO / ".venv-lab" / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
+                "--model", str(MODELS / profile_model()), "--host", "0.0.0.0", "--port", str(PORT), *profile_args()]
+        env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": self.address(host)}
+        # On the node (its own cgroup v2 mount: nshosts.py): the shell makes the container's cgroup, joins it, then
+        # becomes the server (exec), so the engine processes it forks inherit it.
+        group = f"\"$root\"/{pod_cgroup(cid)}"
+        inner = ("root=$(awk '$3 == \"cgroup2\" {print $2; exit}' /proc/mounts) && [ -n \"$root\" ] && "
+                 f"mkdir -p {group} && echo $$ > {group}/cgroup.procs && exec "
+                 f"{shlex.join(['env', *(f'{k}={v}' for k, v in env.items()), *argv])}")
+        started = self.ssh(host, "sh", "-c", f"setsid sh -c {shlex.quote(inner)} > {shlex.quote(str(log))} 2>&1 "
+                                             "< /dev/null & echo $!")
+        if started.returncode != 0 or not started.stdout.strip().isdigit():
+            raise RuntimeError(f"the pod's server on {host} did not start: {started.stderr}")
+        pid = int(started.stdout.strip())
+        self._cri_record(host, cid, pid)
+
+        def alive() -> bool:
+            try:
+                os.kill(pid, 0)
+            except OSError:
+                return False
+            return True
+
+        return pid, self._ready(host, timeout_s, alive, lambda: log.read_text()[-3000:]), cid
+
+    def _cri_record(self, host: str, cid: str, pid: int) -> None:
+        """The pod container's `crictl inspect -o json` answer: the real containerd capture with this container's
+        id, the judged image (its reference and the image ID the node's recorded docker states) and pid."""
+        record = json.loads(CRICTL_CAPTURE.read_text())
+        image_id = json.loads(self.ssh(host, str(self.dirs[host] / "recorded" / "docker"), "image", "inspect",
+                                       IMAGE).stdout)[0]["Id"]
+        record["status"].update({"id": cid, "image": {"annotations": {}, "image": IMAGE}, "imageRef": image_id})
+        record["info"].update({"pid": pid})
+        record["info"]["config"]["image"] = {"image": image_id}
+        (self.state(host) / "cri").mkdir(parents=True, exist_ok=True)
+        (self.state(host) / "cri" / f"{cid}.json").write_text(json.dumps(record, indent=2) + "\n")
+
+    def stop_pod(self, host: str, pid: int, cid: str) -> None:
+        """The pod's server and its engine processes (its process group) stopped, its cgroup and record gone."""
+        self.stop_process(pid)
+        remove_cgroup(pod_cgroup(cid))
+        (self.state(host) / "cri" / f"{cid}.json").unlink(missing_ok=True)
+
+    @staticmethod
+    def stop_process(pid: int) -> None:
+        """A server started by hand and its engine processes (its process group) stopped."""
+        for sig, wait_s in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(os.getpgid(pid), sig)
+            except OSError:
+                return
+            deadline = time.time() + wait_s
+            while time.time() < deadline:
+                try:
+                    os.kill(pid, 0)
+                except OSError:
+                    return
+                time.sleep(0.5)
+
+    def _ready(self, host: str, timeout_s: float, alive: Callable[[], bool], tail: Callable[[], str]) -> str:
         url = f"http://{self.address(host)}:{PORT}/v1"
         deadline = time.time() + timeout_s
         while time.time() < deadline:
@@ -292,9 +371,8 @@ class Rehearsal:
                              f"urllib.request.urlopen('http://127.0.0.1:{PORT}/v1/models', timeout=3)", timeout=30)
             if probe.returncode == 0:
                 return url
-            if self.container_status(host) != "running":
-                log = self.ssh(host, "docker", "logs", "--tail", "20", CONTAINER).stdout
-                raise RuntimeError(f"the server on {host} exited: {log}")
+            if not alive():
+                raise RuntimeError(f"the server on {host} exited: {tail()}")
             time.sleep(3)
         raise RuntimeError(f"the server on {host} did not answer within {timeout_s} s")
 
@@ -333,6 +411,14 @@ def _profile() -> dict[str, Any]:
     import yaml
 
     return yaml.safe_load(PROFILE.read_text())
+
+
+def pod_cgroup(cid: str) -> str:
+    """The cgroup of a best-effort pod's container as the kubelet's systemd driver and containerd name it."""
+    pod = hashlib.sha256(cid.encode()).hexdigest()[:32]
+    uid = f"{pod[:8]}_{pod[8:12]}_{pod[12:16]}_{pod[16:20]}_{pod[20:]}"
+    return (f"kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{uid}.slice/"
+            f"cri-containerd-{cid}.scope")
 
 
 def profile_args() -> list[str]:
@@ -436,7 +522,7 @@ def container_at_its_limit(r: Rehearsal, reports: Path) -> Outcome:
 
 
 def attach(r: Rehearsal, reports: Path, name: str, *, gpu_nodes: list[str], memory: str = "flat",
-           extra: dict[str, Any] | None = None, gpu_group: str = "gpu_nodes") -> Outcome:
+           extra: dict[str, Any] | None = None, gpu_group: str = "gpu_nodes", profile: Path = PROFILE) -> Outcome:
     r.set_node("gb300-a01", memory)
     url = r.start_server("gb300-a01")
     # What an operator attaching to a running deployment hands over: the server's pid on the head node
@@ -446,11 +532,48 @@ def attach(r: Rehearsal, reports: Path, name: str, *, gpu_nodes: list[str], memo
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(r.ssh("gb300-a01", "docker", "logs", CONTAINER).stdout)
     pid = (r.state("gb300-a01") / "containers" / CONTAINER / "pid").read_text().strip()
-    inv = r.inventory(name, gpu_nodes=gpu_nodes, head="gb300-a01", gpu_group=gpu_group,
+    inv = r.inventory(name, gpu_nodes=gpu_nodes, head="gb300-a01", gpu_group=gpu_group, profile=profile,
                       variables={"vllm_serve_mode": "attach", "vllm_base_url": url, "vllm_serve_pid": int(pid),
                                  "vllm_serve_startup_log": str(log), "vllm_serve_attach_container": CONTAINER,
                                  **(extra or {})})
     return run_accept(inv, reports)
+
+
+def attach_pod(r: Rehearsal, reports: Path) -> Outcome:
+    """Attached to a server in a Kubernetes pod (issue 28): its container runs under containerd, which the node's
+    docker does not know; the operator hands its pid and the command that prints its log (here `cat` of the
+    container's output, as `kubectl logs POD` would), no container name and no saved log file. The container is
+    found from /proc/PID/cgroup and its image read with `crictl inspect`; the startup log, the soak's
+    communication errors and the live argv come from that server: a healthy one can release."""
+    host = "gb300-a01"
+    r.set_node(host, "flat")
+    log = r.workdir / "pod" / "vllm.log"
+    pid, url, cid = r.start_pod(host, log)
+    try:
+        inv = r.inventory("attach-pod", gpu_nodes=[host], head=host,
+                          variables={"vllm_serve_mode": "attach", "vllm_base_url": url, "vllm_serve_pid": pid,
+                                     "vllm_serve_attach_log_command": f"cat {log}"})
+        return run_accept(inv, reports)
+    finally:
+        r.stop_pod(host, pid, cid)
+
+
+SITE_CONTRACT_BELOW = {"extends": "rehearsal-gb300", "name": "site-contract-below",
+                       "description": "a site's contract below the served --max-model-len (issue 31 item 6)",
+                       "contract": {"context_tokens": 992, "max_output_tokens": 32}}
+
+
+def contract_below_served(r: Rehearsal, reports: Path) -> Outcome:
+    """A site's contract below the served window, as kimi-k3's 262,144 + 4,096 tokens under the recipe's
+    --max-model-len 1048576 (issue 31 item 6): the site's profile extends the rehearsal profile with a contract of
+    half the lab server's 2,048 tokens and changes nothing else. Requests at the contract succeed, one over the
+    served window is refused, and the warning that nothing enforces the contract itself does not block release."""
+    import yaml
+
+    site = r.workdir / "profiles" / "site-contract-below.yml"
+    site.parent.mkdir(parents=True, exist_ok=True)
+    site.write_text(yaml.safe_dump(SITE_CONTRACT_BELOW, sort_keys=False))
+    return attach(r, reports, "contract-below-served", gpu_nodes=["gb300-a01"], profile=site)
 
 
 def attach_dead_url(r: Rehearsal, reports: Path) -> Outcome:
@@ -615,6 +738,9 @@ PLAYS: dict[str, Play] = {
         ("compat.gpu_nodes",), suite=False),
     "soak-memory-rising": Play("expand_capacity", lambda r, p: attach(
         r, p, "soak-memory-rising", gpu_nodes=["gb300-a01"], memory="rising"), ("capacity.soak",), suite=False),
+    # Issue 31 item 6: the recipe's window above the site's contract can release.
+    "contract-below-served": Play("release", contract_below_served, ("every required check passed with evidence",),
+                                  suite=False),
     "single-node-container": Play("release", single_node_container,
                                   ("every required check passed with evidence",)),
     "oom-mid-ramp": Play("expand_capacity", lambda r, p: oom_mid_ramp(r, p, "oom_at_running=2", "oom-mid-ramp"),
@@ -638,6 +764,7 @@ PLAYS: dict[str, Play] = {
     "extra-limit": Play("refused", extra_limit, ("vllm_serve_extra_args", "--max-num-seqs 1"), suite=False),
     "extra-limit-attached": Play("rebuild_environment", extra_limit_attached,
                                  ("compat.actual_config.unlisted_args",), suite=False),
+    "attach-pod": Play("release", attach_pod, ("every required check passed with evidence",), suite=False),
 }
 
 
