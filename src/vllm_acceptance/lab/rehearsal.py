@@ -583,6 +583,15 @@ def attach_dead_url(r: Rehearsal, reports: Path) -> Outcome:
     return run_accept(inv, reports)
 
 
+def gpu_nodes_misspelled(r: Rehearsal, reports: Path) -> Outcome:
+    """The GPU nodes listed under `gpu_node` (a typo) on a GPU profile: refused at validation, naming the group
+    and where it belongs, before any node is touched (no server is needed: the URL does not answer)."""
+    inv = r.inventory("gpu-nodes-misspelled", gpu_nodes=["gb300-a01"], head="gb300-a01", gpu_group="gpu_node",
+                      variables={"vllm_serve_mode": "attach",
+                                 "vllm_base_url": f"http://{r.address('gb300-a01')}:8999/v1"})
+    return run_accept(inv, reports)
+
+
 def driver_575(r: Rehearsal, reports: Path) -> Outcome:
     """One node on R575: the chain is broken whatever the server does, so no server is needed (the
     deployment URL does not answer); the healthy node is still judged node by node."""
@@ -733,9 +742,8 @@ PLAYS: dict[str, Play] = {
     "weakened-contract": Play("refused", weakened_contract,
                               ("acceptance_probe_overrides.load.contract.concurrency", "write profiles/<site>.yml")),
     "driver-575-one-node": Play("rebuild_environment", driver_575, ("compat.driver_branch@gb300-a02",)),
-    "gpu-nodes-misspelled": Play("incomplete", lambda r, p: attach(
-        r, p, "gpu-nodes-misspelled", gpu_nodes=["gb300-a01"], gpu_group="gpu_node"),
-        ("compat.gpu_nodes",), suite=False),
+    "gpu-nodes-misspelled": Play("refused", gpu_nodes_misspelled,
+                                 ("group `gpu_nodes` is missing or empty", "all.children.gpu_nodes.hosts")),
     "soak-memory-rising": Play("expand_capacity", lambda r, p: attach(
         r, p, "soak-memory-rising", gpu_nodes=["gb300-a01"], memory="rising"), ("capacity.soak",), suite=False),
     # Issue 31 item 6: the recipe's window above the site's contract can release.
