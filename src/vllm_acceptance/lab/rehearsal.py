@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .container_standin import remove_cgroup
+from .container_standin import docker_cgroup, remove_cgroup
 from .nshosts import Cluster, HostSpec, system_python, up
 
 REPO = Path(__file__).resolve().parents[3]
@@ -214,6 +214,10 @@ class Rehearsal:
     def down(self) -> None:
         for host in self.dirs:
             self.ssh(host, "docker", "rm", "-f", CONTAINER)
+            # every container's cgroup gone, whatever a removal left behind (a process slow to die)
+            ids = [*self.state(host).glob("removed-*-id"), *self.state(host).glob("containers/*/id")]
+            for path in ids:
+                remove_cgroup(docker_cgroup(path.read_text().strip()))
         if self.cluster is not None:
             self.cluster.down()
 
