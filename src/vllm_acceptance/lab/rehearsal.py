@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .container_standin import docker_cgroup, remove_cgroup
+from .container_standin import alive, docker_cgroup, remove_cgroup
 from .nshosts import Cluster, HostSpec, system_python, up
 
 REPO = Path(__file__).resolve().parents[3]
@@ -324,14 +324,7 @@ class Rehearsal:
         pid = int(started.stdout.strip())
         self._cri_record(host, cid, pid)
 
-        def alive() -> bool:
-            try:
-                os.kill(pid, 0)
-            except OSError:
-                return False
-            return True
-
-        return pid, self._ready(host, timeout_s, alive, lambda: log.read_text()[-3000:]), cid
+        return pid, self._ready(host, timeout_s, lambda: alive(pid), lambda: log.read_text()[-3000:]), cid
 
     def _cri_record(self, host: str, cid: str, pid: int) -> None:
         """The pod container's `crictl inspect -o json` answer: the real containerd capture with this container's
@@ -360,14 +353,12 @@ class Rehearsal:
             except OSError:
                 return
             deadline = time.time() + wait_s
-            while time.time() < deadline:
-                try:
-                    os.kill(pid, 0)
-                except OSError:
-                    return
+            while time.time() < deadline and alive(pid):
                 time.sleep(0.5)
+            if not alive(pid):
+                return
 
-    def _ready(self, host: str, timeout_s: float, alive: Callable[[], bool], tail: Callable[[], str]) -> str:
+    def _ready(self, host: str, timeout_s: float, running: Callable[[], bool], tail: Callable[[], str]) -> str:
         url = f"http://{self.address(host)}:{PORT}/v1"
         deadline = time.time() + timeout_s
         while time.time() < deadline:
@@ -375,7 +366,7 @@ class Rehearsal:
                              f"urllib.request.urlopen('http://127.0.0.1:{PORT}/v1/models', timeout=3)", timeout=30)
             if probe.returncode == 0:
                 return url
-            if not alive():
+            if not running():
                 raise RuntimeError(f"the server on {host} exited: {tail()}")
             time.sleep(3)
         raise RuntimeError(f"the server on {host} did not answer within {timeout_s} s")
