@@ -61,8 +61,8 @@ def open_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Pa
     port = free_port()
     spec = lab.LaunchSpec(python=str(LAB_PYTHON), model_path=str(LAB_MODEL), served_name="tiny-agent",
                           host="0.0.0.0", port=port, args=[str(a) for a in profile.get("launch.args", [])],
-                          env={"VLLM_CPU_KVCACHE_SPACE": "1"}, log_path=state / "vllm.log",
-                          pid_path=state / "vllm.pid")
+                          env={str(k): str(v) for k, v in profile.get("launch.env", {}).items()},
+                          log_path=state / "vllm.log", pid_path=state / "vllm.pid")
     pid = lab.start(spec)
     try:
         lab.wait_ready(f"http://127.0.0.1:{port}/v1", pid, 600, spec.log_path)

@@ -291,9 +291,10 @@ class Rehearsal:
             self.ssh(host, "docker", "rm", "-f", CONTAINER)
             argv = ["docker", "run", "-d", "--name", CONTAINER, "--gpus", "all", "--ipc", "host", "--network", "host",
                     "-v", f"{MODELS}:/root/.cache/huggingface", "-e=VLLM_CPU_KVCACHE_SPACE",
+                    "-e=VLLM_ENABLE_V1_MULTIPROCESSING",
                     f"vllm/vllm-openai:kimi-k3@{DIGEST}", profile_model(), "--host", "0.0.0.0", "--port", str(PORT),
                     *profile_args(), *extra_args]
-            started = self.ssh(host, "env", "VLLM_CPU_KVCACHE_SPACE=1", *argv)
+            started = self.ssh(host, "env", *(f"{k}={v}" for k, v in profile_env().items()), *argv)
             if started.returncode != 0:
                 raise RuntimeError(f"docker run on {host} failed: {started.stderr}")
         return self._ready(host, timeout_s, lambda: self.container_status(host) == "running",
@@ -310,7 +311,7 @@ class Rehearsal:
         cid = hashlib.sha256(f"{host} {time.time()}".encode()).hexdigest()
         argv = [str(REPO / ".venv-lab" / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
                 "--model", str(MODELS / profile_model()), "--host", "0.0.0.0", "--port", str(PORT), *profile_args()]
-        env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": self.address(host)}
+        env = {**profile_env(), "VLLM_HOST_IP": self.address(host)}
         # On the node (its own cgroup v2 mount: nshosts.py): the shell makes the container's cgroup, joins it, then
         # becomes the server (exec), so the engine processes it forks inherit it.
         group = f"\"$root\"/{pod_cgroup(cid)}"
@@ -420,6 +421,11 @@ def profile_args() -> list[str]:
     return [str(a) for a in _profile()["launch"]["args"]]
 
 
+def profile_env() -> dict[str, str]:
+    """The profile's launch environment (the lab's KV cache size, its one-process start: docs/lab.md)."""
+    return {str(k): str(v) for k, v in (_profile()["launch"].get("env") or {}).items()}
+
+
 def profile_model() -> str:
     return str(_profile()["model"]["name"])
 
@@ -495,6 +501,11 @@ def run_accept(inventory: Path, reports: Path, timeout_s: float = 900) -> Outcom
 
 # --- scenarios -------------------------------------------------------------------------------------
 
+# The agent stage one turn at a time where the load ramp must be the first to run 2 requests at once: a fault
+# node dies there (oom/crash-mid-ramp), a KV cache at its limit is measured there (profiles/rehearsal-gb300.yml).
+ONE_TURN_AT_A_TIME = {"acceptance_probe_overrides": {"agent": {"agent.concurrency": 1}}}
+
+
 def single_node_container(r: Rehearsal, reports: Path) -> Outcome:
     r.set_node("gb300-a01", "flat")
     r.ssh("gb300-a01", "docker", "rm", "-f", CONTAINER)
@@ -511,7 +522,7 @@ def container_at_its_limit(r: Rehearsal, reports: Path) -> Outcome:
     r.set_node("gb300-a01", "flat")
     r.ssh("gb300-a01", "docker", "rm", "-f", CONTAINER)
     inv = r.inventory("container-at-its-limit", gpu_nodes=["gb300-a01"], head="gb300-a01",
-                      variables={"vllm_serve_mode": "launch",
+                      variables={"vllm_serve_mode": "launch", **ONE_TURN_AT_A_TIME,
                                  "vllm_serve_extra_args": ["--max-num-seqs", "2", "--num-gpu-blocks-override", "31"]})
     return run_accept(inv, reports)
 
@@ -600,7 +611,8 @@ def oom_mid_ramp(r: Rehearsal, reports: Path, fault: str, name: str) -> Outcome:
     r.set_node("gb300-a01", "flat", fault=fault)
     r.ssh("gb300-a01", "docker", "rm", "-f", CONTAINER)
     try:
-        inv = r.inventory(name, gpu_nodes=["gb300-a01"], head="gb300-a01", variables={"vllm_serve_mode": "launch"})
+        inv = r.inventory(name, gpu_nodes=["gb300-a01"], head="gb300-a01",
+                          variables={"vllm_serve_mode": "launch", **ONE_TURN_AT_A_TIME})
         return run_accept(inv, reports)
     finally:
         r.set_node("gb300-a01", "flat")
