@@ -479,3 +479,75 @@ def test_a_repo_digest_with_nothing_to_compare_is_stated_not_comparable(tmp_path
     running = found.observed["running_container"]
     assert running["matches_judged_image"] is None and "not comparable" in running["reason"]
     assert found.status == Status.FAIL and "no registry digest" in found.reason     # failed for its own reason
+
+
+# --- compat.image_uniform on the images the nodes run (issue 28: a multi-node worker serves no port) -----------
+
+HEADLESS_ARGV = ["/usr/bin/python3", "/usr/local/bin/vllm", "serve", "moonshotai/Kimi-K3", "--tensor-parallel-size",
+                 "8", "--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.11", "--headless"]
+
+
+def test_the_node_names_a_headless_worker_where_nothing_listens(tmp_path: Path, monkeypatch) -> None:
+    """A worker tray: no listener, one vLLM started with --headless in a docker container, and a bystander
+    process: the worker is named with its container and image, pid stays null (nothing serves here)."""
+    proc = fake_proc(tmp_path, 4242, DOCKER_V2)
+    (proc / "4242" / "cmdline").write_bytes(b"\0".join(a.encode() for a in HEADLESS_ARGV) + b"\0")
+    fake_proc(tmp_path, 77, HOST)
+    (proc / "77" / "cmdline").write_bytes(b"sshd: root@pts/0\0")
+    monkeypatch.setenv("PATH", str(fake_cli(tmp_path, "docker", JUPYTER.read_text())))
+    script = node_script()
+    worker = script["headless_worker"](proc=str(proc))
+    assert worker is not None and worker["pid"] == 4242 and worker["argv"] == HEADLESS_ARGV
+    assert worker["container"]["id"] == expect(DOCKER_V2)["id"]
+    assert worker["container"]["image_id"] == container_image(JUPYTER.read_text())[0]
+    (proc / "4242" / "cmdline").write_bytes(b"\0".join(a.encode() for a in HEADLESS_ARGV[:-1]) + b"\0")
+    assert script["headless_worker"](proc=str(proc)) is None      # a vLLM that serves a port is not a worker
+
+
+def two_nodes(tmp_path: Path, records: dict[str, dict[str, Any] | None]) -> Any:
+    """Two good GPU nodes with the same configured image; each node's live_process record as given (None: none)."""
+    for host, record in records.items():
+        base = build_evidence("good", tmp_path, host=host)
+        if record is not None:
+            (base / "live_process.txt").write_text(json.dumps(record))
+            (base / "live_process.json").write_text(json.dumps({"cmd": "live_process", "rc": 0, "stderr": "",
+                                                                "missing": False}))
+    findings = judge(tmp_path, KIMI, list(records), today=dt.date(2026, 9, 1))
+    return next(f for f in findings if f.check == "compat.image_uniform")
+
+
+def served(box: dict[str, Any]) -> dict[str, Any]:
+    return {"port": 8000, "pid": 4242, "argv": ["vllm", "serve"], "env": {}, "notes": [], "listeners": [],
+            "container": box, "container_reason": None}
+
+
+def worker(box: dict[str, Any]) -> dict[str, Any]:
+    return {"port": 8000, "pid": None, "reason": "no process listens on port 8000 on this node",
+            "headless": {"pid": 5151, "argv": HEADLESS_ARGV, "container": box, "container_reason": None}}
+
+
+def test_image_uniform_compares_the_images_the_head_and_its_headless_worker_run(tmp_path: Path, monkeypatch) -> None:
+    """Both nodes hold the judged image (configured: pass); attached, the head's container runs it while the
+    worker's headless vLLM runs another image: fail naming the worker and where its image was read. Before,
+    only the configured images were compared and this passed."""
+    assert two_nodes(tmp_path / "configured", {"gpu-01": None, "gpu-02": None}).status == Status.PASS
+    judged = docker_box(tmp_path / "n1", monkeypatch, json.dumps(json.loads(JUPYTER.read_text())
+                                                                 | {"Image": judged_id()}))
+    other = docker_box(tmp_path / "n2", monkeypatch, JUPYTER.read_text())
+    same = two_nodes(tmp_path / "same", {"gpu-01": served(judged), "gpu-02": worker(judged)})
+    assert same.status == Status.PASS
+    assert same.observed["read_from"]["gpu-02"].startswith("the headless worker's container")
+    odd = two_nodes(tmp_path / "odd", {"gpu-01": served(judged), "gpu-02": worker(other)})
+    assert odd.status == Status.FAIL and odd.reason.endswith("the odd nodes: gpu-02")
+    assert "gpu-02: the headless worker's container" in odd.reason
+    assert set(odd.observed["images"]) == {judged_id(), container_image(JUPYTER.read_text())[0]}
+    assert any(p.endswith("gpu-02/live_process.txt") for p in odd.evidence)
+
+
+def test_image_uniform_without_a_readable_running_image_falls_back_to_the_configured_one(tmp_path: Path) -> None:
+    """A worker whose container's image could not be read (docker refused) is compared by its configured image,
+    and says so: the running image is never guessed."""
+    unread = {"id": expect(DOCKER_V2)["id"], "engine": "docker", "inspect_error": "docker: permission denied"}
+    found = two_nodes(tmp_path, {"gpu-01": None, "gpu-02": worker(unread)})
+    assert found.status == Status.PASS
+    assert found.observed["read_from"]["gpu-02"].startswith("the configured image")

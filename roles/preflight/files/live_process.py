@@ -7,9 +7,13 @@ that container runs, read with the docker or podman CLI (`inspect --type contain
 for containerd and CRI-O (Kubernetes pods), with crictl (`crictl inspect`: status.imageId/imageRef, the image
 ID or a repo digest; status.image.image, the reference), or why not (issue 28 item 3; rules/image.py compares
 it with the judged image; docs/sources.md#crictl-inspect).
+A multi-node worker serves no port (`--headless`): where nothing listens, the vLLM process started with
+`--headless` is named under `headless` (its pid, argv and container), `pid` staying null, so that
+compat.image_uniform compares the images the workers run with the head's.
 Usage: python3 -c "$(cat live_process.py)" PORT"""
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -170,6 +174,26 @@ def container_of(pid, proc="/proc", which=shutil.which, run=subprocess.run):
     return box, None
 
 
+def headless_worker(proc="/proc", which=shutil.which, run=subprocess.run):
+    """The vLLM process of a multi-node worker (`--headless`: no API server, no port) on this node, with its
+    container, or None. The lowest pid: the process the runtime started, not one of its engine children."""
+    try:
+        pids = sorted(int(p) for p in os.listdir(proc) if p.isdigit())
+    except OSError:
+        return None
+    for pid in pids:
+        try:
+            with open(f"{proc}/{pid}/cmdline", "rb") as handle:
+                argv = [part.decode(errors="replace") for part in handle.read().split(b"\0") if part]
+        except OSError:
+            continue
+        if "--headless" in argv and any("vllm" in part for part in argv):
+            container, why = container_of(pid, proc, which, run)
+            return {"pid": pid, "argv": argv, "container": container, "container_reason": why,
+                    "source": f"/proc/{pid}/cmdline, /proc/{pid}/cgroup"}
+    return None
+
+
 def from_ss(stdout, returncode, stderr, port):
     """(answer, listener lines) as far as `ss` tells it; with a pid, main reads its /proc and completes it."""
     lines, pids = listening(stdout, port)
@@ -191,6 +215,10 @@ def main(port):
         return {"port": port, "pid": None, "reason": f"ss -ltnpH failed: {exc}"}
     told, lines = from_ss(ss.stdout, ss.returncode, ss.stderr, port)
     if told["pid"] is None:
+        if not lines:      # nobody listens: a multi-node worker's headless vLLM, if one runs here
+            worker = headless_worker()
+            if worker is not None:
+                told["headless"] = worker
         return told
     pid = told["pid"]
     try:

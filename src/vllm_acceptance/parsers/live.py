@@ -301,6 +301,24 @@ def running_container(text: str) -> RunningContainer | None:
         return None
     if not isinstance(data, dict) or not data.get("pid") or "container" not in data:
         return None
+    return _container_record(data)
+
+
+def headless_container(text: str) -> RunningContainer | None:
+    """The container of a multi-node worker's headless vLLM (live_process evidence, key `headless`: no process
+    listens on the port there); None when the node named none."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    worker = data.get("headless") if isinstance(data, dict) else None
+    if not isinstance(worker, dict) or not worker.get("pid") or "container" not in worker:
+        return None
+    return _container_record(worker)
+
+
+def _container_record(data: dict[str, Any]) -> RunningContainer:
+    """The RunningContainer of one process record (its `container` and `container_reason`)."""
     box = data.get("container")
     if not isinstance(box, dict) or not box.get("id"):
         return RunningContainer(None, None, None, None,

@@ -71,8 +71,10 @@ register("compat.image_identity", stage="preflight", consequence=REBUILD,
          source="000/001: image identity: full reference and digest, pull date, the exact launch command")
 register("compat.image_uniform", stage="preflight", consequence=REBUILD,
          title="One image on every GPU node",
-         rule="one image ID on every containerised GPU node of the run",
-         evidence="image inspect of every node",
+         rule="one image ID on every containerised GPU node of the run: the image the node's vLLM container runs "
+              "(attached: the server, a multi-node worker's headless vLLM) where it was read, else the configured "
+              "image as the node inspected it",
+         evidence="image inspect of every node; attached: live_process (the serving or headless container's image)",
          source="001: one run judges one image; a re-pulled moving tag is another image")
 register("compat.vllm_version", stage="preflight", consequence=REBUILD,
          title="vLLM version and install source",

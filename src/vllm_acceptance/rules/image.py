@@ -9,7 +9,7 @@ from typing import Any
 from ..core.findings import Consequence, Finding, Status
 from ..parsers.base import version_at_least
 from ..parsers.container import ImageInspect
-from ..parsers.live import running_container, same_running_image
+from ..parsers.live import headless_container, running_container, same_running_image
 from .context import ROUTE_IMAGE, ROUTE_SELF_BUILT, NodeContext, finding, why_missing
 from .registry import missing, not_applicable
 
@@ -287,34 +287,55 @@ def check_vllm_version(ctx: NodeContext) -> Finding:
                     evidence=evidence, action="none")
 
 
+def _image_at_work(ctx: NodeContext) -> tuple[str | None, str]:
+    """(image ID, where it was read) of one GPU node: the image its vLLM container runs (the server's, or a
+    multi-node worker's headless vLLM: live_process evidence, parsers/live.py), else the configured image as
+    the node inspected it (before a launch, or where no running container's image could be read)."""
+    record = ctx.rec("live_process")
+    if record.present:
+        for read, role in ((running_container, "the serving container"),
+                           (headless_container, "the headless worker's container")):
+            running = read(record.stdout)
+            if running is not None and running.id and running.image_id:
+                return running.image_id, f"{role} {running.id[:12]} ({running.engine})"
+    inspect = ctx.inspect()
+    return (inspect.id if inspect is not None else None), f"the configured image {ctx.image_ref}"
+
+
 def check_image_uniform(contexts: list[NodeContext]) -> Finding:
-    """Cluster level: every GPU node holds the same image. Each node can pass compat.image_identity
+    """Cluster level: every GPU node runs the same image. Each node can pass compat.image_identity
     on its own with a moving tag while one of them pulled it on another day; one run would then judge
-    several images under one name."""
+    several images under one name. Where a node's vLLM container was read (attached: the server, and a worker's
+    headless vLLM), the image it runs is compared, not only the one the inventory names (issue 28)."""
     check = "compat.image_uniform"
     containerised = [ctx for ctx in contexts if ctx.containerised]
     if len(containerised) < 2:
         return not_applicable(check, None, "fewer than two containerised GPU nodes: nothing to compare")
-    evidence = [p for ctx in containerised for p in ctx.paths("image_inspect")]
+    evidence = [p for ctx in containerised for p in ctx.paths("image_inspect") + ctx.paths("live_process")]
     ids: dict[str, str | None] = {}
+    read_from: dict[str, str] = {}
     for ctx in containerised:
-        inspect = ctx.inspect()
-        ids[ctx.host] = inspect.id if inspect is not None else None
+        ids[ctx.host], read_from[ctx.host] = _image_at_work(ctx)
     unknown = [h for h, i in ids.items() if not i]
     if unknown:
         return missing(check, None, f"no image inspect from {unknown}", evidence=evidence)
     groups: dict[str, list[str]] = {}
     for host, image_id in ids.items():
         groups.setdefault(str(image_id), []).append(host)
-    rule = "one image ID on every GPU node of the run"
+    rule = "one image ID on every GPU node of the run (the running container's where one was read)"
     expected = "1 image ID"
+    observed = {"images": groups, "read_from": read_from}
     if len(groups) == 1:
-        return finding(check, Status.PASS, None, observed=groups, expected=expected, rule=rule,
+        return finding(check, Status.PASS, None, observed=observed, expected=expected, rule=rule,
                        evidence=evidence, consequence=Consequence.REBUILD, action="none")
-    odd = sorted((hosts for hosts in groups.values()), key=len)[:-1]
-    return finding(check, Status.FAIL, None, observed=groups, expected=expected, rule=rule,
+    # The odd nodes: all but the largest group; on a tie (two nodes), the group running the configured image stays.
+    configured = {str(i.id) for i in (ctx.inspect() for ctx in containerised) if i is not None}
+    keep = max(groups, key=lambda image_id: (len(groups[image_id]), image_id in configured))
+    odd = [hosts for image_id, hosts in groups.items() if image_id != keep]
+    return finding(check, Status.FAIL, None, observed=observed, expected=expected, rule=rule,
                    evidence=evidence, consequence=Consequence.REBUILD,
-                   reason=f"{len(groups)} different images under one reference; the odd nodes: "
-                          + ", ".join(h for hosts in odd for h in hosts),
+                   reason=f"{len(groups)} different images under one reference ("
+                          + "; ".join(f"{h}: {read_from[h]}" for hosts in odd for h in hosts)
+                          + "); the odd nodes: " + ", ".join(h for hosts in odd for h in hosts),
                    action=f"{ROUTE_IMAGE}: pull the pinned digest on every node (inventory vllm_image_digest) "
                           "and re-run accept.yml")
