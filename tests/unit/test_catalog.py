@@ -87,6 +87,53 @@ def test_every_entry_says_what_it_proves() -> None:
         assert check.family in registry.FAMILIES
 
 
+# A source article cited by its bare number ("001: ...", "000/001: ...", "...; 004: ...",
+# "001 'Stable observation': ...") instead of its anchor docs/sources.md#a001.
+BARE_ARTICLE = re.compile(r"(?:^|;\s*)\d{3}(?:[:/]|\s')")
+# docs/sources.md#a000, #a001: one citation, possibly of several anchors of that file.
+SOURCES_CITATION = re.compile(r"docs/sources\.md((?:#[\w-]+(?:,\s*)?)+)")
+
+
+def sources_md_anchors() -> set[str]:
+    """The anchors of docs/sources.md: explicit ids and the slugs GitHub gives its headings."""
+    text = (REPO / "docs" / "sources.md").read_text()
+    anchors = set(re.findall(r"""\bid=["']([\w-]+)["']""", text))
+    for heading in re.findall(r"^#{1,6}\s+(.+)$", text, flags=re.MULTILINE):
+        plain = re.sub(r"<[^>]+>", "", heading).strip().lower()
+        anchors.add(re.sub(r"\s", "-", re.sub(r"[^\w\s-]", "", plain)))
+    return anchors
+
+
+def citation_problems(source: str, anchors: set[str]) -> list[str]:
+    problems = [f"bare article number {m.group(0).strip(';').strip()!r}: cite docs/sources.md#aNNN"
+                for m in BARE_ARTICLE.finditer(source)]
+    for match in SOURCES_CITATION.finditer(source):
+        problems += [f"docs/sources.md#{name} has no such anchor"
+                     for name in re.findall(r"#([\w-]+)", match.group(1)) if name not in anchors]
+    return problems
+
+
+def test_sources_cite_articles_by_their_anchor_in_docs_sources_md() -> None:
+    anchors = sources_md_anchors()
+    assert {"a000", "a001", "a003", "a004", "nvlink-domain"} <= anchors
+    bad = {c.id: problems for c in catalog_docs.checks() if (problems := citation_problems(c.source, anchors))}
+    assert not bad, f"catalog sources that cite no real anchor of docs/sources.md: {bad}"
+
+
+def test_the_citation_check_catches_bare_numbers_and_unknown_anchors() -> None:
+    anchors = sources_md_anchors()
+    assert citation_problems("docs/sources.md#a000, #a001: image identity", anchors) == []
+    assert citation_problems("recipe: multi-node settings; docs/sources.md#a001: NCCL", anchors) == []
+    assert len(citation_problems("001: save the state first", anchors)) == 1
+    assert len(citation_problems("000/001: image identity", anchors)) == 1
+    assert len(citation_problems("recipe: min_vllm_version; 001: vLLM install source", anchors)) == 1
+    assert len(citation_problems("001 'Stable observation': recurrence", anchors)) == 1
+    assert citation_problems("docs/sources.md#a002: no such article", anchors) == [
+        "docs/sources.md#a002 has no such anchor"]
+    assert citation_problems("docs/sources.md#a000, #a009: one good, one bad", anchors) == [
+        "docs/sources.md#a009 has no such anchor"]
+
+
 def test_checklist_patterns_all_name_catalogued_checks() -> None:
     ids = catalog_ids()
     stale = [(item.ref, pattern) for item in CHECKLIST for pattern in item.checks

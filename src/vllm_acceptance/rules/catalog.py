@@ -5,8 +5,9 @@ the consequence of a failure for the verdict, the evidence it reads and the sour
 implements. `vllm-acceptance checks` lists it; `docs/checks.md` is generated from it
 (`vllm-acceptance checks --format md > docs/checks.md`; a test fails when the file is stale).
 
-Sources are named as in the README: the four source articles (000 and 001 in Russian, 003 in
-Chinese, 004 in French) and the official recipe of the profile.
+Sources are named as in the README: the four source articles, cited by their anchors in
+docs/sources.md (docs/sources.md#a000 and #a001 in Russian, #a003 in Chinese, #a004 in French), and
+the official recipe of the profile.
 
 Consequences: `rebuild_environment` (the environment is out of profile), `expand_capacity`,
 `limited_observation` (a limit or a controlled mitigation), `block_agent_traffic` (the agent gate
@@ -26,7 +27,7 @@ register("compat.preflight", stage="preflight", consequence=REBUILD,
          title="Preflight ran and left findings",
          rule="the preflight stage wrote findings/preflight.json for this run",
          evidence="findings/preflight.json",
-         source="004: fix the compatibility chain before any functional test")
+         source="docs/sources.md#a004: fix the compatibility chain before any functional test")
 register("compat.gpu_nodes", stage="preflight", consequence=REBUILD,
          title="GPU nodes named in the inventory",
          rule="a GPU profile needs at least one host in the inventory's gpu_nodes group; without one no driver, "
@@ -38,24 +39,27 @@ register("compat.recipe_record", stage="preflight", consequence=LIMIT,
          rule="recipe source, status and check date recorded; a pre-release recipe re-checked within "
               "review.period_days",
          evidence="evidence/profile.yml (the run's frozen profile)",
-         source="000/001: recipe source, its status (pre-release / stable) and the date it was checked")
+         source="docs/sources.md#a000, #a001: recipe source, its status (pre-release / stable) and the date it was "
+                "checked")
 register("compat.driver_branch", stage="preflight", consequence=REBUILD,
          title="Host driver branch and version",
          rule="driver branch >= profile driver.min_branch and version >= driver.min_version, the same version in "
               "every source (kernel module /proc, NVML via nvidia-smi, inside the container)",
          evidence="/proc/driver/nvidia/version, nvidia-smi -q -x, nvidia-smi --query-gpu, in-image probe",
-         source="001: CUDA 13.0 GA needs Linux driver >= 580.65.06; R575 belongs to the CUDA 12.x line")
+         source="docs/sources.md#a001: CUDA 13.0 GA needs Linux driver >= 580.65.06; R575 belongs to the CUDA 12.x "
+                "line")
 register("compat.driver_module", stage="preflight", consequence=REBUILD,
          title="NVIDIA kernel module loaded",
          rule="kernel module `nvidia` loaded",
          evidence="lsmod",
-         source="001: kernel module loaded, the same driver seen from inside the container")
+         source="docs/sources.md#a001: kernel module loaded, the same driver seen from inside the container")
 register("compat.container_cuda", stage="preflight", consequence=REBUILD,
          title="CUDA runtime inside the actual image",
          rule="CUDA major of the runtime inside the image == profile image.cuda_major (torch.version.cuda, "
               "/usr/local/cuda/version.json, libcudart soname) - never nvidia-smi's 'CUDA Version' line",
          evidence="in-image probe (docker/podman run of the image), image inspect",
-         source="001: the CUDA runtime inside the actual container, not the 'CUDA Version' line of nvidia-smi")
+         source="docs/sources.md#a001: the CUDA runtime inside the actual container, not the 'CUDA Version' line of "
+                "nvidia-smi")
 register("compat.image_identity", stage="preflight", consequence=REBUILD,
          title="Image reference and digest",
          rule="full reference and registry digest recorded; no forbidden tag suffix (e.g. -cu129); pinned digest "
@@ -68,26 +72,27 @@ register("compat.image_identity", stage="preflight", consequence=REBUILD,
               "when it has none), another image fails; a server on the node that runs in no container fails "
               "(the judged image is not what serves); one whose container's image cannot be read is inconclusive",
          evidence="docker/podman image inspect; attached: live_process (container id, its image ID)",
-         source="000/001: image identity: full reference and digest, pull date, the exact launch command")
+         source="docs/sources.md#a000, #a001: image identity: full reference and digest, pull date, the exact launch "
+                "command")
 register("compat.image_uniform", stage="preflight", consequence=REBUILD,
          title="One image on every GPU node",
          rule="one image ID on every containerised GPU node of the run: the image the node's vLLM container runs "
               "(attached: the server, a multi-node worker's headless vLLM) where it was read, else the configured "
               "image as the node inspected it",
          evidence="image inspect of every node; attached: live_process (the serving or headless container's image)",
-         source="001: one run judges one image; a re-pulled moving tag is another image")
+         source="docs/sources.md#a001: one run judges one image; a re-pulled moving tag is another image")
 register("compat.vllm_version", stage="preflight", consequence=REBUILD,
          title="vLLM version and install source",
          rule="vLLM in the actual runtime >= profile vllm.min_version",
          evidence="in-image probe (vllm.__version__, install source)",
-         source="recipe: min_vllm_version; 001: vLLM install source and version saved")
+         source="recipe: min_vllm_version; docs/sources.md#a001: vLLM install source and version saved")
 register("compat.gpu_visibility", stage="preflight", consequence=REBUILD,
          title="GPUs visible to host and runtime",
          rule="host and runtime each see at least the GPUs the launched layout needs on this node (with "
               "hardware.class: the hardware table's GPUs per node, and the node's CPU architecture is the class's), "
               "of the profile's GPU class",
          evidence="nvidia-smi --query-gpu / -q -x, in-image probe (torch.cuda.device_count)",
-         source="001: the runtime sees every GPU that tensor/pipeline/expert parallel needs")
+         source="docs/sources.md#a001: the runtime sees every GPU that tensor/pipeline/expert parallel needs")
 register("compat.topology", stage="preflight", consequence=REBUILD,
          title="Node count and GPU total",
          rule="nodes >= hardware.min_nodes and GPUs in total >= the launched layout (tensor x pipeline x data); "
@@ -101,18 +106,19 @@ register("compat.fabric_manager", stage="preflight", consequence=REBUILD,
               "nvidia-fabricmanager active, its version == the driver version, GPU fabric state Completed/Success; "
               "on NVL72 trays whose switch trays run it, not applicable (interconnect.fabric_state is the proof)",
          evidence="systemctl is-active nvidia-fabricmanager, nv-fabricmanager --version, nvidia-smi -q -x <fabric>",
-         source="000/001: NVSwitch systems: Fabric Manager active, its version equal to the driver's")
+         source="docs/sources.md#a000, #a001: NVSwitch systems: Fabric Manager active, its version equal to the "
+                "driver's")
 register("compat.peermem", stage="preflight", consequence=REBUILD,
          title="GPU peer memory module (multi-node)",
          rule="nvidia_peermem (or the older nv_peer_mem) loaded on multi-node deployments",
          evidence="lsmod",
-         source="001: multi-node: RDMA devices, nvidia_peermem (or the older nv_peer_mem)")
+         source="docs/sources.md#a001: multi-node: RDMA devices, nvidia_peermem (or the older nv_peer_mem)")
 register("compat.state_snapshot", stage="preflight", consequence=REBUILD,
          title="State snapshot saved before any change",
          rule="every snapshot command of source 001 that applies was captured (date -u, hostname, uname -a, "
               "nvidia-smi, docker version/info/image inspect, env | sort redacted, lsmod)",
          evidence="evidence/nodes/<host>/*",
-         source="001: save the state first, change nothing")
+         source="docs/sources.md#a001: save the state first, change nothing")
 
 register("compat.server_location", stage="preflight", consequence=REBUILD,
          title="The attached server runs on a judged GPU node",
@@ -122,7 +128,8 @@ register("compat.server_location", stage="preflight", consequence=REBUILD,
               "node evidence says nothing about the server, never a release); a node without an answer and none "
               "found: missing; launch mode: not applicable",
          evidence="evidence/nodes/<host>/live_process.txt (ss -ltnpH lines on the port, pid, /proc/PID)",
-         source="000/001: the acceptance judges the environment the server actually runs in (issue 28 item 3)")
+         source="docs/sources.md#a000, #a001: the acceptance judges the environment the server actually runs in (issue "
+                "28 item 3)")
 
 # --- interconnect (preflight) --------------------------------------------------------------------
 
@@ -130,13 +137,14 @@ register("interconnect.rdma", stage="preflight", consequence=REBUILD,
          title="RDMA ports up (multi-node)",
          rule="at least one RDMA port ACTIVE on every multi-node GPU node",
          evidence="ibv_devinfo, rdma link",
-         source="001: multi-node: RDMA devices")
+         source="docs/sources.md#a001: multi-node: RDMA devices")
 register("interconnect.nccl_env", stage="preflight", consequence=REBUILD,
          title="Interconnect settings of the launch",
          rule="the recipe's multi-node args/env for this interconnect are in the launched plan (all2all backend, "
               "UCX_TLS, NCCL_*); NCCL_DMABUF_ENABLE=0 only when a startup log shows the mlx5dv_reg_dmabuf_mr error",
          evidence="the launched command and environment, node env, startup logs",
-         source="recipe: multi-node settings; 001: NCCL_DMABUF_ENABLE=0 only on the logged mlx5dv_reg_dmabuf_mr error")
+         source="recipe: multi-node settings; docs/sources.md#a001: NCCL_DMABUF_ENABLE=0 only on the logged "
+                "mlx5dv_reg_dmabuf_mr error")
 register("interconnect.nccl_bandwidth", stage="preflight", consequence=EXPAND,
          title="NCCL all-reduce bandwidth between nodes",
          rule="all-reduce bus bandwidth >= the hardware table's fail threshold for the fabric it crossed (warn "
@@ -145,7 +153,7 @@ register("interconnect.nccl_bandwidth", stage="preflight", consequence=EXPAND,
               "multi-node; measured by all_reduce_perf, or where it is absent by torch.distributed inside the "
               "image under test on every node at once",
          evidence="all_reduce_perf output, or the in-image all-reduce's JSON (roles/preflight/files/allreduce.py)",
-         source="001: an NCCL bandwidth test between nodes")
+         source="docs/sources.md#a001: an NCCL bandwidth test between nodes")
 register("interconnect.fabric_state", stage="preflight", consequence=REBUILD,
          title="Every GPU joined the multi-node NVLink fabric (NVL72 trays)",
          rule="on MNNVL hardware (hardware.nvlink_domain or the hardware table's class): every GPU's fabric State "
@@ -183,13 +191,13 @@ register("compat.serve", stage="serve", consequence=REBUILD,
          title="Serve stage ran",
          rule="the serve stage wrote findings/serve.json (the server was launched or attached and judged)",
          evidence="findings/serve.json, evidence/serve/*",
-         source="004: the runtime before measuring performance")
+         source="docs/sources.md#a004: the runtime before measuring performance")
 register("compat.startup_log", stage="serve", consequence=REBUILD,
          title="Startup log against the recipe",
          rule="version >= profile minimum, recipe options in effect, no backend fallback, no NCCL/CUDA-driver "
               "errors, world size == the launched layout, KV cache initialised; every warning listed",
          evidence="evidence/serve/startup.log",
-         source="000/001: the first lines of the startup log compared with the recipe")
+         source="docs/sources.md#a000, #a001: the first lines of the startup log compared with the recipe")
 register("compat.startup_log_identity", stage="serve", consequence=REBUILD,
          title="An operator-named startup log is the running server's",
          rule="attach mode, a log from vllm_serve_startup_log or vllm_serve_attach_log_command: the vLLM version it "
@@ -199,24 +207,25 @@ register("compat.startup_log_identity", stage="serve", consequence=REBUILD,
               "is then missing); launch mode: the run captured the log itself",
          evidence="evidence/serve/startup.log (used) or evidence/serve/startup-log-rejected.log, /version, "
                   "evidence/serve/v1-models.json, evidence/serve/metrics-at-ready.prom",
-         source="000/001: the startup log of the server under test, compared with the recipe (issue 28 item 3)")
+         source="docs/sources.md#a000, #a001: the startup log of the server under test, compared with the recipe "
+                "(issue 28 item 3)")
 register("compat.actual_config", stage="serve", consequence=REBUILD,
          title="Actual configuration readable",
          rule="the running server's configuration could be read (/metrics, /v1/models)",
          evidence="evidence/serve/metrics.prom, evidence/serve/models.json",
-         source="000: actual configuration, not the command line")
+         source="docs/sources.md#a000: actual configuration, not the command line")
 register("compat.actual_config.prefix_caching", stage="serve", consequence=REBUILD,
          title="Prefix caching as the running server reports it",
          rule="vllm:cache_config_info enable_prefix_caching == the profile's expectation",
          evidence="evidence/serve/metrics.prom",
-         source="000/004: prefix caching on per vllm:cache_config_info")
+         source="docs/sources.md#a000, #a004: prefix caching on per vllm:cache_config_info")
 register("compat.actual_config.cache", stage="serve", consequence=REBUILD,
          title="KV-cache flags as the running server reports them",
          rule="every recipe flag that vllm:cache_config_info reports (--kv-cache-dtype as cache_dtype, --block-size, "
               "--gpu-memory-utilization, ...) has the requested value there; a label that is absent or shows "
               "another value is a finding, never a pass",
          evidence="evidence/serve/metrics-at-ready.prom (vllm:cache_config_info labels)",
-         source="000: actual configuration, not the command line")
+         source="docs/sources.md#a000: actual configuration, not the command line")
 register("compat.actual_config.flags", stage="serve", consequence=REBUILD,
          title="Recipe flags in effect on the running server",
          rule="every other recipe flag (required flags and the profile's parsers included) shows the requested value "
@@ -226,7 +235,7 @@ register("compat.actual_config.flags", stage="serve", consequence=REBUILD,
               "fails, a flag no source shows or an unreadable line is inconclusive with the line quoted, never a "
               "fail for its absence alone; the argv is kept as what was asked, never as the proof",
          evidence="evidence/serve/startup.log (non-default args, engine config), evidence/serve/process-args.json",
-         source="000: parsers and flags from the running process")
+         source="docs/sources.md#a000: parsers and flags from the running process")
 register("compat.actual_config.unlisted_args", stage="serve", consequence=REBUILD,
          title="Every non-default argument of the running server",
          rule="the startup log's non-default args that the profile does not list are recorded; a capacity-limiting "
@@ -236,39 +245,40 @@ register("compat.actual_config.unlisted_args", stage="serve", consequence=REBUIL
               "inconclusive; the inventory's vllm_serve_extra_args and preflight_launch_args adding one are refused "
               "at validation",
          evidence="evidence/serve/startup.log (non-default args)",
-         source="000: actual configuration, not the command line (every argument the server runs with)")
+         source="docs/sources.md#a000: actual configuration, not the command line (every argument the server runs "
+                "with)")
 register("compat.actual_config.max_model_len", stage="serve", consequence=REBUILD,
          title="Context limit the server serves",
          rule="/v1/models max_model_len >= the contract (context_tokens + max_output_tokens); its difference from "
               "the recipe's --max-model-len is recorded, never failed (the recipe adjusts it per scenario); a profile "
               "whose contract exceeds what its launch serves is refused at validation",
          evidence="evidence/serve/models.json",
-         source="000: max_model_len from /v1/models")
+         source="docs/sources.md#a000: max_model_len from /v1/models")
 register("capacity.model_load", stage="serve", consequence=EXPAND,
          title="Model load",
          rule="the server answers /health after loading the model, within launch.ready_timeout_s",
          evidence="startup log, readiness timings",
-         source="000: stage 1, model load: time to ready, weight-load time, peak memory per GPU")
+         source="docs/sources.md#a000: stage 1, model load: time to ready, weight-load time, peak memory per GPU")
 
-# --- launch failures (source 001, "when vLLM does not start") ------------------------------------
+# --- launch failures (docs/sources.md#a001, "when vLLM does not start") --------------------------
 
 register("compat.launch_evidence", stage="launch", consequence=REBUILD,
          title="State saved before any retry",
          rule="image tag and digest, vLLM install source and version, nvidia-smi, and the full startup log "
               "from its first line to the exit were saved",
          evidence="evidence/serve/*, evidence/nodes/<host>/*",
-         source="001: save the state first, change nothing")
+         source="docs/sources.md#a001: save the state first, change nothing")
 register("compat.launch_triage", stage="launch", consequence=REBUILD,
          title="Why vLLM did not start",
          rule="the startup log matches a known failure signature; environment (CUDA chain before the model "
               "loads) -> rebuild; configuration -> fix the flag; no flag tuning for environment errors",
          evidence="evidence/serve/startup.log, preflight findings",
-         source="001: when vLLM does not start")
+         source="docs/sources.md#a001: when vLLM does not start")
 register("capacity.launch_triage", stage="launch", consequence=EXPAND,
          title="vLLM did not start: capacity",
          rule="a launch that died after memory allocation (OOM, KV cache too small) is a capacity finding",
          evidence="evidence/serve/startup.log",
-         source="001: CUDA initialises, the model loads, the process dies after memory allocation")
+         source="docs/sources.md#a001: CUDA initialises, the model loads, the process dies after memory allocation")
 
 # --- prefix-cache reuse --------------------------------------------------------------------------
 
@@ -276,81 +286,82 @@ register("cache.probe", stage="cache", consequence=REBUILD,
          title="Cache probe ran",
          rule="the cache probe ran to its end and wrote its result",
          evidence="findings/cache.json, stages/cache.json",
-         source="004: prefix-cache reuse measured, not assumed")
+         source="docs/sources.md#a004: prefix-cache reuse measured, not assumed")
 register("cache.reuse", stage="cache", consequence=REBUILD,
          title="Prefix cache reused on an identical prefix",
          rule="hot requests hit the shared prefix in every session; no reuse -> do not count the gain, rework "
               "configuration and protocol (rebuild_environment when the profile's capacity relies on reuse, "
               "else limited_observation)",
          evidence="probes/cache/*",
-         source="004: no reuse on an identical prefix: rework configuration and protocol")
+         source="docs/sources.md#a004: no reuse on an identical prefix: rework configuration and protocol")
 register("cache.config", stage="cache", consequence=REBUILD,
          title="Prefix caching on per the server",
          rule="enable_prefix_caching label of vllm:cache_config_info is True",
          evidence="probes/cache/metrics-*.prom",
-         source="000: prefix caching on per vllm:cache_config_info")
+         source="docs/sources.md#a000: prefix caching on per vllm:cache_config_info")
 register("cache.metrics", stage="cache", consequence=REBUILD,
          title="Cache counters readable",
          rule="every counter of the protocol is exported and readable (prefix_cache_queries/hits, "
               "prompt_tokens_cached, request_prefill_kv_computed_tokens, request_prefill_time_seconds)",
          evidence="probes/cache/metrics-*.prom",
-         source="004: per-request deltas from the right instance")
+         source="docs/sources.md#a004: per-request deltas from the right instance")
 register("cache.isolation", stage="cache", consequence=REBUILD,
          title="Each cache request measured alone",
          rule="the server is idle before and after each request and its request counter moves by exactly one",
          evidence="probes/cache/*",
-         source="004: isolate the instance first, no other traffic during the probe")
+         source="docs/sources.md#a004: isolate the instance first, no other traffic during the probe")
 register("cache.cold_baseline", stage="cache", consequence=REBUILD,
          title="Cold requests do not hit",
          rule="a cold request's hits stay within the template head every request shares (+ one block)",
          evidence="probes/cache/*",
-         source="004: cold queries rise and hits stay near zero")
+         source="docs/sources.md#a004: cold queries rise and hits stay near zero")
 register("cache.hot_reuse", stage="cache", consequence=REBUILD,
          title="Hot requests hit the shared prefix",
          rule="hot hits == the block-aligned shared prefix (hybrid models: step-shaped, above the template head)",
          evidence="probes/cache/*, /tokenize answers",
-         source="004: hot hits near the shared-prefix length (block granularity)")
+         source="docs/sources.md#a004: hot hits near the shared-prefix length (block granularity)")
 register("cache.repeat_rounds", stage="cache", consequence=REBUILD,
          title="Repeated rounds on one hot prefix keep hitting",
          rule="the same hot request re-sent over cache.rounds rounds hits the shared prefix (hybrid: from the "
               "second round, within one retention step, above the template head)",
          evidence="probes/cache/requests.json",
-         source="004: repeat over several sessions; hybrid models: the first repeat may only create the retention")
+         source="docs/sources.md#a004: repeat over several sessions; hybrid models: the first repeat may only create "
+                "the retention")
 register("cache.restart", stage="cache", consequence=REBUILD,
          title="Hot again after a restart",
          rule="after a restart (process start time moved) the hot request's local hits are near zero; hits from "
               "an external KV connector are reported as external; in accept.yml the server the run launched is "
               "restarted between two probe calls (acceptance_cache_restart), an attached one never",
          evidence="probes/cache/requests.json or restart-requests.json, restart.log",
-         source="001: the hot request again after a server restart shows the cache source")
+         source="docs/sources.md#a001: the hot request again after a server restart shows the cache source")
 register("cache.control", stage="cache", consequence=REBUILD,
          title="A changed prefix drops back",
          rule="the control request (a key field changed near the start) hits no more than the cold baseline",
          evidence="probes/cache/*",
-         source="004: the control drops back")
+         source="docs/sources.md#a004: the control drops back")
 register("cache.prefill_gain", stage="cache", consequence=REBUILD,
          title="Prefill work drops with the hits",
          rule="per prompt token, new computed prefill tokens and prefill time drop with the hits; counters without "
               "a latency change (or the reverse) are inconclusive; no hits, no less work and a time drop under 10 % "
               "fail",
          evidence="probes/cache/*",
-         source="004: counters that rise without a matching latency change are inconclusive")
+         source="docs/sources.md#a004: counters that rise without a matching latency change are inconclusive")
 register("cache.source", stage="cache", consequence=REBUILD,
          title="Cache source told apart",
          rule=("hits from the device/host tier; vllm:prompt_tokens_cached = local + external hits; the tiers "
               "account for the local hits; external_prefix_cache_* never pass for local reuse"),
          evidence="probes/cache/metrics-*.prom (prompt_tokens_by_source, external_prefix_cache_*)",
-         source="001/004: the cache source is told apart")
+         source="docs/sources.md#a001, #a004: the cache source is told apart")
 register("cache.timeouts", stage="cache", consequence=REBUILD,
          title="Hung cache requests",
          rule="a request without a complete answer within cache.request_timeout_s decides nothing; it is named",
          evidence="probes/cache/*",
-         source="003: hung requests are a defect to name, never a pass")
+         source="docs/sources.md#a003: hung requests are a defect to name, never a pass")
 register("cache.crash", stage="cache", consequence=REBUILD,
          title="Server died during the cache probe",
          rule="the protocol runs to its end on one live instance",
          evidence="probes/cache/crash_record.json, server log tail",
-         source="001: save the state first")
+         source="docs/sources.md#a001: save the state first")
 
 # --- agent interface -----------------------------------------------------------------------------
 
@@ -358,12 +369,12 @@ register("agent.probe", stage="agent", consequence=AGENT,
          title="Agent probe ran",
          rule="the agent probe ran to its end and wrote its result",
          evidence="findings/agent.json, stages/agent.json",
-         source="003: agent interface conformance")
+         source="docs/sources.md#a003: agent interface conformance")
 register("agent.tool_schemas", stage="agent", consequence=AGENT,
          title="Tool schemas valid",
          rule="tool JSON Schemas validated before any request is sent",
          evidence="the scenario pack",
-         source="003: tool JSON Schemas validated before any request")
+         source="docs/sources.md#a003: tool JSON Schemas validated before any request")
 register("agent.tool_call", stage="agent", consequence=AGENT,
          title="Required tool call well-formed",
          rule=("over the seeded case set's distinct cases (scenarios/cases.py: single, parallel, multi-turn; "
@@ -371,75 +382,76 @@ register("agent.tool_call", stage="agent", consequence=AGENT,
               "names from the schema, arguments valid JSON per schema; the format-error rate's 95 % upper bound "
               "<= thresholds.tool_format_error_rate; below it only with every error recovered by the validated retry"),
          evidence="probes/agent/<case>/*",
-         source="003/recipe: K3 occasionally emits a tool-call format its parser does not expect")
+         source="docs/sources.md#a003, recipe: K3 occasionally emits a tool-call format its parser does not expect")
 register("agent.schema_accuracy", stage="agent", consequence=AGENT,
          title="Schema accuracy resolves its minimum",
          rule="valid calls / calls with finish_reason tool_calls; its 95 % lower bound >= "
               "thresholds.schema_accuracy_min",
          evidence="probes/agent/turns.json",
-         source="recipe: Kimi Vendor Verifier schema accuracy; 003: rates of schema-valid calls")
+         source="recipe: Kimi Vendor Verifier schema accuracy; docs/sources.md#a003: rates of schema-valid calls")
 register("agent.trigger_consistency", stage="agent", consequence=AGENT,
          title="Consistent tool triggering",
          rule=("repeated runs of the same case trigger the same call (agent.consistency_cases x agent.repeats; "
               "repeats never enter a rate); the irrelevance cases (no tool fits) abstain: the 95 % lower bound "
               "of abstentions >= thresholds.tool_abstain_min"),
          evidence="probes/agent/<case>/*",
-         source="003: repeated runs: rates of schema-valid calls and of consistent triggering")
+         source="docs/sources.md#a003: repeated runs: rates of schema-valid calls and of consistent triggering")
 register("agent.separation", stage="agent", consequence=AGENT,
          title="Content, reasoning and tool calls apart",
          rule="no reasoning in content, no tool-call markup left in content",
          evidence="probes/agent/<case>/*",
-         source="003: content, reasoning output and tool_calls separated")
+         source="docs/sources.md#a003: content, reasoning output and tool_calls separated")
 register("agent.stream_consistency", stage="agent", consequence=AGENT,
          title="Streaming and non-streaming agree",
          rule=("the assembled stream carries the non-streamed reply's tool calls (with a reasoning parser: its "
               "reasoning and content too)"),
          evidence="probes/agent/<case>/*",
-         source="003: streaming and non-streaming give the same structure")
+         source="docs/sources.md#a003: streaming and non-streaming give the same structure")
 register("agent.stream_structure", stage="agent", consequence=AGENT,
          title="Streamed tool-call deltas consistent",
          rule="every tool-call delta names its index; indexes start at 0 and rise by one; id and name arrive once "
               "and never change",
          evidence="probes/agent/cases/*-stream-streamed.json (raw stream)",
-         source="003: the call index consistent; streaming and non-streaming give the same structure")
+         source="docs/sources.md#a003: the call index consistent; streaming and non-streaming give the same structure")
 register("agent.multi_turn", stage="agent", consequence=AGENT,
          title="Multi-turn order kept",
          rule="user -> assistant tool call -> tool result -> assistant, roles and order kept",
          evidence="probes/agent/<case>/*",
-         source="003: multi-turn")
+         source="docs/sources.md#a003: multi-turn")
 register("agent.tool_failure_fallback", stage="agent", consequence=AGENT,
          title="Failed tool result leads to the fallback",
          rule=("the deployment's answers to a failed tool result follow the scenario pack's fallback plan "
               "(retry of the same call, a schema-valid ticket, a user-facing answer that states no missing data)"),
          evidence="probes/agent/<case>/*",
-         source="003: a failed or incomplete tool result leads to the planned fallback")
+         source="docs/sources.md#a003: a failed or incomplete tool result leads to the planned fallback")
 register("agent.structured_output", stage="agent", consequence=AGENT,
          title="Structured output validated",
          rule=("a response_format json_schema answer validates; a real broken body from the server (cut by "
               "max_tokens) is rejected by the client validation and carries finish_reason length; raw bodies kept"),
          evidence="probes/agent/<case>/*",
-         source="003: structured output")
+         source="docs/sources.md#a003: structured output")
 register("agent.executor_safety", stage="agent", consequence=AGENT,
          title="Safe failure and idempotent retry",
          rule=("every tool call the deployment returned goes through the reference client: validated, then "
               "executed or refused predictably; a write delivered twice, or one operation re-sent, runs once per key"),
          evidence="probes/agent/*",
-         source="003: safe failure; a retry of a write carries a request id")
+         source="docs/sources.md#a003: safe failure; a retry of a write carries a request id")
 register("agent.gateway", stage="agent", consequence=AGENT,
          title="Gateway keeps the answer",
          rule="direct and gateway responses have the same fields and types",
          evidence="probes/agent/<case>/direct-*, gateway-*",
-         source="003: attribute every defect to a layer (gateway: direct vs through the gateway differ)")
+         source="docs/sources.md#a003: attribute every defect to a layer (gateway: direct vs through the gateway "
+                "differ)")
 register("agent.client_library", stage="agent", consequence=AGENT,
          title="Client library keeps the fields",
          rule="a field present in raw HTTP but lost through the client library is the client's defect",
          evidence="probes/agent/<case>/*",
-         source="003: client library (a field lost)")
+         source="docs/sources.md#a003: client library (a field lost)")
 register("agent.multimodal", stage="agent", consequence=AGENT,
          title="Multimodal request",
          rule="where the service takes images, an image request is answered and the image reached the model",
          evidence="probes/agent/<case>/*",
-         source="003: a multimodal request where the service takes images")
+         source="docs/sources.md#a003: a multimodal request where the service takes images")
 register("agent.under_load", stage="agent", consequence=AGENT,
          title="Agent checks hold under load",
          rule=("the case set sent again with the contracted concurrency in flight (--under-load N, "
@@ -462,7 +474,7 @@ register("agent.timeouts", stage="agent", consequence=AGENT,
          title="Hung agent requests",
          rule="a request without a complete answer within agent.request_timeout_s decides nothing; it is named",
          evidence="probes/agent/*",
-         source="003: hung requests are named, never a pass")
+         source="docs/sources.md#a003: hung requests are named, never a pass")
 
 # --- capacity under load -------------------------------------------------------------------------
 
@@ -470,23 +482,23 @@ register("capacity.probe", stage="load", consequence=EXPAND,
          title="Load probe ran",
          rule="the load probe ran to its end and wrote its result",
          evidence="findings/load.json, stages/load.json",
-         source="000: capacity under load, stage by stage")
+         source="docs/sources.md#a000: capacity under load, stage by stage")
 register("capacity.load", stage="load", consequence=EXPAND,
          title="Load stage ran",
          rule="the load stage wrote findings/load.json for this run",
          evidence="findings/load.json",
-         source="000: capacity under load, stage by stage")
+         source="docs/sources.md#a000: capacity under load, stage by stage")
 register("capacity.metrics", stage="load", consequence=EXPAND,
          title="Load metrics readable",
          rule="the server's metrics are readable before and during the load",
          evidence="probes/load/metrics.jsonl",
-         source="000: per step record running, waiting, queue time, KV usage, preemptions")
+         source="docs/sources.md#a000: per step record running, waiting, queue time, KV usage, preemptions")
 register("capacity.long_prompt", stage="load", consequence=EXPAND,
          title="One long request near the contracted context",
          rule="one long request at the contracted context (counted with /tokenize), concurrency 1, answered "
               "without OOM; memory during prefill and during decode recorded",
          evidence="probes/load/records/long_prompt.jsonl, memory.jsonl",
-         source="000: stage 2, one long request")
+         source="docs/sources.md#a000: stage 2, one long request")
 register("capacity.context_contract", stage="load", consequence=EXPAND, warn_blocks=False,
          title="Context contract enforced",
          rule="a request at the contracted context (context + max output) succeeds; one over the served max_model_len "
@@ -495,21 +507,21 @@ register("capacity.context_contract", stage="load", consequence=EXPAND, warn_blo
               "the contract that is served is a warn that nothing enforces it (--max-model-len or a gateway limit), "
               "which does not block release by itself; 401/404/429 decide nothing",
          evidence="probes/load/context_contract.json",
-         source="000: the contract test: a request over the contracted context must be rejected; SPEC 'Hardware the "
-                "recipe verifies': a site contract below the recipe's --max-model-len follows the recipe")
+         source="docs/sources.md#a000: the contract test: a request over the contracted context must be rejected; SPEC "
+                "'Hardware the recipe verifies': a site contract below the recipe's --max-model-len follows the recipe")
 register("capacity.ramp", stage="load", consequence=EXPAND,
          title="Concurrency ramp at the contracted shape: knee and headroom",
          rule="knee = largest concurrency meeting the SLO (latency and queue p95) with no errors, no KV saturation "
               "and preemptions within the profile's threshold; the ramp goes past the contract (load.max_step, "
               "load.ramp_budget_s); knee >= contracted concurrency",
          evidence="probes/load/ramp.json, records/ramp_c*.jsonl, samples.jsonl",
-         source="000: stage 3, concurrency ramp")
+         source="docs/sources.md#a000: stage 3, concurrency ramp")
 register("capacity.kv_capacity", stage="load", consequence=EXPAND,
          title="KV cache holds the contract",
          rule="contracted concurrency x (contracted context + max output) <= KV cache tokens of the startup log",
          evidence="probes/load/kv_capacity.json: startup log KV readout; /metrics cache_config_info (block size, "
                   "GPU blocks)",
-         source="000: the KV cache read out at start-up must hold the contract")
+         source="docs/sources.md#a000: the KV cache read out at start-up must hold the contract")
 register("capacity.verified_limit", stage="load", consequence=EXPAND,
          title="A proposed limit verified by a run at that limit",
          rule="a limit (fewer sessions, or a shorter context) is recommended only when a run at it holds in the "
@@ -517,31 +529,32 @@ register("capacity.verified_limit", stage="load", consequence=EXPAND,
               "(else the client driven at the limit); every admissible setting run and failed -> "
               "expand_capacity; a setting the server could not be relaunched with is untested (inconclusive)",
          evidence="probes/load/verified_limit.json, records/verify_*.jsonl, relaunch.jsonl",
-         source="000/004: stable only below the contract -> limited observation with the limit in config and alerts")
+         source="docs/sources.md#a000, #a004: stable only below the contract -> limited observation with the limit in "
+                "config and alerts")
 register("capacity.mixed", stage="load", consequence=EXPAND,
          title="Mixed stream",
          rule="short, long, cold and repeated requests together: the repeated requests' hit ratio holds over the "
               "windows, queue time does not grow window over window, no errors",
          evidence="probes/load/mixed.json, records/mixed*.jsonl",
-         source="000: stage 4, mixed stream")
+         source="docs/sources.md#a000: stage 4, mixed stream")
 register("capacity.soak", stage="load", consequence=EXPAND,
          title="Soak",
          rule="steady load for the agreed time: no steady memory rise, no restarts, no hung requests, "
               "preemptions within the threshold, no communication (NCCL) errors in the log over the window",
          evidence="probes/load/soak.json, records/soak.jsonl, memory samples, server log",
-         source="000: stage 5, soak: a steady memory rise blocks release")
+         source="docs/sources.md#a000: stage 5, soak: a steady memory rise blocks release")
 register("capacity.crash", stage="load", consequence=EXPAND,
          title="OOM or crash under load",
          rule="no OOM or crash at nominal load; the OOM record names the stage (load, long prefill, decode, "
               "concurrency, KV growth) from evidence and the action for it",
          evidence="probes/load/oom_record.json, samples.jsonl, memory.jsonl, server log tail",
-         source="000: any OOM at nominal load blocks release")
+         source="docs/sources.md#a000: any OOM at nominal load blocks release")
 register("capacity.distributed", stage="loadgen", consequence=EXPAND,
          title="Distributed load from every loadgen host",
          rule="every loadgen host sent its share from a shared start, clocks aligned; the merged step meets the "
               "SLO with no preemption",
          evidence="probes/load-distributed/*",
-         source="000: one client host cannot always saturate a multi-node deployment")
+         source="docs/sources.md#a000: one client host cannot always saturate a multi-node deployment")
 register("capacity.loadgen", stage="loadgen", consequence=EXPAND,
          title="The load generator kept up with every load step",
          rule="per step: CPU of each worker process <= loadgen.max_cpu_pct of a core, event-loop lag p99 <= "
@@ -550,7 +563,7 @@ register("capacity.loadgen", stage="loadgen", consequence=EXPAND,
               "capacity verdict",
          evidence="probes/load/client.json, the client self-check of every step in the load stage details",
          source="product rule (README, load generator self-check): a client that is its own bottleneck "
-                "must not blame the server; 000: the load stages it guards")
+                "must not blame the server; docs/sources.md#a000: the load stages it guards")
 
 # --- after remediation: the decision on four signs (rebuild/decision.py) --------------------------
 
@@ -559,25 +572,25 @@ register("compat.remediation.recurrence", stage="rebuild", consequence=REBUILD,
          rule="every check that failed in the acceptance before the change passes in the re-run (same host, or "
               "every host that judges it in another environment); not judged again is missing, never fixed",
          evidence="report.json of the run before the change and of the re-run",
-         source="001 'Stable observation': does the original error recur")
+         source="docs/sources.md#a001 'Stable observation': does the original error recur")
 register("compat.remediation.prefix_cache", stage="rebuild", consequence=REBUILD,
          title="Prefix caching behaves after remediation",
          rule="the re-run's cache family (and compat.actual_config.prefix_caching) has no failed, missing or "
               "inconclusive finding and at least one passing cache finding",
          evidence="report.json of the re-run (cache.* findings)",
-         source="001 'Stable observation': is the expected prefix-caching behaviour kept")
+         source="docs/sources.md#a001 'Stable observation': is the expected prefix-caching behaviour kept")
 register("compat.remediation.agent", stage="rebuild", consequence=REBUILD,
          title="Agent tools and structured output work after remediation",
          rule="the re-run's agent family has no failed, missing or inconclusive finding; agent.tool_call and "
               "agent.structured_output pass",
          evidence="report.json of the re-run (agent.* findings)",
-         source="001 'Stable observation': do the agent tools and structured output work correctly")
+         source="docs/sources.md#a001 'Stable observation': do the agent tools and structured output work correctly")
 register("compat.remediation.manual_actions", stage="rebuild", consequence=REBUILD,
          title="Manual actions the environment needed",
          rule="the rebuild record states its manual actions (never assumed zero) and they are at most the allowed "
               "count (--max-manual-actions, default 0)",
          evidence="rebuild.json manual_actions (vllm-acceptance rebuild-manual)",
-         source="001 'Stable observation': how many manual actions the environment's upkeep needs")
+         source="docs/sources.md#a001 'Stable observation': how many manual actions the environment's upkeep needs")
 
 # --- the self-built (experimental) image: lineage, reproducibility, scope (rebuild/lineage.py) ----
 
@@ -587,19 +600,19 @@ register("compat.lineage.complete", stage="rebuild", consequence=REBUILD,
               "options, patches, build log, image digest, rollback image, owner and a future exit date are "
               "recorded; each missing field is named",
          evidence="the experimental profile's lineage, evidence/build/lineage.json",
-         source="001 'Remediation playbooks': self-built image for another CUDA")
+         source="docs/sources.md#a001 'Remediation playbooks': self-built image for another CUDA")
 register("compat.lineage.reproducible", stage="rebuild", consequence=REBUILD,
          title="Self-built image reproduces from its recorded inputs",
          rule="a rebuild from the recorded inputs (same commit, Dockerfile, lock files, compile options, patches) "
               "gives the recorded image digest; otherwise the differing inputs or layers are listed",
          evidence="lineage.json of the build and of the rebuild (playbooks/build_image.yml)",
-         source="001: a build that cannot be reproduced from scratch never becomes a long-term base")
+         source="docs/sources.md#a001: a build that cannot be reproduced from scratch never becomes a long-term base")
 register("compat.lineage.official_diff", stage="rebuild", consequence=LIMIT,
          title="Self-built image's results against the last official run",
          rule="the experimental run is compared with the last official-profile run of the same inventory; a check "
               "that passes on the official image and fails on the self-built one is a regression",
          evidence="report.json of the experimental run and of the last official run",
-         source="001: the differences from the official image's results")
+         source="docs/sources.md#a001: the differences from the official image's results")
 register("compat.lineage.release_scope", stage="report", consequence=LIMIT,
          title="Experimental release only on its own experimental profile",
          rule="a release of a self-built image is allowed only on its own experimental profile (a name other than "
