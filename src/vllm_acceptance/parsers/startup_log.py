@@ -177,7 +177,7 @@ class StartupScan(Parsed):
             and self.max_concurrency is not None
 
     def failure_class(self) -> str | None:
-        """Source 001's fork: 'environment' (CUDA/driver/kernel image/GPU architecture/no device
+        """The fork of docs/sources.md#a001: 'environment' (CUDA/driver/kernel image/GPU architecture/no device
         platform, before the model loads), 'communication' (NCCL), 'capacity' (memory after CUDA
         initialised), 'configuration' (the command line was refused: argparse usage error), 'other'
         (failed, cause elsewhere: model name, weights, auth, layout), None (no failure seen)."""

@@ -1,4 +1,4 @@
-"""The decision after remediation (docs/acceptance.md "Remediation playbooks", source 001): four signs
+"""The decision after remediation (docs/acceptance.md "Remediation playbooks", docs/sources.md#a001): four signs
 measured from the re-run acceptance and the rebuild record, then one choice.
 
     vllm-acceptance remediation-decision RUN --before BEFORE_RUN --record REBUILD_DIR

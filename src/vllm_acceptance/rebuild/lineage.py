@@ -1,5 +1,5 @@
 """The lineage of a self-built (experimental) image, its reproducibility, its results against the official
-image, and where it may be released (docs/acceptance.md "Remediation playbooks", source 001).
+image, and where it may be released (docs/acceptance.md "Remediation playbooks", docs/sources.md#a001).
 
     vllm-acceptance lineage PROFILE [--build LINEAGE.json] [--rebuild LINEAGE.json] [--run RUN] [--official RUN]
 
@@ -24,7 +24,7 @@ from typing import Any
 from ..core.findings import Finding, Status
 from ..rules.registry import get as catalog_get
 
-# Each field a self-built image's lineage must carry (source 001 and docs/acceptance.md); `patches` may be
+# Each field a self-built image's lineage must carry (docs/sources.md#a001 and docs/acceptance.md); `patches` may be
 # an empty list (no patch applied), every other list must name at least one entry.
 LINEAGE_FIELDS: dict[str, str] = {
     "source_repo": "the repository the image was built from",

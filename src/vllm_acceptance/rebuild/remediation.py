@@ -1,4 +1,4 @@
-"""Remediation of a failed compatibility chain (docs/acceptance.md "Remediation playbooks", source 001).
+"""Remediation of a failed compatibility chain (docs/acceptance.md "Remediation playbooks", docs/sources.md#a001).
 
 Three routes, chosen from evidence and the site's facts, never from a hunch:
 
@@ -66,7 +66,7 @@ NODE_CHECKS_SKIPPED_AFTER_CHANGE = {"compat.startup_log", "interconnect.nccl_ban
 ROLLBACK_REQUIRED = ("compat.driver_module", "compat.gpu_visibility", "compat.fabric_manager",
                      "compat.state_snapshot", "compat.peermem")
 
-# The captured state must hold at least these (source 001: hostname, uname -a, nvidia-smi, the
+# The captured state must hold at least these (docs/sources.md#a001: hostname, uname -a, nvidia-smi, the
 # driver version) for an upgrade to start from a known state.
 CAPTURE_REQUIRED = ("hostname", "uname_a", "nvidia_smi", "nvidia_smi_query")
 # A rollback starts from a node that may be broken: the package database and some driver evidence
@@ -78,7 +78,7 @@ ROLLBACK_SCOPES = ("failed", "all")
 DEFAULT_EVIDENCE_MAX_AGE_H = 72
 
 
-# --- the route checklist (source 001 "Чек-лист выбора маршрута") -----------------------------
+# --- the route checklist (docs/sources.md#a001 "Чек-лист выбора маршрута") ---------------------
 
 @dataclass(frozen=True)
 class Condition:
@@ -147,7 +147,7 @@ class Incompatibility:
 def driver_incompatibility(findings: Iterable[Finding]) -> Incompatibility:
     """Hosts whose `compat.driver_branch` failed because the driver is below the profile's
     minimum. Not confirmed: versions that differ between sources (a reload or reboot, not an
-    upgrade), or a startup log whose failure is the model, weights or auth (source 001)."""
+    upgrade), or a startup log whose failure is the model, weights or auth (docs/sources.md#a001)."""
     findings = list(findings)
     confirmed: list[str] = []
     versions: dict[str, str | None] = {}
@@ -225,7 +225,7 @@ def _checklist(findings: list[Finding], site_facts: Mapping[str, Any],
 
 
 def choose_route(findings: Iterable[Finding] | None, site_facts: Mapping[str, Any] | None = None) -> Route:
-    """The route the evidence and the site's facts point to (source 001's decision rules).
+    """The route the evidence and the site's facts point to (docs/sources.md#a001: its decision rules).
 
     site_facts (all optional; absent = unknown): cluster_managed, maintenance_window, spare_node,
     state_saved, rollback_recorded, regression_workload, shared_cluster_frozen (the shared cluster
@@ -358,7 +358,7 @@ def entry_conditions(findings: Iterable[Finding] | None, *, hosts: list[str], ma
                      now: dt.datetime | None = None, findings_path: Path | None = None,
                      evidence_max_age_h: float = DEFAULT_EVIDENCE_MAX_AGE_H,
                      upgrade_record: Mapping[str, Any] | None = None, scope: str = "failed") -> EntryDecision:
-    """Checked before anything changes (source 001's checklist). kind 'upgrade' needs preflight
+    """Checked before anything changes (docs/sources.md#a001: its checklist). kind 'upgrade' needs preflight
     evidence of the driver incompatibility on every node to be changed, from these nodes and recent
     (`evidence_binding`); 'rollback' needs the recorded version and packages of every node it changes
     (`rollback_targets` by `scope`), and accepts a broken node's capture (a failing nvidia-smi is the

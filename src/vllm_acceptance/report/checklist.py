@@ -1,8 +1,8 @@
 """Checklist coverage: every checklist line of the four source articles, mapped to check ids.
 
 The four source articles (docs/acceptance.md) each end in a checklist meant to be attached to a change request
-(000: "Сводная чек-лист-приёмка", 001: "Чек-лист выбора маршрута", 003: the Chinese go-live
-table, 004: the French list). The report shows, line by line, which check ids of this run answer
+(docs/sources.md#a000: "Сводная чек-лист-приёмка", #a001: "Чек-лист выбора маршрута", #a003: the
+Chinese go-live table, #a004: the French list). The report shows, line by line, which check ids of this run answer
 it and with what status, so a reviewer sees what the run proved and what it did not.
 
 Lines are given in English; `checks` are glob patterns over check ids (so `compat.driver*`

@@ -17,7 +17,7 @@ from . import registry
 from .launched import LaunchedPlan
 from .registry import not_applicable
 
-# The rebuild routes (source 001's route selection; docs/remediation.md), named in every action.
+# The rebuild routes (docs/sources.md#a001, route selection; docs/remediation.md), named in every action.
 ROUTE_DRIVER = ("upgrade the host driver (rolling, one node out of the scheduler at a time, state saved, "
                 "recorded rollback plan; playbooks/rebuild.yml, back with playbooks/rollback.yml)")
 ROUTE_IMAGE = ("use the official image of the profile (another image: set vllm_image_digest to the official "

@@ -1,4 +1,4 @@
-"""Launch triage (source 001, "when vLLM does not start"): save the state, then say why.
+"""Launch triage (docs/sources.md#a001, "when vLLM does not start"): save the state, then say why.
 
 Before any retry the four evidence groups are checked as saved (`compat.launch_evidence`): the exact
 image tag and digest, the vLLM install source and version, `nvidia-smi` (driver and devices), and the
@@ -51,7 +51,7 @@ CHECK_EVIDENCE = "compat.launch_evidence"
 # failure in the log is the environment, not the network).
 CHAIN_CHECKS = ("compat.driver_branch", "compat.container_cuda", "compat.driver_module")
 
-# The three routes of source 001, each with its entry conditions (docs/acceptance.md "Choosing the route").
+# The three routes of docs/sources.md#a001, each with its entry conditions (docs/acceptance.md "Choosing the route").
 ROUTES: list[dict[str, str]] = [
     {"route": "driver_upgrade",
      "when": "incompatibility confirmed by the log; the team owns the cluster; a maintenance window; a spare "
@@ -371,7 +371,7 @@ _GROUPS: dict[str, tuple[tuple[str, ...], str]] = {
 
 def evidence_groups(preflight: list[Finding] | None, profile: Profile, host: str | None,
                     startup_log_evidence: list[str], launch_command: str | None) -> Finding:
-    """compat.launch_evidence: the four groups of source 001 were saved before any retry."""
+    """compat.launch_evidence: the four groups of docs/sources.md#a001 were saved before any retry."""
     runtime = str(profile.get("launch.runtime", "process"))
     groups: dict[str, dict[str, Any]] = {}
     for group, (checks, applies) in _GROUPS.items():

@@ -1,4 +1,4 @@
-"""compat.state_snapshot: the state of source 001 saved before any change (docs/checks.md)."""
+"""compat.state_snapshot: the state of docs/sources.md#a001 saved before any change (docs/checks.md)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from .registry import missing
 # --- compat.state_snapshot ------------------------------------------------------------------
 
 def snapshot_commands(profile: Profile, runtime: str) -> list[str]:
-    """Source 001's state snapshot, the parts that apply to this deployment."""
+    """The state snapshot of docs/sources.md#a001, the parts that apply to this deployment."""
     names = ["date_u", "hostname", "uname_a", "env"]
     if profile.has_gpus:
         names += ["nvidia_smi", "nvidia_smi_query", "lsmod"]
