@@ -22,7 +22,7 @@ demo: venv lab-venv lab-model
 
 ## test: set up and run the whole suite (ruff, ansible-lint, pytest with the real lab vLLM)
 test: sysdeps venv lab-venv lab-model lint
-	$(VENV)/bin/pytest -ra --durations=30 $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -ra --durations=60 $(PYTEST_ARGS)
 
 ## test-full: the suite with its slower variants (tests marked `full`) and every rehearsal scenario
 test-full:
