@@ -544,10 +544,11 @@ def test_image_uniform_compares_the_images_the_head_and_its_headless_worker_run(
     assert any(p.endswith("gpu-02/live_process.txt") for p in odd.evidence)
 
 
-def test_image_uniform_without_a_readable_running_image_falls_back_to_the_configured_one(tmp_path: Path) -> None:
-    """A worker whose container's image could not be read (docker refused) is compared by its configured image,
-    and says so: the running image is never guessed."""
+def test_image_uniform_with_a_running_image_unread_is_inconclusive_never_pass(tmp_path: Path) -> None:
+    """A worker whose vLLM container was found but whose image could not be read (docker refused): which image runs
+    there is unknown, so the check is inconclusive naming the node; the configured image never stands in for it."""
     unread = {"id": expect(DOCKER_V2)["id"], "engine": "docker", "inspect_error": "docker: permission denied"}
     found = two_nodes(tmp_path, {"gpu-01": None, "gpu-02": worker(unread)})
-    assert found.status == Status.PASS
-    assert found.observed["read_from"]["gpu-02"].startswith("the configured image")
+    assert found.status == Status.INCONCLUSIVE
+    assert "gpu-02 (the headless worker's container" in found.reason and "permission denied" in found.reason
+    assert found.observed["read_from"]["gpu-01"].startswith("the configured image")

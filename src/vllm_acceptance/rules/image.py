@@ -287,19 +287,24 @@ def check_vllm_version(ctx: NodeContext) -> Finding:
                     evidence=evidence, action="none")
 
 
-def _image_at_work(ctx: NodeContext) -> tuple[str | None, str]:
-    """(image ID, where it was read) of one GPU node: the image its vLLM container runs (the server's, or a
-    multi-node worker's headless vLLM: live_process evidence, parsers/live.py), else the configured image as
-    the node inspected it (before a launch, or where no running container's image could be read)."""
+def _image_at_work(ctx: NodeContext) -> tuple[str | None, str, str | None]:
+    """(image ID, where it was read, why unread) of one GPU node: the image its vLLM container runs (the server's,
+    or a multi-node worker's headless vLLM: live_process evidence, parsers/live.py), else the configured image as
+    the node inspected it (before a launch, or where the server is a host process). A container that runs vLLM
+    but whose image could not be read gives no image ID and says why: the configured one is never put in its place."""
     record = ctx.rec("live_process")
     if record.present:
         for read, role in ((running_container, "the serving container"),
                            (headless_container, "the headless worker's container")):
             running = read(record.stdout)
-            if running is not None and running.id and running.image_id:
-                return running.image_id, f"{role} {running.id[:12]} ({running.engine})"
+            if running is None or not running.id:
+                continue
+            where = f"{role} {running.id[:12]} ({running.engine})"
+            if running.image_id:
+                return running.image_id, where, None
+            return None, where, f"{where}: image not read ({running.reason})"
     inspect = ctx.inspect()
-    return (inspect.id if inspect is not None else None), f"the configured image {ctx.image_ref}"
+    return (inspect.id if inspect is not None else None), f"the configured image {ctx.image_ref}", None
 
 
 def check_image_uniform(contexts: list[NodeContext]) -> Finding:
@@ -314,8 +319,19 @@ def check_image_uniform(contexts: list[NodeContext]) -> Finding:
     evidence = [p for ctx in containerised for p in ctx.paths("image_inspect") + ctx.paths("live_process")]
     ids: dict[str, str | None] = {}
     read_from: dict[str, str] = {}
+    unread: dict[str, str] = {}
     for ctx in containerised:
-        ids[ctx.host], read_from[ctx.host] = _image_at_work(ctx)
+        ids[ctx.host], read_from[ctx.host], why = _image_at_work(ctx)
+        if why:
+            unread[ctx.host] = why
+    if unread:
+        return finding(check, Status.INCONCLUSIVE, None, observed={"read_from": read_from, "unread": unread},
+                       expected="1 image ID", rule="one image ID on every GPU node of the run", evidence=evidence,
+                       consequence=Consequence.REBUILD,
+                       reason="the image a running vLLM container runs is unknown on "
+                              + "; ".join(f"{h} ({w})" for h, w in sorted(unread.items())),
+                       action="let the Ansible user read the container runtime on these nodes (docker/podman group, "
+                              "crictl for pods, or become) and re-run accept.yml")
     unknown = [h for h, i in ids.items() if not i]
     if unknown:
         return missing(check, None, f"no image inspect from {unknown}", evidence=evidence)
