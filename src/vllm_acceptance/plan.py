@@ -43,7 +43,7 @@ from .serve import launch
 from .validate import ansible_inventory_command
 
 CHECKOUT = Path(__file__).resolve().parents[2]
-# The agent probe's single cases after its rate run (probes/agent.py AgentProbe.run): streaming, multi_turn,
+# The agent probe's single cases after its rate run (probes/agent/probe.py AgentProbe.run): streaming, multi_turn,
 # failed_tool_fallback, structured_output, executor_safety, multimodal, client_library; one request each at least.
 AGENT_CASES = 7
 # The mixed stream (probes/load.py stage_mixed): windows of 2 x concurrency requests, with a lone repeated

@@ -173,7 +173,7 @@ def _dispatch(opts: ProbeOptions, client: OpenAIClient, store: EvidenceStore
 
 
 def agent_config(opts: ProbeOptions, scenario: dict[str, Any]) -> Any:
-    """The agent probe's settings from the profile and the overrides (probes/agent.py AgentProbeConfig)."""
+    """The agent probe's settings from the profile and the overrides (probes/agent/common.py AgentProbeConfig)."""
     from .agent import AgentProbeConfig
 
     return AgentProbeConfig(

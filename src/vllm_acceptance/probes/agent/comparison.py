@@ -1,0 +1,121 @@
+"""The case set under load (agent.under_load) and against a reference (agent.reference_agreement)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from ...core.findings import Finding, Status
+from ...rules import registry
+from ...rules.agent import (
+    call_signature,
+    class_rates,
+    reference_agreement,
+)
+from .base import AgentProbeBase
+from .common import GATEWAY_REASON
+
+
+class Comparisons(AgentProbeBase):
+    """The case set again: under the contracted concurrency, and against a reference endpoint."""
+
+    def under_load(self) -> Finding:
+        """The case set again with `under_load` requests in flight (the contracted concurrency): a case that
+        passed alone and fails under load is a defect that appears only under concurrency."""
+        check = registry.get("agent.under_load")
+        n = self.cfg.under_load
+        if n <= 0:
+            return check.result(Status.NOT_APPLICABLE, reason="not measured in this run: no concurrency to hold "
+                                "(--under-load N, agent.under_load)", action="set agent.under_load in the profile to "
+                                "contract.concurrency (the flagship profiles do; accept.yml sends it in the agent "
+                                "stage), or run the probe with --under-load N")
+        alone = {r["case"]: r for r in self.case_rows}
+        cases = [c for c in self.cases if c.id in alone]
+        if not cases:
+            return check.inconclusive(None, reason="no case was answered alone: nothing to compare",
+                                      expected="the case set answered alone first", action="see agent.tool_call")
+        loaded = self._judge_all(self.client, cases, n)
+        rows = [{**j.to_dict(), "request": ex.request, "response": ex.body, "error": ex.error,
+                 "alone_ok": alone[j.case]["ok"]} for j, ex in loaded]
+        ev = [self.store.write_json("cases-under-load.json", {"concurrency": n, "cases": rows})]
+        broke = [(j, ex) for j, ex in loaded if alone[j.case]["ok"] and not j.ok]
+        hung = [j.case for j, ex in loaded if ex.timed_out]
+        judged = [j for j, _ in loaded]
+        self.rates["under_load"] = {"concurrency": n, "cases": len(loaded), "broke": len(broke),
+                                    "classes": class_rates(judged)}
+        for j, ex in broke[:10]:
+            ev.append(self.keep(f"under-load-{j.case}", ex, j.to_dict()))
+        observed = {"concurrency": n, "cases": len(loaded), "passed_alone": sum(1 for r in rows if r["alone_ok"]),
+                    "broke_under_load": [{"case": j.case, "problems": [list(p) for p in j.problems + j.separation]}
+                                         for j, _ in broke[:20]]}
+        expected = f"every case that passed alone passes with {n} requests in flight"
+        rule = "a case's result under the contracted concurrency equals its result served alone"
+        if hung and not broke:
+            return check.inconclusive(None, reason=f"{len(hung)} case(s) hung under load: {', '.join(hung[:10])}",
+                                      expected=expected, evidence=ev, observed=observed, rule=rule,
+                                      action="see agent.timeouts")
+        if not broke:
+            return check.passed(evidence=ev, observed=observed, expected=expected, rule=rule,
+                                reason=f"{len(loaded)} cases with {n} in flight: none broke")
+        layers = Counter(la for j, _ in broke for la, _ in j.problems + j.separation)
+        layer = layers.most_common(1)[0][0]
+        why = ""
+        if self.direct is not None:
+            direct = self._judge_all(self.direct, [c for c in cases if c.id in {j.case for j, _ in broke}] or cases,
+                                     n)
+            clean = all(j.ok for j, _ in direct)
+            ev.append(self.store.write_json("cases-under-load-direct.json",
+                                            [{**j.to_dict(), "response": ex.body} for j, ex in direct]))
+            if clean:
+                layer, why = "gateway", GATEWAY_REASON.format(
+                    detail=f"the {len(direct)} broken cases, sent to it with {n} in flight, all pass")
+            else:
+                why = "the direct server shows the same defects under load: not the gateway"
+        names = ", ".join(j.case for j, _ in broke[:10])
+        return check.fail(layer=layer, evidence=ev, observed=observed, expected=expected, rule=rule,
+                          reason="; ".join(x for x in (
+                              f"{len(broke)} case(s) passed alone and failed with {n} requests in flight: {names} "
+                              f"({broke[0][0].to_dict()['problems'][0][1]})", why) if x),
+                          action="a defect only under concurrency: check guided decoding and the tool parser "
+                                 "under concurrent requests, and any gateway in front")
+
+    def reference_agreement(self) -> Finding:
+        """The case set (tool classes) sent to the reference: tool-call F1 on triggering (the reference's
+        calls the positive class), per-case argument agreement on the cases both call."""
+        check = registry.get("agent.reference_agreement")
+        if self.reference is None:
+            return check.result(Status.NOT_APPLICABLE, reason="no reference given (agent_reference_url / "
+                                "--reference-url): nothing to compare with", action="none, or give a reference")
+        mine = {r["case"]: r for r in self.case_rows if r["class"] != "structured"}
+        cases = [c for c in self.cases if c.id in mine]
+        ref = self._judge_all(self.reference, cases, self.cfg.concurrency, self.cfg.reference_model)
+        rows = []
+        for j, ex in ref:
+            ours = mine[j.case]
+            rows.append({"case": j.case, "class": j.cls, "reference_status": ex.status,
+                         "reference_calls": call_signature(ex.body) if ex.ok else None,
+                         "calls": call_signature(ours["response"]) if ours["status"] == 200 else None,
+                         "reference_response": ex.body, "reference_request": ex.request})
+        ev = [self.store.write_json("reference.json", {"model": self.cfg.reference_model, "cases": rows})]
+        agreement = reference_agreement(rows)
+        self.rates["reference"] = agreement
+        observed = {k: v for k, v in agreement.items() if k != "disagreeing"} | {
+            "disagreeing": agreement["disagreeing"][:20]}
+        thr = self.cfg.reference_min
+        expected = f"tool-call F1 on triggering >= {thr:g} (the reference's calls are the positive class)"
+        rule = ("F1 = 2TP / (2TP + FP + FN) over the cases both answered; TP: both call, FP: only the deployment, "
+                "FN: only the reference; argument agreement: same names and parsed arguments where both call")
+        if agreement["answered"] == 0 or agreement["f1"] is None:
+            why = ("the reference answered no case" if agreement["answered"] == 0 else
+                   "neither side called a tool on any case: F1 has no positive class")
+            return check.inconclusive(None, reason=why, expected=expected, evidence=ev, observed=observed,
+                                      rule=rule, action="check the reference URL, model and key")
+        ok = agreement["f1"] >= thr
+        reason = (f"F1 {agreement['f1']:.3f} over {agreement['answered']} cases (TP {agreement['tp']}, FP "
+                  f"{agreement['fp']}, FN {agreement['fn']}); arguments agree on {agreement['arguments_agree']} of "
+                  f"{agreement['tp']} cases both call")
+        if ok:
+            return check.passed(evidence=ev, observed=observed, expected=expected, rule=rule, reason=reason)
+        return check.fail(layer="model", evidence=ev, observed=observed, expected=expected, rule=rule,
+                          reason=reason + f" < {thr:g}",
+                          action="the deployment triggers tools unlike the reference: compare the chat template, "
+                                 "the tool parser and the weights with the reference's")
