@@ -46,7 +46,7 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 # The agent probe's single cases after its rate run (probes/agent/probe.py AgentProbe.run): streaming, multi_turn,
 # failed_tool_fallback, structured_output, executor_safety, multimodal, client_library; one request each at least.
 AGENT_CASES = 7
-# The mixed stream (probes/load.py stage_mixed): windows of 2 x concurrency requests, with a lone repeated
+# The mixed stream (probes/load/stages.py stage_mixed): windows of 2 x concurrency requests, with a lone repeated
 # request before the first window and after each one.
 MIXED_WINDOWS = 3
 # propose_limits (rules/capacity.py) proposes at most two limits: fewer sessions, then a shorter context.
@@ -352,7 +352,7 @@ def verified_limits_stage(per_step: int, step_s: float, ready: float | None) -> 
 
 def ramp_steps(ramp: list[int], contract: int, bound: int, per_step: int, budget_s: float,
                e2e: float) -> list[tuple[int, int, float]]:
-    """(concurrency, requests, seconds) of each ramp step that would run (probes/load.py stage_ramp: a step
+    """(concurrency, requests, seconds) of each ramp step that would run (probes/load/stages.py stage_ramp: a step
     past the contract starts only while the ramp has run no longer than its budget)."""
     out: list[tuple[int, int, float]] = []
     elapsed = 0.0

@@ -61,7 +61,7 @@ def _edges() -> dict[str, dict[str, set[str]]]:
 
 def test_the_import_walk_sees_real_edges() -> None:
     edges = _edges()
-    assert "probes/load.py" in edges["probes"]["load"] and "serve/stage.py" in edges["serve"]["runtime"]
+    assert "probes/load/run.py" in edges["probes"]["load"] and "serve/stage.py" in edges["serve"]["runtime"]
 
 
 def test_no_import_cycle_between_subpackages() -> None:

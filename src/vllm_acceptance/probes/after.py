@@ -26,7 +26,8 @@ from ..parsers.causal import causal_line
 from ..parsers.gpu_memory import memory_rows
 from ..parsers.startup_log import scan_startup_log
 from ..rules.capacity import stage_peaks
-from .load import OOM_MARKERS, judge_soak_gpu_memory
+from .load.crash import OOM_MARKERS
+from .load.soak import judge_soak_gpu_memory
 
 STAGE = "load"
 AFTER_PROBES_LOGS = "evidence/serve/after-probes"

@@ -26,7 +26,8 @@ from ..core.findings import Consequence, Finding, Status, write_findings
 from ..load.engine import Record, read_records
 from ..load.stats import client_summary, summarize
 from ..rules import loadgen as loadgen_rules
-from .load import LoadProbeConfig, meets_slo, step_row
+from .load.config import LoadProbeConfig
+from .load.steps import meets_slo, step_row
 
 CHECK = "capacity.distributed"
 DEFAULT_TOLERANCE_S = 2.0

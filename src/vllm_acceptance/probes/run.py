@@ -165,7 +165,7 @@ def _dispatch(opts: ProbeOptions, client: OpenAIClient, store: EvidenceStore
             for extra in (direct, reference):
                 if extra:
                     extra.close()
-    from .load import run_load_probe
+    from .load.probe import run_load_probe
 
     source = metrics_source(opts.metrics_url, opts.prometheus_url, opts.prometheus_instance, opts.base_url,
                             opts.prometheus_selector)
@@ -199,8 +199,8 @@ def agent_config(opts: ProbeOptions, scenario: dict[str, Any]) -> Any:
 
 
 def load_config(opts: ProbeOptions) -> Any:
-    """The load probe's settings from the profile and the overrides (probes/load.py LoadProbeConfig)."""
-    from .load import LoadProbeConfig
+    """The load probe's settings from the profile and the overrides (probes/load/config.py LoadProbeConfig)."""
+    from .load.config import LoadProbeConfig
 
     return LoadProbeConfig.from_profile(opts.profile, opts.overrides, model=opts.model, api_key=opts.api_key,
                                         server_pid=opts.server_pid, server_log=opts.server_log,
@@ -212,7 +212,7 @@ def run_load_limit_probe(opts: ProbeOptions, details: dict[str, Any], prior: lis
                          relaunch_error: str | None, relaunch_log: str | None) -> tuple[list[Finding], dict[str, Any]]:
     """The load stage's next proposed limit, on the server relaunched with its flags between two probe
     calls (probes/stage.py)."""
-    from .load import run_load_limit
+    from .load.limit import run_load_limit
 
     store = EvidenceStore(opts.out_dir, secrets=[opts.api_key] if opts.api_key else [])
     source = metrics_source(opts.metrics_url, opts.prometheus_url, opts.prometheus_instance, opts.base_url,

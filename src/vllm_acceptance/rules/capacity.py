@@ -1,6 +1,6 @@
 """Capacity under load: the pure judgement of the load stages (docs/acceptance.md "Capacity under load").
 
-The probe (probes/load.py) sends the traffic and measures; every decision is here, one small
+The probe (probes/load/) sends the traffic and measures; every decision is here, one small
 function per check id, so that each can be tested on recorded numbers:
 
 - ``capacity.kv_capacity``: the KV cache read out at start-up (startup log, ``cache_config_info``)
