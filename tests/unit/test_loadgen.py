@@ -13,6 +13,7 @@ from aiohttp import web
 
 from vllm_acceptance.load import engine as loadgen
 from vllm_acceptance.load.engine import Record, RequestSpec, chat_url, run_load
+from vllm_acceptance.load.engine.stream import _Stream
 from vllm_acceptance.load.stats import arrival_offsets, percentile, summarize
 
 KEY = "sk-test-5ecret-value-123"
@@ -315,7 +316,7 @@ def test_stream_parser_is_independent_of_read_boundaries(sep: bytes) -> None:
     data = _stream_bytes(4, sep)
     for cut in range(1, len(data)):
         rec = Record(request_id="x", tag="", worker="w", scheduled=0.0)
-        st = loadgen._Stream(rec)
+        st = _Stream(rec)
         st.feed(data[:cut], 1.0)
         st.feed(data[cut:], 2.0)
         st.finish()
@@ -326,7 +327,7 @@ def test_stream_parser_is_independent_of_read_boundaries(sep: bytes) -> None:
 
 def test_stream_parser_detects_error_event_after_tokens() -> None:
     rec = Record(request_id="x", tag="", worker="w", scheduled=0.0)
-    st = loadgen._Stream(rec)
+    st = _Stream(rec)
     st.feed(_chunk({"content": "a"}) + _chunk({"content": "b"}), 1.0)
     st.feed(b'data: {"error":{"message":"engine dead","code":500}}\n\ndata: [DONE]\n\n', 2.0)
     assert rec.error and "engine dead" in rec.error
@@ -334,7 +335,7 @@ def test_stream_parser_detects_error_event_after_tokens() -> None:
 
 def test_stream_parser_content_that_looks_like_usage_is_still_a_token() -> None:
     rec = Record(request_id="x", tag="", worker="w", scheduled=0.0)
-    st = loadgen._Stream(rec)
+    st = _Stream(rec)
     st.feed(_chunk({"content": "a"}) + _chunk({"content": 'say "usage" now'}), 1.0)
     assert rec.chunks == 2 and rec.completion_tokens is None and rec.error is None
 

@@ -30,7 +30,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .engine import Record, RequestSpec, now, run_load
+from .engine.clock import now
+from .engine.multiprocess import run_load
+from .engine.records import Record, RequestSpec
 
 TOKEN_ENV = "VLLM_ACCEPTANCE_AGENT_TOKEN"
 DEFAULT_PORT = 29600

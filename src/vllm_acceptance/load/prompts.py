@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from .engine import RequestSpec
+from .engine.records import RequestSpec
 
 WORDS = ("node", "driver", "fabric", "gpu", "cache", "ticket", "health", "service", "gateway", "engine",
          "memory", "queue", "tensor", "parallel", "prefill", "decode", "token", "status", "window", "owner")

@@ -104,7 +104,9 @@ def wait_until(epoch: float) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Send the load; returns the meta written beside the records."""
-    from vllm_acceptance.load.engine import RecordSink, now, run_load
+    from vllm_acceptance.load.engine.clock import now
+    from vllm_acceptance.load.engine.multiprocess import run_load
+    from vllm_acceptance.load.engine.records import RecordSink
     from vllm_acceptance.load.prompts import spec
 
     host = args.host or socket.gethostname()

@@ -1,6 +1,6 @@
 """Merge the records of several load generator hosts into one judged step (``capacity.distributed``).
 
-Input: ``<dir>/<host>.jsonl`` (records, :class:`vllm_acceptance.load.engine.RecordSink`) and
+Input: ``<dir>/<host>.jsonl`` (records, :class:`vllm_acceptance.load.engine.records.RecordSink`) and
 ``<dir>/<host>.meta.json`` (:mod:`vllm_acceptance.load.worker`) for every host of the group
 ``loadgen``, fetched by playbooks/loadgen.yml.
 
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.findings import Consequence, Finding, Status, write_findings
-from ..load.engine import Record, read_records
+from ..load.engine.records import Record, read_records
 from ..load.stats import client_summary, summarize
 from ..rules import loadgen as loadgen_rules
 from .load.config import LoadProbeConfig
