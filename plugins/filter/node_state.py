@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 try:
-    from vllm_acceptance.rebuild.remediation import capture_records
+    from vllm_acceptance.rebuild.remediation.capture import capture_records
 except ImportError as exc:  # the controller venv lacks the package: say how to fix it
     IMPORT_ERROR: ImportError | None = exc
 else:

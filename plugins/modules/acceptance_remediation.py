@@ -1,5 +1,6 @@
 #!/usr/bin/python
-"""Ansible module: remediation decisions (thin wrapper over vllm_acceptance.rebuild.remediation)."""
+"""Ansible module: remediation decisions (thin wrapper: one function per action in
+vllm_acceptance.rebuild.remediation.actions)."""
 
 from __future__ import annotations
 
@@ -119,7 +120,8 @@ options:
     description: Anything that explains the step (C(record), C(start)).
     type: raw
   site_facts:
-    description: The site's facts for the route choice (C(route)); see vllm_acceptance.rebuild.remediation.choose_route.
+    description: The site's facts for the route choice (C(route)); see
+      vllm_acceptance.rebuild.remediation.routes.choose_route.
     type: dict
     default: {}
   base_profile_path:
@@ -235,114 +237,16 @@ profile_path:
   returned: when action is experimental_profile
 """
 
-import json
 import traceback
-from pathlib import Path
 
 from ansible_collections.vllm.acceptance.plugins.module_utils.acceptance_base import AcceptanceModule
 
 try:
-    import yaml
-
-    from vllm_acceptance.core.evidence import atomic_write
-    from vllm_acceptance.core.findings import read_findings
-    from vllm_acceptance.core.profile import load_profile
-    from vllm_acceptance.rebuild import remediation as rem
+    from vllm_acceptance.rebuild.remediation.actions import ActionError, run_action
 except ImportError:
     IMPORT_ERROR = traceback.format_exc()
 else:
     IMPORT_ERROR = None
-
-REQUIRED_BY_ACTION = {
-    "entry": ["run_dir"],
-    "capture": ["state_dir"],
-    "post_check": ["host", "findings_path"],
-    "start": ["run_dir"],
-    "record": ["run_dir", "host", "step"],
-    "smoke_endpoint": ["smoke_url"],
-    "experimental_profile": ["base_profile_path", "profile_name", "profile_dest", "image_reference", "cuda_major"],
-}
-
-
-def _findings(module, path):
-    if not path:
-        return None
-    if not Path(path).is_file():
-        module.fail_json(msg=f"preflight findings {path} do not exist: run playbooks/preflight.yml (or accept.yml) "
-                             "first and pass its <run>/findings/preflight.json")
-    try:
-        return read_findings(Path(path))
-    except (ValueError, TypeError, KeyError) as exc:
-        module.fail_json(msg=f"{path} is not a findings file ({exc}): pass <run>/findings/preflight.json")
-
-
-def _max_age(module, p):
-    if not p["profile_path"]:
-        return rem.DEFAULT_EVIDENCE_MAX_AGE_H
-    profile = module.guard(load_profile, p["profile_path"])
-    return float(profile.get("remediation.evidence_max_age_h", rem.DEFAULT_EVIDENCE_MAX_AGE_H))
-
-
-def _upgrade_record(module, path):
-    if not path or not Path(path).is_file():
-        return None
-    try:
-        return json.loads(Path(path).read_text())
-    except ValueError as exc:
-        module.fail_json(msg=f"{path} is not a rebuild record ({exc}): pass the upgrade run's rebuild.json")
-
-
-def do_entry(module, p):
-    findings = _findings(module, p["preflight_findings"])
-    captures = {host: rem.load_capture(Path(d)) for host, d in p["capture_dirs"].items()}
-    recorded = {host: rem.load_capture(Path(d)) for host, d in p["recorded_dirs"].items()} or None
-    decision = module.guard(
-        rem.entry_conditions, findings, hosts=p["hosts"], maintenance_window=p["maintenance_window"],
-        captures=captures, rollback_plan=p["rollback_plan"], kind=p["kind"], recorded=recorded,
-        findings_path=Path(p["preflight_findings"]) if p["preflight_findings"] else None,
-        evidence_max_age_h=_max_age(module, p), upgrade_record=_upgrade_record(module, p["upgrade_record"]),
-        scope=p["rollback_scope"])
-    route = rem.route_for_report(findings, {"maintenance_window": p["maintenance_window"],
-                                            "rollback_recorded": bool(p["rollback_plan"]),
-                                            **p["site_facts"]}) if findings is not None else None
-    record = {"decision": decision.to_dict(), "route": route, "captures": captures, "recorded": recorded,
-              "preflight_findings": p["preflight_findings"]}
-    # Evidence on the controller, written in check mode too: the refusal is part of the record.
-    atomic_write(Path(p["run_dir"]) / f"{p['kind']}-entry.json", json.dumps(record, indent=2, default=str) + "\n")
-    if not decision.allowed:
-        module.fail_json(msg=f"refused: the {p['kind']} changes nothing until these are met: "
-                             + " | ".join(decision.reasons), decision=decision.to_dict(), route=route)
-    module.exit_json(changed=False, allowed=True, decision=decision.to_dict(), route=route,
-                     rollback_versions=decision.rollback_versions, targets=decision.targets)
-
-
-def do_post_check(module, p):
-    path = Path(p["findings_path"])
-    if not path.is_file():
-        module.exit_json(changed=False, ok=False, problems=[f"no findings at {path}: the preflight judge did not run"])
-    before = read_findings(Path(p["before_findings"])) if p["before_findings"] else None
-    if p["before_findings"] and not Path(p["before_findings"]).is_file():
-        module.exit_json(changed=False, ok=False, problems=[f"no entry findings at {p['before_findings']}: "
-                                                            "nothing to compare the node with"])
-    findings = read_findings(path)
-    ok, problems = rem.post_check(findings, p["host"], expect_version=p["expect_version"], kind=p["kind"],
-                                  before=before)
-    module.exit_json(changed=False, ok=ok, problems=problems, checks=rem.checks_summary(findings, p["host"]))
-
-
-def do_experimental_profile(module, p):
-    base = module.guard(load_profile, p["base_profile_path"])
-    data = module.guard(
-        rem.experimental_profile, base, name=p["profile_name"], image_reference=p["image_reference"],
-        image_digest=p["image_digest"], cuda_major=p["cuda_major"], lineage=p["lineage"],
-        driver_min_branch=p["driver_min_branch"], driver_min_version=p["driver_min_version"])
-    dest = Path(p["profile_dest"])
-    text = ("# EXPERIMENTAL: written by playbooks/build_image.yml; a self-built image, never an acceptance of "
-            "the official image.\n" + yaml.safe_dump(data, sort_keys=False))
-    changed = not dest.is_file() or dest.read_text() != text
-    if changed and not module.check_mode:
-        atomic_write(dest, text)
-    module.exit_json(changed=changed, profile_path=str(dest), profile=data)
 
 
 def main() -> None:
@@ -386,41 +290,11 @@ def main() -> None:
         "driver_min_version": {"type": "str"},
         "lineage": {"type": "dict", "default": {}},
     }, supports_check_mode=True)
-    p = module.params
-    absent = [k for k in REQUIRED_BY_ACTION.get(p["action"], []) if p.get(k) in (None, "")]
-    if absent:
-        module.fail_json(msg=f"action={p['action']} needs {', '.join(absent)}")
-    action = p["action"]
-    if action == "entry":
-        do_entry(module, p)
-    elif action == "route":
-        route = rem.route_for_report(_findings(module, p["preflight_findings"]), p["site_facts"])
-        module.exit_json(changed=False, route=route)
-    elif action == "capture":
-        module.exit_json(changed=False, capture=rem.load_capture(Path(p["state_dir"])))
-    elif action == "save_capture":
-        # Controller evidence of a read-only capture: written in check mode too (as the record is).
-        paths = module.guard(rem.save_captures, p["bundles"])
-        module.exit_json(changed=False, paths=paths)
-    elif action == "post_check":
-        do_post_check(module, p)
-    elif action == "smoke_endpoint":
-        endpoint = module.guard(rem.smoke_endpoint, p["smoke_url"] or "", tool_call=p["smoke_tool_call"],
-                                host=p["host"])
-        module.exit_json(changed=False, endpoint=endpoint)
-    elif action == "smoke_judge":
-        result = rem.judge_smoke(p["smoke_status"], p["smoke_body"], tool_call=p["smoke_tool_call"],
-                                 expect=p["smoke_expect"])
-        module.exit_json(changed=False, **result)
-    elif action == "start":
-        # The record is controller evidence: written in check mode as well (the plan is the point).
-        ledger = rem.Ledger(Path(p["run_dir"])).start(p["kind"], p["hosts"], p["detail"] or {})
-        module.exit_json(changed=False, ledger=ledger)
-    elif action == "record":
-        ledger = rem.Ledger(Path(p["run_dir"])).record(p["host"], p["step"], p["status"], p["detail"])
-        module.exit_json(changed=False, ledger=ledger)
-    else:
-        do_experimental_profile(module, p)
+    try:
+        result = run_action(module.params, check_mode=module.check_mode)
+    except ActionError as exc:
+        module.fail_json(msg=exc.msg, **exc.fields)
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

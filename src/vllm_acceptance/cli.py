@@ -166,7 +166,7 @@ def _add_sign(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_remediation(sub: argparse._SubParsersAction) -> None:
-    from .rebuild.remediation import ROUTES
+    from .rebuild.remediation.routes import ROUTES
 
     dec = sub.add_parser("remediation-decision",
                          help="after remediation: the four signs and the choice (keep / isolate / revert); "

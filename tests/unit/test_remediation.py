@@ -452,3 +452,38 @@ def test_capture_records_cut_the_framed_answer(tmp_path: Path) -> None:
     assert [(r["name"], r["rc"], r["stdout"]) for r in records] == [
         ("hostname", 0, "gpu-01\n"), ("nvidia_smi", 6, "No devices were found\n"), ("lsmod", None, "")]
     assert records[2]["stderr"] == "the node's answer never reached this command"
+
+
+# --- the module's actions (plugins/modules/acceptance_remediation.py calls rebuild/remediation/actions.py) ---------
+
+
+def _module_action_choices() -> list[str]:
+    import ast
+    tree = ast.parse((REPO / "plugins/modules/acceptance_remediation.py").read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Dict) and any(isinstance(k, ast.Constant) and k.value == "action" for k in node.keys):
+            spec = node.values[[k.value for k in node.keys if isinstance(k, ast.Constant)].index("action")]
+            return ast.literal_eval(spec)["choices"]
+    raise AssertionError("acceptance_remediation has no action option")
+
+
+def test_every_module_action_has_one_function_in_the_package() -> None:
+    from vllm_acceptance.rebuild.remediation.actions import ACTIONS
+    assert list(ACTIONS) == _module_action_choices()
+
+
+def test_an_action_without_its_options_or_with_unmet_entry_fails_with_the_message(tmp_path: Path) -> None:
+    from vllm_acceptance.rebuild.remediation.actions import ActionError, run_action
+    with pytest.raises(ActionError, match=r"^action=record needs host, step$"):
+        run_action({"action": "record", "run_dir": str(tmp_path), "host": None, "step": ""})
+    params = {"action": "entry", "run_dir": str(tmp_path), "hosts": ["n1"], "kind": "rollback",
+              "preflight_findings": None, "maintenance_window": None, "rollback_plan": "re-run rebuild.yml",
+              "capture_dirs": {}, "recorded_dirs": {}, "upgrade_record": None, "rollback_scope": "failed",
+              "profile_path": None, "site_facts": {}}
+    with pytest.raises(ActionError) as err:
+        run_action(params)
+    assert err.value.msg.startswith("refused: the rollback changes nothing until these are met: ")
+    assert "rebuild_maintenance_window is not set" in err.value.msg
+    assert err.value.fields["decision"]["allowed"] is False and err.value.fields["route"] is None
+    # The refusal is evidence: written before the action fails.
+    assert json.loads((tmp_path / "rollback-entry.json").read_text())["decision"]["allowed"] is False

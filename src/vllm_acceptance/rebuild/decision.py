@@ -33,13 +33,9 @@ from typing import Any
 from ..core.evidence import atomic_write
 from ..core.findings import Finding, Status
 from ..rules.registry import get as catalog_get
-from .remediation import (
-    DRIVER_UPGRADE,
-    ISOLATED_ENVIRONMENT,
-    LEDGER_NAME,
-    SELF_BUILT_IMAGE,
-    isolated_environment_record,
-)
+from .remediation.isolated import isolated_environment_record
+from .remediation.ledger import LEDGER_NAME
+from .remediation.routes import DRIVER_UPGRADE, ISOLATED_ENVIRONMENT, SELF_BUILT_IMAGE
 
 DECISION_FILE = "remediation-decision.json"
 KEEP_UPGRADED = "keep_upgraded_cluster"

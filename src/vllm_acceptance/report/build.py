@@ -19,7 +19,8 @@ from ..core.findings import Consequence, Finding, Status, read_findings
 from ..core.profile import Profile
 from ..monitoring.generate import monitoring_summary
 from ..rebuild.lineage import last_official_run, lineage_checks, load_lineage
-from ..rebuild.remediation import isolated_environment_record, route_for_report
+from ..rebuild.remediation.isolated import isolated_environment_record
+from ..rebuild.remediation.routes import route_for_report
 from ..rules.registry import get as catalog_get
 from ..rules.registry import missing
 from ..verdict import IMMEDIATE_ACTION, REOPEN_TRIGGERS, ROLLBACK_TRIGGERS, Decision, annotate, decide, traffic_gates
