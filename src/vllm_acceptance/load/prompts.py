@@ -1,5 +1,5 @@
 """The load's prompts: deterministic agent-like filler and a request of about N prompt tokens, each with a
-unique first line so that no two requests share a cache block (the load probe, probes/load.py, counts
+unique first line so that no two requests share a cache block (the load probe, probes/load/, counts
 tokens exactly with /tokenize; the distributed workers, load/worker.py, estimate them)."""
 
 from __future__ import annotations
