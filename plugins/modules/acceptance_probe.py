@@ -15,9 +15,10 @@ description:
   - In check mode nothing is sent (probes generate traffic).
 options:
   kind:
-    description: Which probe.
+    description:
+      - Which probe, by the name its folder registers (C(vllm_acceptance/core/probes.py) declares them; today
+        C(cache), C(agent), C(load)). Another name fails with the list of probes.
     type: str
-    choices: [cache, agent, load]
     required: true
   base_url:
     description: OpenAI base URL (through the gateway, if any).
@@ -186,18 +187,21 @@ import traceback
 from ansible_collections.vllm.acceptance.plugins.module_utils.acceptance_base import AcceptanceModule
 
 try:
+    from vllm_acceptance.core.probes import probe_names
     from vllm_acceptance.core.reference import check_reference_url
     from vllm_acceptance.probes.stage import run_cache_restart_stage, run_load_limit_stage, run_probe_stage
 except ImportError:
     IMPORT_ERROR = traceback.format_exc()
+    PROBE_NAMES = None   # the base fails with the import error before any option is used
 else:
     IMPORT_ERROR = None
+    PROBE_NAMES = list(probe_names())
 
 
 def main() -> None:
     module = AcceptanceModule(
         argument_spec={
-            "kind": {"type": "str", "choices": ["cache", "agent", "load"], "required": True},
+            "kind": {"type": "str", "choices": PROBE_NAMES, "required": True},
             "base_url": {"type": "str", "required": True},
             "model": {"type": "str", "required": True},
             "metrics_url": {"type": "str"},

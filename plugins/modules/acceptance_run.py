@@ -78,6 +78,14 @@ profile_path:
   description: Absolute path of the profile file.
   returned: success
   type: str
+probes:
+  description:
+    - Every probe in run order (C(vllm_acceptance/core/probes.py)); the probes play runs these unless
+      C(acceptance_probes) names fewer.
+  returned: success
+  type: list
+  elements: str
+  sample: [cache, agent, load]
 """
 
 import tempfile
@@ -87,6 +95,7 @@ from pathlib import Path
 from ansible_collections.vllm.acceptance.plugins.module_utils.acceptance_base import AcceptanceModule
 
 try:
+    from vllm_acceptance.core.probes import probe_names
     from vllm_acceptance.core.profile import load_profile
     from vllm_acceptance.core.rundir import (
         open_run,
@@ -112,7 +121,7 @@ def check_mode_run(module: AcceptanceModule, project: Path) -> None:
     scratch = Path(tempfile.mkdtemp(prefix="vllm-acceptance-check-"))
     frozen = scratch / record_profile(scratch, profile)
     module.exit_json(changed=False, run_dir=str(scratch), run_id="check-mode", profile=profile.data,
-                     profile_path=str(frozen))
+                     profile_path=str(frozen), probes=list(probe_names()))
 
 
 def main() -> None:
@@ -138,7 +147,7 @@ def main() -> None:
                                     host_variables=params["host_variables"])
     # Every later stage judges the run's frozen copy of the profile (evidence/profile.yml).
     module.exit_json(changed=True, run_dir=str(run_dir), run_id=run_dir.name, profile=profile.data,
-                     profile_path=str(run_dir / record_profile(run_dir, profile)))
+                     profile_path=str(run_dir / record_profile(run_dir, profile)), probes=list(probe_names()))
 
 
 if __name__ == "__main__":

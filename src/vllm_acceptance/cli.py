@@ -15,6 +15,7 @@ import os
 import sys
 from pathlib import Path
 
+from .core.probes import PROBE_KINDS
 from .core.profile import ConfigError, load_profile
 from .probes.result import EXIT_USAGE, exit_code
 from .recipe import commands as recipe_commands
@@ -73,9 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     probe = sub.add_parser("probe", help="run one probe against a running server")
     probe_sub = probe.add_subparsers(dest="kind", required=True)
-    _add_probe(probe_sub, "cache", "prefix-cache reuse: cold / hot / control over several sessions")
-    _add_probe(probe_sub, "agent", "agent interface: tool calls, structured output, layers")
-    _add_probe(probe_sub, "load", "capacity: long prompt, context contract, ramp, soak")
+    for kind in PROBE_KINDS:   # core/probes.py
+        _add_probe(probe_sub, kind.name, kind.summary)
 
     val = sub.add_parser("validate", help="validate a profile and an inventory's variables as accept.yml's validate "
                                           "stage does, before touching any node; exit 0 valid, 2 refused")

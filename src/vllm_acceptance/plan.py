@@ -7,7 +7,7 @@ inventory through Ansible's own `ansible-inventory` and the profile it names, an
   same code (serve/launch.py for the container commands, runtime/process.py for the process runtime), the
   environment's secret-bearing values redacted;
 - every stage the run goes through, its requests and its estimated wall time and GPU-hours, from the same
-  probe settings the run uses (probes/run.py cache_config, agent_config, load_config) and the same ramp plan
+  probe settings the run uses (each probe's `config` in the probe registry, probes/registry.py) and the same ramp plan
   (rules/capacity.py ramp_plan); with a total.
 
 How the time is estimated (docs/plan.md): a server start (the launch, the cache probe's restart, each
@@ -31,12 +31,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .core.probes import probe_names
 from .core.profile import ConfigError, Profile, load_profile
 from .core.redact import redact_obj
 from .core.rundir import resolve_profile_path
+from .probes import registry as probe_registry
 from .probes.agent import turn_target
 from .probes.cache import KINDS as CACHE_KINDS
-from .probes.run import ProbeOptions, agent_config, cache_config, load_config
+from .probes.options import ProbeOptions
 from .rules.capacity import ramp_plan
 from .scenarios import load_scenario
 from .serve import launch
@@ -251,11 +253,11 @@ def _options(profile: Profile, kind: str, site: dict[str, Any]) -> ProbeOptions:
 
 def stages(profile: Profile, facts: dict[str, Any], site: dict[str, Any]) -> list[Stage]:
     """Every stage of the run in its order (accept.yml, playbooks/probes.yml), estimated (module docstring)."""
-    load_cfg = load_config(_options(profile, "load", site))
+    load_cfg = probe_registry.get("load").config(_options(profile, "load", site), {})
     e2e = float(load_cfg.slo.get("e2e_p95_s") or 0) or float(load_cfg.request_timeout_s)
     ready = float(math.ceil(float(facts["ready_timeout_s"])))
     launched = facts["mode"] != "attach"
-    probes = list(site.get("acceptance_probes") or ["cache", "agent", "load"])
+    probes = list(site.get("acceptance_probes") or probe_names())
     out: list[Stage] = []
     if launched:
         out.append(Stage("model_load", "launch and wait for /health", 0, ready,
@@ -270,12 +272,15 @@ def stages(profile: Profile, facts: dict[str, Any], site: dict[str, Any]) -> lis
         # otherwise the client is driven at the limit on the server as launched.
         relaunch = launched and bool(site.get("acceptance_limit_relaunch", True)) and not facts["workers"]
         out += load_stages(_options(profile, "load", site), e2e, ready, relaunch)
+    # A probe without its own estimate here is still shown, never costed as free (docs/plan.md).
+    out += [Stage(name, f"the {name} probe", None, 0.0, basis="no estimate for this probe", in_total=False)
+            for name in probes if name not in ("cache", "agent", "load")]
     return out
 
 
 def cache_stages(opts: ProbeOptions, e2e: float, ready: float, restart: bool) -> list[Stage]:
-    cfg = cache_config(opts, load_scenario(str(opts.profile.get("agent.scenario", "ops-agent"))
-                                           if opts.profile else "ops-agent"))
+    cfg = probe_registry.get("cache").config(opts, load_scenario(str(opts.profile.get("agent.scenario", "ops-agent"))
+                                                                if opts.profile else "ops-agent"))
     requests = cfg.sessions * len(CACHE_KINDS) + cfg.rounds
     out = [Stage("cache", "prefix-cache protocol, one request at a time", requests, requests * e2e,
                  basis=f"cache.sessions {cfg.sessions} x {len(CACHE_KINDS)} kinds + {cfg.rounds} rounds, "
@@ -288,7 +293,7 @@ def cache_stages(opts: ProbeOptions, e2e: float, ready: float, restart: bool) ->
 
 def agent_stage(opts: ProbeOptions, e2e: float) -> Stage:
     scenario = str(opts.profile.get("agent.scenario", "ops-agent")) if opts.profile else "ops-agent"
-    cfg = agent_config(opts, load_scenario(scenario))
+    cfg = probe_registry.get("agent").config(opts, load_scenario(scenario))
     turns = turn_target(cfg)
     others = min(cfg.other_cases, max(5, turns // 5))
     repeats = cfg.consistency_cases * max(1, cfg.repeats)
@@ -306,7 +311,7 @@ def agent_stage(opts: ProbeOptions, e2e: float) -> Stage:
 
 
 def load_stages(opts: ProbeOptions, e2e: float, ready: float, relaunch: bool) -> list[Stage]:
-    cfg = load_config(opts)
+    cfg = probe_registry.get("load").config(opts, {})
     c = cfg.contract_concurrency
     steps = ramp_steps(cfg.ramp, c, cfg.ramp_bound, cfg.requests_per_step, cfg.ramp_budget_s, e2e)
     ramp_s = sum(s for _, _, s in steps)

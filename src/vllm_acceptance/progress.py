@@ -24,11 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vllm_acceptance.core.probes import probe_names
 from vllm_acceptance.core.redact import redact_obj
 
 EVENTS_FILE = "events.jsonl"
-PIPELINE = ("validate", "preflight", "serve", "cache", "agent", "load", "report")
-PROBES = ("cache", "agent", "load")
+PROBES = probe_names()   # core/probes.py, in run order
+PIPELINE = ("validate", "preflight", "serve", *PROBES, "report")
 
 # Where a task belongs, from the evidence Ansible gives: its module, role, or playbook file.
 MODULE_STAGES = {"acceptance_run": "validate", "acceptance_preflight": "preflight", "acceptance_serve": "serve",
@@ -38,7 +39,7 @@ ROLE_STAGES = {"preflight": "preflight", "vllm_serve": "serve"}
 FILE_STAGES = {"validate": "validate", "preflight": "preflight", "serve": "serve", "probes": "probes",
                "report": "report", "loadgen": "load", "monitoring": "monitoring", "rebuild": "rebuild",
                "rollback": "rollback", "rebuild_node": "rebuild", "build_image": "build_image"}
-_PROBE_IN_NAME = re.compile(r"\bprobe\b[^:]*:\s*(cache|agent|load)\b", re.IGNORECASE)
+_PROBE_IN_NAME = re.compile(r"\bprobe\b[^:]*:\s*(" + "|".join(map(re.escape, PROBES)) + r")\b", re.IGNORECASE)
 _WAITED_ON = re.compile(r"(/[A-Za-z0-9_./-]*[A-Za-z0-9_])")
 
 
@@ -90,7 +91,7 @@ def stage_bounds(profile: Mapping[str, Any] | None) -> dict[str, str]:
     if ready is not None:
         bounds["serve"] = f"ready within {fmt_s(float(ready))} (launch.ready_timeout_s)"
     load_req = get("load.request_timeout_s")
-    for kind in ("cache", "agent"):
+    for kind in (k for k in PROBES if k != "load"):   # the load probe has its own bounds below
         own = get(f"{kind}.request_timeout_s")
         value, source = (own, f"{kind}.request_timeout_s") if own is not None else (load_req, "load.request_timeout_s")
         if value is not None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .core.findings import Consequence, Finding, Status
+from .core.probes import probe_families
 from .rules.registry import warn_blocks
 
 RELEASE_SCOPE = "compat.lineage.release_scope"
@@ -152,7 +153,7 @@ def unreachable_reasons(hosts: list[str], errors: dict[str, str]) -> list[str]:
 
 def not_reached_after_launch(finding: Finding) -> bool:
     """Stages that need a running server (probes, actual config, startup log of a later rank)."""
-    return finding.check.startswith(("cache.", "agent.", "capacity.")) or finding.check.startswith(
+    return finding.check.startswith(tuple(f"{family}." for family in probe_families())) or finding.check.startswith(
         ("compat.actual_config", "compat.serve"))
 
 

@@ -14,6 +14,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from .probes import probe_families
 from .redact import redact_obj
 
 
@@ -37,7 +38,9 @@ class Consequence(StrEnum):
 
 VERDICTS = ("release", "limited_observation", "rebuild_environment", "expand_capacity", "incomplete")
 LAYERS = ("model", "parser", "gateway", "client", "executor", "retry")
-CHECK_PREFIXES = ("compat.", "capacity.", "cache.", "agent.", "interconnect.")
+# The check families in the catalog's order; a probe's family (core/probes.py) not among them comes after.
+_FAMILY_ORDER = ("compat.", "capacity.", "cache.", "agent.", "interconnect.")
+CHECK_PREFIXES = _FAMILY_ORDER + tuple(f"{f}." for f in probe_families() if f"{f}." not in _FAMILY_ORDER)
 
 # Findings read back from disk (an older run, a diff) are taken as they were written; findings built
 # by the code must name a catalogued check (rules/catalog.py).

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.findings import Consequence, Finding, Status, read_findings
+from ..core.probes import PROBE_KINDS
 from ..core.profile import Profile
 from ..monitoring.generate import monitoring_summary
 from ..rebuild.lineage import last_official_run, lineage_checks, load_lineage
@@ -31,12 +32,11 @@ from .signoff import attachments
 SCHEMA_VERSION = "1.0"
 
 # Each stage that must leave findings, with the check that stands for it when it left none.
+# Each probe's stage stands for itself by the check core/probes.py names (stands_for).
 REQUIRED_STAGES: dict[str, tuple[str, Consequence]] = {
     "preflight": ("compat.preflight", Consequence.REBUILD),
     "serve": ("compat.serve", Consequence.REBUILD),
-    "cache": ("cache.reuse", Consequence.REBUILD),
-    "agent": ("agent.tool_call", Consequence.BLOCK_AGENT),
-    "load": ("capacity.load", Consequence.EXPAND),
+    **{kind.name: (kind.stands_for, Consequence(kind.consequence)) for kind in PROBE_KINDS},
 }
 
 

@@ -17,6 +17,7 @@ from urllib.parse import quote
 
 import jinja2
 
+from ..rules import registry
 from . import plots, views
 from .checklist import SOURCES, coverage, coverage_groups, coverage_summary
 from .signoff import CONFIRM_FIELDS, sign_command
@@ -31,7 +32,9 @@ VERDICT_TITLES = {
     "incomplete": "Incomplete: no decision can be signed",
 }
 STATUS_RANK = {"fail": 0, "missing": 1, "inconclusive": 2, "to_confirm": 3, "warn": 3, "pass": 4, "not_applicable": 5}
-FAMILIES = ("compat", "interconnect", "capacity", "cache", "agent")
+# The report's family sections in reading order; a family the registry adds (a new probe's) comes last.
+_FAMILY_ORDER = ("compat", "interconnect", "capacity", "cache", "agent")
+FAMILIES = _FAMILY_ORDER + tuple(f for f in registry.FAMILIES if f not in _FAMILY_ORDER)
 SIGNOFF_FIELDS = [
     ("deployment_engineer", "Deployment engineer (ran the acceptance)"),
     ("reviewer", "Reviewer (SRE / platform lead)"),
@@ -440,6 +443,8 @@ def context(report: dict[str, Any]) -> dict[str, Any]:
         "agent": agent_view(report),
         "svgs": plots.all_svgs(report.get("stages") or {}, report.get("slo") or (limits or {}).get("slo")),
         "families": {fam: family_findings(report, fam + ".") for fam in FAMILIES},
+        # a probe's family without its own section above (core/probes.py): a section of its findings
+        "other_families": [fam for fam in FAMILIES if fam not in _FAMILY_ORDER],
         "checklist_groups": [{"key": g["key"], "title": g["title"], "counts": g["counts"],
                               "rows": [{"item": row.item, "status": row.status, "detail": row.detail,
                                         "chips": checklist_chips(row, report)} for row in g["rows"]]}

@@ -17,9 +17,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.findings import CHECK_PREFIXES, Consequence, Finding, Status, use_catalog
+from ..core.probes import probe_names
 
 FAMILIES = tuple(prefix.rstrip(".") for prefix in CHECK_PREFIXES)
-STAGES = ("preflight", "serve", "launch", "cache", "agent", "load", "loadgen", "report", "rebuild")
+# The stages a check is judged in: the node and server stages, each probe (core/probes.py), then the rest.
+STAGES = ("preflight", "serve", "launch", *probe_names(), "loadgen", "report", "rebuild")
 
 
 class UnknownCheck(KeyError):

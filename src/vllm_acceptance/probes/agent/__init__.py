@@ -20,8 +20,9 @@ comparison.py (under load, against a reference) and probe.py (AgentProbe, the ru
 
 from __future__ import annotations
 
+from . import unit  # registers the probe (probes/registry.py)
 from .common import BATCH, GATEWAY_REASON, REPEATED, AgentProbeConfig, exchange_row, solid_png_base64, turn_target
 from .probe import AgentProbe
 
-__all__ = ["BATCH", "GATEWAY_REASON", "REPEATED", "AgentProbe", "AgentProbeConfig", "exchange_row",
+__all__ = ["unit", "BATCH", "GATEWAY_REASON", "REPEATED", "AgentProbe", "AgentProbeConfig", "exchange_row",
            "solid_png_base64", "turn_target"]

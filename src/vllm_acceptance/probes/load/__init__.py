@@ -27,6 +27,7 @@ Submodules (each imports only the ones before it in this list, never this packag
 
 from __future__ import annotations
 
+from . import unit  # registers the probe (probes/registry.py)
 from .conclude import STAGE_LABELS, Progress, conclude, crash_findings, saturated_overrule
 from .config import LoadProbeConfig
 from .crash import OOM_MARKERS, crash_finding
@@ -52,6 +53,7 @@ from .stages import (
 from .steps import contract_shaped, hung_requests, knee_of, meets_slo, missing_samples, snapshot_preemptions, step_row
 
 __all__ = [
+    "unit",
     "EARLY", "LONE_STAGES", "OOM_MARKERS", "SHARED_PREFIX", "STAGE_LABELS",
     "LoadProbeConfig", "LoadRun", "Progress", "PromptBuilder", "Sampler",
     "agents", "conclude", "contract_shaped", "crash_finding", "crash_findings", "engine_peaks", "engine_rows",

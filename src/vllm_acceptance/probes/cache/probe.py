@@ -25,10 +25,10 @@ from typing import Any
 
 import httpx
 
-from ..core.evidence import EvidenceStore
-from ..core.findings import Consequence, Finding, Status
-from ..rules import registry
-from ..rules.cache import (  # noqa: F401 - judge_reuse, expected_hits re-exported for callers
+from ...core.evidence import EvidenceStore
+from ...core.findings import Consequence, Finding, Status
+from ...rules import registry
+from ...rules.cache import (  # noqa: F401 - judge_reuse, expected_hits re-exported for callers
     Measurement,
     check_cache_config,
     common_prefix,
@@ -37,9 +37,9 @@ from ..rules.cache import (  # noqa: F401 - judge_reuse, expected_hits re-export
     judge_reuse,
     judge_rounds,
 )
-from ..rules.registry import missing
-from ..runtime.client import OpenAIClient
-from ..runtime.metrics import (
+from ...rules.registry import missing
+from ...runtime.client import OpenAIClient
+from ...runtime.metrics import (
     MetricsError,
     MetricsSource,
     PrometheusMetrics,
@@ -49,7 +49,7 @@ from ..runtime.metrics import (
     histogram_delta,
     missing_families,
 )
-from ..runtime.process import rss_bytes, tail_lines
+from ...runtime.process import rss_bytes, tail_lines
 
 KINDS = ("cold", "hot_a", "hot_b", "control")
 REQUIRED_FAMILIES = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:request_success",

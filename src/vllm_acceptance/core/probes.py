@@ -1,0 +1,55 @@
+"""The probe kinds: one line per probe, read by every layer that names probes (docs/architecture.md
+"Adding a probe").
+
+A probe's code lives in its own folder `probes/<name>/`, which registers how it runs
+(`probes/registry.py`); what the lower layers need to know of it -- its name, the check family its
+findings belong to, what a failure means, and the check that stands for its stage when it left no
+findings -- is declared here, in `core`, so that the progress lines, the check registry's stages, the
+report's required stages, the verdict, the inventory schema, the CLI and the Ansible module all take
+the same list without importing the probes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ProbeKind:
+    """What every layer may know of one probe."""
+
+    name: str             # the stage name: findings/<name>.json, stages/<name>.json, probes/<name>/
+    family: str           # the check-id prefix of its findings (`capacity` for the load probe)
+    consequence: str      # a core.findings.Consequence value: what it means when the probe breaks or is missing
+    stands_for: str       # the check reported `missing` when its stage left no findings (report/build.py)
+    summary: str          # one line for `vllm-acceptance probe --help`
+
+
+# In the order accept.yml runs them (docs/acceptance.md): cache first on a fresh instance, then the agent
+# interface, then load (it fills the cache and the queues).
+PROBE_KINDS: tuple[ProbeKind, ...] = (
+    ProbeKind("cache", "cache", "rebuild_environment", "cache.reuse",
+              "prefix-cache reuse: cold / hot / control over several sessions"),
+    ProbeKind("agent", "agent", "block_agent_traffic", "agent.tool_call",
+              "agent interface: tool calls, structured output, layers"),
+    ProbeKind("load", "capacity", "expand_capacity", "capacity.load",
+              "capacity: long prompt, context contract, ramp, soak"),
+)
+
+
+def probe_families() -> tuple[str, ...]:
+    """The check families the probes' findings belong to, in run order."""
+    return tuple(kind.family for kind in PROBE_KINDS)
+
+
+def probe_names() -> tuple[str, ...]:
+    """Every probe's name, in run order."""
+    return tuple(kind.name for kind in PROBE_KINDS)
+
+
+def probe_kind(name: str) -> ProbeKind:
+    """The probe called `name`; KeyError naming the known ones otherwise."""
+    for kind in PROBE_KINDS:
+        if kind.name == name:
+            return kind
+    raise KeyError(f"probe {name!r}: unknown (choose one of {', '.join(probe_names())})")

@@ -1,0 +1,59 @@
+"""The agent probe as a unit of the probe registry (probes/registry.py): its settings from the profile and
+the overrides, and its run (with the direct server and the reference endpoint when given)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...core.evidence import EvidenceStore
+from ...core.findings import Finding
+from ...runtime.client import OpenAIClient
+from ..options import ProbeOptions, setting
+from ..registry import register
+from .common import AgentProbeConfig
+from .probe import AgentProbe
+
+
+def config(opts: ProbeOptions, scenario: dict[str, Any]) -> AgentProbeConfig:
+    """The agent probe's settings from the profile and the overrides."""
+    seed = setting(opts, "agent.seed", None)
+    return AgentProbeConfig(
+        model=opts.model, scenario=scenario, repeats=int(setting(opts, "agent.repeats", 3)),
+        temperature=float(setting(opts, "agent.temperature", 0.0)),
+        max_tokens=int(setting(opts, "agent.max_tokens", 256)),
+        format_error_threshold=float(setting(opts, "thresholds.tool_format_error_rate", 0.01)),
+        schema_accuracy_min=float(setting(opts, "thresholds.schema_accuracy_min", 0.99)),
+        turn_budget=int(setting(opts, "agent.turn_budget", 1000)),
+        concurrency=int(setting(opts, "agent.concurrency", 8)),
+        retry_attempts=int(setting(opts, "agent.retry_attempts", 1)),
+        reasoning_parser=setting(opts, "model.reasoning_parser", None) or None,
+        images=bool(setting(opts, "agent.images", False)),
+        image_tokens=setting(opts, "agent.image_tokens", None),
+        cases=int(setting(opts, "agent.cases", 300)), other_cases=int(setting(opts, "agent.other_cases", 60)),
+        case_seed=int(setting(opts, "agent.case_seed", 0)),
+        seed=None if seed is None else int(seed),
+        case_tools=str(setting(opts, "agent.case_tools", "sample")),
+        consistency_cases=int(setting(opts, "agent.consistency_cases", 10)),
+        under_load=int(setting(opts, "agent.under_load", 0) or 0),
+        abstain_min=float(setting(opts, "thresholds.tool_abstain_min", 0.9)),
+        reference_min=float(setting(opts, "thresholds.reference_agreement_min", 0.80)))
+
+
+def run(opts: ProbeOptions, client: OpenAIClient, store: EvidenceStore,
+        scenario: dict[str, Any]) -> tuple[list[Finding], dict[str, Any]]:
+    cfg = config(opts, scenario)
+    direct = OpenAIClient(opts.direct_url, api_key=opts.api_key, timeout_s=client.timeout_s) \
+        if opts.direct_url else None
+    reference = OpenAIClient(opts.reference_url, api_key=opts.reference_api_key, timeout_s=client.timeout_s) \
+        if opts.reference_url else None
+    cfg.reference_model = opts.reference_model or opts.model
+    cfg.under_load = int(opts.under_load or cfg.under_load)
+    try:
+        return AgentProbe(client, cfg, store, direct, reference).run()
+    finally:
+        for extra in (direct, reference):
+            if extra:
+                extra.close()
+
+
+PROBE = register("agent", config_type=AgentProbeConfig, config=config, run=run)
