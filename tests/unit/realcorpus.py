@@ -188,7 +188,7 @@ def _ibv(text: str) -> dict[str, Any]:
 
 def _imex(text: str) -> dict[str, Any]:
     try:
-        from vllm_acceptance.parsers.imex import parse_imex_nodes
+        from vllm_acceptance.rules.node.imex import parse_imex_nodes
     except ImportError:             # an older checkout of the package (benchmarks/real_corpus.py --src)
         return {"nodes": ABSENT, "ready": ABSENT, "domain_state": ABSENT, "versions": ABSENT,
                 "broken_links": ABSENT, "ok": ABSENT}

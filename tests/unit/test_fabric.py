@@ -22,11 +22,11 @@ import pytest
 from vllm_acceptance.core.findings import Finding, Status
 from vllm_acceptance.core.profile import Profile, load_profile
 from vllm_acceptance.hardware import load_hardware_table
-from vllm_acceptance.parsers.imex import parse_imex_nodes
 from vllm_acceptance.parsers.nccl_tests import detect_fabric
 from vllm_acceptance.parsers.nvidia_smi import parse_xml
 from vllm_acceptance.preflight.stage import judge
-from vllm_acceptance.rules.fabric import check_imex, check_nvlink_domain
+from vllm_acceptance.rules.fabric import check_nvlink_domain
+from vllm_acceptance.rules.node.imex import check_imex, parse_imex_nodes
 from vllm_acceptance.verdict import decide
 
 from nodefixtures import NODES, build_evidence

@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 
 from vllm_acceptance.core.findings import Status
 from vllm_acceptance.parsers.driver import parse_proc_version
-from vllm_acceptance.parsers.imex import parse_imex_nodes
 from vllm_acceptance.parsers.nccl_tests import parse_all_reduce_perf
 from vllm_acceptance.parsers.node_evidence import load_node_evidence
 from vllm_acceptance.parsers.nvidia_smi import parse_query_csv, parse_smi_failure, parse_table, parse_xml
@@ -24,6 +23,7 @@ from vllm_acceptance.parsers.rdma import parse_ibv_devinfo
 from vllm_acceptance.parsers.startup_log import scan_startup_log
 from vllm_acceptance.rules.compat import NodeContext, check_driver_branch
 from vllm_acceptance.rules.launch_triage import classify_launch_failure
+from vllm_acceptance.rules.node.imex import parse_imex_nodes
 
 from nodefixtures import build_evidence
 

@@ -18,7 +18,8 @@ from typing import Any
 
 EVIDENCE_SUBDIR = Path("evidence") / "preflight"
 
-# name -> what it is; the role writes exactly these names (roles/preflight/templates/commands.yml.j2).
+# name -> what it is: the commands of roles/preflight/templates/commands.yml.j2. A node check that is one file
+# (rules/node/) brings its own commands; their records are read on demand (NodeEvidence.get) and shown by their argv.
 COMMANDS = {
     "date_u": "date -u",
     "hostname": "hostname",
@@ -32,8 +33,6 @@ COMMANDS = {
     "driver_version": "cat /proc/driver/nvidia/version",
     "fabricmanager_active": "systemctl is-active nvidia-fabricmanager",
     "fabricmanager_version": "nv-fabricmanager --version",
-    "imex_active": "systemctl is-active nvidia-imex",
-    "imex_nodes": "nvidia-imex-ctl -N",
     "runtime_version": "docker|podman version --format '{{json .}}'",
     "runtime_info": "docker|podman info --format '{{json .}}'",
     "image_inspect": "docker|podman image inspect IMAGE",
@@ -71,18 +70,27 @@ class CommandRecord:
         """Ran, exited 0, produced the evidence file."""
         return self.present and self.rc == 0 and not self.missing_tool
 
+    @property
+    def shown(self) -> str:
+        """The command as a person reads it: its description, else the argv the node ran, else its name."""
+        if self.name in COMMANDS:
+            return COMMANDS[self.name]
+        if isinstance(self.cmd, list) and self.cmd:
+            return " ".join(str(a) for a in self.cmd)
+        return self.name
+
     def why_not(self) -> str:
         """One line for a `missing` finding: what is wrong with this piece of evidence."""
         if not self.present:
-            return f"no evidence file for `{COMMANDS.get(self.name, self.name)}`"
+            return f"no evidence file for `{self.shown}`"
         if self.missing_tool:
-            return f"`{COMMANDS.get(self.name, self.name)}`: command not found on the node"
+            return f"`{self.shown}`: command not found on the node"
         if self.meta_error:
             return f"`{self.name}`: {self.meta_error}"
         if self.timed_out:
-            return f"`{COMMANDS.get(self.name, self.name)}` timed out on the node (rc {self.rc})"
+            return f"`{self.shown}` timed out on the node (rc {self.rc})"
         detail = (self.stderr or self.stdout).strip().splitlines()
-        return f"`{COMMANDS.get(self.name, self.name)}` exited {self.rc}" + (f": {detail[-1][:200]}" if detail else "")
+        return f"`{self.shown}` exited {self.rc}" + (f": {detail[-1][:200]}" if detail else "")
 
 
 @dataclass
@@ -93,6 +101,9 @@ class NodeEvidence:
     records: dict[str, CommandRecord] = field(default_factory=dict)
 
     def get(self, name: str) -> CommandRecord:
+        """The record of command `name`; one outside COMMANDS (a rules/node/ check's own) is read on first use."""
+        if name not in self.records and self.dir_exists:
+            self.records[name] = _read_record(self.run_dir, host_dir(self.run_dir, self.host), name)
         return self.records.get(name) or CommandRecord(name=name)
 
     @property

@@ -25,7 +25,7 @@ from .context import (
     why_missing,
 )
 from .driver import check_driver_branch, check_driver_module, check_fabric_manager, check_peermem, host_driver_version
-from .fabric import check_fabric_path, check_fabric_state, check_imex, check_nvlink_domain
+from .fabric import check_fabric_path, check_fabric_state, check_nvlink_domain
 from .image import check_container_cuda, check_image_identity, check_image_uniform, check_vllm_version
 from .interconnect import (
     check_nccl_bandwidth,
@@ -35,6 +35,7 @@ from .interconnect import (
     expected_comm_settings,
     planned_launch,
 )
+from .node import cluster_rules, node_rules
 from .recipe import check_recipe_record
 from .serve import ServerReports, check_actual_config, check_startup_log, flag_readings, process_flags
 from .snapshot import check_state_snapshot, snapshot_commands
@@ -44,9 +45,10 @@ NODE_RULES: tuple[Callable[[NodeContext], Finding], ...] = (
     check_state_snapshot, check_driver_branch, check_driver_module, check_container_cuda, check_image_identity,
     check_vllm_version, check_gpu_visibility, check_fabric_manager, check_peermem, check_rdma,
     check_nccl_env_node, check_nccl_bandwidth, check_fabric_state, check_fabric_path,
+    *node_rules(),   # the node checks that are one file each (rules/node/)
 )
-# Judged once over every tray of the group (the NVLink domain of NVL72 trays: rules/fabric.py).
-CLUSTER_FABRIC_RULES = (check_nvlink_domain, check_imex)
+# Judged once over every tray of the group (the NVLink domain of NVL72 trays: rules/fabric.py; rules/node/imex.py).
+CLUSTER_FABRIC_RULES = (check_nvlink_domain, *cluster_rules())
 
 __all__ = [
     "CLUSTER_FABRIC_RULES", "NODE_RULES", "NodeContext", "ROUTE_DRIVER", "ROUTE_IMAGE", "ROUTE_ISOLATED",

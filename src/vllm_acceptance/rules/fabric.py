@@ -1,5 +1,6 @@
 """The multi-node NVLink domain of NVL72 trays (docs/checks.md: interconnect.fabric_state,
-interconnect.nvlink_domain, interconnect.imex, interconnect.fabric_path; docs/sources.md#nvlink-domain).
+interconnect.nvlink_domain, interconnect.fabric_path; docs/sources.md#nvlink-domain). interconnect.imex is
+one file with its commands and parser: rules/node/imex.py.
 
 A GB200/GB300 NVL72 compute tray is one node of 4 GPUs; a TP8 group spans two trays joined by the
 rack's NVLink switch trays. That only works when every GPU joined the fabric (nvidia-smi -q: State
@@ -15,7 +16,6 @@ from collections import defaultdict
 from ..core.findings import Finding, Status
 from ..core.profile import Profile
 from ..hardware import nvlink_domain_of
-from ..parsers.imex import ImexDomain, parse_imex_nodes
 from ..parsers.nccl_tests import detect_fabric
 from ..parsers.nvidia_smi import Gpu, parse_xml
 from .context import NodeContext, finding, gpu_profile_na, why_missing
@@ -24,7 +24,8 @@ from .registry import missing, not_applicable
 _ZERO_UUID = "00000000-0000-0000-0000-000000000000"
 
 
-def _mnnvl_na(check: str, profile: Profile, host: str | None) -> Finding | None:
+def mnnvl_na(check: str, profile: Profile, host: str | None) -> Finding | None:
+    """not_applicable unless the profile's hardware is one multi-node NVLink domain (shared with rules/node/)."""
     if not profile.has_gpus:
         return not_applicable(check, host, "profile hardware.accelerator is none")
     domain = nvlink_domain_of(profile)
@@ -55,7 +56,7 @@ def _gpu_problems(gpu: Gpu) -> tuple[list[str], list[str]]:
 
 def check_fabric_state(ctx: NodeContext) -> Finding:
     check = "interconnect.fabric_state"
-    if (na := gpu_profile_na(check, ctx) or _mnnvl_na(check, ctx.profile, ctx.host)) is not None:
+    if (na := gpu_profile_na(check, ctx) or mnnvl_na(check, ctx.profile, ctx.host)) is not None:
         return na
     evidence = ctx.paths("nvidia_smi_xml")
     xml = ctx.parsed("nvidia_smi_xml", parse_xml)
@@ -96,7 +97,7 @@ def _tray_ids(ctx: NodeContext) -> set[tuple[str | None, str | None]] | None:
 
 def check_nvlink_domain(contexts: list[NodeContext], profile: Profile) -> Finding:
     check = "interconnect.nvlink_domain"
-    if (na := _mnnvl_na(check, profile, None)) is not None:
+    if (na := mnnvl_na(check, profile, None)) is not None:
         return na
     if not contexts:
         return missing(check, None, "no GPU node to judge (the inventory's gpu_nodes group is empty)")
@@ -132,72 +133,6 @@ def check_nvlink_domain(contexts: list[NodeContext], profile: Profile) -> Findin
                    reason=f"{len(contexts)} tray(s) in ClusterUUID {ranked[0][0][0]}, CliqueId {ranked[0][0][1]}")
 
 
-# --- interconnect.imex (cluster) -------------------------------------------------------------
-
-def _imex_of(ctx: NodeContext) -> tuple[str | None, ImexDomain | None]:
-    active = ctx.rec("imex_active")
-    state = active.stdout.strip().splitlines()[0] if active.present and active.stdout.strip() else None
-    nodes = ctx.rec("imex_nodes")
-    domain = parse_imex_nodes(nodes.stdout) if nodes.present and nodes.stdout.strip() else None
-    return state, domain
-
-
-def _tray_imex_problems(host: str, state: str, domain: ImexDomain) -> list[str]:
-    problems = []
-    if state != "active":
-        problems.append(f"tray {host}: nvidia-imex is {state}")
-    if not domain.ok:
-        problems.append(f"tray {host}: nvidia-imex-ctl -N unreadable ({'; '.join(domain.errors)})")
-        return problems
-    if domain.domain_state != "UP":
-        problems.append(f"tray {host}: IMEX Domain State {domain.domain_state}")
-    problems += [f"tray {host}: IMEX node #{n.index} {n.address} is {n.state}" for n in domain.not_ready]
-    if domain.broken_links:
-        problems.append(f"tray {host}: IMEX links not connected {domain.broken_links[:6]}")
-    return problems
-
-
-def check_imex(contexts: list[NodeContext], profile: Profile) -> Finding:
-    check = "interconnect.imex"
-    if (na := _mnnvl_na(check, profile, None)) is not None:
-        return na
-    if not contexts:
-        return missing(check, None, "no GPU node to judge (the inventory's gpu_nodes group is empty)")
-    if len(contexts) < 2 and int(profile.get("hardware.min_nodes", 1) or 1) < 2:
-        return not_applicable(check, None, "one tray: no GPU memory is shared across nodes")
-    evidence = [p for ctx in contexts for p in ctx.paths("imex_active", "imex_nodes")]
-    seen = {ctx.host: _imex_of(ctx) for ctx in contexts}
-    unknown = [f"{ctx.host} ({why_missing(ctx, 'imex_active', 'imex_nodes')})" for ctx in contexts
-               if seen[ctx.host][0] is None or seen[ctx.host][1] is None]
-    observed = {h: {"service": s, "domain_state": d.domain_state if d else None,
-                    "nodes": [f"{n.address} {n.state}" for n in d.nodes] if d else None} for h, (s, d) in seen.items()}
-    problems = [p for h, (s, d) in seen.items() if s is not None and d is not None
-                for p in _tray_imex_problems(h, s, d)]
-    addresses = {ctx.host: ctx.evidence.inputs.get("imex_address") for ctx in contexts}
-    lists = {h: {n.address for n in d.nodes} for h, (_, d) in seen.items() if d is not None and d.ok}
-    if lists and all(addresses.values()):
-        problems += [f"tray {other}'s address {addresses[other]} is not in tray {h}'s IMEX node list"
-                     for h, nodes in lists.items() for other in addresses if addresses[other] not in nodes]
-    elif len({frozenset(v) for v in lists.values()}) > 1:
-        problems.append("the trays' IMEX node lists differ (different IMEX domains): "
-                        + "; ".join(f"{h}: {sorted(v)}" for h, v in lists.items()))
-    expected = {"service": "active", "domain_state": "UP", "nodes": "every node READY, every tray of the group listed"}
-    if problems:
-        return finding(check, Status.FAIL, None, observed=observed, expected=expected, evidence=evidence,
-                       reason="; ".join(problems),
-                       action="on the named tray: systemctl enable --now nvidia-imex, its nodes_config.cfg listing "
-                              "every tray of the group (journalctl -u nvidia-imex for the cause), then re-run "
-                              "preflight")
-    if unknown:
-        return missing(check, None, "no IMEX evidence from " + ", ".join(unknown), evidence=evidence)
-    if lists and len(next(iter(lists.values()))) < len(contexts):
-        return finding(check, Status.FAIL, None, observed=observed, expected=expected, evidence=evidence,
-                       reason=f"the IMEX domain has {len(next(iter(lists.values())))} node(s) for {len(contexts)} "
-                              "trays", action="list every tray of the group in nodes_config.cfg, restart nvidia-imex")
-    return finding(check, Status.PASS, None, observed=observed, expected=expected, evidence=evidence,
-                   reason=f"IMEX domain UP on {len(contexts)} trays, every node READY")
-
-
 # --- interconnect.fabric_path (node) ---------------------------------------------------------
 
 def _all_reduce_log(ctx: NodeContext) -> tuple[str, list[str]] | None:
@@ -210,7 +145,7 @@ def _all_reduce_log(ctx: NodeContext) -> tuple[str, list[str]] | None:
 
 def check_fabric_path(ctx: NodeContext) -> Finding:
     check = "interconnect.fabric_path"
-    if (na := gpu_profile_na(check, ctx) or _mnnvl_na(check, ctx.profile, ctx.host)) is not None:
+    if (na := gpu_profile_na(check, ctx) or mnnvl_na(check, ctx.profile, ctx.host)) is not None:
         return na
     if not ctx.multinode:
         return not_applicable(check, ctx.host, "one tray: the all-reduce never leaves the node")
