@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.evidence import EvidenceStore
-from ..core.findings import Finding
+from ..core.findings import Consequence, Finding
 from ..core.probes import probe_names
 from ..core.profile import ConfigError, Profile, load_profile
 from ..core.reference import check_reference_url
@@ -56,7 +56,7 @@ def run_probe(opts: ProbeOptions, *, write_result_json: bool = True) -> tuple[st
             ev = store.write_text("probe-error.txt", traceback.format_exc())
             findings = [missing(f"{probe.kind.family}.probe", None,
                                 f"the {opts.kind} probe stopped: {type(exc).__name__}: {exc}",
-                                probe.kind.consequence, evidence=[ev])]
+                                Consequence(probe.kind.consequence), evidence=[ev])]
             details = {"error": f"{type(exc).__name__}: {exc}"}
     finally:
         client.close()
