@@ -68,6 +68,8 @@ def test_a_check_needs_one_rule_known_switches_and_its_own_command_names() -> No
         nodes.register_node_check("interconnect.imex", ())
     with pytest.raises(ValueError, match="unknown switch"):
         nodes.NodeCommand("x", ("true",), needs=("gpus",))
+    with pytest.raises(KeyError, match="compat.no_such_check"):
+        nodes.register_node_check("compat.no_such_check", (), node_rule=lambda ctx: None)  # type: ignore[arg-type, return-value]
     with pytest.raises(ValueError, match="already registered"):
-        nodes.register_node_check("compat.other", (nodes.NodeCommand("imex_nodes", ("true",)),),
+        nodes.register_node_check("compat.peermem", (nodes.NodeCommand("imex_nodes", ("true",)),),
                                   node_rule=lambda ctx: None)  # type: ignore[arg-type, return-value]

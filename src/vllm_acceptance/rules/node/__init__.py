@@ -19,6 +19,7 @@ from typing import Any
 from ...core.findings import Finding
 from ...core.profile import Profile
 from ..context import NodeContext
+from ..registry import get
 
 # The run's switches a command may need (roles/preflight's template passes them): GPU checks at all,
 # NVSwitch (Fabric Manager) hardware, a multi-node NVLink domain (NVL72 trays), a launch across nodes.
@@ -58,6 +59,7 @@ def register_node_check(check_id: str, commands: tuple[NodeCommand, ...], *,
                         node_rule: Callable[[NodeContext], Finding] | None = None,
                         cluster_rule: Callable[[list[NodeContext], Profile], Finding] | None = None) -> NodeCheck:
     """Register a node check: `check_id` must be in the catalog (rules/catalog.py); exactly one rule."""
+    get(check_id)   # an id outside the catalog is refused here, at import, not when the rule first runs
     if (node_rule is None) == (cluster_rule is None):
         raise ValueError(f"node check {check_id}: give exactly one of node_rule (per node) or cluster_rule")
     names = {c.name for check in _CHECKS.values() if check.check_id != check_id for c in check.commands}
