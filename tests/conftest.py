@@ -174,8 +174,33 @@ def lab_accept_run(lab_server: LabServer, tmp_path_factory: pytest.TempPathFacto
 
 
 @pytest.fixture(scope="session")
-def lab_signoff_story(lab_server: LabServer, lab_accept_run: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """Run A signed, run B accepted under a changed contract, the restore rehearsed (tests/support/story.py)."""
+def lab_launch_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """accept.yml in launch mode once per session (the demo's path), the lab launched in the pressure configuration
+    with the cache and load probes: the cache probe restarts the server it launched, the contract does not hold,
+    so the load stage relaunches it at the proposed limit; the run stops the last one. The launch-mode test
+    (test_pipeline_lab.py) and the relaunch test (test_load_probe_lab.py) judge this one run:
+    {"run_dir", "state_dir", "port", "seconds"}."""
+    import time
+
+    from support.accept import run_accept
+
+    reason = lab_skip_reason()
+    if reason:
+        _skip_or_fail(reason)
+    work = tmp_path_factory.mktemp("launch")
+    port = 8029 + int(os.environ.get("LAB_PORT_OFFSET", "0"))
+    started = time.monotonic()
+    run_dir = run_accept(work, {"acceptance_probes": ["cache", "load"], "vllm_serve_port": port,
+                                "vllm_serve_state_dir": str(work / "server"),
+                                "vllm_serve_extra_args": PRESSURE_ARGS.split(),
+                                "acceptance_probe_overrides": {"load": {"load.soak_s": 5}}})
+    return {"run_dir": run_dir, "state_dir": work / "server", "port": port, "seconds": time.monotonic() - started}
+
+
+@pytest.fixture(scope="session")
+def lab_signoff_story(lab_accept_run: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Run A signed, run B accepted under a changed contract on a server that requires an API key, with secrets
+    planted in its environment (the secrets test reads it too), the restore rehearsed (tests/support/story.py)."""
     from support.story import build_story
 
-    return build_story(lab_server, lab_accept_run, tmp_path_factory.mktemp("signoff"))
+    return build_story(start_lab, stop_lab, lab_accept_run, tmp_path_factory.mktemp("signoff"))

@@ -196,25 +196,14 @@ def test_saturated_load_generator_makes_capacity_inconclusive(lab_server, tmp_pa
     assert decide([Finding.from_dict(f) for f in result["findings"]]).verdict == "incomplete"
 
 
-def test_a_launched_server_is_relaunched_at_the_proposed_limit(tmp_path: Path) -> None:
-    """accept.yml launches the lab in the pressure configuration (the load probe only): the contract does not
-    hold, so the load stage stops after the ramp, the server this run launched is relaunched with the proposed
-    limit's flags, and the limit is measured on a server that enforces it; the mixed stream and the soak run at
-    the limit that held. The relaunched server is the one stopped at the end."""
-    from conftest import PRESSURE_ARGS, lab_skip_reason
-
-    from support.accept import run_accept
-
-    reason = lab_skip_reason()
-    if reason:
-        pytest.skip(reason)
-    port = 8029 + int(os.environ.get("LAB_PORT_OFFSET", "0"))
-    started = time.time()
-    run_dir = run_accept(tmp_path, {"acceptance_probes": ["load"], "vllm_serve_port": port,
-                                    "vllm_serve_state_dir": str(tmp_path / "server"),
-                                    "vllm_serve_extra_args": PRESSURE_ARGS.split(),
-                                    "acceptance_probe_overrides": {"load": {"load.soak_s": 5}}})
-    print(f"accept.yml, pressure lab launched and relaunched at its limit: {time.time() - started:.0f} s")
+def test_a_launched_server_is_relaunched_at_the_proposed_limit(lab_launch_run: dict) -> None:
+    """accept.yml launches the lab in the pressure configuration (conftest.lab_launch_run: the cache and load
+    probes): the contract does not hold, so the load stage stops after the ramp, the server this run launched is
+    relaunched with the proposed limit's flags, and the limit is measured on a server that enforces it; the mixed
+    stream and the soak run at the limit that held. The relaunched server is the one stopped at the end."""
+    run_dir = lab_launch_run["run_dir"]
+    print(f"accept.yml, pressure lab launched, restarted for the cache and relaunched at its limit: "
+          f"{lab_launch_run['seconds']:.0f} s")
     stage = json.loads((run_dir / "stages" / "load.json").read_text())
     found = {f["check"]: f for f in json.loads((run_dir / "findings" / "load.json").read_text())}
     assert "relaunch_point" not in stage, "the stage still waits for a relaunch"
@@ -225,10 +214,10 @@ def test_a_launched_server_is_relaunched_at_the_proposed_limit(tmp_path: Path) -
     assert relaunch[0]["flags"] == ["--max-num-seqs", "1"] and relaunch[0]["error"] is None
     assert "ready after" in relaunch[0]["log"] and "--max-num-seqs 4" not in relaunch[0]["log"]
     # the server measured at the limit is a new process that enforces it: vLLM's own non-default args say so
-    log = (tmp_path / "server" / "vllm.log").read_text()
+    log = (lab_launch_run["state_dir"] / "vllm.log").read_text()
     assert "'max_num_seqs': 1" in log and "'num_gpu_blocks_override': 24" in log, log[:3000]
     verified = found["capacity.verified_limit"]
-    decision = decide([Finding.from_dict(f) for f in found.values()])  # the load stage alone (no cache, agent)
+    decision = decide([Finding.from_dict(f) for f in found.values()])  # the load stage alone
     print("verified limit:", verified["status"], verified["reason"], "| load verdict:", decision.verdict)
     if found["capacity.loadgen"]["status"] != "pass":  # the client could not keep up (a loaded machine)
         assert decision.verdict == "incomplete"

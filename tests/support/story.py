@@ -1,5 +1,9 @@
-"""The sign-off story on the lab, shared by the sign-off tests and the lab browser test (see
-tests/integration/test_signoff_lab.py for what it proves)."""
+"""The sign-off story on the lab, shared by the sign-off tests, the lab browser test and the secrets test (see
+tests/integration/test_signoff_lab.py for what it proves).
+
+Run B is also the secrets run (tests/integration/test_pipeline_lab.py): it is attached to a server of its own that
+requires an API key, its log read by the operator's command, with an HF token, URLs holding credentials and other
+secret-bearing variables in the environment. One whole accept.yml run serves both stories."""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +23,18 @@ from .accept import REPO, run_accept
 CLI = [sys.executable, "-m", "vllm_acceptance.cli"]
 REHEARSAL_PORT = 20000 + int(os.environ.get("LAB_PORT_OFFSET", "0")) + 51
 OVERRIDE_REASON = "this tenant sends no images; every text agent check passed and the signed run proved the ramp"
+KEYED_PORT = 8026   # run B's server (requires SECRET_KEY), plus LAB_PORT_OFFSET
+
+SECRET_KEY = "sk-acceptance-PLANTED-4f1c2b"
+HF_SECRET = "hf_PLANTEDtoken9d8e7f"
+# Credentials inside URLs and secret-bearing names that are not *_TOKEN/*_KEY (issue 30, item 5). HTTPS_PROXY
+# applies to https:// only, so the probes' plain-http traffic to the lab server does not go through it.
+URL_SECRETS = {"HTTPS_PROXY": ("http://proxyPLANTEDuser:PLANTEDproxypass@proxy.invalid:3128", "proxy.invalid:3128"),
+               "DATABASE_URL": ("postgres://dbPLANTEDu:PLANTEDdbpw@db.invalid:5432/acc", "db.invalid:5432/acc"),
+               "GIT_REMOTE": ("https://ghp_PLANTEDgittoken@github.com/org/repo.git", "github.com/org/repo.git"),
+               "NCCL_AUTH_CREDENTIAL": ("PLANTEDcredential77", None)}
+PLANTED = [SECRET_KEY, HF_SECRET, "proxyPLANTEDuser", "PLANTEDproxypass", "dbPLANTEDu", "PLANTEDdbpw",
+           "ghp_PLANTEDgittoken", "PLANTEDcredential77"]
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -40,16 +57,26 @@ def changed_profile(path: Path) -> Path:
     return path
 
 
-def build_story(lab_server: Any, lab_accept_run: Path, root: Path) -> dict[str, Any]:
-    """Sign A, accept B under a changed contract, rehearse the restore: the paths and results."""
+def build_story(start_server: Callable[..., Any], stop_server: Callable[[Any], None], lab_accept_run: Path,
+                root: Path) -> dict[str, Any]:
+    """Sign A, accept B under a changed contract on a keyed server (stopped after B), rehearse the restore: the
+    paths and results. `start_server(state_dir, port=, extra_args=)` and `stop_server` are conftest's lab ones."""
     run_a = root / "reports" / "lab" / lab_accept_run.name
     shutil.copytree(lab_accept_run, run_a)
     signed_a = cli("sign", str(run_a), "--reviewer", "P. Lead (SRE)", "--decision", "release",
                    "--monitoring-owner", "sre-oncall", "--confirm", "rate_limit_policy=64 rps per tenant")
-    run_b = run_accept(root, {
-        "acceptance_profile": str(changed_profile(root / "cpu-lab-changed.yml")), "vllm_serve_mode": "attach",
-        "vllm_base_url": lab_server.base_url, "vllm_serve_pid": lab_server.pid,
-        "vllm_serve_startup_log": str(lab_server.log_path)}, env={"VLLM_API_KEY": ""})
+    keyed = start_server(root / "keyed-server", port=KEYED_PORT + int(os.environ.get("LAB_PORT_OFFSET", "0")),
+                         extra_args=f"--api-key {SECRET_KEY}")
+    try:
+        # the log read by the operator's command on the head (vllm_serve_attach_log_command), as for a systemd unit
+        run_b = run_accept(root, {
+            "acceptance_profile": str(changed_profile(root / "cpu-lab-changed.yml")), "vllm_serve_mode": "attach",
+            "vllm_base_url": keyed.base_url, "vllm_serve_pid": keyed.pid,
+            "vllm_serve_attach_log_command": f"cat {keyed.log_path}"},
+            env={"VLLM_API_KEY": SECRET_KEY, "HF_TOKEN": HF_SECRET, **{k: v for k, (v, _) in URL_SECRETS.items()}})
+        keyed_log_first_line = keyed.log_path.read_text().splitlines()[0]
+    finally:
+        stop_server(keyed)
     (root / "runner-rehearsal").mkdir(exist_ok=True)
     rehearsal = ansible_runner.run(
         private_data_dir=str(root / "runner-rehearsal"), project_dir=str(REPO),
@@ -62,7 +89,8 @@ def build_story(lab_server: Any, lab_accept_run: Path, root: Path) -> dict[str, 
     signoff_after_refusal = (run_b / "signoff.json").exists()
     signed_b = cli("sign", str(run_b), "--reviewer", "P. Lead (SRE)", "--decision", "release",
                    "--override-reason", OVERRIDE_REASON, "--monitoring-owner", "sre-oncall")
-    return {"a": run_a, "b": run_b, "signed_a": signed_a, "rehearsal": rehearsal,
+    return {"a": run_a, "b": run_b, "b_log_first_line": keyed_log_first_line, "signed_a": signed_a,
+            "rehearsal": rehearsal,
             "rehearsal_log": "".join(e.get("stdout", "") for e in rehearsal.events)[-4000:],
             "refused_b": refused_b, "signoff_after_refusal": signoff_after_refusal, "signed_b": signed_b}
 
