@@ -1,0 +1,74 @@
+"""The typed profile (core/profile_model.py): every shipped profile loads into it, as written; each default a
+reader uses lives in the model, once."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from vllm_acceptance.core.profile import Profile, load_profile
+from vllm_acceptance.core.profile_model import NO_PROFILE, ProfileModel
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = sorted((ROOT / "profiles").glob("*.yml"))
+FIXTURES = sorted((ROOT / "tests" / "fixtures" / "profiles").glob("**/*.yml"))
+
+
+@pytest.mark.parametrize("path", SHIPPED + FIXTURES, ids=lambda p: p.name)
+def test_every_profile_loads_into_the_model_as_written(path: Path) -> None:
+    profile = load_profile(path)
+    model = profile.model
+    assert isinstance(model, ProfileModel) and model is profile.model       # built once
+    assert model.document() == profile.data       # nothing lost, nothing coerced (900 stays 900, not 900.0)
+    assert model.name == profile.name and model.at("model.name") == model.model.name
+
+
+def test_shipped_profiles_exist() -> None:
+    assert len(SHIPPED) >= 5
+
+
+def _without(path: str) -> Profile:
+    base = load_profile(ROOT / "profiles" / "cpu-lab.yml")
+    data = copy.deepcopy(base.data)
+    *parents, last = path.split(".")
+    node = data
+    for part in parents:
+        node = node.get(part, {})
+    node.pop(last, None)
+    return Profile(data=data, source="test")
+
+
+@pytest.mark.parametrize(("dotted", "default"), [
+    ("launch.ready_timeout_s", 900), ("launch.port", 8000), ("launch.host", "0.0.0.0"),   # noqa: S104
+    ("hardware.min_nodes", 1), ("hardware.collective_backend", "nccl"), ("hardware.nvswitch", False),
+    ("review.period_days", 30), ("remediation.evidence_max_age_h", 72), ("agent.repeats", 3),
+    ("agent.cases", 300), ("agent.case_tools", "sample"), ("thresholds.tool_abstain_min", 0.9),
+    ("thresholds.reference_agreement_min", 0.80), ("load.soak_s", 20), ("load.verify_limit", True),
+    ("loadgen.processes", "auto"), ("contract.max_output_tokens", 64), ("cache.rounds", 3),
+    ("launch.multinode.dmabuf_workaround_env", {"NCCL_DMABUF_ENABLE": "0"}),
+])
+def test_a_profile_without_the_field_reads_the_models_default(dotted: str, default: object) -> None:
+    profile = _without(dotted)
+    assert profile.get(dotted) is None                    # the document does not have it
+    assert profile.model.at(dotted) == default            # the model does, from one place
+    assert ProfileModel.default_of(dotted) == default     # ... which a run without a profile reads too
+
+
+def test_a_field_every_profile_states_has_no_default_but_a_no_profile_value() -> None:
+    assert ProfileModel.model_fields["load"].is_required()
+    assert ProfileModel.default_of("load.request_timeout_s") == NO_PROFILE["load.request_timeout_s"]
+    assert ProfileModel.default_of("no.such", "x") == "x" and ProfileModel.default_of("load.nope", 1) == 1
+
+
+def test_the_model_refuses_what_the_schema_refuses() -> None:
+    data = copy.deepcopy(load_profile(ROOT / "profiles" / "cpu-lab.yml").data)
+    data["launch"]["surprise"] = 1
+    with pytest.raises(ValidationError):
+        ProfileModel.model_validate(data)
+    data["launch"].pop("surprise")
+    data["launch"]["port"] = 70000
+    with pytest.raises(ValidationError):
+        ProfileModel.model_validate(data)
