@@ -4,6 +4,7 @@ reader uses lives in the model, once."""
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,32 @@ def test_the_model_refuses_what_the_schema_refuses() -> None:
     data["launch"]["port"] = 70000
     with pytest.raises(ValidationError):
         ProfileModel.model_validate(data)
+
+
+# A raw read of a profile's fields: `profile.get(...)` (any receiver: ctx.profile, opts.profile, ...), or the
+# document's fields by index/get (`profile.data[...]`, `profile.data.get(...)`), or `x.profile.data` at all.
+RAW_READ = re.compile(r"profile\.get\(|profile\.data\s*(\[|\.get\()|\.profile\.data\b")
+MODEL_FILES = {Path("src/vllm_acceptance/core/profile.py"), Path("src/vllm_acceptance/core/profile_model.py")}
+
+
+def test_no_raw_profile_reads_outside_the_model() -> None:
+    """Readers take the model (`profile.model.launch.ready_timeout_s`, `ProfileModel.at` for a name given as a
+    string). `profile.data` as a whole stays for what handles the whole document: writing the run's
+    profile.yml, the module's result, and the document checks of core/contract.py and rebuild/lineage.py."""
+    offenders = []
+    for path in sorted([*(ROOT / "src").rglob("*.py"), *(ROOT / "plugins").rglob("*.py")]):
+        rel = path.relative_to(ROOT)
+        if rel in MODEL_FILES:
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if RAW_READ.search(line):
+                offenders.append(f"{rel}:{number}: {line.strip()}")
+    assert not offenders, "raw profile reads (read profile.model instead):\n" + "\n".join(offenders)
+
+
+def test_the_no_raw_read_pattern_catches_what_it_names() -> None:
+    for line in ('profile.get("launch.port", 8000)', 'ctx.profile.get("image.digest")', 'x = profile.data["launch"]',
+                 'opts.profile.data.get("agent")', "run.profile.data"):
+        assert RAW_READ.search(line), line
+    for line in ("profile.model.launch.port", "yaml.safe_dump(profile.data)", 'judged.get("launch")'):
+        assert not RAW_READ.search(line), line

@@ -9,6 +9,7 @@ the field's default here, else NO_PROFILE (the few values a profile must state, 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -28,6 +29,10 @@ class Section(BaseModel):
     """A section of the schema with `additionalProperties: false`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    def stated(self, name: str) -> bool:
+        """Whether the profile wrote the field (a reader with a default of its own, e.g. the lab's address)."""
+        return name in self.model_fields_set
 
     def document(self) -> dict[str, Any]:
         """The section as the profile wrote it (only the fields it set, by their schema names)."""
@@ -341,3 +346,11 @@ NO_PROFILE: dict[str, Any] = {
     "load.request_timeout_s": 60,
     "parallel": {},
 }
+
+
+def setting_of(model: ProfileModel | None, dotted: str, overrides: Mapping[str, Any] | None = None) -> Any:
+    """A setting named by a dotted path: the override (`--set`) first, then the profile's field (its model
+    default when left out), then, without a profile, `ProfileModel.default_of`."""
+    if overrides and dotted in overrides:
+        return overrides[dotted]
+    return model.at(dotted) if model is not None else ProfileModel.default_of(dotted)
