@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from vllm_acceptance.core.profile import Profile, load_profile
+from vllm_acceptance.core import profile_schema
+from vllm_acceptance.core.profile import Profile, load_profile, load_schema
 from vllm_acceptance.core.profile_model import NO_PROFILE, ProfileModel
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,3 +103,29 @@ def test_the_no_raw_read_pattern_catches_what_it_names() -> None:
         assert RAW_READ.search(line), line
     for line in ("profile.model.launch.port", "yaml.safe_dump(profile.data)", 'judged.get("launch")'):
         assert not RAW_READ.search(line), line
+
+
+def test_the_committed_schema_is_the_one_generated_from_the_model() -> None:
+    """schemas/profile.schema.json is written by `python -m vllm_acceptance.core.profile_schema`: a field, type,
+    bound or default changed in core/profile_model.py and not regenerated fails here."""
+    assert profile_schema.schema_path().read_text() == profile_schema.render()
+    assert load_schema("profile") == profile_schema.generate()
+
+
+def test_the_docs_field_table_is_the_one_generated_from_the_model() -> None:
+    text = profile_schema.DOCS_FILE.read_text()
+    assert profile_schema.render_docs(text) == text
+    assert "| `launch.ready_timeout_s` | a number above 0 | `900` |" in text
+
+
+def test_the_schema_states_each_model_default() -> None:
+    schema = load_schema("profile")
+    launch = schema["properties"]["launch"]["properties"]
+    assert launch["ready_timeout_s"] == {"$ref": "#/$defs/posnum", "default": 900}
+    assert schema["properties"]["thresholds"]["properties"]["tool_abstain_min"]["default"] == 0.9
+    assert "default" not in launch["args"] and "null" in schema["properties"]["image"]["properties"]["digest"]["type"]
+    assert "null" not in str(schema["properties"]["hardware"]["properties"]["interconnect"])   # absent, never null
+
+
+def test_the_check_entry_point_passes_on_the_committed_files() -> None:
+    assert profile_schema.main(["--check"]) == 0
