@@ -214,16 +214,16 @@ def cmd_lineage(args: argparse.Namespace) -> int:
     from .rebuild.lineage import last_official_run, lineage_checks, load_lineage
 
     profile = load_profile(args.profile)
-    lineage = profile.get("lineage") or {}
-    build_dir = Path(str(lineage["build_log"])).parent if lineage.get("build_log") else None
+    lineage = profile.model.lineage
+    build_dir = Path(str(lineage.build_log)).parent if lineage and lineage.build_log else None
     build_path = args.build or (build_dir / "lineage.json" if build_dir else None)
     rebuilt_path = args.rebuild or (build_path.parent / "reproduction.json" if build_path else None)
     run = official = None
     official_dir = args.official
     if args.run:
         run = json.loads((args.run / "report.json").read_text())
-        if official_dir is None and lineage.get("base_profile"):
-            official_dir = last_official_run(args.run.resolve().parent, str(lineage["base_profile"]), exclude=args.run)
+        if official_dir is None and lineage and lineage.base_profile:
+            official_dir = last_official_run(args.run.resolve().parent, str(lineage.base_profile), exclude=args.run)
     if official_dir is not None:
         official = json.loads((official_dir / "report.json").read_text())
     checks = lineage_checks(profile.data, build=load_lineage(build_path), rebuilt=load_lineage(rebuilt_path),
@@ -356,21 +356,23 @@ def cmd_lab(args: argparse.Namespace) -> int:
         print("lab server stopped" if stopped else "no lab server was running")
         return 0
     profile = load_profile(args.profile)
-    launch = profile.data["launch"]
-    model_path = profile.get("model.path")
+    launch = profile.model.launch
+    model_path = profile.model.model.path
     if not Path(args.python).is_file():
         raise ConfigError(f"lab python {args.python} not found: run `make lab-venv` first")
     if not model_path or not (Path(model_path) / "config.json").is_file():
         raise ConfigError(f"lab model {model_path} not built: run `make lab-model` first")
     spec = server.LaunchSpec(
-        python=args.python, model_path=model_path, served_name=profile.get("model.served_name"),
-        host=launch.get("host", "127.0.0.1"), port=args.port or int(launch.get("port", 8011)),
-        args=list(launch["args"]) + args.extra_args.split(), env=dict(launch.get("env", {})),
+        python=args.python, model_path=model_path, served_name=profile.model.model.served_name,
+        # the lab's own address unless the profile states one: loopback, port 8011 (not the serve role's)
+        host=launch.host if launch.stated("host") else "127.0.0.1",
+        port=args.port or (launch.port if launch.stated("port") else 8011),
+        args=list(launch.args) + args.extra_args.split(), env=dict(launch.env),
         log_path=state / "vllm.log", pid_path=state / "vllm.pid")
     pid = server.start(spec)
     print(f"lab vLLM starting (pid {pid}, log {spec.log_path}) ...", file=sys.stderr)
     try:
-        seconds = server.wait_ready(spec.base_url, pid, float(launch.get("ready_timeout_s", 300)), spec.log_path)
+        seconds = server.wait_ready(spec.base_url, pid, float(launch.ready_timeout_s), spec.log_path)
     except server.LaunchError:
         server.stop(spec.pid_path)
         raise

@@ -97,28 +97,28 @@ def hardware_class(key: str | None) -> HardwareClass | None:
 
 def profile_class(profile: Any) -> HardwareClass | None:
     """The hardware table's row named by the profile's `hardware.class` (None without one)."""
-    return hardware_class(profile.get("hardware.class"))
+    return hardware_class(profile.model.hardware.class_)
 
 
 def nvlink_domain_of(profile: Any) -> str:
     """mnnvl | nvswitch | none: the profile's `hardware.nvlink_domain`, else its class's, else
     nvswitch where the profile says `hardware.nvswitch` (today's behaviour without a class)."""
-    explicit = profile.get("hardware.nvlink_domain")
+    explicit = profile.model.hardware.nvlink_domain
     if explicit:
         return str(explicit)
     row = profile_class(profile)
     if row is not None:
         return row.nvlink_domain
-    return "nvswitch" if profile.get("hardware.nvswitch", False) else "none"
+    return "nvswitch" if profile.model.hardware.nvswitch else "none"
 
 
 def fabric_manager_of(profile: Any) -> str:
     """node | switch_tray | none: where Fabric Manager runs (`hardware.fabric_manager`, else the
     class's, else node where the profile says `hardware.nvswitch`)."""
-    explicit = profile.get("hardware.fabric_manager")
+    explicit = profile.model.hardware.fabric_manager
     if explicit:
         return str(explicit)
     row = profile_class(profile)
     if row is not None:
         return row.fabric_manager
-    return "node" if profile.get("hardware.nvswitch", False) else "none"
+    return "node" if profile.model.hardware.nvswitch else "none"

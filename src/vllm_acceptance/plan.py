@@ -38,7 +38,7 @@ from .core.rundir import resolve_profile_path
 from .probes import registry as probe_registry
 from .probes.agent import turn_target
 from .probes.cache import KINDS as CACHE_KINDS
-from .probes.options import ProbeOptions
+from .probes.options import ProbeOptions, setting
 from .rules.capacity import ramp_plan
 from .scenarios import load_scenario
 from .serve import launch
@@ -172,11 +172,11 @@ def serve_facts(profile: Profile, inv: Inventory) -> dict[str, Any]:
     return {
         "head": head, "workers": workers,
         "addresses": {h: inv.hostvars.get(h, {}).get("ansible_host") for h in [head, *workers]},
-        "runtime": hv.get("vllm_serve_runtime") or profile.get("launch.runtime"),
-        "image": hv.get("vllm_image") or profile.get("image.reference"),
-        "image_digest": hv.get("vllm_image_digest") or profile.get("image.digest") or "",
-        "port": hv.get("vllm_serve_port") or profile.get("launch.port", 8000),
-        "listen_host": hv.get("vllm_serve_listen_host") or profile.get("launch.host", "0.0.0.0"),  # noqa: S104
+        "runtime": hv.get("vllm_serve_runtime") or profile.model.launch.runtime,
+        "image": hv.get("vllm_image") or profile.model.image.reference,
+        "image_digest": hv.get("vllm_image_digest") or profile.model.image.digest or "",
+        "port": hv.get("vllm_serve_port") or profile.model.launch.port,
+        "listen_host": hv.get("vllm_serve_listen_host") or profile.model.launch.host,  # noqa: S104
         "container_name": hv.get("vllm_serve_container_name") or "vllm-acceptance",
         "container_extra": hv.get("vllm_serve_container_extra") or launch.DEFAULT_CONTAINER_EXTRA,
         "hf_cache": hv.get("vllm_serve_hf_cache") or "/root/.cache/huggingface",
@@ -185,7 +185,7 @@ def serve_facts(profile: Profile, inv: Inventory) -> dict[str, Any]:
         "gpus_per_node": hv.get("vllm_gpus_per_node"),
         "dmabuf_workaround": bool(hv.get("vllm_nccl_dmabuf_workaround", False)),
         "env": hv.get("vllm_serve_multinode_env") or {},
-        "ready_timeout_s": hv.get("vllm_serve_ready_timeout_s") or profile.get("launch.ready_timeout_s", 900),
+        "ready_timeout_s": hv.get("vllm_serve_ready_timeout_s") or profile.model.launch.ready_timeout_s,
         "mode": hv.get("vllm_serve_mode", "launch"), "base_url": hv.get("vllm_base_url"),
         "python": hv.get("vllm_serve_python", ".venv-lab/bin/python"),
     }
@@ -208,11 +208,11 @@ def node_launches(profile: Profile, facts: dict[str, Any]) -> list[NodeLaunch]:
 
 def _container_launch(profile: Profile, facts: dict[str, Any]) -> NodeLaunch:
     """roles/vllm_serve/tasks/container.yml: one container, the profile's args after the listen address."""
-    env = {str(k): str(v) for k, v in (profile.get("launch.env", {}) or {}).items()}
+    env = {str(k): str(v) for k, v in profile.model.launch.env.items()}
     digest = str(facts.get("image_digest") or "")
     image = str(facts["image"]) + (f"@{digest}" if digest else "")
-    serve = [str(profile.get("model.name")), "--host", str(facts["listen_host"]), "--port", str(facts["port"])]
-    serve += [str(a) for a in profile.get("launch.args", []) or []] + [str(a) for a in facts["extra_args"]]
+    serve = [str(profile.model.model.name), "--host", str(facts["listen_host"]), "--port", str(facts["port"])]
+    serve += [str(a) for a in profile.model.launch.args] + [str(a) for a in facts["extra_args"]]
     argv = launch._container_argv(str(facts["runtime"]), facts, env, image, serve)  # noqa: SLF001
     head = str(facts["head"])
     return _node(head, "head", str(facts["addresses"].get(head) or head), argv, env)
@@ -222,12 +222,12 @@ def _process_launch(profile: Profile, facts: dict[str, Any]) -> NodeLaunch:
     """roles/vllm_serve/tasks/process.yml: the lab's vLLM process (runtime/process.py LaunchSpec)."""
     from .runtime.process import LaunchSpec
 
-    model = profile.get("model.name")
-    spec = LaunchSpec(python=str(facts["python"]), model_path=str(profile.get("model.path") or model),
-                      served_name=str(profile.get("model.served_name") or model), host=str(facts["listen_host"]),
-                      port=int(facts["port"]), args=[str(a) for a in profile.get("launch.args", []) or []]
+    model = profile.model.model.name
+    spec = LaunchSpec(python=str(facts["python"]), model_path=str(profile.model.model.path or model),
+                      served_name=str(profile.model.model.served_name or model), host=str(facts["listen_host"]),
+                      port=int(facts["port"]), args=[str(a) for a in profile.model.launch.args]
                       + [str(a) for a in facts["extra_args"]],
-                      env={str(k): str(v) for k, v in (profile.get("launch.env", {}) or {}).items()},
+                      env={str(k): str(v) for k, v in profile.model.launch.env.items()},
                       log_path=Path("vllm.log"), pid_path=Path("vllm.pid"))
     head = str(facts["head"])
     return _node(head, "head", str(facts["addresses"].get(head) or head), spec.command(), spec.env)
@@ -246,7 +246,7 @@ def _options(profile: Profile, kind: str, site: dict[str, Any]) -> ProbeOptions:
     """The probe's options as playbooks/tasks/probe.yml gives them: the profile, the inventory's
     acceptance_probe_overrides for this probe."""
     overrides = (site.get("acceptance_probe_overrides") or {}).get(kind) or {}
-    model = str(profile.get("model.served_name") or profile.get("model.name"))
+    model = str(profile.model.model.served)
     return ProbeOptions(kind=kind, base_url="http://planned/v1", model=model, out_dir=Path("."), profile=profile,
                         overrides=dict(overrides))
 
@@ -279,8 +279,7 @@ def stages(profile: Profile, facts: dict[str, Any], site: dict[str, Any]) -> lis
 
 
 def cache_stages(opts: ProbeOptions, e2e: float, ready: float, restart: bool) -> list[Stage]:
-    cfg = probe_registry.get("cache").config(opts, load_scenario(str(opts.profile.get("agent.scenario", "ops-agent"))
-                                                                if opts.profile else "ops-agent"))
+    cfg = probe_registry.get("cache").config(opts, load_scenario(str(setting(opts, "agent.scenario"))))
     requests = cfg.sessions * len(CACHE_KINDS) + cfg.rounds
     out = [Stage("cache", "prefix-cache protocol, one request at a time", requests, requests * e2e,
                  basis=f"cache.sessions {cfg.sessions} x {len(CACHE_KINDS)} kinds + {cfg.rounds} rounds, "
@@ -292,7 +291,7 @@ def cache_stages(opts: ProbeOptions, e2e: float, ready: float, restart: bool) ->
 
 
 def agent_stage(opts: ProbeOptions, e2e: float) -> Stage:
-    scenario = str(opts.profile.get("agent.scenario", "ops-agent")) if opts.profile else "ops-agent"
+    scenario = str(setting(opts, "agent.scenario"))
     cfg = probe_registry.get("agent").config(opts, load_scenario(scenario))
     turns = turn_target(cfg)
     others = min(cfg.other_cases, max(5, turns // 5))
@@ -396,10 +395,10 @@ def build_plan(inventory: Path, profile_name: str | None = None, project: Path |
     profile = load_profile(path)
     facts = serve_facts(profile, inv)
     gpu_nodes = inv.hosts("gpu_nodes")
-    gpn = int(facts.get("gpus_per_node") or profile.get("hardware.gpus_per_node") or 0)
-    if profile.get("hardware.accelerator", "none") == "none":
+    gpn = int(facts.get("gpus_per_node") or profile.model.hardware.gpus_per_node or 0)
+    if profile.model.hardware.accelerator == "none":
         gpn = 0
-    plan = Plan(inventory=str(inventory), profile=str(profile.get("name", path.stem)), profile_path=str(path),
+    plan = Plan(inventory=str(inventory), profile=str(profile.model.name), profile_path=str(path),
                 mode=str(facts["mode"]), runtime=str(facts["runtime"]),
                 base_url=facts["base_url"] if facts["mode"] == "attach" else None,
                 gpu_nodes=gpu_nodes, gpus_per_node=gpn, gpus=len(gpu_nodes) * gpn)

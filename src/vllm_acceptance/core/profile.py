@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import json
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -14,6 +14,7 @@ import jsonschema
 import yaml
 
 from .contract import contract_errors
+from .profile_model import ProfileModel
 
 
 class ConfigError(Exception):
@@ -144,11 +145,20 @@ class Profile:
     source: str
     extends: tuple[str, ...] = ()      # the files this one was layered on (nearest first), merged into `data`
 
+    @cached_property
+    def model(self) -> ProfileModel:
+        """The typed profile (core/profile_model.py), built once from `data` (already validated by the JSON
+        Schema): every field read goes through it. `data` stays the document as written (merged), for what
+        writes or checks the whole document (the run's profile.yml, core/contract.py)."""
+        return ProfileModel.model_validate(self.data)
+
     @property
     def name(self) -> str:
-        return str(self.data["name"])
+        return self.model.name
 
     def get(self, dotted: str, default: Any = None) -> Any:
+        """The document's value at a dotted path as written (no model default): for tests and tools that
+        inspect a profile file. The package reads `model` (tests/unit/test_profile_model.py holds it to that)."""
         node: Any = self.data
         for part in dotted.split("."):
             if not isinstance(node, dict) or part not in node:
@@ -158,11 +168,11 @@ class Profile:
 
     @property
     def experimental(self) -> bool:
-        return bool(self.data.get("experimental", False))
+        return self.model.experimental
 
     @property
     def has_gpus(self) -> bool:
-        return self.data["hardware"]["accelerator"] != "none"
+        return self.model.hardware.accelerator != "none"
 
 
 def _read_profile_file(path: Path) -> dict[str, Any]:

@@ -69,7 +69,7 @@ def require_gpu_nodes(profile: Profile, hosts: list[str], source: str) -> None:
     """A GPU profile is judged on the `gpu_nodes` group: without it Ansible only warns, preflight judges nothing
     and the serve stage goes on to the head and workers (docs/acceptance.md "Unreachable nodes and refused
     inputs"). Refused before any node is touched."""
-    accelerator = str(profile.get("hardware.accelerator") or "none")
+    accelerator = str(profile.model.hardware.accelerator or "none")
     if accelerator != "none" and not hosts:
         raise ConfigError(
             f"invalid inventory:\n  {source}: group `gpu_nodes` is missing or empty, but profile {profile.name} "

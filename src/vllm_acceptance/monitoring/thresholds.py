@@ -30,7 +30,7 @@ def _num(value: Any) -> float | None:
 
 def accepted_slo(report: dict[str, Any], profile: Profile) -> dict[str, float]:
     """The profile's contracted SLO, overridden by the SLO the run's limits state (limited observation)."""
-    slo = {k: float(v) for k, v in (profile.get("contract.slo", {}) or {}).items() if _num(v) is not None}
+    slo = {k: float(v) for k, v in (profile.model.at("contract.slo") or {}).items() if _num(v) is not None}
     limits_slo = (report.get("limits") or {}).get("slo") or {}
     slo.update({k: float(v) for k, v in limits_slo.items() if _num(v) is not None})
     return slo
@@ -45,8 +45,8 @@ def accepted_concurrency(report: dict[str, Any], profile: Profile) -> tuple[int 
     load = (report.get("stages") or {}).get("load") or {}
     if _num(load.get("contract_concurrency")) is not None:
         return int(load["contract_concurrency"]), "stages.load.contract_concurrency"
-    if _num(profile.get("contract.concurrency")) is not None:
-        return int(profile.get("contract.concurrency")), "profile contract.concurrency"
+    if _num(profile.model.contract.concurrency) is not None:
+        return int(profile.model.contract.concurrency), "profile contract.concurrency"
     return None, "no contracted concurrency"
 
 
@@ -107,7 +107,7 @@ def derive_thresholds(report: dict[str, Any], profile: Profile, *, margin: float
         peak = _num(step.get("max_kv_usage")) or 0.0
         put("kv_usage_max", min(KV_CEILING, max(peak * kv_margin, peak + KV_HEADROOM)),
             f"{at}.max_kv_usage={peak:.4g}: max(x {kv_margin}, + {KV_HEADROOM}), capped at {KV_CEILING}")
-    allowed = _num(profile.get("thresholds.max_preemptions"))
+    allowed = _num(profile.model.thresholds.max_preemptions)
     if allowed is not None:
         accepted = _num(step.get("preemptions")) if step else None
         put("preemptions_max", max(allowed, accepted or 0.0),
@@ -117,7 +117,7 @@ def derive_thresholds(report: dict[str, Any], profile: Profile, *, margin: float
     if ratio is not None and ratio > 0:
         put("hit_ratio_accepted", ratio, ratio_src)
         put("hit_ratio_min", ratio * HIT_RATIO_FLOOR_FACTOR, f"{ratio_src} x {HIT_RATIO_FLOOR_FACTOR}")
-    fmt = _num(profile.get("thresholds.tool_format_error_rate"))
+    fmt = _num(profile.model.thresholds.tool_format_error_rate)
     agent_rate = _num((((report.get("stages") or {}).get("agent") or {}).get("rates") or {}).get("format_error_rate"))
     if fmt is not None:
         put("tool_retry_ratio", fmt, f"profile thresholds.tool_format_error_rate={fmt:g}"

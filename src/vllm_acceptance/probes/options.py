@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.profile import Profile
+from ..core.profile_model import setting_of
 from ..core.reference import url_secrets
 
 
@@ -45,17 +46,17 @@ def probe_secrets(opts: ProbeOptions) -> list[str]:
     return [k for k in (opts.api_key, opts.reference_api_key, *url_secrets(opts.reference_url)) if k]
 
 
-def setting(opts: ProbeOptions, dotted: str, default: Any) -> Any:
-    """A probe setting: `--set`/overrides first, then the profile's field, then `default`."""
-    if dotted in opts.overrides:
-        return opts.overrides[dotted]
-    return opts.profile.get(dotted, default) if opts.profile else default
+def setting(opts: ProbeOptions, dotted: str) -> Any:
+    """A probe setting: `--set`/overrides first, then the profile's field (the model's default when the
+    profile leaves it out; core/profile_model.py), then, without a profile, the model's default."""
+    return setting_of(opts.profile.model if opts.profile else None, dotted, opts.overrides)
 
 
 def request_timeout_s(opts: ProbeOptions) -> float:
     """Per-request timeout of the cache and agent probes: `<kind>.request_timeout_s`, else the load
-    probe's `load.request_timeout_s`, else 120 s. A request past it is reported by name, never a pass."""
-    return float(setting(opts, f"{opts.kind}.request_timeout_s", setting(opts, "load.request_timeout_s", 120)))
+    probe's `load.request_timeout_s`. A request past it is reported by name, never a pass."""
+    own = setting(opts, f"{opts.kind}.request_timeout_s")
+    return float(own if own is not None else setting(opts, "load.request_timeout_s"))
 
 
 def metrics_source_of(opts: ProbeOptions) -> Any:

@@ -48,7 +48,7 @@ def run_probe(opts: ProbeOptions, *, write_result_json: bool = True) -> tuple[st
     try:
         client.models()  # fail early (exit 2) when the URL is wrong, before any evidence is judged
         try:
-            scenario = load_scenario(str(setting(opts, "agent.scenario", "ops-agent")))
+            scenario = load_scenario(str(setting(opts, "agent.scenario")))
             findings, details = probe.run(opts, client, store, scenario)
         except (ConfigError, ServerUnreachable):
             raise
@@ -73,7 +73,7 @@ def run_cache_restart_probe(opts: ProbeOptions, details: dict[str, Any], restart
     store = EvidenceStore(opts.out_dir, secrets=[opts.api_key] if opts.api_key else [])
     client = OpenAIClient(opts.base_url, api_key=opts.api_key, timeout_s=request_timeout_s(opts))
     try:
-        scenario = load_scenario(str(setting(opts, "agent.scenario", "ops-agent")))
+        scenario = load_scenario(str(setting(opts, "agent.scenario")))
         cfg = registry.get("cache").config(opts, scenario)
         return run_cache_restart(client, metrics_source_of(opts), cfg, store, details, restart_error, restart_log)
     finally:

@@ -179,12 +179,12 @@ def last_official_run(inventory_dir: Path, base_profile: str, *, exclude: Path |
     return best[1] if best else None
 
 
-def release_scope(profile: Mapping[str, Any], checks: Mapping[str, Finding]) -> Finding:
+def release_scope(document: Mapping[str, Any], checks: Mapping[str, Finding]) -> Finding:
     """May a `release` of this run stand? Only on the image's own experimental profile, never the official one."""
     check = catalog_get("compat.lineage.release_scope")
-    name = str(profile.get("name") or "")
-    lineage = profile.get("lineage") if isinstance(profile.get("lineage"), Mapping) else None
-    if not profile.get("experimental"):
+    name = str(document.get("name") or "")
+    lineage = document.get("lineage") if isinstance(document.get("lineage"), Mapping) else None
+    if not document.get("experimental"):
         if lineage:
             return check.fail(None, observed={"profile": name, "lineage": True},
                               expected="a self-built image only on an experimental profile",
@@ -214,12 +214,12 @@ def release_scope(profile: Mapping[str, Any], checks: Mapping[str, Finding]) -> 
                                f"the official profile {base}")
 
 
-def lineage_checks(profile: Mapping[str, Any], *, build: Mapping[str, Any] | None = None,
+def lineage_checks(document: Mapping[str, Any], *, build: Mapping[str, Any] | None = None,
                    rebuilt: Mapping[str, Any] | None = None, rebuilt_path: str | None = None,
                    run: Mapping[str, Any] | None = None, official: Mapping[str, Any] | None = None,
                    official_path: str | None = None, today: dt.date | None = None) -> dict[str, Finding]:
     """Every lineage check of one experimental profile (and its run, when given)."""
-    lineage = profile.get("lineage") if isinstance(profile.get("lineage"), Mapping) else {}
+    lineage = document.get("lineage") if isinstance(document.get("lineage"), Mapping) else {}
     merged = {**(build or {}), **{k: v for k, v in (lineage or {}).items() if v not in (None, "", [])}}
     if "patches" in (build or {}) and "patches" not in merged:
         merged["patches"] = build["patches"]  # type: ignore[index]
@@ -228,5 +228,5 @@ def lineage_checks(profile: Mapping[str, Any], *, build: Mapping[str, Any] | Non
                                                           rebuilt_path=rebuilt_path)}
     if run is not None:
         checks["compat.lineage.official_diff"] = official_diff(run, official, official_path=official_path)
-    checks["compat.lineage.release_scope"] = release_scope(profile, checks)
+    checks["compat.lineage.release_scope"] = release_scope(document, checks)
     return checks

@@ -70,7 +70,7 @@ def probe_overrides(profile: Profile, overrides: Any) -> list[dict[str, Any]]:
     rows = []
     for kind, fields in sorted((overrides or {}).items()) if isinstance(overrides, dict) else []:
         for name, value in sorted((fields or {}).items()):
-            rows.append({"probe": kind, "field": name, "profile": profile.get(name), "tested": value})
+            rows.append({"probe": kind, "field": name, "profile": profile.model.at(name), "tested": value})
     return [r for r in rows if r["profile"] != r["tested"]]
 
 
@@ -166,8 +166,8 @@ def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
     # A self-built image's lineage checks; its release scope is a finding the decision reads.
     lineage = experimental_lineage(run_dir, profile, findings)
     findings += [f for f in lineage.values() if f.check == "compat.lineage.release_scope"]
-    review = profile.get("review", {}) or {}
-    annotate(findings, owner or run.get("owner") or review.get("owner"), int(review.get("period_days", 30)))
+    review = profile.model.review
+    annotate(findings, owner or run.get("owner") or review.owner, int(review.period_days))
     unreachable = sorted(run.get("unreachable_hosts", []))
     name_unreachable_cause(findings, unreachable)
     stages = {p.stem: read_json(p) for p in sorted((run_dir / "stages").glob("*.json"))} \
@@ -200,13 +200,13 @@ def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
         "immediate_action": IMMEDIATE_ACTION[decision.verdict],
         "experimental": decision.experimental,
         "official_image": other_image,
-        "lineage": profile.get("lineage"),
+        "lineage": profile.model.at("lineage"),
         "lineage_checks": {k: f.to_dict() for k, f in lineage.items() if k != "compat.lineage.release_scope"},
-        "recipe": profile.get("recipe"),
+        "recipe": profile.model.at("recipe"),
         "gates": decision.gates,
         "limits": (stages.get("load") or {}).get("limits", {}),
-        "slo": profile.get("contract.slo", {}),
-        "contract": profile.get("contract", {}),
+        "slo": profile.model.at("contract.slo"),
+        "contract": profile.model.at("contract"),
         "probe_overrides": overrides,
         "hosts": run.get("hosts", []),
         "unreachable_hosts": unreachable,
@@ -249,14 +249,13 @@ def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
 def experimental_lineage(run_dir: Path, profile: Profile, findings: list[Finding]) -> dict[str, Finding]:
     """A self-built image's lineage checks (rebuild/lineage.py): the build's lineage.json and a rebuild's
     reproduction.json beside its build log, and this inventory's last official-profile run."""
-    lineage = profile.get("lineage")
-    if not profile.experimental and not lineage:
+    lineage = profile.model.lineage
+    if not profile.experimental and lineage is None:
         return {}
-    lineage = lineage if isinstance(lineage, dict) else {}
-    build_dir = Path(str(lineage["build_log"])).parent if lineage.get("build_log") else None
+    build_dir = Path(str(lineage.build_log)).parent if lineage and lineage.build_log else None
     rebuilt_path = build_dir / "reproduction.json" if build_dir else None
-    official_dir = last_official_run(run_dir.resolve().parent, str(lineage.get("base_profile") or ""),
-                                     exclude=run_dir) if lineage.get("base_profile") else None
+    base = lineage.base_profile if lineage else ""
+    official_dir = last_official_run(run_dir.resolve().parent, str(base), exclude=run_dir) if base else None
     run = {"run_id": run_dir.name, "findings": [f.to_dict() for f in findings]}
     official = read_json(official_dir / "report.json") if official_dir else None
     return lineage_checks(profile.data, build=load_lineage(build_dir / "lineage.json") if build_dir else None,
@@ -292,7 +291,7 @@ def scenario_version(profile: Profile) -> str | None:
     from ..scenarios import load_scenario
 
     try:
-        pack = load_scenario(str(profile.get("agent.scenario", "ops-agent")))
+        pack = load_scenario(str(profile.model.agent.scenario))
     except Exception:  # noqa: BLE001 - the report is written whatever the scenario's state
         return None
     return f"{pack.get('name')} {pack.get('version')}"

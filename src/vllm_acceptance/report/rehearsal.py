@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from ..core.profile_model import ProfileModel
 from .reopen import last_signed_acceptance
 from .signoff import REHEARSAL_FILE, rerender
 
@@ -79,17 +80,17 @@ def plan(reports_dir: Path, inventory: str, port: int | None = None, project_dir
                              "there is nothing to restore to")
     run_dir, record = found
     report = read_json(run_dir / "report.json") or {}
-    profile = accepted_profile(run_dir)
-    launch = profile.get("launch") or {}
-    model = profile.get("model") or {}
+    judged = accepted_profile(run_dir)   # the document as the run recorded it (evidence/profile.yml), not re-validated
+    launch = judged.get("launch") or {}
+    model = judged.get("model") or {}
     runtime = str(launch.get("runtime") or "process")
     latest = reports_dir / inventory / "latest"
     out: dict[str, Any] = {
         "from_run": run_dir.name, "from_dir": str(run_dir),
         "signed": {k: record.get(k) for k in ("decision", "reviewer", "signed_at")},
         "record_into": str(latest.resolve() if latest.exists() else run_dir),
-        "runtime": runtime, "port": int(port or launch.get("port") or 8000),
-        "ready_timeout_s": int(launch.get("ready_timeout_s") or 900),
+        "runtime": runtime, "port": int(port or launch.get("port") or ProfileModel.default_of("launch.port")),
+        "ready_timeout_s": int(launch.get("ready_timeout_s") or ProfileModel.default_of("launch.ready_timeout_s")),
         "env": {str(k): str(v) for k, v in (launch.get("env") or {}).items()},
         "served_model_name": model.get("served_name") or model.get("name"),
     }

@@ -45,11 +45,11 @@ class NodeContext:
 
     @property
     def multinode(self) -> bool:
-        return self.n_hosts > 1 or int(self.profile.get("hardware.min_nodes", 1) or 1) > 1
+        return self.n_hosts > 1 or int(self.profile.model.hardware.min_nodes) > 1
 
     @property
     def runtime(self) -> str:
-        return str(self.evidence.inputs.get("runtime") or self.profile.get("launch.runtime", "process"))
+        return str(self.evidence.inputs.get("runtime") or self.profile.model.launch.runtime)
 
     @property
     def containerised(self) -> bool:
@@ -57,7 +57,7 @@ class NodeContext:
 
     @property
     def image_ref(self) -> str | None:
-        return self.evidence.inputs.get("image") or self.profile.get("image.reference")
+        return self.evidence.inputs.get("image") or self.profile.model.image.reference
 
     def rec(self, name: str) -> CommandRecord:
         return self.evidence.get(name)

@@ -62,7 +62,7 @@ def check_driver_branch(ctx: NodeContext) -> Finding:
     check = "compat.driver_branch"
     if (na := gpu_profile_na(check, ctx)) is not None:
         return na
-    min_branch, min_version = ctx.profile.get("driver.min_branch"), ctx.profile.get("driver.min_version")
+    min_branch, min_version = ctx.profile.model.driver.min_branch, ctx.profile.model.driver.min_version
     if min_branch is None and min_version is None:
         return not_applicable(check, ctx.host, "profile sets no driver minimum")
     names = ("driver_version", "nvidia_smi_xml", "nvidia_smi_query")

@@ -149,7 +149,7 @@ def check_fabric_path(ctx: NodeContext) -> Finding:
         return na
     if not ctx.multinode:
         return not_applicable(check, ctx.host, "one tray: the all-reduce never leaves the node")
-    if (backend := str(ctx.profile.get("hardware.collective_backend") or "nccl")) != "nccl":
+    if (backend := str(ctx.profile.model.hardware.collective_backend)) != "nccl":
         return not_applicable(check, ctx.host, f"the profile's collective backend is {backend} (the CPU lab's "
                                                "image): no NCCL transport to read")
     source = _all_reduce_log(ctx)

@@ -77,7 +77,7 @@ LAYOUT_FLAGS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel
 def requested_flags(profile: Profile, plan: Any = None) -> dict[str, Any]:
     """The recipe's flags: launch.args, launch.required_flags (on) and the model's parsers; with the
     launched plan (rules/launched.py), the parallel layout is the plan's, not the profile's own."""
-    wanted = parse_flags(list(profile.get("launch.args", []) or []))
+    wanted = parse_flags(list(profile.model.launch.args))
     if plan is not None:
         # The layout the run launched replaces the profile's; a size of 1 is vLLM's default, which its
         # non-default args never show, so it is asked for only where the profile or the plan sets another.
@@ -85,12 +85,11 @@ def requested_flags(profile: Profile, plan: Any = None) -> dict[str, Any]:
         asked = {k for k in LAYOUT_FLAGS if k in wanted}
         wanted = {k: v for k, v in wanted.items() if k not in LAYOUT_FLAGS}
         wanted.update({k: v for k, v in layout.items() if k in asked or int(v) != 1})
-    for flag in profile.get("launch.required_flags", []) or []:
+    for flag in profile.model.launch.required_flags:
         wanted.setdefault(str(flag), True)
-    for key, field_name in (("tool_call_parser", "model.tool_call_parser"),
-                            ("reasoning_parser", "model.reasoning_parser")):
-        if profile.get(field_name):
-            wanted.setdefault(key, profile.get(field_name))
+    for key in ("tool_call_parser", "reasoning_parser"):
+        if value := getattr(profile.model.model, key):
+            wanted.setdefault(key, value)
     return wanted
 
 

@@ -17,11 +17,11 @@ from .registry import missing, not_applicable
 
 def check_container_cuda(ctx: NodeContext) -> Finding:
     check = "compat.container_cuda"
-    expected_major = ctx.profile.get("image.cuda_major")
+    expected_major = ctx.profile.model.image.cuda_major
     if expected_major is None:
         return not_applicable(check, ctx.host, "profile image.cuda_major is null (no CUDA runtime to check: "
                                                f"{ctx.runtime} runtime, accelerator "
-                                               f"{ctx.profile.get('hardware.accelerator')})")
+                                               f"{ctx.profile.model.hardware.accelerator})")
     probe, inspect = ctx.probe(), ctx.inspect() if ctx.containerised else None
     evidence = ctx.paths("image_probe", "image_inspect")
     rule = (f"CUDA major of the runtime inside the actual image == {expected_major} (torch.version.cuda, "
@@ -70,10 +70,10 @@ def _repo_of(reference: str) -> str:
 def official_reference(ctx: NodeContext) -> tuple[str | None, str | None]:
     """The profile's own image: its reference and the digest the profile pins (on an experimental profile, the
     lineage's image digest). An inventory variable never changes it (issue 28, item 1)."""
-    digest = ctx.profile.get("image.digest")
+    digest = ctx.profile.model.image.digest
     if ctx.profile.experimental:
-        digest = digest or ctx.profile.get("lineage.image_digest")
-    reference = ctx.profile.get("image.reference")
+        digest = digest or ctx.profile.model.at("lineage.image_digest")
+    reference = ctx.profile.model.image.reference
     return (str(reference) if reference else None), (str(digest) if digest else None)
 
 
@@ -199,15 +199,15 @@ def check_image_identity(ctx: NodeContext) -> Finding:
     inspect = ctx.inspect()
     if inspect is None or not inspect.id:
         return missing(check, ctx.host, why_missing(ctx, "image_inspect"), evidence=evidence)
-    pinned = ctx.evidence.inputs.get("image_digest") or ctx.profile.get("image.digest")
+    pinned = ctx.evidence.inputs.get("image_digest") or ctx.profile.model.image.digest
     if ctx.profile.experimental:
-        pinned = pinned or ctx.profile.get("lineage.image_digest")
-    forbidden = list(ctx.profile.get("image.forbidden_tag_suffixes", []) or [])
+        pinned = pinned or ctx.profile.model.at("lineage.image_digest")
+    forbidden = list(ctx.profile.model.image.forbidden_tag_suffixes)
     observed = {"reference": reference, "id": inspect.id, "repo_tags": inspect.repo_tags,
                 "repo_digests": inspect.repo_digests, "created": inspect.created,
                 "pulled": inspect.last_tag_time, "architecture": inspect.architecture,
                 "labels": inspect.labels, "pinned_digest": pinned}
-    expected = {"reference": ctx.profile.get("image.reference"), "digest": pinned or "recorded",
+    expected = {"reference": ctx.profile.model.image.reference, "digest": pinned or "recorded",
                 "forbidden_tag_suffixes": forbidden}
     rule = ("full reference and registry digest recorded; no forbidden tag suffix; the local tag was pulled "
             "from its own repository; digest == the pinned digest when one is pinned; the profile's own image "
@@ -244,7 +244,7 @@ def check_image_identity(ctx: NodeContext) -> Finding:
     if problems:
         return finding(check, Status.FAIL, ctx.host, observed=observed, expected=expected, rule=rule,
                         evidence=evidence, reason="; ".join(problems),
-                        action=f"{ROUTE_IMAGE}: pull {ctx.profile.get('image.reference')} by digest and pin it "
+                        action=f"{ROUTE_IMAGE}: pull {ctx.profile.model.image.reference} by digest and pin it "
                                f"(inventory vllm_image_digest); a self-built image only as {ROUTE_SELF_BUILT}")
     if other:
         return _not_official(ctx, observed, expected, rule, evidence, other)
@@ -263,7 +263,7 @@ def _tag(reference: str) -> str:
 
 def check_vllm_version(ctx: NodeContext) -> Finding:
     check = "compat.vllm_version"
-    minimum = str(ctx.profile.get("vllm.min_version"))
+    minimum = str(ctx.profile.model.vllm.min_version)
     probe = ctx.probe()
     evidence = ctx.paths("image_probe")
     if probe is None or not probe.vllm_version:
@@ -271,7 +271,7 @@ def check_vllm_version(ctx: NodeContext) -> Finding:
             "; ".join(probe.errors)
         return missing(check, ctx.host, why, evidence=evidence)
     observed = {"vllm": probe.vllm_version, "distribution": probe.vllm_dist, "torch": probe.torch_version,
-                "install_source": ctx.profile.get("vllm.install_source"),
+                "install_source": ctx.profile.model.vllm.install_source,
                 "where": "image" if ctx.containerised else "runtime interpreter"}
     rule = f"vLLM in the actual runtime >= {minimum}"
     ok = version_at_least(probe.vllm_version, minimum)

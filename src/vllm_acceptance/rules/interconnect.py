@@ -23,7 +23,7 @@ def check_rdma(ctx: NodeContext) -> Finding:
         return na
     if not ctx.multinode:
         return not_applicable(check, ctx.host, "single node: no inter-node transport")
-    interconnect = ctx.profile.get("hardware.interconnect")
+    interconnect = ctx.profile.model.hardware.interconnect
     if interconnect != "rdma":
         return not_applicable(check, ctx.host, f"profile interconnect is {interconnect!r}, not rdma")
     evidence = ctx.paths("ibv_devinfo", "rdma_link")
@@ -64,8 +64,8 @@ def _args_to_map(args: list[str]) -> dict[str, str]:
 
 def expected_comm_settings(profile: Profile, interconnect: str | None = None) -> tuple[list[str], dict[str, str]]:
     """The recipe's multi-node args and env for the launched interconnect (else the profile's)."""
-    multinode = profile.get("launch.multinode", {}) or {}
-    interconnect = interconnect or profile.get("hardware.interconnect")
+    multinode = profile.model.at("launch.multinode") or {}
+    interconnect = interconnect or profile.model.hardware.interconnect
     args: list[str] = []
     env: dict[str, str] = {}
     if interconnect == "rdma":
@@ -91,7 +91,7 @@ def check_nccl_env(env: dict[str, str], args: list[str], profile: Profile, host:
         return not_applicable(check, host, "single node: the recipe's multi-node NCCL/UCX settings do not apply")
     want_args, want_env = expected_comm_settings(profile, interconnect)
     have_args = _args_to_map(args)
-    workaround = (profile.get("launch.multinode.dmabuf_workaround_env", {}) or {"NCCL_DMABUF_ENABLE": "0"})
+    workaround = profile.model.launch.multinode.dmabuf_workaround_env
     observed = {"env": comm_env(env), "all2all": have_args.get("--all2all-backend"),
                 "dmabuf_error_in_log": bool(scan and scan.dmabuf_errors) if scan is not None else None}
     expected = {"args": want_args, "env": want_env}
@@ -130,15 +130,14 @@ def planned_launch(profile: Profile, multinode: bool,
     multi-node settings for the launched interconnect, the inventory's extra environment and the
     DMA-BUF workaround when the inventory asks for it."""
     plan = plan or launched_plan(profile)
-    args = [str(a) for a in profile.get("launch.args", []) or []]
-    env = {k: str(v) for k, v in (profile.get("launch.env", {}) or {}).items()}
+    args = [str(a) for a in profile.model.launch.args]
+    env = {k: str(v) for k, v in profile.model.launch.env.items()}
     if multinode:
         extra_args, extra_env = expected_comm_settings(profile, plan.interconnect)
         args += [a for a in extra_args if a not in args]
         env.update(extra_env)
         if plan.dmabuf_workaround:
-            env.update({str(k): str(v) for k, v in (profile.get("launch.multinode.dmabuf_workaround_env", {})
-                                                    or {"NCCL_DMABUF_ENABLE": "0"}).items()})
+            env.update({str(k): str(v) for k, v in profile.model.launch.multinode.dmabuf_workaround_env.items()})
         env.update(plan.env)
     return args, env
 
@@ -185,7 +184,7 @@ def check_nccl_bandwidth(ctx: NodeContext) -> Finding:
     check = "interconnect.nccl_bandwidth"
     if (na := gpu_profile_na(check, ctx)) is not None:
         return na
-    threshold = ctx.profile.get("thresholds.nccl_busbw_gbps")
+    threshold = ctx.profile.model.thresholds.nccl_busbw_gbps
     source = _bandwidth_source(ctx)
     if source is None:
         evidence = ctx.paths("nccl_allreduce", "nccl_allreduce_image")
@@ -195,7 +194,7 @@ def check_nccl_bandwidth(ctx: NodeContext) -> Finding:
         return not_applicable(check, ctx.host, "single node and no all-reduce output: the inter-node "
                                                "bandwidth test is required for multi-node layouts only")
     perf, evidence, cmd = source
-    backend = str(ctx.profile.get("hardware.collective_backend") or "nccl")
+    backend = str(ctx.profile.model.hardware.collective_backend)
     fabric, table = _fabric_threshold(ctx)
     if table is not None and table.fail is not None:
         return _judge_against_table(ctx, perf, evidence, cmd, fabric, table)
@@ -250,7 +249,7 @@ def _fabric_threshold(ctx: NodeContext) -> tuple[str | None, FabricThreshold | N
     table's thresholds for it; (fabric, None) without `hardware.class` or a row for that fabric.
     A profile whose collective backend is not NCCL (the CPU lab's gloo, hardware.collective_backend)
     crosses no GPU fabric: (None, None), its own thresholds.nccl_busbw_gbps judges it."""
-    if str(ctx.profile.get("hardware.collective_backend") or "nccl") != "nccl":
+    if str(ctx.profile.model.hardware.collective_backend) != "nccl":
         return None, None
     row = profile_class(ctx.profile)
     log = _all_reduce_log(ctx)
@@ -280,7 +279,7 @@ def _judge_against_table(ctx: NodeContext, perf: NcclPerf, evidence: list[str], 
         return finding(check, Status.FAIL, ctx.host, **{**kw, "consequence": Consequence.REBUILD},
                        reason=f"{perf.tool} reported wrong results (data corruption on the path)",
                        action="inspect NVLink/NIC health (nvidia-smi nvlink -e, ibstat) before any load test")
-    backend = str(ctx.profile.get("hardware.collective_backend") or "nccl")
+    backend = str(ctx.profile.model.hardware.collective_backend)
     if perf.tool != "nccl-tests" and perf.backend != backend:   # nccl-tests is NCCL by construction
         return finding(check, Status.INCONCLUSIVE, ctx.host, action="see compat.container_cuda, re-run preflight",
                        reason=f"the all-reduce ran over {perf.backend}, not {backend}: the GPU fabric is unmeasured",

@@ -331,7 +331,7 @@ def _capacity_action(match: Match, profile: Profile, observed: dict[str, Any]) -
     if match.rule.name != "capacity.kv_cache_too_small":
         return ACTIONS[CAPACITY]
     estimate = _ESTIMATE.search(match.text)
-    contract = profile.get("contract.context_tokens")
+    contract = profile.model.contract.context_tokens
     groups = match.groups
     observed.update({"max_model_len": int(groups["max_len"]),
                      "kv_needed_gib": float(groups["need"]) if "need" in groups else None,
@@ -349,7 +349,7 @@ def _capacity_action(match: Match, profile: Profile, observed: dict[str, Any]) -
 
 def _interconnect_action(match: Match, profile: Profile) -> str:
     if match.rule.name == "interconnect.dmabuf":
-        workaround = profile.get("launch.multinode.dmabuf_workaround_env") or {"NCCL_DMABUF_ENABLE": "0"}
+        workaround = profile.model.launch.multinode.dmabuf_workaround_env
         env = " ".join(f"{k}={v}" for k, v in workaround.items())
         return (f"the recipe's remedy for mlx5dv_reg_dmabuf_mr: set {env} on every node (NCCL falls back to "
                 "nvidia_peermem: check compat.peermem) and launch again; not a driver change")
@@ -372,7 +372,7 @@ _GROUPS: dict[str, tuple[tuple[str, ...], str]] = {
 def evidence_groups(preflight: list[Finding] | None, profile: Profile, host: str | None,
                     startup_log_evidence: list[str], launch_command: str | None) -> Finding:
     """compat.launch_evidence: the four groups of docs/sources.md#a001 were saved before any retry."""
-    runtime = str(profile.get("launch.runtime", "process"))
+    runtime = str(profile.model.launch.runtime)
     groups: dict[str, dict[str, Any]] = {}
     for group, (checks, applies) in _GROUPS.items():
         container_na = applies == "container" and runtime not in ("docker", "podman")

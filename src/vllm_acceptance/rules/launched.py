@@ -58,13 +58,13 @@ def _int(value: Any, default: int = 1) -> int:
 def launched_plan(profile: Profile, inventory_vars: Mapping[str, Any] | None = None) -> LaunchedPlan:
     """The profile's parallel layout and interconnect, overridden by the inventory's."""
     inv = dict(inventory_vars or {})
-    parallel = {**(profile.get("parallel", {}) or {}), **(inv.get("vllm_parallel") or {})}
+    parallel = {**(profile.model.at("parallel") or {}), **(inv.get("vllm_parallel") or {})}
     overridden = bool(inv.get("vllm_parallel") or inv.get("vllm_interconnect") or inv.get("vllm_serve_multinode_env")
                       or inv.get("vllm_nccl_dmabuf_workaround"))
     return LaunchedPlan(
         tensor=_int(parallel.get("tensor")), pipeline=_int(parallel.get("pipeline")), data=_int(parallel.get("data")),
         expert=bool(parallel.get("expert", False)),
-        interconnect=str(inv.get("vllm_interconnect") or profile.get("hardware.interconnect") or "") or None,
+        interconnect=str(inv.get("vllm_interconnect") or profile.model.hardware.interconnect or "") or None,
         env={str(k): str(v) for k, v in (inv.get("vllm_serve_multinode_env") or {}).items()},
         dmabuf_workaround=str(inv.get("vllm_nccl_dmabuf_workaround", False)).lower() in ("true", "1", "yes"),
         dmabuf_evidence=inv.get("vllm_nccl_dmabuf_evidence") or None,

@@ -17,12 +17,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.findings import Finding, Status
+from ..core.profile_model import Loadgen
 from . import registry
 
 SATURATED = "load generator saturated"
 RECOMMENDATION = ("re-run with more load generator worker processes (profile loadgen.processes) or more "
                   "loadgen hosts (inventory group loadgen), on hosts not shared with other work; the "
                   "server's figures of this step are not evidence either way")
+_DEFAULTS = Loadgen()
 DEFAULT_CHUNK_US = 5.0  # read-side cost per streamed chunk before one is measured (benchmarks/loadgen_ceiling.py)
 
 
@@ -30,12 +32,13 @@ DEFAULT_CHUNK_US = 5.0  # read-side cost per streamed chunk before one is measur
 class ClientLimits:
     """When a load generator counts as saturated (profile section ``loadgen``)."""
 
-    max_cpu_pct: float = 90.0           # CPU of one worker process, % of one core (its event loop's ceiling)
-    max_send_lag_p99_s: float = 0.005   # sent - scheduled, p99 over the step
-    send_lag_ttft_fraction: float = 0.1  # ... and at most this fraction of the SLO's TTFT p95
-    max_loop_lag_p99_s: float = 0.05    # event-loop lag p99 of any worker process
-    processes: int | None = None        # worker processes per host; None: sized to the work
-    target_cpu_pct: float = 60.0        # sizing: expected CPU per worker process
+    # the defaults are the profile model's (core/profile_model.py Loadgen), written once there
+    max_cpu_pct: float = float(_DEFAULTS.max_cpu_pct)    # CPU of one worker process, % of one core
+    max_send_lag_p99_s: float = float(_DEFAULTS.max_send_lag_p99_s)   # sent - scheduled, p99 over the step
+    send_lag_ttft_fraction: float = float(_DEFAULTS.send_lag_ttft_fraction)  # ... and this share of TTFT p95
+    max_loop_lag_p99_s: float = float(_DEFAULTS.max_loop_lag_p99_s)   # event-loop lag p99 of any worker
+    processes: int | None = None        # worker processes per host; None: sized to the work ("auto")
+    target_cpu_pct: float = float(_DEFAULTS.target_cpu_pct)           # sizing: expected CPU per worker process
 
     @classmethod
     def from_profile(cls, get: Callable[[str, Any], Any]) -> ClientLimits:

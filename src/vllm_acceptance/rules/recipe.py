@@ -18,7 +18,7 @@ def check_recipe_record(profile: Profile, today: dt.date | None = None) -> Findi
     """The recipe's source, status and check date are recorded; a pre-release recipe not re-checked
     within review.period_days is flagged (the recipe moves; a change reopens acceptance)."""
     today = today or dt.datetime.now(dt.UTC).date()
-    recipe = profile.get("recipe", {}) or {}
+    recipe = profile.model.at("recipe") or {}
     observed = {"source": recipe.get("source"), "status": recipe.get("status"),
                 "checked": recipe.get("checked"), "notes": recipe.get("notes", [])}
     rule = "recipe source, status and check date recorded; a pre-release recipe re-checked within review.period_days"
@@ -29,7 +29,7 @@ def check_recipe_record(profile: Profile, today: dt.date | None = None) -> Findi
     except ValueError:
         return missing("compat.recipe_record", None, f"recipe.checked {recipe['checked']!r} is not a date")
     observed["age_days"] = age
-    period = int(profile.get("review.period_days", 30) or 30)
+    period = int(profile.model.review.period_days)
     expected = {"recorded": True, "max_age_days_if_pre_release": period}
     if recipe["status"] in ("pre-release", "experimental") and age > period:
         return finding("compat.recipe_record", Status.WARN, None, observed=observed,

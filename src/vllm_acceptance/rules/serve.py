@@ -50,7 +50,7 @@ def check_startup_log(scan: StartupScan | None, profile: Profile, host: str | No
         return missing(check, host, "no startup log captured (save it from the container's first line)",
                        evidence=evidence)
     observed = scan.summary()
-    minimum = str(profile.get("vllm.min_version"))
+    minimum = str(profile.model.vllm.min_version)
     plan = plan or launched_plan(profile)
     expected = {"vllm": f">= {minimum}", "world_size": plan.engine_world, "layout": plan.layout(), "fallbacks": 0,
                 "nccl_errors": 0,
@@ -65,7 +65,7 @@ def check_startup_log(scan: StartupScan | None, profile: Profile, host: str | No
                         + (scan.driver_incompatible or scan.no_kernel_image)[0].text[:200])
         actions.append(f"environment, not flags: {ROUTE_DRIVER}; or {ROUTE_ISOLATED}; or {ROUTE_SELF_BUILT}")
     if scan.dmabuf_errors:
-        workaround = profile.get("launch.multinode.dmabuf_workaround_env", {}) or {"NCCL_DMABUF_ENABLE": "0"}
+        workaround = profile.model.launch.multinode.dmabuf_workaround_env
         problems.append(f"mlx5dv_reg_dmabuf_mr error (errno {scan.dmabuf_errno})")
         actions.append(f"set {workaround} (falls back to nvidia_peermem; check compat.peermem), restart")
     if scan.nccl_errors:
@@ -308,7 +308,7 @@ def _actual_max_model_len(reports: ServerReports, profile: Profile, host: str | 
     entries = models.get("data") if isinstance(models, dict) else None
     if not isinstance(entries, list) or not entries:
         return check.missing(host, "no /v1/models answer with models", evidence=evidence)
-    served_name = profile.get("model.served_name") or profile.get("model.name")
+    served_name = profile.model.model.served
     entry = next((e for e in entries if isinstance(e, dict) and e.get("id") == served_name), None)
     if entry is None and len(entries) == 1 and isinstance(entries[0], dict):
         entry = entries[0]

@@ -26,14 +26,14 @@ def gpus_required_per_node(profile: Profile, n_hosts: int, plan: LaunchedPlan | 
     row = profile_class(profile)
     if row is not None:
         return row.gpus_per_node
-    per_node = int(profile.get("hardware.gpus_per_node", 0) or 0)
+    per_node = int(profile.model.hardware.gpus_per_node or 0)
     return max(per_node, math.ceil(world_size(profile, plan) / max(n_hosts, 1)))
 
 
 def gpu_class_of(profile: Profile) -> str | None:
     """The name nvidia-smi must show: the profile's gpu_class, else the hardware table's."""
     row = profile_class(profile)
-    return profile.get("hardware.gpu_class") or (row.gpu_name if row is not None else None)
+    return profile.model.hardware.gpu_class or (row.gpu_name if row is not None else None)
 
 
 _ARCHES = {"aarch64": "aarch64", "arm64": "aarch64", "x86_64": "x86_64", "ppc64le": "ppc64le", "s390x": "s390x"}
@@ -103,10 +103,10 @@ def check_topology(contexts: list[NodeContext], profile: Profile, plan: Launched
         gpus = ctx.gpus()
         counts[ctx.host] = gpus.count if gpus is not None and gpus.gpus else None
     observed = {"nodes": len(contexts), "gpus_per_node": counts,
-                "interconnect": profile.get("hardware.interconnect"),
-                "nvswitch": profile.get("hardware.nvswitch", False)}
-    needed = max(int(profile.get("hardware.min_gpus", 0) or 0), world_size(profile, plan))
-    expected = {"min_nodes": profile.get("hardware.min_nodes", 1), "min_gpus": needed,
+                "interconnect": profile.model.hardware.interconnect,
+                "nvswitch": profile.model.hardware.nvswitch}
+    needed = max(int(profile.model.hardware.min_gpus or 0), world_size(profile, plan))
+    expected = {"min_nodes": profile.model.hardware.min_nodes, "min_gpus": needed,
                 "layout": (plan or launched_plan(profile)).layout()}
     evidence = [p for ctx in contexts for p in ctx.paths("nvidia_smi_query")]
     rule = "nodes >= hardware.min_nodes and total GPUs >= max(hardware.min_gpus, tensor x pipeline x data)"

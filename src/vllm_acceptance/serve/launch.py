@@ -102,14 +102,14 @@ def layout(profile: Profile, facts: dict[str, Any]) -> Layout:
     """The parallel layout (profile `parallel`, overridable by the inventory's `parallel`), checked
     against the node count and the GPUs per node (the inventory's `gpus_per_node`, vllm_gpus_per_node,
     else the profile's hardware.gpus_per_node)."""
-    merged = {**(profile.get("parallel", {}) or {}), **(facts.get("parallel") or {})}
+    merged = {**(profile.model.at("parallel") or {}), **(facts.get("parallel") or {})}
     nodes = 1 + len(facts.get("workers") or [])
-    gpn = _int(facts.get("gpus_per_node") or profile.get("hardware.gpus_per_node") or 1, "gpus_per_node")
+    gpn = _int(facts.get("gpus_per_node") or profile.model.hardware.gpus_per_node or 1, "gpus_per_node")
     lay = Layout(tensor=_int(merged.get("tensor", 1), "parallel.tensor"),
                  pipeline=_int(merged.get("pipeline", 1), "parallel.pipeline"),
                  data=_int(merged.get("data", 1), "parallel.data"), expert=bool(merged.get("expert", False)),
                  nodes=nodes, gpus_per_node=gpn)
-    min_nodes = int(profile.get("hardware.min_nodes", 1) or 1)
+    min_nodes = int(profile.model.hardware.min_nodes)
     if nodes < min_nodes:
         raise ConfigError(f"{nodes} node(s) in vllm_head + vllm_workers, profile hardware.min_nodes is {min_nodes}")
     if lay.kind == "dp":
@@ -146,8 +146,8 @@ def _strip_layout_flags(args: list[str]) -> list[str]:
 
 def interconnect_settings(profile: Profile, facts: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
     """The recipe's args and env for the interconnect between nodes (profile launch.multinode)."""
-    kind = str(facts.get("interconnect") or profile.get("hardware.interconnect") or "none")
-    multinode = profile.get("launch.multinode", {}) or {}
+    kind = str(facts.get("interconnect") or profile.model.hardware.interconnect or "none")
+    multinode = profile.model.at("launch.multinode") or {}
     if kind == "rdma":
         block = multinode.get("rdma") or {}
         env = dict(block.get("env") or {})
@@ -165,8 +165,8 @@ def interconnect_settings(profile: Profile, facts: dict[str, Any]) -> tuple[list
 
 
 def image_reference(profile: Profile, facts: dict[str, Any]) -> str:
-    image = facts.get("image") or profile.get("image.reference")
-    digest = facts.get("image_digest") or profile.get("image.digest")
+    image = facts.get("image") or profile.model.image.reference
+    digest = facts.get("image_digest") or profile.model.image.digest
     if not image:
         raise ConfigError("no image: the profile's image.reference or vllm_image")
     if not digest or not str(digest).startswith("sha256:"):
@@ -185,22 +185,22 @@ def node_commands(profile: Profile, inventory_facts: dict[str, Any]) -> dict[str
     if head in workers:
         raise ConfigError(f"{head} is both head and worker")
     lay = layout(profile, facts)
-    runtime = str(facts.get("runtime") or profile.get("launch.runtime"))
+    runtime = str(facts.get("runtime") or profile.model.launch.runtime)
     if runtime not in ("docker", "podman"):
         raise ConfigError(f"runtime {runtime!r}: the multi-node launch runs the official image (docker or podman)")
     addresses = {str(k): str(v) for k, v in (facts.get("addresses") or {}).items() if v}
     head_addr = addresses.get(head, head)
-    common = _strip_layout_flags([str(a) for a in profile.get("launch.args", []) or []])
-    env = {str(k): str(v) for k, v in (profile.get("launch.env", {}) or {}).items()}
+    common = _strip_layout_flags([str(a) for a in profile.model.launch.args])
+    env = {str(k): str(v) for k, v in profile.model.launch.env.items()}
     if lay.nodes > 1:
         ic_args, ic_env = interconnect_settings(profile, facts)
         common += [a for a in ic_args if a not in common]
         env.update(ic_env)
     env.update({str(k): str(v) for k, v in (facts.get("env") or {}).items()})
     common += [str(a) for a in facts.get("extra_args") or []]
-    model = str(facts.get("model") or profile.get("model.name"))
-    port = str(facts.get("port") or profile.get("launch.port", 8000))
-    listen = str(facts.get("listen_host") or profile.get("launch.host", "0.0.0.0"))
+    model = str(facts.get("model") or profile.model.model.name)
+    port = str(facts.get("port") or profile.model.launch.port)
+    listen = str(facts.get("listen_host") or profile.model.launch.host)
     image = image_reference(profile, facts)
     out: dict[str, NodeCommand] = {}
     for rank, host in enumerate([str(head), *workers]):
@@ -252,7 +252,7 @@ def plan(profile: Profile, inventory_facts: dict[str, Any]) -> dict[str, Any]:
             "order": list(commands), "head": next(iter(commands)),
             "nodes": [c.to_dict() for c in commands.values()],
             "ready_timeout_s": math.ceil(float(inventory_facts.get("ready_timeout_s")
-                                               or profile.get("launch.ready_timeout_s", 900)))}
+                                               or profile.model.launch.ready_timeout_s))}
 
 
 def save_node_logs(run_dir: Path, logs: dict[str, Path], secrets: list[str] | None = None) -> list[str]:

@@ -16,27 +16,27 @@ from .probe import AgentProbe
 
 def config(opts: ProbeOptions, scenario: dict[str, Any]) -> AgentProbeConfig:
     """The agent probe's settings from the profile and the overrides."""
-    seed = setting(opts, "agent.seed", None)
+    seed = setting(opts, "agent.seed")
     return AgentProbeConfig(
-        model=opts.model, scenario=scenario, repeats=int(setting(opts, "agent.repeats", 3)),
-        temperature=float(setting(opts, "agent.temperature", 0.0)),
-        max_tokens=int(setting(opts, "agent.max_tokens", 256)),
-        format_error_threshold=float(setting(opts, "thresholds.tool_format_error_rate", 0.01)),
-        schema_accuracy_min=float(setting(opts, "thresholds.schema_accuracy_min", 0.99)),
-        turn_budget=int(setting(opts, "agent.turn_budget", 1000)),
-        concurrency=int(setting(opts, "agent.concurrency", 8)),
-        retry_attempts=int(setting(opts, "agent.retry_attempts", 1)),
-        reasoning_parser=setting(opts, "model.reasoning_parser", None) or None,
-        images=bool(setting(opts, "agent.images", False)),
-        image_tokens=setting(opts, "agent.image_tokens", None),
-        cases=int(setting(opts, "agent.cases", 300)), other_cases=int(setting(opts, "agent.other_cases", 60)),
-        case_seed=int(setting(opts, "agent.case_seed", 0)),
+        model=opts.model, scenario=scenario, repeats=int(setting(opts, "agent.repeats")),
+        temperature=float(setting(opts, "agent.temperature")),
+        max_tokens=int(setting(opts, "agent.max_tokens")),
+        format_error_threshold=float(setting(opts, "thresholds.tool_format_error_rate")),
+        schema_accuracy_min=float(setting(opts, "thresholds.schema_accuracy_min")),
+        turn_budget=int(setting(opts, "agent.turn_budget")),
+        concurrency=int(setting(opts, "agent.concurrency")),
+        retry_attempts=int(setting(opts, "agent.retry_attempts")),
+        reasoning_parser=setting(opts, "model.reasoning_parser") or None,
+        images=bool(setting(opts, "agent.images")),
+        image_tokens=setting(opts, "agent.image_tokens"),
+        cases=int(setting(opts, "agent.cases")), other_cases=int(setting(opts, "agent.other_cases")),
+        case_seed=int(setting(opts, "agent.case_seed")),
         seed=None if seed is None else int(seed),
-        case_tools=str(setting(opts, "agent.case_tools", "sample")),
-        consistency_cases=int(setting(opts, "agent.consistency_cases", 10)),
-        under_load=int(setting(opts, "agent.under_load", 0) or 0),
-        abstain_min=float(setting(opts, "thresholds.tool_abstain_min", 0.9)),
-        reference_min=float(setting(opts, "thresholds.reference_agreement_min", 0.80)))
+        case_tools=str(setting(opts, "agent.case_tools")),
+        consistency_cases=int(setting(opts, "agent.consistency_cases")),
+        under_load=int(setting(opts, "agent.under_load") or 0),
+        abstain_min=float(setting(opts, "thresholds.tool_abstain_min")),
+        reference_min=float(setting(opts, "thresholds.reference_agreement_min")))
 
 
 def run(opts: ProbeOptions, client: OpenAIClient, store: EvidenceStore,

@@ -16,15 +16,15 @@ from .probe import CacheProbeConfig, run_cache_probe
 def config(opts: ProbeOptions, scenario: dict[str, Any]) -> CacheProbeConfig:
     """The cache probe's settings from the profile and the overrides."""
     return CacheProbeConfig(
-        model=opts.model, scenario=scenario, sessions=int(setting(opts, "cache.sessions", 3)),
-        hybrid=bool(setting(opts, "model.hybrid_cache", False)),
-        relies_on_reuse=bool(setting(opts, "cache.capacity_relies_on_reuse", True)),
-        tolerance_blocks=int(setting(opts, "thresholds.cache_hit_tolerance_blocks", 1)),
-        min_prefill_drop=float(setting(opts, "cache.min_prefill_drop", 0.0)),
+        model=opts.model, scenario=scenario, sessions=int(setting(opts, "cache.sessions")),
+        hybrid=bool(setting(opts, "model.hybrid_cache")),
+        relies_on_reuse=bool(setting(opts, "cache.capacity_relies_on_reuse")),
+        tolerance_blocks=int(setting(opts, "thresholds.cache_hit_tolerance_blocks")),
+        min_prefill_drop=float(setting(opts, "cache.min_prefill_drop")),
         server_pid=opts.server_pid, server_log=opts.server_log,
-        retention_interval=setting(opts, "cache.retention_interval", None),
-        rounds=int(setting(opts, "cache.rounds", 3)), restart_command=opts.restart_command,
-        restart_timeout_s=float(setting(opts, "launch.ready_timeout_s", 600)))
+        retention_interval=setting(opts, "cache.retention_interval"),
+        rounds=int(setting(opts, "cache.rounds")), restart_command=opts.restart_command,
+        restart_timeout_s=float(setting(opts, "launch.ready_timeout_s")))
 
 
 def run(opts: ProbeOptions, client: OpenAIClient, store: EvidenceStore,

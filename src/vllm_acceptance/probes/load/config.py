@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...core.profile import Profile
+from ...core.profile_model import setting_of
 from ...rules.loadgen import ClientLimits
 
 
@@ -51,33 +52,33 @@ class LoadProbeConfig:
 
     @classmethod
     def from_profile(cls, profile: Profile | None, overrides: dict[str, Any], **kw: Any) -> LoadProbeConfig:
-        def get(dotted: str, default: Any) -> Any:
-            if dotted in overrides:
-                return overrides[dotted]
-            return profile.get(dotted, default) if profile else default
+        model = profile.model if profile else None
 
-        max_step = get("load.max_step", None)
+        def get(dotted: str, _default: Any = None) -> Any:   # ClientLimits.from_profile passes its own default
+            return setting_of(model, dotted, overrides)     # the model's (core/profile_model.py) is the one
+
+        max_step = get("load.max_step")
         return cls(
-            contract_concurrency=int(get("contract.concurrency", 4)),
-            context_tokens=int(get("contract.context_tokens", 1536)),
-            max_output_tokens=int(get("contract.max_output_tokens", 64)),
-            max_model_len=int(get("model.max_model_len", 2048)),
-            ramp=[int(c) for c in get("load.ramp", [1, 2, 4])],
+            contract_concurrency=int(get("contract.concurrency")),
+            context_tokens=int(get("contract.context_tokens")),
+            max_output_tokens=int(get("contract.max_output_tokens")),
+            max_model_len=int(get("model.max_model_len")),
+            ramp=[int(c) for c in get("load.ramp")],
             max_step=int(max_step) if max_step is not None else None,
-            ramp_budget_s=float(get("load.ramp_budget_s", 300)),
-            contract_share=float(get("load.contract_share", 0.5)),
-            requests_per_step=int(get("load.requests_per_step", 8)),
-            prompt_tokens=int(get("load.prompt_tokens", 256)),
-            output_tokens=int(get("load.output_tokens", 32)),
-            long_prompt_tokens=int(get("load.long_prompt_tokens", 1400)),
-            soak_s=float(get("load.soak_s", 20)),
-            request_timeout_s=float(get("load.request_timeout_s", 60)),
-            stage_timeout_s=float(get("load.stage_timeout_s", 300)),
-            slo=dict(get("contract.slo", {})),
-            max_preemptions=int(get("thresholds.max_preemptions", 0)),
-            memory_growth_pct=float(get("thresholds.memory_growth_pct", 20)),
-            sample_interval_s=float(get("load.sample_interval_s", 0.25)),
-            verify_limit=bool(get("load.verify_limit", True)),
-            nodes=get("hardware.min_nodes", None), interconnect=get("hardware.interconnect", None),
-            parallel=dict(get("parallel", {}) or {}),
+            ramp_budget_s=float(get("load.ramp_budget_s")),
+            contract_share=float(get("load.contract_share")),
+            requests_per_step=int(get("load.requests_per_step")),
+            prompt_tokens=int(get("load.prompt_tokens")),
+            output_tokens=int(get("load.output_tokens")),
+            long_prompt_tokens=int(get("load.long_prompt_tokens")),
+            soak_s=float(get("load.soak_s")),
+            request_timeout_s=float(get("load.request_timeout_s")),
+            stage_timeout_s=float(get("load.stage_timeout_s")),
+            slo=dict(get("contract.slo")),
+            max_preemptions=int(get("thresholds.max_preemptions")),
+            memory_growth_pct=float(get("thresholds.memory_growth_pct")),
+            sample_interval_s=float(get("load.sample_interval_s")),
+            verify_limit=bool(get("load.verify_limit")),
+            nodes=get("hardware.min_nodes") if model else None, interconnect=get("hardware.interconnect"),
+            parallel=dict(get("parallel") or {}),
             client=ClientLimits.from_profile(get), **kw)

@@ -77,7 +77,7 @@ def _max_age(p: Params) -> float:
     if not p["profile_path"]:
         return DEFAULT_EVIDENCE_MAX_AGE_H
     profile = _guarded(load_profile, p["profile_path"])
-    return float(profile.get("remediation.evidence_max_age_h", DEFAULT_EVIDENCE_MAX_AGE_H))
+    return float(profile.model.remediation.evidence_max_age_h)
 
 
 def _upgrade_record(path: str | None) -> Any:

@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from ...core.findings import Finding
+from ...core.profile_model import ProfileModel
 from ...parsers.node_evidence import load_node_evidence
 from .rollback import restore_plan, rollback_targets
 from .routes import Condition, driver_incompatibility
 
 # Preflight evidence older than this does not prove today's incompatibility (profile remediation.evidence_max_age_h).
-DEFAULT_EVIDENCE_MAX_AGE_H = 72
+DEFAULT_EVIDENCE_MAX_AGE_H = ProfileModel.default_of("remediation.evidence_max_age_h")   # the model's, once
 
 
 # --- entry conditions of the rebuild / rollback playbooks -------------------------------------

@@ -125,7 +125,7 @@ def check_imex(contexts: list[NodeContext], profile: Profile) -> Finding:
         return na
     if not contexts:
         return missing(check, None, "no GPU node to judge (the inventory's gpu_nodes group is empty)")
-    if len(contexts) < 2 and int(profile.get("hardware.min_nodes", 1) or 1) < 2:
+    if len(contexts) < 2 and int(profile.model.hardware.min_nodes) < 2:
         return not_applicable(check, None, "one tray: no GPU memory is shared across nodes")
     evidence = [p for ctx in contexts for p in ctx.paths("imex_active", "imex_nodes")]
     seen = {ctx.host: _imex_of(ctx) for ctx in contexts}

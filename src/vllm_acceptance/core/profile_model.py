@@ -1,0 +1,464 @@
+"""The typed profile (issue 27 item 3): one pydantic v2 model per section of schemas/profile.schema.json, built
+once from the merged profile after the JSON Schema accepted it (core/profile.py keeps that path, and its
+messages, for validation). Every default a reader uses is written here, once; a field the profile must state
+has none. Readers take `Profile.model` (`profile.model.launch.ready_timeout_s`); a reader that names a field
+by a string (a probe's `--set` override, the report's contract rows) uses `ProfileModel.at("load.soak_s")`.
+
+A probe run without a profile (`vllm-acceptance probe` with no --profile) reads `ProfileModel.default_of`:
+the field's default here, else NO_PROFILE (the few values a profile must state, for that case only)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+@dataclass(frozen=True)
+class Def:
+    """A type the schema names once under $defs (core/profile_schema.py writes `{"$ref": "#/$defs/NAME"}`)."""
+
+    name: str
+
+    def __get_pydantic_json_schema__(self, core_schema: Any, handler: Any) -> dict[str, Any]:
+        return {**handler(core_schema), "x-def": self.name}
+
+
+@dataclass(frozen=True)
+class Nullable:
+    """The profile may write null for the field (else a field defaulting to None is one left out)."""
+
+    def __get_pydantic_json_schema__(self, core_schema: Any, handler: Any) -> dict[str, Any]:
+        return {**handler(core_schema), "x-nullable": True}
+
+
+NULL = Nullable()
+
+Number = int | float          # a JSON Schema "number": an int stays an int (900, never 900.0)
+Version = Annotated[str, Field(pattern=r"^[0-9]+(\.[0-9]+){0,3}$"), Def("version")]
+Date = Annotated[str, Field(pattern=r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$"), Def("date")]
+PosNum = Annotated[Number, Field(gt=0), Def("posnum")]
+PosInt = Annotated[int, Field(ge=1), Def("posint")]
+Share = Annotated[Number, Field(ge=0, le=1)]
+NonNeg = Annotated[Number, Field(ge=0)]
+NonNegInt = Annotated[int, Field(ge=0)]
+EnvMap = Annotated[dict[str, str], Def("envmap")]
+
+
+class Section(BaseModel):
+    """A section of the schema with `additionalProperties: false`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    def stated(self, name: str) -> bool:
+        """Whether the profile wrote the field (a reader with a default of its own, e.g. the lab's address)."""
+        return name in self.model_fields_set
+
+    def document(self) -> dict[str, Any]:
+        """The section as the profile wrote it (only the fields it set, by their schema names)."""
+        return self.model_dump(by_alias=True, exclude_unset=True)
+
+
+class OpenSection(Section):
+    """A section of the schema without `additionalProperties: false` (other keys kept)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, populate_by_name=True)
+
+
+class Lineage(Section):
+    owner: Annotated[str, Field(min_length=1)]
+    exit_date: Date
+    base_profile: str
+    source_repo: str | None = None
+    source_branch: str | None = None
+    source_commit: str | None = None
+    dependency_sources: list[str] = Field([], description=(
+        "where dependencies came from: package indexes, base image reference and digest"))
+    compile_options: dict[str, str | int | float | bool] = Field({}, description=(
+        "build args and compile flags (CUDA_VERSION, TORCH_CUDA_ARCH_LIST, ...)"))
+    inputs: dict[str, str] = Field({}, description=(
+        "sha256 of every build input file (Dockerfile, lock files, patches), by path"))
+    dockerfile: str | None = None
+    lock_files: list[str] = []
+    patches: list[str] = []
+    build_log: str | None = None
+    image_digest: str | None = None
+    rollback_image: str | None = None
+
+
+class Recipe(Section):
+    source: str
+    status: Literal["pre-release", "stable", "lab", "experimental"]
+    checked: Date
+    notes: list[str] = []
+    commit: Annotated[Annotated[str, Field(pattern=r"^[0-9a-f]{40}$")] | None, NULL] = Field(None, description=(
+        "the recipe repository commit of the file the profile was generated from (recipes/vllm-"
+        "project/SOURCE.yml); a change reopens acceptance"))
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = Field(None, description=(
+        "sha256 of that recipe file; a change reopens acceptance"))
+    file: str | None = Field(None, description=(
+        "the vendored recipe file, relative to the checkout"))
+    hardware: str | None = Field(None, description=(
+        "the recipe's hardware id the profile was generated for"))
+    strategy: str | None = Field(None, description=(
+        "the recipe's strategy the profile was generated for"))
+    variant: str | None = None
+    features: list[str] = []
+
+
+class Model(Section):
+    name: Annotated[str, Field(min_length=1)]
+    served_name: str | None = None     # the name the server answers to; absent: `name` (Model.served)
+    path: str | None = None            # absent: `name`
+    max_model_len: PosInt
+    hybrid_cache: bool
+    multimodal: bool = False
+    tool_call_parser: Annotated[str | None, NULL] = None
+    reasoning_parser: Annotated[str | None, NULL] = None
+    weights_gb: NonNeg | None = None
+
+    @property
+    def served(self) -> str:
+        return self.served_name or self.name
+
+
+class Image(Section):
+    reference: str | None = Field(description=(
+        "null: no container (process runtime)"))              # null: no container (process runtime)
+    digest: Annotated[Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")] | None, NULL] = None
+    cuda_major: Annotated[int, Field(ge=10)] | None
+    forbidden_tag_suffixes: list[str] = []
+
+
+class Vllm(Section):
+    min_version: Version
+    install_source: str | None = None
+
+
+class Driver(Section):
+    min_branch: Annotated[int, Field(ge=1)] | None
+    min_version: Version | None
+    lts_branches: list[int] = []
+
+
+class Hardware(Section):
+    accelerator: Literal["nvidia", "none"]
+    gpu_class: Annotated[str | None, NULL] = Field(None, description=(
+        "substring of nvidia-smi's GPU name, e.g. GB300"))
+    gpus_per_node: NonNegInt | None = None     # absent: the inventory's facts (readers say what they fall back to)
+    min_gpus: NonNegInt
+    min_nodes: Annotated[int, Field(ge=1)] = 1
+    nvswitch: bool = False
+    memory_estimate_gb: NonNeg | None = None
+    interconnect: Literal["nvlink", "rdma", "nvl", "none"] | None = None
+    collective_backend: Literal["nccl", "gloo"] = Field("nccl", description=(
+        "the torch.distributed backend the in-image all-reduce must run on "
+        "(interconnect.nccl_bandwidth); gloo only for an image whose torch has no CUDA (the CPU "
+        "lab)"))
+    class_: Literal["h200", "b200", "b300", "gb200", "gb300", "mi355x"] | None = Field(
+        None, alias="class", description=(
+        "the row of src/vllm_acceptance/data/hardware.yml (node shape, NVLink domain, bandwidth "
+        "per fabric); absent: the profile's own values"))
+    nvlink_domain: Literal["mnnvl", "nvswitch", "none"] | None = Field(None, description=(
+        "mnnvl: the NVLink domain spans nodes (NVL72 trays); nvswitch: within one node (HGX); "
+        "none. Absent: the class's"))   # absent: the class's (hardware.py)
+    fabric_manager: Literal["node", "switch_tray", "none"] | None = Field(None, description=(
+        "where Fabric Manager runs: node (nvidia-fabricmanager on the GPU node, version == "
+        "driver), switch_tray (NMX-Controller: the GPUs' fabric state is the proof), none. "
+        "Absent: the class's"))  # absent: the class's (hardware.py)
+
+
+class Parallel(Section):
+    tensor: PosInt
+    pipeline: PosInt | None = None
+    data: PosInt | None = None
+    expert: bool | None = None
+
+
+class CommSettings(OpenSection):
+    args: list[str] = []
+    env: EnvMap = {}
+
+
+class Multinode(Section):
+    rdma: CommSettings = CommSettings()
+    nvlink: CommSettings = CommSettings()
+    nvl_env: EnvMap = {}
+    # the variables set when the startup log shows the mlx5dv_reg_dmabuf_mr error
+    dmabuf_workaround_env: EnvMap = {"NCCL_DMABUF_ENABLE": "0"}
+
+
+class Provenance(Section):
+    args: dict[str, str] = {}
+    env: dict[str, str] = {}
+    multinode: dict[str, str] = {}
+
+
+class Launch(Section):
+    runtime: Literal["process", "docker", "podman"]
+    args: list[str]
+    env: EnvMap = {}
+    host: str = "0.0.0.0"  # noqa: S104 - the address the server listens on
+    port: Annotated[int, Field(ge=1, le=65535)] = 8000
+    ready_timeout_s: PosNum = 900
+    required_flags: list[str] = Field([], description=(
+        "flags that must be in effect on the running server"))
+    multinode: Multinode = Multinode()
+    site_env: EnvMap = Field({}, description=(
+        "variables the recipe leaves to the site (placeholders such as $IFACE_NAME): set them in "
+        "vllm_serve_multinode_env; never passed as written"))
+    provenance: Provenance | None = Field(None, description=(
+        "where each launch argument (by flag) and variable came from in the recipe "
+        "(src/vllm_acceptance/recipe/generate.py)"))
+
+
+class Slo(Section):
+    ttft_p95_s: PosNum
+    itl_p95_s: PosNum | None = None
+    e2e_p95_s: PosNum
+    queue_p95_s: PosNum | None = None
+    max_error_rate: Share | None = None
+
+
+class Contract(Section):
+    concurrency: PosInt
+    context_tokens: PosInt
+    max_output_tokens: PosInt = 64
+    slo: Slo
+
+
+class Thresholds(Section):
+    tool_format_error_rate: Share = 0.01
+    max_preemptions: NonNegInt = 0
+    nccl_busbw_gbps: Annotated[NonNeg | None, NULL] = None
+    memory_growth_pct: NonNeg = 20
+    schema_accuracy_min: Share = 0.99
+    tool_abstain_min: Share = Field(0.9, description=(
+        "irrelevance cases of the agent case set (no tool fits): the 95 % lower bound of the "
+        "share answered without a tool call must reach it (default 0.9)"))
+    reference_agreement_min: Share = Field(0.80, description=(
+        "agent.reference_agreement: the tool-call F1 on triggering against agent_reference_url "
+        "must reach it (default 0.80, the K2-0905 threshold of Moonshot's K2-Vendor-Verifier)"))
+    cache_hit_tolerance_blocks: NonNegInt = 1
+
+
+class Cache(Section):
+    sessions: PosInt
+    capacity_relies_on_reuse: bool
+    retention_interval: Annotated[NonNegInt | None, NULL] = None
+    rounds: NonNegInt = Field(3, description=(
+        "repeated sends of one hot prefix after the sessions, judged against hybrid retention"))
+    min_prefill_drop: Share = 0.0
+    request_timeout_s: PosNum | None = Field(None, description=(
+        "per-request timeout (seconds) of the cache probe; a request without a complete answer in"
+        " time is reported by name and is never a pass (default: load.request_timeout_s)"))
+
+
+class Agent(Section):
+    scenario: str
+    repeats: PosInt = 3
+    temperature: NonNeg = 0.0
+    max_tokens: PosInt = 256
+    images: bool = False
+    image_tokens: Annotated[Annotated[int, Field(ge=1)] | None, NULL] = Field(None, description=(
+        "prompt tokens the probe's 16x16 image adds (agent.multimodal compares exactly when set)"))
+    turn_budget: PosInt = Field(1000, description=(
+        "the most tool-call turns the rate run may send; the turns needed follow from "
+        "thresholds.tool_format_error_rate and schema_accuracy_min (zero errors in n turns bound "
+        "a rate at about 3/n, 95 %), and the report states the resolution this budget buys"))
+    concurrency: PosInt = Field(8, description=(
+        "tool-call turns in flight at once during the rate run"))
+    retry_attempts: NonNegInt = Field(1, description=(
+        "validated retries of a turn with a format error (the retry policy of a limited "
+        "observation)"))
+    cases: PosInt = Field(300, description=(
+        "distinct call-requiring cases of the seeded case set (scenarios/cases.py), at least; the"
+        " thresholds may need more, agent.turn_budget caps them (default 300)"))
+    other_cases: NonNegInt = Field(60, description=(
+        "multi-turn, irrelevance and structured-output cases beside them (default 60, at most a "
+        "fifth of the call cases)"))
+    case_seed: int = Field(0, description=(
+        "the case set's seed: the same seed and pack give the same cases (default 0)"))
+    seed: Annotated[NonNegInt | None, NULL] = Field(None, description=(
+        "the sampling seed: each request carries this plus its position in the run, so a run at "
+        "temperature > 0 repeats (default null: no seed sent). On vLLM's CPU backend a seeded "
+        "request split by chunked prefill stops the engine (vLLM 0.32.0: 'CPU Generator does not "
+        "use offset'): there, send it at agent.concurrency 1"))
+    under_load: NonNegInt = Field(0, description=(
+        "agent.under_load: the case set sent again with this many requests in flight (the "
+        "contracted concurrency); 0: not measured, the check not_applicable (--under-load N "
+        "overrides)"))
+    case_tools: Literal["sample", "pack"] = Field("sample", description=(
+        "which tools a case offers: sample (default: the pack's tools and its "
+        "case_set.extra_tools, each case the tools it needs and a random share of the others) or "
+        "pack (exactly the pack's tools in every case)"))
+    consistency_cases: NonNegInt = Field(10, description=(
+        "single cases each sent agent.repeats times for agent.trigger_consistency (default 10)"))
+    request_timeout_s: PosNum | None = Field(None, description=(
+        "per-request timeout (seconds) of the agent probe; a request without a complete answer in"
+        " time is reported by name and is never a pass (default: load.request_timeout_s)"))
+
+
+class Load(Section):
+    ramp: Annotated[list[PosInt], Field(min_length=1)]
+    requests_per_step: PosInt = 8
+    prompt_tokens: PosInt = 256
+    output_tokens: PosInt = 32
+    long_prompt_tokens: PosInt = 1400
+    soak_s: NonNeg = 20
+    request_timeout_s: PosNum
+    stage_timeout_s: PosNum = 300
+    sample_interval_s: Annotated[Number, Field(gt=0, le=60)] = Field(0.25, description=(
+        "metrics/memory sampling period during load stages"))
+    max_step: PosInt | None = Field(None, description=(
+        "the ramp's bound past the contract (default 4 x contract.concurrency): it doubles past "
+        "the contract until a limit breaks or this step"))             # absent: 4 x contract.concurrency
+    ramp_budget_s: PosNum = Field(300, description=(
+        "no new ramp step past the contract after this many seconds"))
+    contract_share: Share = Field(0.5, description=(
+        "share of ramp requests at the contracted context (context_tokens + max_output_tokens); "
+        "the rest use prompt_tokens/output_tokens"))
+    verify_limit: bool = Field(True, description=(
+        "re-run at a proposed limit before recommending it (default true)"))
+
+
+class Loadgen(Section):
+    max_cpu_pct: Annotated[Number, Field(ge=0, le=100)] = Field(90.0, description=(
+        "CPU of one worker process, percent of one core"))
+    max_send_lag_p99_s: NonNeg = Field(0.005, description=(
+        "sent - scheduled, p99 of a step (seconds)"))
+    send_lag_ttft_fraction: Share = Field(0.1, description=(
+        "the send lag p99 must also stay within this fraction of contract.slo.ttft_p95_s"))
+    max_loop_lag_p99_s: NonNeg = Field(0.05, description=(
+        "event-loop lag p99 of any worker process (seconds)"))
+    processes: Literal["auto"] | PosInt = Field("auto", description=(
+        "worker processes per loadgen host: auto (sized to the work) or a number"))
+    target_cpu_pct: Annotated[Number, Field(gt=0, le=100)] = Field(60.0, description=(
+        "sizing: expected CPU per worker process, percent of one core"))
+
+
+class Review(Section):
+    period_days: PosInt = 30
+    owner: str | None = None
+
+
+class Remediation(Section):
+    evidence_max_age_h: PosInt = Field(72, description=(
+        "hours; older evidence is refused (default 72)"))
+
+
+class ProfileModel(Section):
+    name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")]
+    extends: Annotated[str, Field(min_length=1)] | None = Field(None, description=(
+        "a profile this one layers on (profiles/<name>.yml or a path): deep-merged by "
+        "core/profile.py, this file's values win; validated after merging"))
+    description: str | None = None
+    experimental: bool = False
+    lineage: Lineage | None = Field(None, description=(
+        "Self-built image record; required when experimental is true."))
+    recipe: Recipe
+    model: Model
+    image: Image
+    vllm: Vllm
+    driver: Driver
+    hardware: Hardware
+    parallel: Parallel
+    launch: Launch
+    contract: Contract
+    thresholds: Thresholds
+    cache: Cache
+    agent: Agent
+    load: Load
+    loadgen: Loadgen = Field(Loadgen(), description=(
+        "the load generator's self-check and sizing: a step whose client exceeds a limit is "
+        "inconclusive ('load generator saturated')"))
+    review: Review = Review()
+    remediation: Remediation = Field(Remediation(), description=(
+        "driver change (playbooks/rebuild.yml): how old the preflight evidence proving the "
+        "incompatibility may be"))
+
+    @model_validator(mode="after")
+    def _lineage_when_experimental(self) -> ProfileModel:
+        if self.experimental and self.lineage is None:
+            raise ValueError("lineage: required when experimental is true")
+        return self
+
+    def at(self, dotted: str, default: Any = None) -> Any:
+        """The field named by a dotted path ("load.soak_s"), its default when the profile left it out; a section
+        as the profile wrote it (a mapping); `default` only for a name the model does not have."""
+        node: Any = self
+        for part in dotted.split("."):
+            if isinstance(node, BaseModel):
+                name = _attribute(type(node), part)
+                if name is None:
+                    return default
+                node = getattr(node, name)
+            elif isinstance(node, dict) and part in node:
+                node = node[part]
+            else:
+                return default
+        return node.document() if isinstance(node, Section) else node
+
+    @classmethod
+    def default_of(cls, dotted: str, default: Any = None) -> Any:
+        """The model's default for a field (a run without a profile): its default here, else NO_PROFILE's."""
+        model: type[BaseModel] = cls
+        parts = dotted.split(".")
+        for i, part in enumerate(parts):
+            name = _attribute(model, part)
+            if name is None:
+                return default
+            info = model.model_fields[name]
+            if i == len(parts) - 1:
+                if not info.is_required():
+                    value = info.get_default(call_default_factory=True)
+                    return value.document() if isinstance(value, Section) else value
+                return NO_PROFILE.get(dotted, default)
+            inner = _section_type(info.annotation)
+            if inner is None:
+                return default
+            model = inner
+        return default
+
+
+def _attribute(model: type[BaseModel], key: str) -> str | None:
+    """The attribute of `model` behind the schema's key (`class` is `class_`)."""
+    for name, info in model.model_fields.items():
+        if (info.alias or name) == key:
+            return name
+    return None
+
+
+def _section_type(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        if isinstance(arg, type) and issubclass(arg, BaseModel):
+            return arg
+    return None
+
+
+# What a probe run without a profile uses for a field every profile states (the schema requires it).
+NO_PROFILE: dict[str, Any] = {
+    "contract.concurrency": 4,
+    "contract.context_tokens": 1536,
+    "contract.slo": {},
+    "model.max_model_len": 2048,
+    "model.hybrid_cache": False,
+    "cache.sessions": 3,
+    "cache.capacity_relies_on_reuse": True,
+    "agent.scenario": "ops-agent",
+    "load.ramp": [1, 2, 4],
+    "load.request_timeout_s": 60,
+    "parallel": {},
+}
+
+
+def setting_of(model: ProfileModel | None, dotted: str, overrides: Mapping[str, Any] | None = None) -> Any:
+    """A setting named by a dotted path: the override (`--set`) first, then the profile's field (its model
+    default when left out), then, without a profile, `ProfileModel.default_of`."""
+    if overrides and dotted in overrides:
+        return overrides[dotted]
+    return model.at(dotted) if model is not None else ProfileModel.default_of(dotted)
