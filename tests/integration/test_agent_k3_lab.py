@@ -142,9 +142,13 @@ def test_accept_pipeline_on_the_k3_profile_chosen_on_the_command_line(k3_lab_ser
     fact: it must still be read as a name), attached to the K3 lab server: judged from real evidence. The K3
     template renders tool declarations before the system prompt, so every cold cache request shares
     that head; the cold baseline allows exactly that head."""
+    # The load stage lighter than the profile's (4 requests a step, a 5 s soak: the story's run B does the same):
+    # what this run is about is the K3 profile read by name and its parsers, the load stage has its own tests.
     run = run_accept(tmp_path, {"acceptance_profile": "cpu-lab-k3", "vllm_serve_mode": "attach",
                                 "vllm_base_url": k3_lab_server.base_url, "vllm_serve_pid": k3_lab_server.pid,
-                                "vllm_serve_startup_log": str(k3_lab_server.log_path)})
+                                "vllm_serve_startup_log": str(k3_lab_server.log_path),
+                                "acceptance_probe_overrides": {"load": {"load.requests_per_step": 4,
+                                                                        "load.soak_s": 5}}})
     report = json.loads((run / "report.json").read_text())
     bad = {f["check"]: f["status"] for f in report["findings"] if f["status"] not in ("pass", "not_applicable")}
     # Agents blocked by the one ticket the K3 lab model cannot write (see the test above), text open.
