@@ -517,6 +517,10 @@ NO_CACHE_RESTART = {"acceptance_cache_restart": False}
 # agent and load stages are then missing, stated in the report, and cannot change that verdict.
 COMPAT_DECIDES = {"acceptance_probes": ["cache"]}
 
+# The scenarios whose deployment URL does not answer (nothing listens on :8999) wait 10 s for it, not the default
+# 30 s (vllm_serve_attach_timeout_s): the wait is the same code whatever its length.
+DEAD_URL_WAIT = {"vllm_serve_attach_timeout_s": 10}
+
 
 def single_node_container(r: Rehearsal, reports: Path) -> Outcome:
     r.set_node("gb300-a01", "flat")
@@ -596,7 +600,7 @@ def contract_below_served(r: Rehearsal, reports: Path) -> Outcome:
 
 def attach_dead_url(r: Rehearsal, reports: Path) -> Outcome:
     inv = r.inventory("attach-dead-url", gpu_nodes=["gb300-a01"], head="gb300-a01",
-                      variables={"vllm_serve_mode": "attach",
+                      variables={"vllm_serve_mode": "attach", **DEAD_URL_WAIT,
                                  "vllm_base_url": f"http://{r.address('gb300-a01')}:8999/v1"})
     return run_accept(inv, reports)
 
@@ -614,7 +618,7 @@ def driver_575(r: Rehearsal, reports: Path) -> Outcome:
     """One node on R575: the chain is broken whatever the server does, so no server is needed (the
     deployment URL does not answer); the healthy node is still judged node by node."""
     inv = r.inventory("driver-575-one-node", gpu_nodes=["gb300-a01", "gb300-a02"], head="gb300-a01",
-                      variables={"vllm_serve_mode": "attach",
+                      variables={"vllm_serve_mode": "attach", **DEAD_URL_WAIT,
                                  "vllm_base_url": f"http://{r.address('gb300-a01')}:8999/v1"})
     return run_accept(inv, reports)
 
@@ -681,7 +685,7 @@ def fabric_not_initialised(r: Rehearsal, reports: Path) -> Outcome:
         inv = r.inventory("fabric-not-initialised", gpu_nodes=TRAYS, head=TRAYS[0], workers=TRAYS[1:],
                           profile=PROFILE_NVL72,
                           variables={"vllm_serve_mode": "attach", "vllm_parallel": TWO_NODE_LAYOUT,
-                                     "vllm_gpus_per_node": 1,
+                                     "vllm_gpus_per_node": 1, **DEAD_URL_WAIT,
                                      "vllm_base_url": f"http://{r.address(TRAYS[0])}:8999/v1", **ALLREDUCE})
         return run_accept(inv, reports)
     finally:
@@ -759,7 +763,7 @@ class Play:
 PLAYS: dict[str, Play] = {
     "attach-running": Play("release", lambda r, p: attach(r, p, "attach-running", gpu_nodes=["gb300-a01"]),
                            ("every required check passed with evidence",), suite=False),
-    "attach-dead-url": Play("incomplete", attach_dead_url, (":8999/v1 does not answer within 30 s",), in_output=True),
+    "attach-dead-url": Play("incomplete", attach_dead_url, (":8999/v1 does not answer within 10 s",), in_output=True),
     "weakened-contract": Play("refused", weakened_contract,
                               ("acceptance_probe_overrides.load.contract.concurrency", "write profiles/<site>.yml")),
     "driver-575-one-node": Play("rebuild_environment", driver_575, ("compat.driver_branch@gb300-a02",)),
@@ -779,7 +783,7 @@ PLAYS: dict[str, Play] = {
     "crash-mid-ramp": Play("incomplete", lambda r, p: oom_mid_ramp(r, p, "crash_at_running=2", "crash-mid-ramp"),
                            ("without an OOM signature", "died unexpectedly"), suite=False),
     # True shapes (issue 31): GB300 NVL72 trays, one HGX B300 node.
-    # No server, but ~2 minutes on 2 busy cores (the dead URL's 30 s wait, the stages after it): the suite runs
+    # No server, but ~2 minutes on 2 busy cores (the dead URL's 10 s wait, the stages after it): the suite runs
     # its preflight alone (test_rehearsal.py), the whole run is make rehearsal's.
     "fabric-not-initialised": Play("rebuild_environment", fabric_not_initialised,
                                    ("interconnect.fabric_state@gb300-t02", "interconnect.nvlink_domain"),
