@@ -42,9 +42,9 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def changed_profile(path: Path) -> Path:
-    """cpu-lab with a new context limit and recipe record (two reopen triggers), a lighter load (the run stays
-    short), and agent images on: the text-only lab model cannot take an image, so agent.multimodal fails for
-    real (layer model) and the verdict is not release."""
+    """cpu-lab with a new context limit and recipe record (two reopen triggers), a lighter load and agent case set
+    (the run stays short), and agent images on: the text-only lab model cannot take an image, so agent.multimodal
+    fails for real (layer model) and the verdict is not release."""
     data = yaml.safe_load((REPO / "profiles" / "cpu-lab.yml").read_text())
     data["model"]["path"] = str(REPO / data["model"]["path"])
     data["contract"]["context_tokens"] = 1024
@@ -53,6 +53,10 @@ def changed_profile(path: Path) -> Path:
     data["cache"]["sessions"] = 2
     data["agent"]["repeats"] = 2
     data["agent"]["images"] = True
+    # The rehearsal's lab-only agent resolution (profiles/rehearsal-gb300.yml: 5 % rates, a case set of 60 + 12):
+    # what B shows is the reopen triggers, the keyed server and the secrets, not the lab's 1 % resolution.
+    data["agent"].update({"cases": 60, "other_cases": 12, "turn_budget": 120})
+    data["thresholds"].update({"tool_format_error_rate": 0.05, "schema_accuracy_min": 0.95})
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 
