@@ -34,16 +34,20 @@ def run_agent(server, out: Path, *extra: str) -> tuple[int, dict]:
 
 
 @pytest.mark.lab
-def test_every_agent_check_passes_on_the_lab(lab_server, tmp_path: Path) -> None:
-    rc, result = run_agent(lab_server, tmp_path)
-    statuses = {f["check"]: f["status"] for f in result["findings"]}
-    assert rc == 0 and result["status"] == "pass", statuses
+def test_every_agent_check_passes_on_the_lab(lab_accept_run: Path) -> None:
+    """The session's accept run on the lab profile (conftest.lab_accept_run): its agent stage, as the report and
+    the stage's evidence have it."""
+    found = {f["check"]: f for f in json.loads((lab_accept_run / "report.json").read_text())["findings"]
+             if f["check"].startswith("agent.")}
+    statuses = {check: f["status"] for check, f in found.items()}
+    stage = json.loads((lab_accept_run / "stages" / "agent.json").read_text())
+    assert stage["status"] == "pass" and set(statuses.values()) == {"pass", "not_applicable"}, statuses
     assert statuses["agent.multimodal"] == "not_applicable"  # cpu-lab: agent.images false, said so
-    rates = result["details"]["rates"]
+    rates = stage["rates"]
     assert rates["schema_accuracy"] == 1.0 and rates["format_error_rate"] == 0.0
     # The case set: >= 300 distinct bodies (every request and raw response kept in cases.json), each class
     # answered; the rates are over distinct cases, with their assumptions stated.
-    kept = json.loads((tmp_path / "cases.json").read_text())["cases"]
+    kept = json.loads((lab_accept_run / "probes" / "agent" / "cases.json").read_text())["cases"]
     assert rates["distinct_bodies"] == len({json.dumps(c["request"], sort_keys=True) for c in kept}) >= 300
     assert all(c["response"] for c in kept) and "independent Bernoulli" in rates["assumptions"]
     assert set(rates["classes"]) == {"single", "parallel", "multi_turn", "irrelevance", "structured"}
@@ -54,7 +58,6 @@ def test_every_agent_check_passes_on_the_lab(lab_server, tmp_path: Path) -> None
     assert rates["runs"] >= 299 and rates["bounds"]["format_error_rate"]["upper_95"] <= 0.01
     assert rates["bounds"]["schema_accuracy"]["lower_95"] >= 0.99  # thresholds.schema_accuracy_min
     assert "agent.turn_budget=600 buys" in rates["resolution"]
-    found = {f["check"]: f for f in result["findings"]}
     # The reference client saw every real call of the run; the planned fallback was walked step by step;
     # the structured-output rejection ran on a body the server really cut.
     executor = found["agent.executor_safety"]["observed"]
