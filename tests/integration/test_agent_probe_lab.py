@@ -17,13 +17,9 @@ from PIL import Image
 
 from vllm_acceptance.probes.agent import solid_png_base64
 
+from support.resolution import LAB_AGENT_5PCT, as_set_args
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-# The rehearsal's lab-only agent resolution (profiles/rehearsal-gb300.yml): 5 % rates, resolved by 60 cases.
-LAB_RESOLUTION_5PCT = ("--set", "agent.cases=60", "--set", "agent.other_cases=12", "--set", "agent.turn_budget=120",
-                       "--set", "thresholds.tool_format_error_rate=0.05",
-                       "--set", "thresholds.schema_accuracy_min=0.95")
 
 
 def run_agent(server, out: Path, *extra: str) -> tuple[int, dict]:
@@ -89,7 +85,7 @@ def test_the_second_scenario_pack_runs_with_its_own_tools(lab_server, tmp_path: 
     # The rehearsal profile's lab-only resolution (5 %: a case set of 60, profiles/rehearsal-gb300.yml): what this
     # test shows is another pack's tools, keys and ticket, not the 1 % resolution the lab's own run shows (the
     # shop pack's 300-case set took 90 s of the suite).
-    rc, result = run_agent(lab_server, tmp_path, "--set", "agent.scenario=shop-agent", *LAB_RESOLUTION_5PCT)
+    rc, result = run_agent(lab_server, tmp_path, "--set", "agent.scenario=shop-agent", *as_set_args(LAB_AGENT_5PCT))
     statuses = {f["check"]: f["status"] for f in result["findings"]}
     assert rc == 0 and result["status"] == "pass", statuses
     tools = {t["function"]["name"] for t in json.loads((tmp_path / "tool_schemas.json").read_text())}

@@ -19,6 +19,7 @@ import ansible_runner
 import yaml
 
 from .accept import REPO, run_accept
+from .resolution import LAB_AGENT_5PCT, apply_to
 
 CLI = [sys.executable, "-m", "vllm_acceptance.cli"]
 REHEARSAL_PORT = 20000 + int(os.environ.get("LAB_PORT_OFFSET", "0")) + 51
@@ -53,10 +54,8 @@ def changed_profile(path: Path) -> Path:
     data["cache"]["sessions"] = 2
     data["agent"]["repeats"] = 2
     data["agent"]["images"] = True
-    # The rehearsal's lab-only agent resolution (profiles/rehearsal-gb300.yml: 5 % rates, a case set of 60 + 12):
-    # what B shows is the reopen triggers, the keyed server and the secrets, not the lab's 1 % resolution.
-    data["agent"].update({"cases": 60, "other_cases": 12, "turn_budget": 120})
-    data["thresholds"].update({"tool_format_error_rate": 0.05, "schema_accuracy_min": 0.95})
+    # What B shows is the reopen triggers, the keyed server and the secrets, not the lab's 1 % agent resolution.
+    apply_to(data, LAB_AGENT_5PCT)
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 
