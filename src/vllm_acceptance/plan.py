@@ -8,7 +8,7 @@ inventory through Ansible's own `ansible-inventory` and the profile it names, an
   environment's secret-bearing values redacted;
 - every stage the run goes through, its requests and its estimated wall time and GPU-hours, from the same
   probe settings the run uses (each probe's `config` in the probe registry, probes/registry.py) and the same ramp plan
-  (rules/capacity.py ramp_plan); with a total.
+  (probes/load/rules.py ramp_plan); with a total.
 
 How the time is estimated (docs/plan.md): a server start (the launch, the cache probe's restart, each
 relaunch at a proposed limit) counts its whole `launch.ready_timeout_s`, the bound the run waits; a request
@@ -38,8 +38,8 @@ from .core.rundir import resolve_profile_path
 from .probes import registry as probe_registry
 from .probes.agent import turn_target
 from .probes.cache import KINDS as CACHE_KINDS
+from .probes.load.rules import ramp_plan
 from .probes.options import ProbeOptions, setting
-from .rules.capacity import ramp_plan
 from .scenarios import load_scenario
 from .serve import launch
 from .validate import ansible_inventory_command
@@ -51,7 +51,7 @@ AGENT_CASES = 7
 # The mixed stream (probes/load/stages.py stage_mixed): windows of 2 x concurrency requests, with a lone repeated
 # request before the first window and after each one.
 MIXED_WINDOWS = 3
-# propose_limits (rules/capacity.py) proposes at most two limits: fewer sessions, then a shorter context.
+# propose_limits (probes/load/rules.py) proposes at most two limits: fewer sessions, then a shorter context.
 MAX_PROPOSED_LIMITS = 2
 
 
@@ -315,7 +315,7 @@ def load_stages(opts: ProbeOptions, e2e: float, ready: float, relaunch: bool) ->
     steps = ramp_steps(cfg.ramp, c, cfg.ramp_bound, cfg.requests_per_step, cfg.ramp_budget_s, e2e)
     ramp_s = sum(s for _, _, s in steps)
     step_c = math.ceil(max(cfg.requests_per_step, c) / c) * e2e
-    # A launch serving more than the contract gets a third request, over the served max_model_len (rules/capacity.py)
+    # A launch serving more than the contract gets a third request, over the served max_model_len (probes/load/rules.py)
     wide = cfg.max_model_len > cfg.context_tokens + cfg.max_output_tokens
     contract_n = 3 if wide else 2
     out = [Stage("long_prompt", f"one prompt of {min(cfg.long_prompt_tokens, cfg.context_tokens)} tokens", 1, e2e,

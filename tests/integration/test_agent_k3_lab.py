@@ -17,7 +17,7 @@ from conftest import LAB_PROFILE_K3, REPO
 
 from vllm_acceptance.core.profile import load_profile
 from vllm_acceptance.lab import build_model as bm
-from vllm_acceptance.rules.agent import check_separation
+from vllm_acceptance.probes.agent.rules import check_separation
 from vllm_acceptance.scenarios import load_scenario
 
 from support.accept import run_accept

@@ -17,7 +17,7 @@ import pytest
 
 from vllm_acceptance.core.findings import Finding
 from vllm_acceptance.probes.load import STAGE_LABELS
-from vllm_acceptance.rules.capacity import OOM_RECORD_FIELDS, oom_action
+from vllm_acceptance.probes.load.rules import OOM_RECORD_FIELDS, oom_action
 from vllm_acceptance.verdict import decide
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,5 +1,5 @@
 """The agent case set (scenarios/cases.py): seeded, reproducible, distinct, every argument type of the pack;
-and the per-case judgement by class (rules/agent.py judge_case) on recorded answer shapes."""
+and the per-case judgement by class (probes/agent/rules.py judge_case) on recorded answer shapes."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections import Counter
 import jsonschema
 import pytest
 
-from vllm_acceptance.rules.agent import class_rates, judge_case
+from vllm_acceptance.probes.agent.rules import class_rates, judge_case
 from vllm_acceptance.scenarios import load_scenario
 from vllm_acceptance.scenarios.cases import build_cases, case_tools, class_counts
 

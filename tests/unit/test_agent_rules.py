@@ -9,7 +9,7 @@ import json
 import pytest
 
 from vllm_acceptance.core.profile import ConfigError
-from vllm_acceptance.rules.agent import (
+from vllm_acceptance.probes.agent.rules import (
     Rate,
     channel_diff,
     execute_real_calls,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from vllm_acceptance.rules.agent import (
+from vllm_acceptance.probes.agent.rules import (
     ToolExecutor,
     call_signature,
     check_separation,

@@ -15,7 +15,7 @@ from vllm_acceptance.probes.cache import (
     one_instance,
     run_cache_probe,
 )
-from vllm_acceptance.rules.cache import judge_restart, judge_rounds
+from vllm_acceptance.probes.cache.rules import judge_restart, judge_rounds
 from vllm_acceptance.runtime.client import OpenAIClient
 from vllm_acceptance.runtime.metrics import MetricsError, MetricsSource, Snapshot, parse_exposition
 

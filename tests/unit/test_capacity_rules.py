@@ -1,4 +1,4 @@
-"""Judgement of the capacity stage (rules/capacity.py) on recorded numbers and real lab captures."""
+"""Judgement of the capacity stage (probes/load/rules.py) on recorded numbers and real lab captures."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from vllm_acceptance.core.findings import Consequence, Status
 from vllm_acceptance.parsers.startup_log import scan_startup_log
-from vllm_acceptance.rules import capacity as rules
+from vllm_acceptance.probes.load import rules
 from vllm_acceptance.runtime.metrics import cache_config, histogram_quantile_delta, parse_exposition
 from vllm_acceptance.verdict import decide
 

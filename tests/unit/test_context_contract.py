@@ -16,8 +16,8 @@ from vllm_acceptance import cli
 from vllm_acceptance.core.findings import Consequence, Finding, Status
 from vllm_acceptance.core.profile import ConfigError, Profile, load_profile
 from vllm_acceptance.core.rundir import open_run
+from vllm_acceptance.probes.load import rules
 from vllm_acceptance.report.views import blockers
-from vllm_acceptance.rules import capacity as rules
 from vllm_acceptance.rules import registry
 from vllm_acceptance.rules.compat import ServerReports, check_actual_config
 from vllm_acceptance.verdict import decide

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from vllm_acceptance.lab.gateway import GATEWAY_SYSTEM, MODES, STAND_IN_REASONING, Corruptor, drop_path, main
-from vllm_acceptance.rules.agent import (
+from vllm_acceptance.probes.agent.rules import (
     arguments_diff,
     call_signature,
     check_separation,
@@ -163,7 +163,7 @@ def test_stall_nth_holds_exactly_the_chosen_requests_and_changes_no_byte() -> No
 
 
 def test_shift_stream_index_splits_one_streamed_call_and_the_structure_check_names_it() -> None:
-    from vllm_acceptance.rules.agent import stream_structure_problems
+    from vllm_acceptance.probes.agent.rules import stream_structure_problems
 
     rewriter = Corruptor("shift_stream_index").stream()
     out = [rewriter.rewrite(c) for c in chunks()]

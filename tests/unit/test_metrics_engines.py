@@ -10,8 +10,7 @@ import pytest
 
 from vllm_acceptance.core.findings import Status
 from vllm_acceptance.load.engine import Record
-from vllm_acceptance.probes.load import LoadProbeConfig, engine_rows, missing_samples, step_row
-from vllm_acceptance.rules import capacity as rules
+from vllm_acceptance.probes.load import LoadProbeConfig, engine_rows, missing_samples, rules, step_row
 from vllm_acceptance.runtime.metrics import (
     MetricsError,
     cache_configs,

@@ -290,9 +290,9 @@ def test_markdown_cells_cannot_break_the_table(built: dict) -> None:
 
 
 def _case_set_rates(under_load: bool) -> dict[str, Any]:
-    """Class rates as the agent probe writes them (rules/agent.py class_rates over judged cases): 40 single cases,
+    """Class rates as the agent probe writes them (probes/agent/rules.py class_rates over judged ones): 40 single cases,
     one broken alone; under load two more break; 10 irrelevance cases, one calls a tool where none fits."""
-    from vllm_acceptance.rules.agent import CaseJudgement, class_rates
+    from vllm_acceptance.probes.agent.rules import CaseJudgement, class_rates
 
     def judged(broken: set[str]) -> list[CaseJudgement]:
         ids = [("single", f"single-{i:04d}") for i in range(1, 41)] + [("irrelevance", f"irrelevance-{i:04d}")

@@ -25,8 +25,8 @@ from ..core.rundir import RunDir
 from ..parsers.causal import causal_line
 from ..parsers.gpu_memory import memory_rows
 from ..parsers.startup_log import scan_startup_log
-from ..rules.capacity import stage_peaks
 from .load.crash import OOM_MARKERS
+from .load.rules import stage_peaks
 from .load.soak import judge_soak_gpu_memory
 
 STAGE = "load"

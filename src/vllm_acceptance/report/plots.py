@@ -367,7 +367,7 @@ AGENT_RATES = (("schema_accuracy", "schema-valid calls", "triggered"),
 
 def judged_bound(bound: Any) -> tuple[float | None, float | None, float | None]:
     """(n, lo, hi) of a rate the probe judged (details.rates.bounds): the one-sided 95 % bound the verdict
-    used (Clopper-Pearson, rules/agent.py), the other side at the observed rate."""
+    used (Clopper-Pearson, probes/agent/rules.py), the other side at the observed rate."""
     if not isinstance(bound, dict):
         return None, None, None
     n, value = _num(bound.get("n")), _num(bound.get("value"))

@@ -2,7 +2,7 @@
 multi-turn, the planned fallback, structured output, the reference client on the real calls; every
 defect attributed to a layer.
 
-This module sends and records; the judgement is in ``rules/agent.py``. Every exchange is kept as
+This module sends and records; the judgement is in ``probes/agent/rules.py``. Every exchange is kept as
 evidence (request body, raw response, parsed result, decision). Every scenario detail (tools, tasks,
 the fallback plan, write tools and their idempotency keys) comes from the scenario pack.
 

@@ -10,7 +10,10 @@ from typing import Any
 import jsonschema
 
 from ...core.evidence import EvidenceStore
-from ...rules.agent import (
+from ...runtime.client import Exchange, OpenAIClient
+from ...scenarios.cases import Case, case_tools
+from .common import GATEWAY_REASON, AgentProbeConfig, exchange_row, turn_target
+from .rules import (
     CaseJudgement,
     call_signature,
     check_separation,
@@ -19,9 +22,6 @@ from ...rules.agent import (
     judge_case,
     message_of,
 )
-from ...runtime.client import Exchange, OpenAIClient
-from ...scenarios.cases import Case, case_tools
-from .common import GATEWAY_REASON, AgentProbeConfig, exchange_row, turn_target
 
 
 class AgentProbeBase:

@@ -11,11 +11,11 @@ import jsonschema
 
 from ...core.findings import Finding, Status
 from ...rules import registry
-from ...rules.agent import (
+from ...runtime.client import Exchange
+from .rules import (
     CallCheck,
     turns_to_resolve,
 )
-from ...runtime.client import Exchange
 
 REPEATED = ("agent.tool_call", "agent.trigger_consistency", "agent.separation", "agent.schema_accuracy")
 BATCH = 64  # turns sent per round of the rate run; the run stops early once every rate is decided

@@ -6,13 +6,13 @@ from collections import Counter
 
 from ...core.findings import Finding, Status
 from ...rules import registry
-from ...rules.agent import (
+from .base import AgentProbeBase
+from .common import GATEWAY_REASON
+from .rules import (
     call_signature,
     class_rates,
     reference_agreement,
 )
-from .base import AgentProbeBase
-from .common import GATEWAY_REASON
 
 
 class Comparisons(AgentProbeBase):

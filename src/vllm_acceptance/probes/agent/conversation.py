@@ -6,7 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from ...core.findings import Finding, Status
-from ...rules.agent import (
+from ...runtime.client import Exchange
+from .base import AgentProbeBase
+from .common import _finding, solid_png_base64
+from .rules import (
     call_signature,
     channel_diff,
     check_separation,
@@ -15,9 +18,6 @@ from ...rules.agent import (
     message_of,
     stream_structure_problems,
 )
-from ...runtime.client import Exchange
-from .base import AgentProbeBase
-from .common import _finding, solid_png_base64
 
 
 class ConversationChecks(AgentProbeBase):

@@ -9,7 +9,9 @@ from typing import Any
 
 from ...core.findings import Finding, Status
 from ...rules import registry
-from ...rules.agent import (
+from .base import AgentProbeBase
+from .common import GATEWAY_REASON, _finding, _validation_error
+from .rules import (
     _arg,
     arguments_diff,
     check_separation,
@@ -18,8 +20,6 @@ from ...rules.agent import (
     message_of,
     structure_diff,
 )
-from .base import AgentProbeBase
-from .common import GATEWAY_REASON, _finding, _validation_error
 
 
 class InterfaceChecks(AgentProbeBase):

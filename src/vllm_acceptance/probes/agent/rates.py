@@ -9,7 +9,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ...core.findings import Finding, Status
-from ...rules.agent import (
+from ...runtime.client import Exchange
+from ...scenarios.cases import CALL_CLASSES, Case, build_cases, class_counts
+from .base import AgentProbeBase
+from .common import BATCH, _finding
+from .rules import (
     BOUND_ASSUMPTIONS,
     CallCheck,
     CaseJudgement,
@@ -22,10 +26,6 @@ from ...rules.agent import (
     rate_lower_bound,
     turns_to_resolve,
 )
-from ...runtime.client import Exchange
-from ...scenarios.cases import CALL_CLASSES, Case, build_cases, class_counts
-from .base import AgentProbeBase
-from .common import BATCH, _finding
 
 
 class RateRun(AgentProbeBase):

@@ -1,6 +1,6 @@
 """The cache probe (docs/acceptance.md "Prefix-cache reuse"): probe.py sends and measures the protocol
 (cold, hot A, hot B, control; the request after a restart), unit.py registers it (probes/registry.py).
-The judging rules are rules/cache.py."""
+The judging rules are probes/cache/rules.py."""
 
 from __future__ import annotations
 

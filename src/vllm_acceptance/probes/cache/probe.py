@@ -28,15 +28,6 @@ import httpx
 from ...core.evidence import EvidenceStore
 from ...core.findings import Consequence, Finding, Status
 from ...rules import registry
-from ...rules.cache import (  # noqa: F401 - judge_reuse, expected_hits re-exported for callers
-    Measurement,
-    check_cache_config,
-    common_prefix,
-    expected_hits,
-    judge_restart,
-    judge_reuse,
-    judge_rounds,
-)
 from ...rules.registry import missing
 from ...runtime.client import OpenAIClient
 from ...runtime.metrics import (
@@ -50,6 +41,15 @@ from ...runtime.metrics import (
     missing_families,
 )
 from ...runtime.process import rss_bytes, tail_lines
+from .rules import (  # noqa: F401 - judge_reuse, expected_hits re-exported for callers
+    Measurement,
+    check_cache_config,
+    common_prefix,
+    expected_hits,
+    judge_restart,
+    judge_reuse,
+    judge_rounds,
+)
 
 KINDS = ("cold", "hot_a", "hot_b", "control")
 REQUIRED_FAMILIES = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:request_success",
@@ -440,7 +440,7 @@ def run_cache_restart(client: OpenAIClient, source: MetricsSource, cfg: CachePro
                       restart_log: str | None = None) -> tuple[Finding, dict[str, Any] | None]:
     """The cache protocol's last request, after the server was restarted between two probe calls (the
     run launched it; playbooks/probes.yml): hot A of the last session again on the new process. Judged by
-    rules/cache.py judge_restart from the start time the first call saw and the one the server has now."""
+    probes/cache/rules.py judge_restart from the start time the first call saw and the one the server has now."""
     check = registry.get("cache.restart")
     consequence = Consequence.REBUILD if cfg.relies_on_reuse else Consequence.LIMIT
     evidence = [store.write_text("restart.log", restart_log)] if restart_log else []

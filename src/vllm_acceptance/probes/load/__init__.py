@@ -8,7 +8,7 @@ contract to the real knee, a run at the proposed limit when the contract does no
 stream and the soak (at the verified limit when there is one). A sampler scrapes the server's metrics
 and memory (per-GPU where there are GPUs, the server's RSS in the lab, labelled so), each sample
 tagged with its stage. A server that dies mid-stage leaves the OOM/crash record, its stage
-classified, and the remaining stages are reported `missing`. All judgement is in rules/capacity.py.
+classified, and the remaining stages are reported `missing`. All judgement is in probes/load/rules.py.
 
 Submodules (each imports only the ones before it in this list, never this package):
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...core.findings import Finding
-from ...rules import capacity as rules
 from ...rules import loadgen as loadgen_rules
 from ...rules import registry
+from . import rules
 from .crash import crash_finding
 from .run import LoadRun
 
@@ -34,7 +34,7 @@ class Progress:
 
 def conclude(run: LoadRun, progress: Progress, verified_finding: Finding, limit: dict[str, Any],
              late: list[Finding]) -> tuple[list[Finding], dict[str, Any]]:
-    """The stage's findings and details from what was measured (rules/capacity.py judges)."""
+    """The stage's findings and details from what was measured (probes/load/rules.py judges)."""
     cfg, store = run.cfg, run.store
     steps, summary, proposed = progress.steps, progress.summary, progress.proposed
     verified = bool(limit) if proposed else None

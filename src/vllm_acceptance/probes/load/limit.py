@@ -9,9 +9,9 @@ from typing import Any
 
 from ...core.evidence import EvidenceStore
 from ...core.findings import Finding
-from ...rules import capacity as rules
 from ...rules import registry
 from ...runtime.metrics import MetricsSource
+from . import rules
 from .conclude import Progress, conclude
 from .config import LoadProbeConfig
 from .probe import agents, judge_limit, pending_limit, stage_at_limit

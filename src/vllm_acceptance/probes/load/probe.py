@@ -13,9 +13,9 @@ from ...core.evidence import EvidenceStore
 from ...core.findings import Finding
 from ...load.agent import AgentPool
 from ...parsers.startup_log import scan_startup_log
-from ...rules import capacity as rules
 from ...rules import registry
 from ...runtime.metrics import MetricsError, MetricsSource, Snapshot, cache_config, cache_configs
+from . import rules
 from .conclude import Progress, conclude
 from .config import LoadProbeConfig
 from .run import LoadRun, _path

@@ -15,10 +15,10 @@ from ...load.agent import AgentPool
 from ...load.engine import Record, RequestSpec, run_load
 from ...load.stats import client_summary, summarize
 from ...parsers.startup_log import StartupScan
-from ...rules import capacity as rules
 from ...rules import loadgen as loadgen_rules
 from ...runtime.metrics import MetricsError, MetricsSource, Snapshot, server_root
 from ...runtime.process import rss_bytes, tail_lines
+from . import rules
 from .config import LoadProbeConfig
 from .crash import OOM_MARKERS
 from .prompts import PromptBuilder

@@ -11,8 +11,8 @@ from ...core.findings import Finding, Status
 from ...load.engine import Record
 from ...load.stats import summarize
 from ...parsers.startup_log import scan_startup_log
-from ...rules import capacity as rules
 from ...runtime.metrics import delta
+from . import rules
 from .run import LoadRun
 from .steps import hung_requests
 

@@ -11,9 +11,9 @@ import httpx
 from ...core.findings import Finding
 from ...load.engine import Record, RequestSpec
 from ...load.prompts import filler
-from ...rules import capacity as rules
 from ...rules import registry
 from ...runtime.metrics import delta, histogram_delta, histogram_quantile_delta
+from . import rules
 from .run import LoadRun
 from .steps import contract_shaped, hung_requests, missing_samples, step_row
 
@@ -88,7 +88,7 @@ def served_max_model_len(run: LoadRun) -> int | None:
 def stage_context_contract(run: LoadRun) -> Finding:
     """At the contracted context (context + max output) a request succeeds; one token over is rejected, or, where
     the server serves more than the contract, served with a warning while one over the served limit is rejected
-    (rules/capacity.py, judge_context_contract)."""
+    (probes/load/rules.py, judge_context_contract)."""
     cfg = run.cfg
     window = rules.tokens_per_session(cfg.context_tokens, cfg.max_output_tokens)
     run.sampler.stage = "context_contract"

@@ -8,8 +8,8 @@ from typing import Any
 
 from ...load.engine import Record
 from ...load.stats import summarize
-from ...rules import capacity as rules
 from ...runtime.metrics import Snapshot
+from . import rules
 from .config import LoadProbeConfig
 from .sampler import engine_peaks
 
@@ -48,7 +48,7 @@ def step_row(concurrency: int, records: list[Record], samples: list[dict[str, An
 
 
 def meets_slo(row: dict[str, Any], cfg: LoadProbeConfig) -> bool:
-    """A step meets the SLO when it breaks no limit (rules.capacity.breaches); a row without a queue
+    """A step meets the SLO when it breaks no limit (probes/load/rules.py breaches); a row without a queue
     figure (merged loadgen hosts) is not judged on the queue."""
     return not rules.breaches(row, cfg.slo, cfg.max_preemptions)
 

@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..core.findings import Consequence, Finding
-from . import registry
+from ...core.findings import Consequence, Finding
+from ...rules import registry
 
 # What broke first, in the order a step is read: errors, then the cache, then latency.
 BREAK_ORDER = ("errors", "kv_saturated", "preemptions", "queue_p95", "ttft_p95", "itl_p95", "e2e_p95")

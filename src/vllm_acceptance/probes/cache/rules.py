@@ -17,8 +17,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..core.findings import Consequence, Finding, Status
-from . import registry
+from ...core.findings import Consequence, Finding, Status
+from ...rules import registry
 
 LOCAL_SOURCES = ("device", "host", "disk")  # tiers of this instance (vllm:prompt_tokens_cached_by_source)
 
