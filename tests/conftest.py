@@ -176,8 +176,9 @@ def lab_accept_run(lab_server: LabServer, tmp_path_factory: pytest.TempPathFacto
 @pytest.fixture(scope="session")
 def lab_launch_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """accept.yml in launch mode once per session (the demo's path), the lab launched in the pressure configuration
-    with the cache and load probes: the cache probe restarts the server it launched, the contract does not hold,
-    so the load stage relaunches it at the proposed limit; the run stops the last one. The launch-mode test
+    with the cache and load probes and the opt-in metrics probe: the cache probe restarts the server it launched,
+    the contract does not hold, so the load stage relaunches it at the proposed limit; the run stops the last one.
+    The launch-mode test
     (test_pipeline_lab.py) and the relaunch test (test_load_probe_lab.py) judge this one run:
     {"run_dir", "state_dir", "port", "seconds"}."""
     import time
@@ -190,7 +191,7 @@ def lab_launch_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     work = tmp_path_factory.mktemp("launch")
     port = 8029 + int(os.environ.get("LAB_PORT_OFFSET", "0"))
     started = time.monotonic()
-    run_dir = run_accept(work, {"acceptance_probes": ["cache", "load"], "vllm_serve_port": port,
+    run_dir = run_accept(work, {"acceptance_probes": ["cache", "load", "metrics"], "vllm_serve_port": port,
                                 "vllm_serve_state_dir": str(work / "server"),
                                 "vllm_serve_extra_args": PRESSURE_ARGS.split(),
                                 "acceptance_probe_overrides": {"load": {"load.soak_s": 5}}})

@@ -1,5 +1,5 @@
 #!/usr/bin/python
-"""Ansible module: run one probe (cache, agent, load) and file its findings in the run."""
+"""Ansible module: run one probe (cache, agent, load, metrics) and file its findings in the run."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ options:
   kind:
     description:
       - Which probe, by the name its folder registers (C(vllm_acceptance/core/probes.py) declares them; today
-        C(cache), C(agent), C(load)). Another name fails with the list of probes.
+        C(cache), C(agent), C(load) and the opt-in C(metrics)). Another name fails with the list of probes.
     type: str
     required: true
   base_url:

@@ -80,8 +80,8 @@ profile_path:
   type: str
 probes:
   description:
-    - Every probe in run order (C(vllm_acceptance/core/probes.py)); the probes play runs these unless
-      C(acceptance_probes) names fewer.
+    - The required probes in run order (C(vllm_acceptance/core/probes.py)); the probes play runs these
+      unless C(acceptance_probes) names others (an opt-in probe such as C(metrics) runs only when named).
   returned: success
   type: list
   elements: str
@@ -95,7 +95,7 @@ from pathlib import Path
 from ansible_collections.vllm.acceptance.plugins.module_utils.acceptance_base import AcceptanceModule
 
 try:
-    from vllm_acceptance.core.probes import probe_names
+    from vllm_acceptance.core.probes import default_probe_names
     from vllm_acceptance.core.profile import load_profile
     from vllm_acceptance.core.rundir import (
         open_run,
@@ -121,7 +121,7 @@ def check_mode_run(module: AcceptanceModule, project: Path) -> None:
     scratch = Path(tempfile.mkdtemp(prefix="vllm-acceptance-check-"))
     frozen = scratch / record_profile(scratch, profile)
     module.exit_json(changed=False, run_dir=str(scratch), run_id="check-mode", profile=profile.data,
-                     profile_path=str(frozen), probes=list(probe_names()))
+                     profile_path=str(frozen), probes=list(default_probe_names()))
 
 
 def main() -> None:
@@ -147,7 +147,7 @@ def main() -> None:
                                     host_variables=params["host_variables"])
     # Every later stage judges the run's frozen copy of the profile (evidence/profile.yml).
     module.exit_json(changed=True, run_dir=str(run_dir), run_id=run_dir.name, profile=profile.data,
-                     profile_path=str(run_dir / record_profile(run_dir, profile)), probes=list(probe_names()))
+                     profile_path=str(run_dir / record_profile(run_dir, profile)), probes=list(default_probe_names()))
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .core.probes import probe_names
+from .core.probes import default_probe_names
 from .core.profile import ConfigError, Profile, load_profile
 from .core.redact import redact_obj
 from .core.rundir import resolve_profile_path
@@ -257,7 +257,7 @@ def stages(profile: Profile, facts: dict[str, Any], site: dict[str, Any]) -> lis
     e2e = float(load_cfg.slo.get("e2e_p95_s") or 0) or float(load_cfg.request_timeout_s)
     ready = float(math.ceil(float(facts["ready_timeout_s"])))
     launched = facts["mode"] != "attach"
-    probes = list(site.get("acceptance_probes") or probe_names())
+    probes = list(site.get("acceptance_probes") or default_probe_names())
     out: list[Stage] = []
     if launched:
         out.append(Stage("model_load", "launch and wait for /health", 0, ready,

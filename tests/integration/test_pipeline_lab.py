@@ -135,6 +135,12 @@ def test_launch_mode_starts_judges_and_stops_the_lab_server(lab_launch_run: dict
     assert restart["observed"]["process_start_after"] > restart["observed"]["process_start_before"]
     assert "stopped and started again" in (run_dir / "probes" / "cache" / "restart.log").read_text()
     assert json.loads((run_dir / "stages" / "cache.json").read_text())["restart"]["prompt_tokens"] > 0
+    # The opt-in metrics probe, named in acceptance_probes, ran through the generic probe task after load: the
+    # real server exports every series the generated monitoring reads (docs/checks.md capacity.alert_series).
+    series = next(f for f in report["findings"] if f["check"] == "capacity.alert_series")
+    assert series["status"] == "pass", series
+    assert series["observed"]["series_read"] > 20 and series["evidence"] == ["probes/metrics/metrics.prom"]
+    assert "vllm:kv_cache_usage_perc" in (run_dir / "probes" / "metrics" / "metrics.prom").read_text()
 
 
 def test_check_mode_changes_nothing_and_shows_the_plan(tmp_path: Path) -> None:

@@ -44,20 +44,24 @@ def test_a_declared_probe_without_its_folder_is_named(monkeypatch: pytest.Monkey
                                                                "a probe with no folder")))
     with pytest.raises(KeyError, match="no folder probes/warp/"):
         registry.get("warp")
-    with pytest.raises(KeyError, match="unknown .*cache, agent, load, warp"):
+    with pytest.raises(KeyError, match="unknown .*cache, agent, load, metrics, warp"):
         registry.get("nope")
 
 
 def test_the_lower_layers_take_the_probes_from_core() -> None:
     from vllm_acceptance import progress
-    from vllm_acceptance.report.build import REQUIRED_STAGES
+    from vllm_acceptance.report.build import OPT_IN_STAGES, REQUIRED_STAGES
     from vllm_acceptance.rules.registry import STAGES
+    from vllm_acceptance.rules.registry import get as get_check
 
     assert progress.PROBES == NAMES and progress.PIPELINE[3:3 + len(NAMES)] == NAMES
     for kind in kinds.PROBE_KINDS:
         assert kind.name in STAGES and f"{kind.family}." in CHECK_PREFIXES
-        assert REQUIRED_STAGES[kind.name] == (kind.stands_for, Consequence(kind.consequence))
+        stages = REQUIRED_STAGES if kind.required else OPT_IN_STAGES
+        assert stages[kind.name] == (kind.stands_for, Consequence(kind.consequence))
+        assert kind.name not in (OPT_IN_STAGES if kind.required else REQUIRED_STAGES)
         assert kind.stands_for.startswith(f"{kind.family}.")
+        assert get_check(kind.stopped_check).stage == kind.name   # catalogued: a stopped probe is `missing`
 
 
 def test_the_cli_offers_each_probe() -> None:
@@ -87,5 +91,6 @@ def test_the_modules_take_the_probes_from_core() -> None:
     assert isinstance(choices, ast.Name) and choices.id == "PROBE_NAMES"
     text = (ROOT / "plugins" / "modules" / "acceptance_probe.py").read_text()
     assert "PROBE_NAMES = list(probe_names())" in text
-    assert (ROOT / "plugins" / "modules" / "acceptance_run.py").read_text().count("probes=list(probe_names())") == 2
+    assert (ROOT / "plugins" / "modules" / "acceptance_run.py").read_text().count(
+        "probes=list(default_probe_names()))") == 2
     assert "['cache', 'agent', 'load']" not in (ROOT / "playbooks" / "probes.yml").read_text()

@@ -19,10 +19,21 @@ class ProbeKind:
     """What every layer may know of one probe."""
 
     name: str             # the stage name: findings/<name>.json, stages/<name>.json, probes/<name>/
-    family: str           # the check-id prefix of its findings (`capacity` for the load probe)
+    family: str           # the check-id prefix of its findings (`capacity` for the load probe): one of the
+                          # five prefixes of report.json's contract (report.schema.json)
     consequence: str      # a core.findings.Consequence value: what it means when the probe breaks or is missing
     stands_for: str       # the check reported `missing` when its stage left no findings (report/build.py)
     summary: str          # one line for `vllm-acceptance probe --help`
+    # True: every run sends it and the report requires its stage. False: an opt-in probe, run only when the
+    # inventory's `acceptance_probes` names it; then its stage is required like the others (report/build.py).
+    required: bool = True
+    # The check reported `missing` when the probe stops (probes/run.py); `<family>.probe` unless another probe of
+    # the family has that one.
+    probe_check: str = ""
+
+    @property
+    def stopped_check(self) -> str:
+        return self.probe_check or f"{self.family}.probe"
 
 
 # In the order accept.yml runs them (docs/acceptance.md): cache first on a fresh instance, then the agent
@@ -34,6 +45,11 @@ PROBE_KINDS: tuple[ProbeKind, ...] = (
               "agent interface: tool calls, structured output, layers"),
     ProbeKind("load", "capacity", "expand_capacity", "capacity.load",
               "capacity: long prompt, context contract, ramp, soak"),
+    # The worked example of docs/architecture.md "Adding a probe": opt-in, after load (the counters have moved).
+    # Its findings are in the capacity family: report.json's check ids keep the five prefixes of the contract.
+    ProbeKind("metrics", "capacity", "limited_observation", "capacity.alert_series",
+              "the server exports every series the generated alerts and dashboard read", required=False,
+              probe_check="capacity.metrics_probe"),
 )
 
 
@@ -45,6 +61,11 @@ def probe_families() -> tuple[str, ...]:
 def probe_names() -> tuple[str, ...]:
     """Every probe's name, in run order."""
     return tuple(kind.name for kind in PROBE_KINDS)
+
+
+def default_probe_names() -> tuple[str, ...]:
+    """The probes a run sends when the inventory's `acceptance_probes` names none: the required ones."""
+    return tuple(kind.name for kind in PROBE_KINDS if kind.required)
 
 
 def probe_kind(name: str) -> ProbeKind:

@@ -120,7 +120,7 @@ def open_run(*, project_dir: Path, reports_dir: Path, inventory: str, variables:
            "signoff": {"deployment_engineer": variables.get("acceptance_owner"),
                        "reviewer": variables.get("acceptance_reviewer") or None},
            "inventory_vars": redact_obj({k: v for k, v in variables.items() if k.startswith(INVENTORY_KEYS)})}
-    atomic_write(run_dir / "run.json", json.dumps(redact_obj(run), indent=2, default=str) + "\n")
+    atomic_write(RunDir(run_dir).run_json, json.dumps(redact_obj(run), indent=2, default=str) + "\n")
     record_profile(run_dir, profile)
     return run_dir, profile
 
@@ -142,7 +142,7 @@ def record_profile(run_dir: Path, profile: Profile) -> str:
 
 def update_run(run_dir: Path, **fields: Any) -> None:
     """Merge fields into run.json (e.g. unreachable hosts, environment) atomically."""
-    path = run_dir / "run.json"
+    path = RunDir(run_dir).run_json
     data = json.loads(path.read_text()) if path.is_file() else {}
     for key, value in fields.items():
         if isinstance(value, list) and isinstance(data.get(key), list):
@@ -183,15 +183,51 @@ class RunDir:
     def profile_path(self) -> Path:
         return self.path / PROFILE_EVIDENCE
 
+    @property
+    def run_json(self) -> Path:
+        """run.json: what open_run recorded (inventory, hosts, owner, the inventory's variables)."""
+        return self.path / "run.json"
+
+    @property
+    def report_json(self) -> Path:
+        return self.path / "report.json"
+
+    def report_file(self, name: str) -> Path:
+        """A file the report stage writes beside report.json (report.html, remediation-decision.json, ...)."""
+        return self.path / name
+
+    @property
+    def findings_dir(self) -> Path:
+        return self.path / "findings"
+
+    @property
+    def stages_dir(self) -> Path:
+        return self.path / "stages"
+
+    def evidence_path(self, *parts: str) -> Path:
+        """A file under evidence/ (evidence/serve/process-args.json: evidence_path("serve", "process-args.json"))."""
+        return self.path.joinpath("evidence", *parts)
+
     def meta(self) -> dict[str, Any]:
-        path = self.path / "run.json"
+        path = self.run_json
         return json.loads(path.read_text()) if path.is_file() else {}
+
+    def inventory_vars(self) -> dict[str, Any]:
+        """The inventory's product variables as open_run recorded them (redacted); {} when unreadable."""
+        try:
+            return dict(self.meta().get("inventory_vars") or {})
+        except (OSError, ValueError, AttributeError, TypeError):
+            return {}
+
+    @property
+    def monitoring_dir(self) -> Path:
+        return self.path / "monitoring"
 
     def update(self, **fields: Any) -> None:
         update_run(self.path, **fields)
 
     def findings_path(self, stage: str) -> Path:
-        return self.path / "findings" / f"{stage}.json"
+        return self.findings_dir / f"{stage}.json"
 
     def write_findings(self, stage: str, findings: list[Finding]) -> Path:
         path = self.findings_path(stage)
@@ -204,7 +240,7 @@ class RunDir:
         return read_findings(path) if path.is_file() else None
 
     def stage_path(self, stage: str) -> Path:
-        return self.path / "stages" / f"{stage}.json"
+        return self.stages_dir / f"{stage}.json"
 
     def write_stage(self, stage: str, details: dict[str, Any], secrets: list[str] | None = None) -> Path:
         path = self.stage_path(stage)

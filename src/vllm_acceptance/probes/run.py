@@ -54,7 +54,7 @@ def run_probe(opts: ProbeOptions, *, write_result_json: bool = True) -> tuple[st
             raise
         except Exception as exc:  # noqa: BLE001 - a probe that breaks is a missing stage, never a pass
             ev = store.write_text("probe-error.txt", traceback.format_exc())
-            findings = [missing(f"{probe.kind.family}.probe", None,
+            findings = [missing(probe.kind.stopped_check, None,
                                 f"the {opts.kind} probe stopped: {type(exc).__name__}: {exc}",
                                 Consequence(probe.kind.consequence), evidence=[ev])]
             details = {"error": f"{type(exc).__name__}: {exc}"}

@@ -18,6 +18,7 @@ from typing import Any
 from ..core.findings import Consequence, Finding, Status, read_findings
 from ..core.probes import PROBE_KINDS
 from ..core.profile import Profile
+from ..core.rundir import RunDir
 from ..monitoring.generate import monitoring_summary
 from ..rebuild.lineage import last_official_run, lineage_checks, load_lineage
 from ..rebuild.remediation.isolated import isolated_environment_record
@@ -32,24 +33,36 @@ from .signoff import attachments
 SCHEMA_VERSION = "1.0"
 
 # Each stage that must leave findings, with the check that stands for it when it left none.
-# Each probe's stage stands for itself by the check core/probes.py names (stands_for).
+# Each probe's stage stands for itself by the check core/probes.py names (stands_for); an opt-in probe's
+# stage is required when the run's inventory named it (selected_stages).
 REQUIRED_STAGES: dict[str, tuple[str, Consequence]] = {
     "preflight": ("compat.preflight", Consequence.REBUILD),
     "serve": ("compat.serve", Consequence.REBUILD),
-    **{kind.name: (kind.stands_for, Consequence(kind.consequence)) for kind in PROBE_KINDS},
+    **{kind.name: (kind.stands_for, Consequence(kind.consequence)) for kind in PROBE_KINDS if kind.required},
 }
+OPT_IN_STAGES: dict[str, tuple[str, Consequence]] = {
+    kind.name: (kind.stands_for, Consequence(kind.consequence)) for kind in PROBE_KINDS if not kind.required}
 
 
 def now_iso() -> str:
     return dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
+def selected_stages(run_dir: Path) -> dict[str, tuple[str, Consequence]]:
+    """The stages this run must leave: the required ones, and each opt-in probe its inventory's
+    `acceptance_probes` named (run.json)."""
+    named = RunDir(run_dir).inventory_vars().get("acceptance_probes")
+    chosen = {s: v for s, v in OPT_IN_STAGES.items() if isinstance(named, list) and s in named}
+    return {**REQUIRED_STAGES, **chosen}
+
+
 def collect_findings(run_dir: Path) -> tuple[list[Finding], list[str]]:
     """All stage findings; a required stage that left no findings becomes a `missing` finding."""
     findings: list[Finding] = []
     errors: list[str] = []
-    for stage, (check, consequence) in REQUIRED_STAGES.items():
-        path = run_dir / "findings" / f"{stage}.json"
+    stages = selected_stages(run_dir)
+    for stage, (check, consequence) in stages.items():
+        path = RunDir(run_dir).findings_path(stage)
         if not path.is_file():
             findings.append(missing(check, None, f"stage '{stage}' left no findings (skipped or failed)",
                                     consequence))
@@ -59,8 +72,8 @@ def collect_findings(run_dir: Path) -> tuple[list[Finding], list[str]]:
         except (ValueError, TypeError, KeyError) as exc:
             errors.append(f"{path.name}: {exc}")
             findings.append(missing(check, None, f"stage '{stage}' findings unreadable: {exc}", consequence))
-    for path in sorted((run_dir / "findings").glob("*.json")) if (run_dir / "findings").is_dir() else []:
-        if path.stem not in REQUIRED_STAGES:
+    for path in sorted(RunDir(run_dir).findings_dir.glob("*.json")) if RunDir(run_dir).findings_dir.is_dir() else []:
+        if path.stem not in stages:
             findings.extend(read_findings(path))
     return findings, errors
 
@@ -159,7 +172,7 @@ def name_unreachable_cause(findings: list[Finding], unreachable: list[str]) -> N
 
 def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
                  signoff: dict[str, Any] | None = None) -> dict[str, Any]:
-    run = read_json(run_dir / "run.json") or {}
+    run = read_json(RunDir(run_dir).run_json) or {}
     findings, errors = collect_findings(run_dir)
     findings += gpu_nodes_named(profile, run, findings)
     drop_dangling_evidence(run_dir, findings)
@@ -170,8 +183,8 @@ def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
     annotate(findings, owner or run.get("owner") or review.owner, int(review.period_days))
     unreachable = sorted(run.get("unreachable_hosts", []))
     name_unreachable_cause(findings, unreachable)
-    stages = {p.stem: read_json(p) for p in sorted((run_dir / "stages").glob("*.json"))} \
-        if (run_dir / "stages").is_dir() else {}
+    stages = {p.stem: read_json(p) for p in sorted(RunDir(run_dir).stages_dir.glob("*.json"))} \
+        if RunDir(run_dir).stages_dir.is_dir() else {}
     # The nodes' GPU memory and the servers' logs after the probes were judged into the load stage by
     # probes/after.py (playbooks/probes.yml): the report assembles, it does not judge them again.
     unreachable_errors = {h: str(e) for h, e in (run.get("unreachable_errors") or {}).items() if h in unreachable}
@@ -230,7 +243,7 @@ def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
         report["remediation"] = route_for_report(
             findings, {"inventory": str(inventory_vars.get("acceptance_inventory_dir")
                                         or f"inventories/{report['inventory']}"),
-                       "findings_path": str(run_dir / "findings" / "preflight.json")})
+                       "findings_path": str(RunDir(run_dir).findings_path("preflight"))})
     if any(k.startswith("isolated_env_") for k in inventory_vars):
         report["isolated_environment"] = isolated_environment_record(inventory_vars)
     # Monitoring derived from this run's figures (thresholds with their source, rollback triggers);

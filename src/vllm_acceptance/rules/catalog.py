@@ -565,6 +565,21 @@ register("capacity.loadgen", stage="loadgen", consequence=EXPAND,
          source="product rule (README, load generator self-check): a client that is its own bottleneck "
                 "must not blame the server; docs/sources.md#a000: the load stages it guards")
 
+# The metrics probe (probes/metrics/, opt-in: acceptance_probes names it): the server exports what the
+# generated monitoring reads (monitoring/series.py).
+register("capacity.metrics_probe", stage="metrics", consequence=LIMIT,
+         title="Metrics probe ran",
+         rule="the metrics probe ran to its end and wrote its result",
+         evidence="findings/metrics.json, stages/metrics.json",
+         source="docs/sources.md#a004: alert thresholds from the accepted test, monitoring enabled on release")
+register("capacity.alert_series", stage="metrics", consequence=LIMIT,
+         title="The server exports what the generated monitoring reads",
+         rule="every vLLM series the generated alerts and recording rules read is exported with samples (fail "
+              "otherwise: that alert can never fire); a dashboard-only series missing is a warning",
+         evidence="probes/metrics/metrics.prom (or series.json through Prometheus)",
+         source="docs/sources.md#a003 and #a004: the first monitoring after release and its alert series; "
+                "docs/sources.md#vllm-metrics: --disable-log-stats drops the engine's series")
+
 # --- after remediation: the decision on four signs (rebuild/decision.py) --------------------------
 
 register("compat.remediation.recurrence", stage="rebuild", consequence=REBUILD,
