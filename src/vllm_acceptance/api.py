@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .core.profile import ConfigError
-from .core.rundir import new_run_id
+from .core.rundir import RunDir, new_run_id
 from .progress import read_events
 
 # One exit code per verdict, spaced so CI can test ranges; documented in the README ("Exit codes").
@@ -248,10 +248,10 @@ def _result(events: list[dict[str, Any]], *, check: bool, status: str, rc: int) 
     run_dirs = [e["run_dir"] for e in events if e.get("event") == "run" and e.get("run_dir")]
     run_dir = Path(run_dirs[-1]) if run_dirs else None
     verdict, report = None, None
-    if run_dir is not None and (run_dir / "report.json").is_file() and not check:
-        data = json.loads((run_dir / "report.json").read_text())
+    if run_dir is not None and RunDir(run_dir).report_json.is_file() and not check:
+        data = json.loads(RunDir(run_dir).report_json.read_text())
         verdict = data.get("verdict")
-        report = run_dir / "report.html"
+        report = RunDir(run_dir).report_file("report.html")
     failures = [e for e in events if e.get("event") == "failed" and not e.get("ignored")]
     reason = None
     if verdict is None or rc != 0:

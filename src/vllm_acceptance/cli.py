@@ -17,6 +17,7 @@ from pathlib import Path
 
 from .core.probes import PROBE_KINDS
 from .core.profile import ConfigError, load_profile
+from .core.rundir import RunDir
 from .probes.result import EXIT_USAGE, exit_code
 from .recipe import commands as recipe_commands
 from .rules.registry import FAMILIES
@@ -267,8 +268,8 @@ def cmd_sign(args: argparse.Namespace) -> int:
         print(f"OVERRIDE: decision {record['decision']} over verdict {record['verdict']}: {record['override_reason']}")
     print(f"signed: {record['decision']} by {record['reviewer']} at {record['signed_at']} "
           f"(report.json sha256 {record['report_sha256'][:16]}...)")
-    print(f"signoff: {args.run_dir / 'signoff.json'}")
-    print(f"report: {args.run_dir / 'report.html'}")
+    print(f"signoff: {RunDir(args.run_dir).report_file('signoff.json')}")
+    print(f"report: {RunDir(args.run_dir).report_file('report.html')}")
     return 0
 
 
@@ -316,7 +317,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     write_reports(args.run_dir, report)
     point_latest(args.run_dir)
     print(f"verdict: {report['verdict']}")
-    print(f"report: {args.run_dir / 'report.html'}")
+    print(f"report: {RunDir(args.run_dir).report_file('report.html')}")
     return report_exit_code(report.get("verdict"))
 
 

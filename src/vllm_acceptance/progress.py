@@ -224,9 +224,11 @@ class Progress:
 
     def scan_findings(self) -> None:
         """Counts by status of each findings/<stage>.json that is new or changed since the last look."""
-        if self.run_dir is None or not (self.run_dir / "findings").is_dir():
+        from vllm_acceptance.core.rundir import RunDir  # here: the callback plugin loads this module light
+
+        if self.run_dir is None or not RunDir(self.run_dir).findings_dir.is_dir():
             return
-        for path in sorted((self.run_dir / "findings").glob("*.json")):
+        for path in sorted(RunDir(self.run_dir).findings_dir.glob("*.json")):
             try:
                 stat = path.stat()
                 mark = (stat.st_mtime, stat.st_size)
@@ -331,8 +333,10 @@ def _append(path: Path, line: str) -> None:
 def _read_profile(run_dir: Path) -> dict[str, Any] | None:
     import yaml
 
+    from vllm_acceptance.core.rundir import RunDir  # as in scan_findings
+
     try:
-        data = yaml.safe_load((run_dir / "evidence" / "profile.yml").read_text())
+        data = yaml.safe_load(RunDir(run_dir).profile_path.read_text())
     except (OSError, yaml.YAMLError):
         return None
     return data if isinstance(data, dict) else None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -94,3 +95,13 @@ def test_every_layer_imports_only_what_docs_architecture_md_allows() -> None:
 def test_no_product_module_imports_the_lab() -> None:
     importers = {layer: files["lab"] for layer, files in _edges().items() if "lab" in files}
     assert not importers, importers
+
+
+def test_run_directory_paths_come_from_rundir() -> None:
+    """RunDir (core/rundir.py) is the only way to a run directory's files: no product module joins
+    `run_dir / "..."` by hand (the lab, support that writes its own scratch files, aside)."""
+    joined = re.compile(r"\brun_dir\)? / f?[\"']")
+    found = [f"{path.relative_to(PACKAGE)}:{n}" for path in sorted(PACKAGE.rglob("*.py"))
+             if path.relative_to(PACKAGE).parts[0] not in ("lab",) and path.name != "rundir.py"
+             for n, line in enumerate(path.read_text().splitlines(), 1) if joined.search(line)]
+    assert not found, found

@@ -438,6 +438,7 @@ def run_preflight(inventory: Path, run_dir: Path, timeout_s: float = 600, profil
     import yaml
 
     from vllm_acceptance.core.profile import load_profile
+    from vllm_acceptance.core.rundir import RunDir
 
     run_dir.mkdir(parents=True, exist_ok=True)
     resolved = run_dir / "profile.yml"
@@ -446,7 +447,7 @@ def run_preflight(inventory: Path, run_dir: Path, timeout_s: float = 600, profil
     proc = subprocess.run([_ansible_playbook(), "-i", str(inventory), str(REPO / "playbooks" / "preflight.yml"),
                            "-e", f"acceptance_run_dir={run_dir}", "-e", f"acceptance_profile_path={profile}"],
                           capture_output=True, text=True, timeout=timeout_s, env=_ansible_env(), cwd=REPO)
-    path = run_dir / "findings" / "preflight.json"
+    path = RunDir(run_dir).findings_path("preflight")
     data = json.loads(path.read_text()) if path.is_file() else {"findings": []}
     return proc, data["findings"] if isinstance(data, dict) else data
 

@@ -32,6 +32,7 @@ import yaml
 
 from ..core.evidence import atomic_write
 from ..core.profile import Profile
+from ..core.rundir import RunDir
 from .dashboard import generate_dashboard
 from .rules import RULES_FILE, generate_promtool_tests, generate_rules
 from .thresholds import KV_CEILING, Threshold, derive_thresholds, hot_hit_ratio, monitoring_owner
@@ -72,7 +73,7 @@ def write_monitoring(run_dir: Path, report: dict[str, Any], profile: Profile, *,
                      window_s: int = 300, matchers: str = "",
                      tool_retry_metrics: tuple[str, str] | None = None) -> list[str]:
     """Write the rules, the dashboard, the promtool tests and monitoring.json; paths relative to run_dir."""
-    out = Path(run_dir) / "monitoring"
+    out = RunDir(Path(run_dir)).monitoring_dir
     rules = generate_rules(report, profile, for_s=for_s, window_s=window_s, matchers=matchers,
                            tool_retry_metrics=tool_retry_metrics)
     tests = generate_promtool_tests(report, profile, RULES_FILE, for_s=for_s, window_s=window_s, matchers=matchers)

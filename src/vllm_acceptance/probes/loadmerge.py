@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.findings import Consequence, Finding, Status, write_findings
+from ..core.rundir import RunDir
 from ..load.engine.records import Record, read_records
 from ..load.stats import client_summary, summarize
 from ..rules import loadgen as loadgen_rules
@@ -226,6 +227,6 @@ def merge_stage(run_dir: Path, *, profile_path: str | None, expected_hosts: list
         if name is not None and name.is_file() and name.resolve().is_relative_to(run_dir.resolve()):
             evidence.append(str(name.resolve().relative_to(run_dir.resolve())))
     finding = judge(runs, expected_hosts, clock, row, evidence, cfg)
-    write_findings(run_dir / "findings" / f"{stage}.json", [finding])
+    write_findings(RunDir(run_dir).findings_path(stage), [finding])
     EvidenceStore(run_dir, "stages").write_json(f"{stage}.json", {**details, "finding": finding.to_dict()})
     return finding, details

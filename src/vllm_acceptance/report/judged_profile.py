@@ -15,11 +15,11 @@ from typing import Any
 
 from ..core.profile import ConfigError, Profile, load_profile
 from ..core.redact import redact_obj
-from ..core.rundir import PROFILE_EVIDENCE
+from ..core.rundir import PROFILE_EVIDENCE, RunDir
 
 
 def _run_profile_name(run_dir: Path) -> str | None:
-    path = run_dir / "run.json"
+    path = RunDir(run_dir).run_json
     try:
         data: Any = json.loads(path.read_text())
     except (OSError, ValueError):

@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from ..core.profile_model import ProfileModel
+from ..core.rundir import RunDir
 from .reopen import last_signed_acceptance
 from .signoff import REHEARSAL_FILE, rerender
 
@@ -65,7 +66,7 @@ def split_argv(argv: list[str]) -> dict[str, Any]:
 
 def accepted_profile(run_dir: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load((run_dir / "evidence" / "profile.yml").read_text())
+        data = yaml.safe_load(RunDir(run_dir).profile_path.read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise RehearsalError(f"{run_dir.name}: the profile as judged (evidence/profile.yml) is unreadable ({exc}): "
                              "the accepted launch cannot be reconstructed") from exc
@@ -79,7 +80,7 @@ def plan(reports_dir: Path, inventory: str, port: int | None = None, project_dir
                              f"under {reports_dir}: sign an accepted run first (vllm-acceptance sign ...); "
                              "there is nothing to restore to")
     run_dir, record = found
-    report = read_json(run_dir / "report.json") or {}
+    report = read_json(RunDir(run_dir).report_json) or {}
     judged = accepted_profile(run_dir)   # the document as the run recorded it (evidence/profile.yml), not re-validated
     launch = judged.get("launch") or {}
     model = judged.get("model") or {}
@@ -95,7 +96,7 @@ def plan(reports_dir: Path, inventory: str, port: int | None = None, project_dir
         "served_model_name": model.get("served_name") or model.get("name"),
     }
     if runtime == "process":
-        argv = read_json(run_dir / "evidence" / "serve" / "process-args.json")
+        argv = read_json(RunDir(run_dir).evidence_path("serve", "process-args.json"))
         if not isinstance(argv, list) or not argv:
             raise RehearsalError(f"{run_dir.name}: no evidence/serve/process-args.json: the accepted server's argv "
                                  "was not recorded, so its launch cannot be repeated exactly")

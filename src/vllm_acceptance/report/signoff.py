@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.redact import redact_obj
+from ..core.rundir import RunDir
 from .reopen import SIGNOFF_FILE, read_signoff, sha256_file
 
 DECISIONS = ("release", "limited_observation", "expand_capacity", "rebuild_environment")
@@ -73,7 +74,7 @@ def parse_confirmations(items: list[str]) -> dict[str, str]:
 
 
 def load_run_report(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / "report.json"
+    path = RunDir(run_dir).report_json
     if not path.is_file():
         raise SignRefused(f"{run_dir}: no report.json to sign (give a run directory reports/<inventory>/<run-id>, "
                           "after its report stage ran)")
@@ -89,16 +90,16 @@ def load_run_report(run_dir: Path) -> dict[str, Any]:
 
 def judged_on_run_profile(run_dir: Path, report: dict[str, Any]) -> None:
     """A report judged on another profile than the run's is never signed (report/judged_profile.py)."""
-    ran = (read_json_dict(run_dir / "run.json") or {}).get("profile")
-    frozen = run_dir / "evidence" / "profile.yml"
+    ran = (read_json_dict(RunDir(run_dir).run_json) or {}).get("profile")
+    frozen = RunDir(run_dir).profile_path
     if frozen.is_file():
         from ..core.profile import load_profile
 
         ran = load_profile(frozen).name
     if ran and report.get("profile") != ran:
-        raise SignRefused(f"{run_dir / 'report.json'} was judged on profile {report.get('profile')!r}, but the run ran "
-                          f"with {ran!r}: re-run `vllm-acceptance report --run-dir {run_dir}` (the run's own profile) "
-                          "and sign that")
+        raise SignRefused(f"{RunDir(run_dir).report_json} was judged on profile {report.get('profile')!r}, "
+                          f"but the run ran with {ran!r}: re-run `vllm-acceptance report --run-dir {run_dir}` "
+                          "(the run's own profile) and sign that")
 
 
 def build_signoff(run_dir: Path, report: dict[str, Any], *, reviewer: str, decision: str,
@@ -147,7 +148,7 @@ def build_signoff(run_dir: Path, report: dict[str, Any], *, reviewer: str, decis
         "confirmations": confirmations or {},
         "restore_rehearsal": rehearsal_summary(rehearsal) if rehearsal else None,
         "signed_at": signed_at or now_iso(),
-        "report_sha256": sha256_file(run_dir / "report.json"),
+        "report_sha256": sha256_file(RunDir(run_dir).report_json),
         "reopen_fired": [t.get("trigger") for t in (report.get("reopen") or {}).get("fired") or []],
     }
 
@@ -173,7 +174,7 @@ def signed_view(run_dir: Path) -> dict[str, Any] | None:
     record = read_signoff(run_dir)
     if record is None:
         return None
-    report_path = run_dir / "report.json"
+    report_path = RunDir(run_dir).report_json
     current = sha256_file(report_path) if report_path.is_file() else None
     return {**record, "report_intact": current == record.get("report_sha256"), "current_sha256": current}
 
@@ -182,7 +183,7 @@ def attachments(run_dir: Path) -> dict[str, Any]:
     """What is recorded beside report.json after the run: the sign-off, the restore rehearsal and the decision
     after remediation (rebuild/decision.py)."""
     return {"signed": signed_view(run_dir), "restore_rehearsal": read_json_dict(run_dir / REHEARSAL_FILE),
-            "remediation_decision": read_json_dict(run_dir / "remediation-decision.json")}
+            "remediation_decision": read_json_dict(RunDir(run_dir).report_file("remediation-decision.json"))}
 
 
 def rerender(run_dir: Path) -> list[Path]:

@@ -39,6 +39,7 @@ from typing import Any
 
 from ..core.findings import Consequence, Finding, Status, read_findings
 from ..core.profile import Profile
+from ..core.rundir import RunDir
 from ..parsers.startup_log import wrapped_pairs
 from .registry import missing
 
@@ -416,7 +417,7 @@ def _image_ref(command: str | None) -> str | None:
 def launch_findings(run_dir: Path, profile: Profile, host: str | None, log_text: str | None,
                     log_evidence: list[str], launch_command: str | None) -> list[Finding]:
     """The serve stage's hook for a failed launch: evidence groups, then the classification."""
-    preflight_path = Path(run_dir) / "findings" / "preflight.json"
+    preflight_path = RunDir(Path(run_dir)).findings_path("preflight")
     preflight = read_findings(preflight_path) if preflight_path.is_file() else None
     return [evidence_groups(preflight, profile, host, log_evidence, launch_command),
             classify_launch_failure(log_text, preflight, profile, host, log_evidence)]

@@ -10,13 +10,13 @@ vllm_nccl_dmabuf_workaround, vllm_nccl_dmabuf_evidence), the same ones roles/vll
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..core.profile import Profile
+from ..core.rundir import RunDir
 
 LAYOUT_KEYS = ("tensor", "pipeline", "data")
 
@@ -72,10 +72,7 @@ def launched_plan(profile: Profile, inventory_vars: Mapping[str, Any] | None = N
 
 
 def run_inventory_vars(run_dir: Path) -> dict[str, Any]:
-    try:
-        return dict(json.loads((Path(run_dir) / "run.json").read_text()).get("inventory_vars") or {})
-    except (OSError, ValueError, AttributeError):
-        return {}
+    return RunDir(Path(run_dir)).inventory_vars()
 
 
 def plan_of_run(run_dir: Path, profile: Profile) -> LaunchedPlan:

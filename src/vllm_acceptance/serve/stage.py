@@ -12,6 +12,7 @@ from typing import Any
 from ..core.evidence import EvidenceStore
 from ..core.findings import Consequence, Finding, Status, write_findings
 from ..core.profile import Profile
+from ..core.rundir import RunDir
 from ..parsers.causal import causal_line
 from ..parsers.startup_log import StartupScan, scan_startup_log
 from ..rules import registry
@@ -73,8 +74,8 @@ def judge_serve(run_dir: Path, profile: Profile, facts: ServeFacts) -> list[Find
         findings.append(missing("compat.actual_config", facts.host, "the server did not come up",
                                 evidence=log_ev))
         findings += _triage(run_dir, profile, facts, log_ev, findings, details)
-    write_findings(run_dir / "findings" / "serve.json", findings)
-    (run_dir / "stages").mkdir(exist_ok=True)
+    write_findings(RunDir(run_dir).findings_path("serve"), findings)
+    RunDir(run_dir).stages_dir.mkdir(exist_ok=True)
     EvidenceStore(run_dir, "stages").write_json("serve.json", details)
     return findings
 
