@@ -18,6 +18,7 @@ import jsonschema
 import pytest
 
 from vllm_acceptance.core.profile import load_schema
+from vllm_acceptance.core.stage_details import StageDetails
 
 from support.story import PLANTED, SECRET_KEY, URL_SECRETS
 
@@ -141,6 +142,13 @@ def test_launch_mode_starts_judges_and_stops_the_lab_server(lab_launch_run: dict
     assert series["status"] == "pass", series
     assert series["observed"]["series_read"] > 20 and series["evidence"] == ["probes/metrics/metrics.prom"]
     assert "vllm:kv_cache_usage_perc" in (run_dir / "probes" / "metrics" / "metrics.prom").read_text()
+    # The report's readers take the stage details typed (core/stage_details.py): this real run's read back exactly.
+    typed = StageDetails.of(report)
+    for name, raw in report["stages"].items():
+        if hasattr(typed, name) and isinstance(raw, dict):
+            assert json.dumps(getattr(typed, name).document(), sort_keys=True) == json.dumps(raw, sort_keys=True)
+    assert typed.serve.max_model_len and typed.load.steps and typed.cache.requests
+    assert typed.teardown.action == "stopped"
 
 
 def test_check_mode_changes_nothing_and_shows_the_plan(tmp_path: Path) -> None:

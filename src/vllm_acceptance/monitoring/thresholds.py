@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.profile import Profile
+from ..core.stage_details import StageDetails
 
 KV_CEILING = 0.95          # above this vLLM starts preempting whatever was accepted
 KV_HEADROOM = 0.10         # an accepted peak near zero still leaves room for ordinary variation
@@ -42,9 +43,9 @@ def accepted_concurrency(report: dict[str, Any], profile: Profile) -> tuple[int 
     for key in ("client_concurrency", "max_num_seqs"):
         if _num(limits.get(key)) is not None:
             return int(limits[key]), f"report limits.{key}"
-    load = (report.get("stages") or {}).get("load") or {}
-    if _num(load.get("contract_concurrency")) is not None:
-        return int(load["contract_concurrency"]), "stages.load.contract_concurrency"
+    contracted = _num(StageDetails.of(report).load.contract_concurrency)
+    if contracted is not None:
+        return int(contracted), "stages.load.contract_concurrency"
     if _num(profile.model.contract.concurrency) is not None:
         return int(profile.model.contract.concurrency), "profile contract.concurrency"
     return None, "no contracted concurrency"
@@ -52,7 +53,7 @@ def accepted_concurrency(report: dict[str, Any], profile: Profile) -> tuple[int 
 
 def accepted_step(report: dict[str, Any], concurrency: int | None) -> dict[str, Any] | None:
     """The ramp step traffic was accepted at: the largest step <= the accepted concurrency that met the SLO."""
-    steps = ((report.get("stages") or {}).get("load") or {}).get("steps") or []
+    steps = StageDetails.of(report).load.steps
     good = [s for s in steps if isinstance(s, dict) and s.get("meets_slo") and _num(s.get("concurrency")) is not None
             and (concurrency is None or s["concurrency"] <= concurrency)]
     return max(good, key=lambda s: s["concurrency"]) if good else None
@@ -60,7 +61,7 @@ def accepted_step(report: dict[str, Any], concurrency: int | None) -> dict[str, 
 
 def hot_hit_ratio(report: dict[str, Any]) -> tuple[float | None, str]:
     """Mean hits / prompt tokens of the clean hot requests of the cache stage (later sessions for hybrids)."""
-    rows = ((report.get("stages") or {}).get("cache") or {}).get("requests") or []
+    rows = StageDetails.of(report).cache.requests
     hot = [r for r in rows if isinstance(r, dict) and str(r.get("kind", "")).startswith("hot")
            and r.get("clean", True) and _num(r.get("hits")) is not None and _num(r.get("prompt_tokens"))]
     if not hot:
@@ -118,7 +119,7 @@ def derive_thresholds(report: dict[str, Any], profile: Profile, *, margin: float
         put("hit_ratio_accepted", ratio, ratio_src)
         put("hit_ratio_min", ratio * HIT_RATIO_FLOOR_FACTOR, f"{ratio_src} x {HIT_RATIO_FLOOR_FACTOR}")
     fmt = _num(profile.model.thresholds.tool_format_error_rate)
-    agent_rate = _num((((report.get("stages") or {}).get("agent") or {}).get("rates") or {}).get("format_error_rate"))
+    agent_rate = _num(StageDetails.of(report).agent.rates.get("format_error_rate"))
     if fmt is not None:
         put("tool_retry_ratio", fmt, f"profile thresholds.tool_format_error_rate={fmt:g}"
             + (f" (accepted run: {agent_rate:g})" if agent_rate is not None else ""))

@@ -19,6 +19,7 @@ from ..core.findings import Consequence, Finding, Status, read_findings
 from ..core.probes import PROBE_KINDS
 from ..core.profile import Profile
 from ..core.rundir import RunDir
+from ..core.stage_details import StageDetails, TeardownDetails
 from ..monitoring.generate import monitoring_summary
 from ..rebuild.lineage import last_official_run, lineage_checks, load_lineage
 from ..rebuild.remediation.isolated import isolated_environment_record
@@ -194,7 +195,8 @@ def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
     tested_on_overrides(decision, overrides, findings)
     other_image = not_official_image(profile, findings)
     experimental_route(decision, other_image, findings)
-    facts = (stages.get("preflight") or {}).get("hosts") or {}
+    typed = StageDetails.from_stages(stages)
+    facts = typed.preflight.hosts
     environment = {**environment_summary(facts), **run.get("environment", {})} if facts else run.get("environment", {})
     signoff = {"scenario_version": scenario_version(profile), **(run.get("signoff") or {}), **(signoff or {})}
     counts: dict[str, int] = {s.value: 0 for s in Status}
@@ -217,7 +219,7 @@ def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
         "lineage_checks": {k: f.to_dict() for k, f in lineage.items() if k != "compat.lineage.release_scope"},
         "recipe": profile.model.at("recipe"),
         "gates": decision.gates,
-        "limits": (stages.get("load") or {}).get("limits", {}),
+        "limits": typed.load.limits,
         "slo": profile.model.at("contract.slo"),
         "contract": profile.model.at("contract"),
         "probe_overrides": overrides,
@@ -229,7 +231,7 @@ def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
         "findings": [f.to_dict() for f in findings],
         "stages": stages,
         "environment": environment,
-        "server": server_state(stages.get("teardown")),
+        "server": server_state(stages.get("teardown")),   # the raw record: absent or not a mapping = not recorded
         "signoff": signoff,
         "reopen_triggers": REOPEN_TRIGGERS,
         "rollback_triggers": ROLLBACK_TRIGGERS,
@@ -282,19 +284,19 @@ def server_state(teardown: Any) -> dict[str, Any]:
     if not isinstance(teardown, dict):
         return {"state": "unknown", "text": "not recorded: the run did not reach its stop step (check the head node "
                                             "for a server or container this run launched)"}
-    action = teardown.get("action")
-    where = teardown.get("container") or (f"pid {teardown['pid']}" if teardown.get("pid") else None)
-    label = f"{teardown.get('runtime')} {where}" if where else str(teardown.get("runtime"))
-    nodes = ", ".join(teardown.get("nodes") or [])
+    record = TeardownDetails.read(teardown)
+    action = record.action
+    where = record.container or (f"pid {record.pid}" if record.pid else None)
+    label = f"{record.runtime} {where}" if where else str(record.runtime)
+    nodes = ", ".join(record.nodes)
     if action == "stopped":
-        gone = teardown.get("gone") is True
-        text = (f"stopped ({teardown.get('when')}): {label} on {nodes} " + ("is gone" if gone else
-                f"is NOT gone (left on {', '.join(teardown.get('left_on') or []) or '-'}, "
-                f"port closed: {teardown.get('port_closed')})"))
+        gone = record.gone is True
+        text = (f"stopped ({record.when}): {label} on {nodes} " + ("is gone" if gone else
+                f"is NOT gone (left on {', '.join(record.left_on) or '-'}, port closed: {record.port_closed})"))
         return {**teardown, "state": "stopped" if gone else "stop_failed", "text": text}
-    texts = {"kept": f"kept running at {teardown.get('base_url')} ({label} on {nodes}; vllm_serve_stop_at_end: false): "
+    texts = {"kept": f"kept running at {record.base_url} ({label} on {nodes}; vllm_serve_stop_at_end: false): "
                      "stop it when done",
-             "attached": f"attached to {teardown.get('base_url')}: not launched by this run, left running",
+             "attached": f"attached to {record.base_url}: not launched by this run, left running",
              "not_launched": "no server was launched"}
     return {**teardown, "state": action, "text": texts.get(str(action), f"unknown teardown action {action!r}")}
 

@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..core.stage_details import StageDetails
 from .reopen import fired_triggers
 
 FIGURE_KEYS = ("ttft_p95", "itl_p95", "e2e_p95", "errors", "preemptions", "max_waiting", "max_kv_usage")
@@ -51,50 +52,39 @@ def flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
 
 def environment(report: dict[str, Any]) -> dict[str, Any]:
     """The facts whose change reopens acceptance, flattened to dotted keys."""
-    stages = report.get("stages") or {}
+    stages = StageDetails.of(report)
     env: dict[str, Any] = {"profile": report.get("profile")}
     flatten("recipe", report.get("recipe") or {}, env)
     flatten("environment", report.get("environment") or {}, env)
-    hosts = (stages.get("preflight") or {}).get("hosts") or {}
-    if isinstance(hosts, dict):
-        for host, data in hosts.items():
-            flatten(f"node.{host}", data or {}, env)
-    serve = stages.get("serve") or {}
-    if isinstance(serve, dict):
-        for key in ("vllm_version", "model", "launch_command", "max_model_len", "kv_cache_tokens", "max_concurrency"):
-            if key in serve:
-                env[f"serve.{key}"] = serve[key]
-        flatten("serve.cache_config", serve.get("cache_config") or {}, env)
+    for host, data in stages.preflight.hosts.items():
+        flatten(f"node.{host}", data or {}, env)
+    serve = stages.serve
+    for key in ("vllm_version", "model", "launch_command", "max_model_len", "kv_cache_tokens", "max_concurrency"):
+        if serve.has(key):
+            env[f"serve.{key}"] = serve.value(key)
+    flatten("serve.cache_config", serve.cache_config, env)
     flatten("lineage", report.get("lineage") or {}, env)
     return env
 
 
 def figures(report: dict[str, Any]) -> dict[str, Any]:
     """Measured figures, flattened: knee, per-step p95s and pressure, cache hits, agent rates."""
-    stages = report.get("stages") or {}
-    out: dict[str, Any] = {}
-    load = stages.get("load") or {}
-    if isinstance(load, dict):
-        out["load.knee"] = load.get("knee")
-        out["load.contract_concurrency"] = load.get("contract_concurrency")
-        for step in load.get("steps") or []:
-            if isinstance(step, dict) and step.get("concurrency") is not None:
-                for key in FIGURE_KEYS:
-                    if key in step:
-                        out[f"load.c{step['concurrency']}.{key}"] = step[key]
-    cache = stages.get("cache") or {}
-    if isinstance(cache, dict):
-        out["cache.expected_hot_hits"] = cache.get("expected_hot_hits")
-        by_kind: dict[str, list[float]] = {}
-        for r in cache.get("requests") or []:
-            if isinstance(r, dict) and isinstance(r.get("hits"), int | float):
-                by_kind.setdefault(str(r.get("kind")), []).append(float(r["hits"]))
-        for kind, hits in sorted(by_kind.items()):
-            out[f"cache.{kind}.max_hits"] = max(hits)
-    agent = stages.get("agent") or {}
-    if isinstance(agent, dict):
-        for key, value in (agent.get("rates") or {}).items():
-            out[f"agent.{key}"] = value
+    stages = StageDetails.of(report)
+    out: dict[str, Any] = {"load.knee": stages.load.knee, "load.contract_concurrency": stages.load.contract_concurrency}
+    for step in stages.load.steps:
+        if isinstance(step, dict) and step.get("concurrency") is not None:
+            for key in FIGURE_KEYS:
+                if key in step:
+                    out[f"load.c{step['concurrency']}.{key}"] = step[key]
+    out["cache.expected_hot_hits"] = stages.cache.expected_hot_hits
+    by_kind: dict[str, list[float]] = {}
+    for r in stages.cache.requests:
+        if isinstance(r, dict) and isinstance(r.get("hits"), int | float):
+            by_kind.setdefault(str(r.get("kind")), []).append(float(r["hits"]))
+    for kind, hits in sorted(by_kind.items()):
+        out[f"cache.{kind}.max_hits"] = max(hits)
+    for key, value in stages.agent.rates.items():
+        out[f"agent.{key}"] = value
     return {k: v for k, v in out.items() if v is not None}
 
 

@@ -1,6 +1,6 @@
 """Report plots: matplotlib figures as inline SVG text (no file, no URL, no web font).
 
-Every function takes a stage-details dict (report["stages"][...]) that may be partial, and
+Every function takes one stage's document (core/stage_details.py `Details.document()`) that may be partial, and
 returns the SVG markup or None when there is nothing to draw: a run that died early still
 renders. The markup is cleaned for inlining into HTML: no XML prolog or DOCTYPE (the DTD line
 is an http URL), no RDF metadata, no namespace URLs (the HTML parser puts <svg> in the SVG
@@ -21,6 +21,8 @@ from typing import Any
 
 import matplotlib
 from matplotlib.figure import Figure
+
+from ..core.stage_details import StageDetails
 
 matplotlib.use("Agg")  # never a display; the Figure API below does not touch pyplot state
 
@@ -482,11 +484,10 @@ def cache_svg(cache: dict[str, Any] | None) -> str | None:
         return to_svg(fig, "cache")
 
 
-def all_svgs(stages: dict[str, Any], slo: dict[str, Any] | None = None,
+def all_svgs(stages: StageDetails, slo: dict[str, Any] | None = None,
              format_threshold: float | None = None) -> dict[str, str | None]:
-    load = stages.get("load") if isinstance(stages.get("load"), dict) else None
-    cache = stages.get("cache") if isinstance(stages.get("cache"), dict) else None
-    agent = stages.get("agent") if isinstance(stages.get("agent"), dict) else None
+    """Every figure of the report, each drawn from its stage's document (plain data: the figure cache's key)."""
+    load, cache, agent = (part.document() if part else None for part in (stages.load, stages.cache, stages.agent))
     return {"latency": latency_svg(load, slo), "queue": queue_svg(load), "kv": kv_timeline_svg(load),
             "memory": memory_svg(load), "cache": cache_svg(cache), "agent": agent_rates_svg(agent, format_threshold)}
 

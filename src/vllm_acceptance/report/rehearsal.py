@@ -25,6 +25,7 @@ import yaml
 
 from ..core.profile_model import ProfileModel
 from ..core.rundir import RunDir
+from ..core.stage_details import StageDetails
 from .reopen import last_signed_acceptance
 from .signoff import REHEARSAL_FILE, rerender
 
@@ -110,7 +111,7 @@ def plan(reports_dir: Path, inventory: str, port: int | None = None, project_dir
                    args=parts["args"], served_model_name=parts.get("served_model_name") or out["served_model_name"])
         out["relaunched"] = f"the accepted lab launch: {parts.get('model')} with {' '.join(parts['args'])}"
         return out
-    hosts = ((report.get("stages") or {}).get("preflight") or {}).get("hosts") or {}
+    hosts = StageDetails.of(report).preflight.hosts
     pinned = sorted({(h.get("image"), h.get("image_digest")) for h in hosts.values()
                      if isinstance(h, dict) and h.get("image") and h.get("image_digest")})
     if len(pinned) != 1:

@@ -17,6 +17,7 @@ from urllib.parse import quote
 
 import jinja2
 
+from ..core.stage_details import AgentDetails, StageDetails
 from ..rules import registry
 from . import plots, views
 from .checklist import SOURCES, coverage, coverage_groups, coverage_summary
@@ -218,9 +219,9 @@ def summary_counts(report: dict[str, Any]) -> dict[str, int]:
     return {k: v for k, v in sorted(counts.items(), key=lambda kv: STATUS_RANK.get(kv[0], 9)) if v}
 
 
-def stage(report: dict[str, Any], name: str) -> dict[str, Any] | None:
-    value = (report.get("stages") or {}).get(name)
-    return value if isinstance(value, dict) else None
+def stages_of(report: dict[str, Any]) -> StageDetails:
+    """The report's stage details, typed (core/stage_details.py)."""
+    return StageDetails.of(report)
 
 
 def family_findings(report: dict[str, Any], prefix: str) -> list[dict[str, Any]]:
@@ -267,7 +268,7 @@ def rehearsal_text(rehearsal: dict[str, Any]) -> str:
 
 
 def derive_topology(report: dict[str, Any]) -> str | None:
-    hosts = (stage(report, "preflight") or {}).get("hosts") or {}
+    hosts = stages_of(report).preflight.hosts
     env = report.get("environment") if isinstance(report.get("environment"), dict) else {}
     if env.get("topology"):
         return str(env["topology"])
@@ -275,7 +276,7 @@ def derive_topology(report: dict[str, Any]) -> str | None:
         names = host_names(report)
         return f"{len(names)} node(s) ({', '.join(names[:4])}): CPU only, no GPU (CPU lab): GPU topology not " \
                "provable here"
-    if not isinstance(hosts, dict) or not hosts:
+    if not hosts:
         return None
     gpus = {f"{h.get('gpu_count')} x {h.get('gpu_name')}" for h in hosts.values()
             if isinstance(h, dict) and h.get("gpu_count")}
@@ -285,14 +286,14 @@ def derive_topology(report: dict[str, Any]) -> str | None:
 
 
 def derive_container(report: dict[str, Any]) -> str | None:
-    hosts = (stage(report, "preflight") or {}).get("hosts") or {}
+    hosts = stages_of(report).preflight.hosts
     images = {f"{h.get('image')}@{h.get('image_digest')}" if h.get("image_digest") else str(h.get("image"))
-              for h in hosts.values() if isinstance(h, dict) and h.get("image")} if isinstance(hosts, dict) else set()
+              for h in hosts.values() if isinstance(h, dict) and h.get("image")}
     if images:
         return ", ".join(sorted(images))
-    serve = stage(report, "serve") or {}
-    if serve.get("version") or serve.get("model"):
-        return f"no container (process runtime): vLLM {serve.get('version') or '?'}, model {serve.get('model') or '?'}"
+    serve = stages_of(report).serve
+    if serve.version or serve.model:
+        return f"no container (process runtime): vLLM {serve.version or '?'}, model {serve.model or '?'}"
     return None
 
 
@@ -307,10 +308,10 @@ def env_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
     env = report.get("environment") or {}
     if isinstance(env, dict):
         rows += [(str(k), fmt(v)) for k, v in sorted(env.items())]
-    serve = stage(report, "serve") or {}
+    serve = stages_of(report).serve
     for key in ("vllm_version", "model", "base_url", "max_model_len", "kv_cache_tokens", "max_concurrency", "ready_s"):
-        if serve.get(key) is not None:
-            rows.append((f"serve {key}", fmt(serve[key])))
+        if serve.value(key) is not None:
+            rows.append((f"serve {key}", fmt(serve.value(key))))
     return rows
 
 
@@ -324,14 +325,13 @@ def node_cell(column: str, value: Any) -> dict[str, str]:
 
 def preflight_rows(report: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]]]:
     """Per-node versions; nodes with identical values form one row ("62 nodes"), deviating rows first."""
-    hosts = (stage(report, "preflight") or {}).get("hosts") or {}
+    hosts = stages_of(report).preflight.hosts
     cols = ["driver_version", "driver_branch", "gpu_count", "gpu_name", "cuda_runtime", "vllm_version",
             "torch_version", "image", "image_digest", "fabric_manager"]
     groups: dict[tuple[str, ...], list[str]] = {}
-    if isinstance(hosts, dict):
-        for host, data in sorted(hosts.items()):
-            data = data if isinstance(data, dict) else {}
-            groups.setdefault(tuple(fmt(data.get(c)) for c in cols), []).append(str(host))
+    for host, data in sorted(hosts.items()):
+        data = data if isinstance(data, dict) else {}
+        groups.setdefault(tuple(fmt(data.get(c)) for c in cols), []).append(str(host))
     rows = []
     for values, members in sorted(groups.items(), key=lambda kv: (len(kv[1]), kv[1][0])):
         label = members[0] if len(members) == 1 else f"{len(members)} nodes alike"
@@ -341,58 +341,58 @@ def preflight_rows(report: dict[str, Any]) -> tuple[list[str], list[dict[str, An
 
 
 def load_view(report: dict[str, Any]) -> dict[str, Any] | None:
-    load = stage(report, "load")
+    load = stages_of(report).load
     if not load:
         return None
     steps = []
-    for s in plots._steps(load):  # sorted, concurrency present
+    for s in plots._steps(load.document()):  # sorted, concurrency present
         queue = s.get("queue_p95") if s.get("queue_p95") is not None else s.get("queue_time_mean_s")
         steps.append({k: fmt(s.get(k)) for k in s} | {"max_kv_usage": fmt_pct(s.get("max_kv_usage")),
                                                        "meets_slo": s.get("meets_slo"), "queue": fmt(queue),
                                                        "queue_kind": "p95" if s.get("queue_p95") is not None
                                                        else "mean"})
     kinds = {s["queue_kind"] for s in steps}
-    return {"contract": fmt(load.get("contract_concurrency")), "knee": fmt(load.get("knee")), "steps": steps,
+    return {"contract": fmt(load.contract_concurrency), "knee": fmt(load.knee), "steps": steps,
             "queue_label": "Queue p95" if kinds == {"p95"} else "Queue mean"}
 
 
 def cache_view(report: dict[str, Any]) -> dict[str, Any] | None:
-    cache = stage(report, "cache")
+    cache = stages_of(report).cache
     if not cache:
         return None
-    reqs = sorted([r for r in cache.get("requests") or [] if isinstance(r, dict)],
+    reqs = sorted([r for r in cache.requests if isinstance(r, dict)],
                   key=lambda r: (r.get("session") or 0, plots.KIND_ORDER.index(r["kind"])
                                  if r.get("kind") in plots.KIND_ORDER else 9))
     rows = [{k: fmt(r.get(k)) for k in ("session", "kind", "prompt_tokens", "queries", "expected_hits", "hits",
                                           "cached_tokens",
                                           "prefill_computed_tokens", "prefill_time_s", "ttft_s")}
             | {"clean": r.get("clean")} for r in reqs]
-    return {"block_size": fmt(cache.get("block_size")), "shared": fmt(cache.get("shared_prefix_tokens")),
-            "expected": fmt(cache.get("expected_hot_hits")), "rows": rows}
+    return {"block_size": fmt(cache.block_size), "shared": fmt(cache.shared_prefix_tokens),
+            "expected": fmt(cache.expected_hot_hits), "rows": rows}
 
 
 def agent_view(report: dict[str, Any]) -> dict[str, Any] | None:
-    agent = stage(report, "agent")
+    agent = stages_of(report).agent
     if not agent:
         return None
-    rates = agent.get("rates") or {}
-    cases = [c for c in agent.get("cases") or [] if isinstance(c, dict)]
+    rates = agent.rates
+    cases = [c for c in agent.cases if isinstance(c, dict)]
     return {"cases": sorted(cases, key=lambda c: (STATUS_RANK.get(str(c.get("status")), 9), str(c.get("id")))),
-            "exchanges": views.agent_case_rows(report), "root": str(agent.get("evidence_root") or ""),
-            "rate_rows": plots.agent_rate_rows(agent), "resolution": str(rates.get("resolution") or ""),
+            "exchanges": views.agent_case_rows(report), "root": str(agent.evidence_root or ""),
+            "rate_rows": plots.agent_rate_rows(agent.document()), "resolution": str(rates.get("resolution") or ""),
             "rates": [("schema accuracy", fmt_pct(rates.get("schema_accuracy"))),
                       ("trigger consistency", fmt_pct(rates.get("trigger_consistency"))),
                       ("format error rate", fmt_pct(rates.get("format_error_rate")))],
             "classes": views.agent_class_rows(agent), "assumptions": str(rates.get("assumptions") or ""),
             "under_load": (rates.get("under_load") or {}).get("concurrency"),
-            "case_files": [evidence_path(str(agent.get("evidence_root") or ""), name) for name in
+            "case_files": [evidence_path(str(agent.evidence_root or ""), name) for name in
                            ("cases.json", "cases-under-load.json", "reference.json", "repeats.json")
                            if _kept(agent, name)]}
 
 
-def _kept(agent: dict[str, Any], name: str) -> bool:
+def _kept(agent: AgentDetails, name: str) -> bool:
     """A case-set file the probe wrote: named in the rates (cases.json always with a case set)."""
-    rates = agent.get("rates") or {}
+    rates = agent.rates
     return {"cases.json": bool(rates.get("classes")), "cases-under-load.json": bool(rates.get("under_load")),
             "reference.json": bool(rates.get("reference")), "repeats.json": bool(rates.get("repeats"))}[name]
 
@@ -436,12 +436,12 @@ def context(report: dict[str, Any]) -> dict[str, Any]:
         "limits": limit_rows(report),
         "env": env_rows(report),
         "preflight": preflight_rows(report),
-        "serve": stage(report, "serve"),
+        "serve": stages_of(report).serve.document() or None,
         "startup": views.startup_view(report),
         "load": load_view(report),
         "cache": cache_view(report),
         "agent": agent_view(report),
-        "svgs": plots.all_svgs(report.get("stages") or {}, report.get("slo") or (limits or {}).get("slo")),
+        "svgs": plots.all_svgs(stages_of(report), report.get("slo") or (limits or {}).get("slo")),
         "families": {fam: family_findings(report, fam + ".") for fam in FAMILIES},
         # a probe's family without its own section above (core/probes.py): a section of its findings
         "other_families": [fam for fam in FAMILIES if fam not in _FAMILY_ORDER],

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ..core.stage_details import AgentDetails, StageDetails
 from . import views
 from .checklist import SOURCES, coverage, coverage_groups, coverage_summary
 from .render_html import (
@@ -21,7 +22,6 @@ from .render_html import (
     limit_rows,
     signoff_rows,
     sorted_findings,
-    stage,
 )
 from .signoff import sign_command
 
@@ -150,11 +150,11 @@ def render_markdown(report: dict[str, Any]) -> str:
 def agent_case_set_md(report: dict[str, Any]) -> list[str]:
     """The agent case set per class, as the HTML shows it (views.agent_class_rows): cases, defects, the rate
     and its one-sided 95 % bound, alone and under load when measured, and the worst cases with their evidence."""
-    agent = stage(report, "agent") or {}
+    agent = StageDetails.of(report).agent
     rows = views.agent_class_rows(agent)
     if not rows:
         return []
-    rates = agent.get("rates") or {}
+    rates = agent.rates
     loaded = rates.get("under_load") if isinstance(rates.get("under_load"), dict) else {}
     n = loaded.get("concurrency")
     head = "| Class | Cases | Defects | Rate | 95% upper bound | Chose otherwise |"
@@ -174,7 +174,7 @@ def agent_case_set_md(report: dict[str, Any]) -> list[str]:
         worst = [(c, False) for c in r["failed"]] + [(c, True) for c in r["load_failed"] if c not in r["failed"]]
         out.append(line + " " + ("<br>".join(_worst_case_md(agent, c, under_load) for c, under_load in worst[:5])
                                  or "—") + " |")
-    root = str(agent.get("evidence_root") or "")
+    root = str(agent.evidence_root or "")
     files = [evidence_path(root, name) for name, kept in (("cases.json", True), ("cases-under-load.json", bool(n)),
                                                           ("reference.json", bool(rates.get("reference"))))
              if kept]
@@ -183,12 +183,12 @@ def agent_case_set_md(report: dict[str, Any]) -> list[str]:
     return out
 
 
-def _worst_case_md(agent: dict[str, Any], case: Any, under_load: bool) -> str:
+def _worst_case_md(agent: AgentDetails, case: Any, under_load: bool) -> str:
     """A failing case and where its request and raw response are: its own file when the probe kept one
     (agent.py keep: `cases/NN-<case>.json`), else the case set's file."""
-    root = str(agent.get("evidence_root") or "")
+    root = str(agent.evidence_root or "")
     own = None if under_load else next(
-        (ex.get("evidence") for ex in agent.get("exchanges") or [] if isinstance(ex, dict)
+        (ex.get("evidence") for ex in agent.exchanges if isinstance(ex, dict)
          and str(ex.get("case", "")).split("-", 1)[-1] == str(case) and ex.get("evidence")), None)
     path = evidence_path(root, own or ("cases-under-load.json" if under_load else "cases.json"))
     return f"`{cell(case)}`{' under load only' if under_load else ''}: {evidence_md([path])}"

@@ -18,6 +18,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..core.stage_details import StageDetails
+
 SIGNOFF_FILE = "signoff.json"
 ACCEPTING_DECISIONS = ("release", "limited_observation")
 
@@ -34,14 +36,8 @@ TRIGGERS: dict[str, tuple[str, str]] = {
 }
 
 
-def _stage(report: dict[str, Any], name: str) -> dict[str, Any]:
-    value = (report.get("stages") or {}).get(name)
-    return value if isinstance(value, dict) else {}
-
-
 def _hosts(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    hosts = _stage(report, "preflight").get("hosts") or {}
-    return {str(k): v for k, v in hosts.items() if isinstance(v, dict)} if isinstance(hosts, dict) else {}
+    return {str(k): v for k, v in StageDetails.of(report).preflight.hosts.items() if isinstance(v, dict)}
 
 
 def image_fact(report: dict[str, Any]) -> Any:
@@ -50,11 +46,11 @@ def image_fact(report: dict[str, Any]) -> Any:
                      for h in _hosts(report).values() if h.get("image")})
     if images:
         return images
-    serve = _stage(report, "serve")
+    serve = StageDetails.of(report).serve
     env = report.get("environment") if isinstance(report.get("environment"), dict) else {}
-    version = serve.get("version") or serve.get("vllm_version") or env.get("vllm_version")
-    if version or serve.get("model"):
-        return f"process runtime: vLLM {version or '?'}, model {serve.get('model') or '?'}"
+    version = serve.version or serve.vllm_version or env.get("vllm_version")
+    if version or serve.model:
+        return f"process runtime: vLLM {version or '?'}, model {serve.model or '?'}"
     return None
 
 
@@ -67,16 +63,16 @@ def topology_fact(report: dict[str, Any]) -> dict[str, Any]:
     hosts = _hosts(report)
     names = [h for h in report.get("hosts") or [] if isinstance(h, str)]
     gpus = sorted({f"{h.get('gpu_count')} x {h.get('gpu_name')}" for h in hosts.values() if h.get("gpu_count")})
-    serve = _stage(report, "serve")
-    layout = {k: serve.get(k) for k in ("tp_size", "pp_size", "dp_size", "world_size") if serve.get(k) is not None}
+    serve = StageDetails.of(report).serve
+    layout = {k: serve.value(k) for k in ("tp_size", "pp_size", "dp_size", "world_size") if serve.value(k) is not None}
     return {"nodes": len(names) or len(hosts), "gpus": gpus, "layout": layout}
 
 
 def context_fact(report: dict[str, Any]) -> dict[str, Any]:
     contract = report.get("contract") if isinstance(report.get("contract"), dict) else {}
-    serve = _stage(report, "serve")
     return {"context_tokens": contract.get("context_tokens"), "max_output_tokens": contract.get("max_output_tokens"),
-            "concurrency": contract.get("concurrency"), "served_max_model_len": serve.get("max_model_len")}
+            "concurrency": contract.get("concurrency"),
+            "served_max_model_len": StageDetails.of(report).serve.max_model_len}
 
 
 RECIPE_FACT_KEYS = ("source", "status", "checked", "commit", "sha256", "hardware", "strategy", "variant")

@@ -9,17 +9,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..core.stage_details import AgentDetails, ServeDetails, StageDetails, Workload
 from ..rules.registry import warn_blocks
 
 BLOCKING = ("fail", "warn")
 UNPROVEN = ("missing", "inconclusive")
 MAX_TABLE_ROWS = 12
 MAX_TABLE_COLS = 8
-
-
-def _stage(report: dict[str, Any], name: str) -> dict[str, Any]:
-    value = (report.get("stages") or {}).get(name)
-    return value if isinstance(value, dict) else {}
 
 
 def _fid(f: dict[str, Any]) -> str:
@@ -93,26 +89,27 @@ def table_of(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def _startup(value: Any) -> dict[str, Any] | None:
     if not isinstance(value, dict):
         return None
-    pairs = startup_pairs(value)
-    warnings = [str(w) for w in value.get("warnings") or []]
+    serve = ServeDetails.read(value)
+    pairs = startup_pairs(serve)
+    warnings = [str(w) for w in serve.warnings]
     return {"kind": "pairs", "pairs": pairs, "more": 0, "folded": warnings,
             "folded_title": f"{len(warnings)} warnings in the startup log"}
 
 
-def startup_pairs(value: dict[str, Any]) -> list[tuple[str, Any]]:
-    layout = "  ".join(f"{k.upper()} {value[k + '_size']}" for k in ("tp", "pp", "dp") if value.get(k + "_size"))
-    kv = value.get("kv_cache_tokens")
-    conc = value.get("max_concurrency")
+def startup_pairs(serve: ServeDetails) -> list[tuple[str, Any]]:
+    sizes = {"tp": serve.tp_size, "pp": serve.pp_size, "dp": serve.dp_size}
+    layout = "  ".join(f"{k.upper()} {size}" for k, size in sizes.items() if size)
+    kv, conc = serve.kv_cache_tokens, serve.max_concurrency
     pairs: list[tuple[str, Any]] = [
-        ("vLLM version", value.get("version")),
-        ("parallel layout", (layout + f" (world {value.get('world_size')})") if layout else value.get("world_size")),
-        ("communication backend", value.get("dist_backend") or value.get("nccl_version")),
+        ("vLLM version", serve.version),
+        ("parallel layout", (layout + f" (world {serve.world_size})") if layout else serve.world_size),
+        ("communication backend", serve.dist_backend or serve.nccl_version),
         ("KV cache", f"{kv:,} tokens, max concurrency {conc:g}"
-         + (f" at {value['max_concurrency_len']} tokens" if value.get("max_concurrency_len") else "")
+         + (f" at {serve.max_concurrency_len} tokens" if serve.max_concurrency_len else "")
          if isinstance(kv, int) and isinstance(conc, int | float) else kv),
-        ("warnings", len(value.get("warnings") or [])),
-        ("errors / fallbacks / NCCL errors", f"{len(value.get('errors') or [])} / {len(value.get('fallbacks') or [])}"
-                                             f" / {len(value.get('nccl_errors') or [])}"),
+        ("warnings", len(serve.warnings)),
+        ("errors / fallbacks / NCCL errors",
+         f"{len(serve.errors)} / {len(serve.fallbacks)} / {len(serve.nccl_errors)}"),
     ]
     return [(k, v) for k, v in pairs if v is not None]
 
@@ -196,16 +193,15 @@ def _close_enough(sent: int | float | None, contracted: int | float) -> str:
 def contract_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
     """The contract the probes actually tested beside the profile's, each difference flagged."""
     contract = report.get("contract") if isinstance(report.get("contract"), dict) else {}
-    load, serve = _stage(report, "load"), _stage(report, "serve")
-    work = load.get("workload") if isinstance(load.get("workload"), dict) else {}
-    steps = [s for s in load.get("steps") or []
-             if isinstance(s, dict) and isinstance(s.get("concurrency"), int | float)]
+    stages = StageDetails.of(report)
+    load, serve = stages.load, stages.serve
+    work = load.workload or Workload()
+    steps = [s for s in load.steps if isinstance(s, dict) and isinstance(s.get("concurrency"), int | float)]
     rows: list[dict[str, Any]] = []
     want_c = contract.get("concurrency")
     top = max((s["concurrency"] for s in steps), default=None)
     if want_c is not None or top is not None:
-        ok = None if top is None or want_c is None else top >= want_c and load.get("contract_concurrency") in (None,
-                                                                                                            want_c)
+        ok = None if top is None or want_c is None else top >= want_c and load.contract_concurrency in (None, want_c)
         rows.append({"item": "concurrent sessions", "profile": want_c,
                      "tested": f"ramp up to {top}" if top is not None else "not run", "ok": ok,
                      "note": "" if ok is not False else "the ramp did not reach the contracted concurrency"})
@@ -218,44 +214,43 @@ def contract_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
                      "tested": f"{long_tokens} prompt tokens sent" if long_tokens is not None else None, "ok": ok_long,
                      "why": _close_enough(long_tokens, ctx) if ok_long else "",
                      "note": "" if ok_long is not False else "the long prompt stayed below the contracted context"})
-        ramp_prompt = work.get("ramp_context_tokens", work.get("prompt_tokens"))
+        ramp_prompt = work.ramp_context_tokens if work.has("ramp_context_tokens") else work.prompt_tokens
         if ramp_prompt is not None:
             ok_ramp = ramp_prompt >= 0.85 * ctx
             rows.append({"item": "context per ramp session", "profile": ctx, "tested": ramp_prompt, "ok": ok_ramp,
                          "note": "" if ok_ramp else "ramp sessions were shorter than the contracted context: the "
                                                     "ramp does not load the KV cache as the contract would"})
     out_tokens = contract.get("max_output_tokens")
-    if out_tokens is not None and work.get("output_tokens") is not None:
-        ok_out = work["output_tokens"] >= out_tokens
-        rows.append({"item": "output tokens per request", "profile": out_tokens, "tested": work["output_tokens"],
+    if out_tokens is not None and work.output_tokens is not None:
+        ok_out = work.output_tokens >= out_tokens
+        rows.append({"item": "output tokens per request", "profile": out_tokens, "tested": work.output_tokens,
                      "ok": ok_out, "note": "" if ok_out else "shorter answers than the contract's maximum"})
-    served = serve.get("max_model_len")
+    served = serve.max_model_len
     if ctx is not None and served is not None:
         need = ctx + (out_tokens or 0)
         rows.append({"item": "served max_model_len", "profile": f">= {need}", "tested": served, "ok": served >= need,
                      "note": "" if served >= need else "the server cannot hold the contracted context"})
-    if work.get("context_tokens") is not None and ctx is not None and work["context_tokens"] != ctx:
-        rows.append({"item": "probe's contract context", "profile": ctx, "tested": work["context_tokens"], "ok": False,
+    if work.context_tokens is not None and ctx is not None and work.context_tokens != ctx:
+        rows.append({"item": "probe's contract context", "profile": ctx, "tested": work.context_tokens, "ok": False,
                      "note": "the load probe ran with an overridden contract"})
     return rows
 
 
 def startup_view(report: dict[str, Any]) -> dict[str, Any] | None:
-    serve = _stage(report, "serve")
-    if not serve or not any(k in serve for k in ("version", "warnings", "kv_cache_tokens")):
+    serve = StageDetails.of(report).serve
+    if not any(serve.has(k) for k in ("version", "warnings", "kv_cache_tokens")):
         return None
-    return {"pairs": startup_pairs(serve), "warnings": [str(w) for w in serve.get("warnings") or []],
-            "errors": [str(e) for e in (serve.get("errors") or []) + (serve.get("fallbacks") or [])
-                       + (serve.get("nccl_errors") or [])]}
+    return {"pairs": startup_pairs(serve), "warnings": [str(w) for w in serve.warnings],
+            "errors": [str(e) for e in serve.errors + serve.fallbacks + serve.nccl_errors]}
 
 
 def agent_case_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per request the agent probe sent: finish reason, calls, valid, layer at fault, evidence."""
-    agent = _stage(report, "agent")
-    root = str(agent.get("evidence_root") or "").rstrip("/")
+    agent = StageDetails.of(report).agent
+    root = str(agent.evidence_root or "").rstrip("/")
     findings = [f for f in report.get("findings") or [] if str(f.get("check", "")).startswith("agent.")]
     rows = []
-    for ex in agent.get("exchanges") or []:
+    for ex in agent.exchanges:
         if not isinstance(ex, dict):
             continue
         path = f"{root}/{ex.get('evidence')}" if root and ex.get("evidence") else ex.get("evidence")
@@ -273,10 +268,10 @@ def agent_case_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
 CASE_CLASSES = ("single", "parallel", "multi_turn", "irrelevance", "structured")
 
 
-def agent_class_rows(agent: dict[str, Any]) -> list[dict[str, Any]]:
+def agent_class_rows(agent: AgentDetails) -> list[dict[str, Any]]:
     """Per class of the case set: cases, defects and the defect rate's one-sided 95 % upper bound, served alone
     and under load (when measured), and the cases that chose otherwise than expected."""
-    rates = agent.get("rates") or {}
+    rates = agent.rates
     alone = rates.get("classes") if isinstance(rates.get("classes"), dict) else {}
     loaded = ((rates.get("under_load") or {}).get("classes") or {}) if isinstance(rates.get("under_load"), dict) \
         else {}
