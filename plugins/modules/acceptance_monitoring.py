@@ -91,8 +91,7 @@ else:
     IMPORT_ERROR = None
 
 
-def read_report(module: AcceptanceModule, run_dir: Path) -> dict:
-    report_path = run_dir / "report.json"
+def read_report(module: AcceptanceModule, report_path: Path) -> dict:
     try:
         return json.loads(report_path.read_text())
     except (OSError, ValueError) as exc:
@@ -115,7 +114,7 @@ def main() -> None:
     p = module.params
     run = module.run()
     run_dir = run.path.resolve()
-    report = read_report(module, run_dir)
+    report = read_report(module, run.report_json)
     verdict = report.get("verdict")
     if p["require_accepted"] and verdict not in monitoring.ACCEPTED_VERDICTS:
         module.fail_json(msg=f"run {report.get('run_id')} has verdict {verdict!r}: monitoring is generated from an "
@@ -139,7 +138,7 @@ def main() -> None:
         try:
             dest.mkdir(parents=True, exist_ok=True)
             target = dest / monitoring.RULES_FILE
-            shutil.copyfile(run_dir / "monitoring" / monitoring.RULES_FILE, target)
+            shutil.copyfile(run.monitoring_dir / monitoring.RULES_FILE, target)
         except OSError as exc:
             module.fail_json(msg=f"cannot copy the rules into {dest}: {exc}; create it or fix its permissions")
         result["rules_copy"] = str(target)

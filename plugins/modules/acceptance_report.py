@@ -76,7 +76,7 @@ def main() -> None:
     write_reports(run.path, report)
     point_latest(run.path)
     module.exit_json(changed=True, verdict=report["verdict"], reasons=report["verdict_reasons"],
-                     gates=report["gates"], report=str(run.path / "report.html"),
+                     gates=report["gates"], report=str(run.report_file("report.html")),
                      summary=report["summary"])
 
 

@@ -222,11 +222,11 @@ def cmd_lineage(args: argparse.Namespace) -> int:
     run = official = None
     official_dir = args.official
     if args.run:
-        run = json.loads((args.run / "report.json").read_text())
+        run = json.loads(RunDir(args.run).report_json.read_text())
         if official_dir is None and lineage and lineage.base_profile:
             official_dir = last_official_run(args.run.resolve().parent, str(lineage.base_profile), exclude=args.run)
     if official_dir is not None:
-        official = json.loads((official_dir / "report.json").read_text())
+        official = json.loads(RunDir(official_dir).report_json.read_text())
     checks = lineage_checks(profile.data, build=load_lineage(build_path), rebuilt=load_lineage(rebuilt_path),
                             rebuilt_path=str(rebuilt_path) if rebuilt_path else None, run=run, official=official,
                             official_path=str(official_dir) if official_dir else None)

@@ -97,11 +97,29 @@ def test_no_product_module_imports_the_lab() -> None:
     assert not importers, importers
 
 
+# A hand-made path into a run directory: `run_dir / "..."`, or any path joined onto one of the names
+# core/rundir.py's layout owns (`base / "report.json"`, `path / "stages"`).
+RUN_DIR_JOINS = re.compile(r"\brun_dir\)? / f?[\"']|/ f?[\"'](report\.(json|html|md)|run\.json|signoff\.json|"
+                           r"findings|stages|evidence|monitoring)[\"'/]")
+
+
+def _run_dir_joins(root: Path, skip: tuple[str, ...]) -> list[str]:
+    return [f"{path.relative_to(REPO)}:{n}" for path in sorted(root.rglob("*.py"))
+            if path.relative_to(root).parts[0] not in skip and path.name != "rundir.py"
+            for n, line in enumerate(path.read_text().splitlines(), 1) if RUN_DIR_JOINS.search(line)]
+
+
+def test_the_run_directory_pattern_sees_hand_joins() -> None:
+    for line in ('run_dir / "report.json"', 'Path(run_dir) / "x"', 'base_dir / "report.json"', 'args.run / "stages"',
+                 'run.path / "report.html"', 'target / "monitoring" / name'):
+        assert RUN_DIR_JOINS.search(line), line
+    for line in ('run.report_json', 'build_dir / "lineage.json"', 'project / "accept.yml"', 'base / f"{name}.json"'):
+        assert not RUN_DIR_JOINS.search(line), line
+
+
 def test_run_directory_paths_come_from_rundir() -> None:
-    """RunDir (core/rundir.py) is the only way to a run directory's files: no product module joins
-    `run_dir / "..."` by hand (the lab, support that writes its own scratch files, aside)."""
-    joined = re.compile(r"\brun_dir\)? / f?[\"']")
-    found = [f"{path.relative_to(PACKAGE)}:{n}" for path in sorted(PACKAGE.rglob("*.py"))
-             if path.relative_to(PACKAGE).parts[0] not in ("lab",) and path.name != "rundir.py"
-             for n, line in enumerate(path.read_text().splitlines(), 1) if joined.search(line)]
+    """RunDir (core/rundir.py) is the only way to a run directory's files: no product module or collection
+    plugin joins `run_dir / "..."`, or a path onto report.json, run.json, findings/, stages/, evidence/ or
+    monitoring/, by hand (the lab, support that writes its own scratch files, aside)."""
+    found = _run_dir_joins(PACKAGE, ("lab",)) + _run_dir_joins(REPO / "plugins", ())
     assert not found, found

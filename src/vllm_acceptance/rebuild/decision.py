@@ -32,6 +32,7 @@ from typing import Any
 
 from ..core.evidence import atomic_write
 from ..core.findings import Finding, Status
+from ..core.rundir import RunDir
 from ..rules.registry import get as catalog_get
 from .remediation.isolated import isolated_environment_record
 from .remediation.ledger import LEDGER_NAME
@@ -79,7 +80,7 @@ class RunFindings:
 def load_run(path: Path) -> RunFindings:
     """A run directory (or its report.json): the findings its report judged."""
     path = Path(path)
-    file = path / "report.json" if path.is_dir() else path
+    file = RunDir(path).report_json if path.is_dir() else path
     if not file.is_file():
         raise DecisionInputError(f"{path}: no report.json: give a run directory reports/<inventory>/<run-id> "
                                  "whose report was written (vllm-acceptance report --run-dir ...)")
@@ -120,11 +121,11 @@ def _ids(findings: Iterable[Finding]) -> list[str]:
 
 def recurrence_sign(before: RunFindings | None, after: RunFindings) -> Finding:
     check = catalog_get(SIGNS["recurrence"])
-    evidence = [str(after.path / "report.json")]
+    evidence = [str(RunDir(after.path).report_json)]
     if before is None:
         return check.missing(None, "no acceptance run before the change is given (--before RUN): the original "
                                    "error is unknown, so whether it recurs cannot be judged", evidence=evidence)
-    evidence.insert(0, str(before.path / "report.json"))
+    evidence.insert(0, str(RunDir(before.path).report_json))
     original = [f for f in before.findings if f.status == Status.FAIL]
     if not original:
         return check.missing(None, f"the run before the change ({before.label}) has no failed check: it does not "
@@ -161,7 +162,7 @@ def recurrence_sign(before: RunFindings | None, after: RunFindings) -> Finding:
 
 def prefix_cache_sign(after: RunFindings) -> Finding:
     check = catalog_get(SIGNS["prefix_cache"])
-    evidence = [str(after.path / "report.json")]
+    evidence = [str(RunDir(after.path).report_json)]
     own = [f for f in after.findings if f.check.startswith("cache.") or f.check == PREFIX_FLAG]
     return _family_sign(check, own, evidence, required=("cache.",), what="prefix caching",
                         expected="the cache family passes in the re-run (reuse on an identical prefix, none on "
@@ -172,7 +173,7 @@ def prefix_cache_sign(after: RunFindings) -> Finding:
 
 def agent_sign(after: RunFindings) -> Finding:
     check = catalog_get(SIGNS["agent"])
-    evidence = [str(after.path / "report.json")]
+    evidence = [str(RunDir(after.path).report_json)]
     own = [f for f in after.findings if f.check.startswith("agent.")]
     return _family_sign(check, own, evidence, required=AGENT_REQUIRED, what="agent tools and structured output",
                         expected="the agent family passes in the re-run, agent.tool_call and "

@@ -272,7 +272,7 @@ def experimental_lineage(run_dir: Path, profile: Profile, findings: list[Finding
     base = lineage.base_profile if lineage else ""
     official_dir = last_official_run(run_dir.resolve().parent, str(base), exclude=run_dir) if base else None
     run = {"run_id": run_dir.name, "findings": [f.to_dict() for f in findings]}
-    official = read_json(official_dir / "report.json") if official_dir else None
+    official = read_json(RunDir(official_dir).report_json) if official_dir else None
     return lineage_checks(profile.data, build=load_lineage(build_dir / "lineage.json") if build_dir else None,
                           rebuilt=load_lineage(rebuilt_path), rebuilt_path=str(rebuilt_path) if rebuilt_path else None,
                           run=run, official=official, official_path=str(official_dir) if official_dir else None)

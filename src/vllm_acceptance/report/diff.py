@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..core.rundir import RunDir
 from ..core.stage_details import StageDetails
 from .reopen import fired_triggers
 
@@ -28,7 +29,7 @@ class RunNotFound(FileNotFoundError):
 
 def load_report(path: Path) -> tuple[Path, dict[str, Any]]:
     path = Path(path)
-    file = path if path.is_file() else path / "report.json"
+    file = path if path.is_file() else RunDir(path).report_json
     if not file.is_file():
         raise RunNotFound(f"{path}: no report.json (give a run directory reports/<inventory>/<run-id>, "
                           "its report.json, or reports/<inventory>/latest)")

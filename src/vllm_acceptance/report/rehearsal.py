@@ -140,10 +140,10 @@ def record(plan_data: dict[str, Any], result: dict[str, Any]) -> Path:
         "ready": bool(result.get("ready")), "smoke": {**smoke, "ready_s": result.get("ready_s")},
         "error": result.get("error"), "log_tail": result.get("log_tail"),
     }
-    (target / REHEARSAL_FILE).write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
-    if (target / "report.json").is_file():
+    RunDir(target).report_file(REHEARSAL_FILE).write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    if RunDir(target).report_json.is_file():
         rerender(target)
-    return target / REHEARSAL_FILE
+    return RunDir(target).report_file(REHEARSAL_FILE)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..core.rundir import RunDir
 from ..core.stage_details import StageDetails
 
 SIGNOFF_FILE = "signoff.json"
@@ -158,13 +159,13 @@ def reopen_status(run_dir: Path, report: dict[str, Any]) -> dict[str, Any]:
                         "this is a first acceptance"}
     base_dir, record = found
     try:
-        base = json.loads((base_dir / "report.json").read_text())
+        base = json.loads(RunDir(base_dir).report_json.read_text())
     except (OSError, ValueError) as exc:
         return {**out, "status": "baseline_unreadable", "fired": [],
                 "baseline": {"run_id": base_dir.name, "signed_at": record.get("signed_at")},
                 "note": f"the last signed run {base_dir.name} has no readable report.json ({exc}): "
                         "treat acceptance as reopened"}
-    intact = record.get("report_sha256") == sha256_file(base_dir / "report.json")
+    intact = record.get("report_sha256") == sha256_file(RunDir(base_dir).report_json)
     fired = fired_triggers(base, report)
     return {**out, "status": "reopened" if fired else "unchanged", "fired": fired,
             "baseline": {"run_id": base_dir.name, "decision": record.get("decision"),
