@@ -98,6 +98,7 @@ try:
     from vllm_acceptance.core.probes import default_probe_names
     from vllm_acceptance.core.profile import load_profile
     from vllm_acceptance.core.rundir import (
+        RunDir,
         open_run,
         record_profile,
         require_gpu_nodes,
@@ -146,8 +147,9 @@ def main() -> None:
                                     hosts=params["hosts"], run_id=params["run_id"],
                                     host_variables=params["host_variables"])
     # Every later stage judges the run's frozen copy of the profile (evidence/profile.yml).
+    frozen = RunDir(run_dir).at(record_profile(run_dir, profile))
     module.exit_json(changed=True, run_dir=str(run_dir), run_id=run_dir.name, profile=profile.data,
-                     profile_path=str(run_dir / record_profile(run_dir, profile)), probes=list(default_probe_names()))
+                     profile_path=str(frozen), probes=list(default_probe_names()))
 
 
 if __name__ == "__main__":

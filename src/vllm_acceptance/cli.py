@@ -189,7 +189,7 @@ def _add_remediation(sub: argparse._SubParsersAction) -> None:
 
 def cmd_remediation_decision(args: argparse.Namespace) -> int:
     from .rebuild.decision import REVERT, DecisionInputError, decide_after_remediation, write_decision
-    from .report.signoff import rerender
+    from .report.sign import rerender
 
     try:
         decision = decide_after_remediation(args.run_dir, before_dir=args.before, record=args.record,
@@ -254,7 +254,8 @@ def cmd_rebuild_manual(args: argparse.Namespace) -> int:
 
 
 def cmd_sign(args: argparse.Namespace) -> int:
-    from .report.signoff import SignRefused, parse_confirmations, sign_run
+    from .report.sign import sign_run
+    from .report.signoff import SignRefused, parse_confirmations
 
     try:
         record = sign_run(args.run_dir, replace=args.replace, reviewer=args.reviewer, decision=args.decision,

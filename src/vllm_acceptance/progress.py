@@ -206,7 +206,7 @@ class Progress:
         if self.run_dir is None:
             self._pending.append(record)
         else:
-            _append(self.run_dir / EVENTS_FILE, line)
+            _append(_events_file(self.run_dir), line)
 
     # --- run directory ----------------------------------------------------------------------------------
     def attach_run(self, run_dir: str | Path, profile: Mapping[str, Any] | None = None) -> None:
@@ -219,7 +219,7 @@ class Progress:
         self.bounds = stage_bounds(profile)
         pending, self._pending = self._pending, []
         for record in pending:
-            _append(self.run_dir / EVENTS_FILE, json.dumps(record, default=str))
+            _append(_events_file(self.run_dir), json.dumps(record, default=str))
         self.emit("run", run_dir=str(self.run_dir), profile=(profile or {}).get("name"))
 
     def scan_findings(self) -> None:
@@ -328,6 +328,12 @@ def _append(path: Path, line: str) -> None:
             handle.write(line + "\n")
     except OSError:
         pass                                  # progress never breaks a run
+
+
+def _events_file(run_dir: Path) -> Path:
+    from vllm_acceptance.core.rundir import RunDir  # as in scan_findings
+
+    return RunDir(run_dir).at(EVENTS_FILE)
 
 
 def _read_profile(run_dir: Path) -> dict[str, Any] | None:

@@ -13,7 +13,8 @@ import pytest
 from vllm_acceptance import cli
 from vllm_acceptance.core.profile import load_profile
 from vllm_acceptance.report.build import build_report
-from vllm_acceptance.report.signoff import SignRefused, sign_run
+from vllm_acceptance.report.sign import sign_run
+from vllm_acceptance.report.signoff import SignRefused
 from vllm_acceptance.report.write import write_reports
 
 REPO = Path(__file__).resolve().parents[2]

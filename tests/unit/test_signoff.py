@@ -15,7 +15,8 @@ from vllm_acceptance.report import checklist, views
 from vllm_acceptance.report.diff import diff_runs, render_diff_text
 from vllm_acceptance.report.render_html import compat_matrix, render_html
 from vllm_acceptance.report.reopen import reopen_status
-from vllm_acceptance.report.signoff import SignRefused, more_permissive, parse_confirmations, sign_run
+from vllm_acceptance.report.sign import sign_run
+from vllm_acceptance.report.signoff import SignRefused, more_permissive, parse_confirmations
 from vllm_acceptance.report.write import write_reports
 
 SAMPLES_PATH = Path(__file__).resolve().parents[1] / "fixtures" / "reports" / "samples.py"
@@ -93,7 +94,7 @@ def test_a_changed_report_json_breaks_the_signature(tmp_path: Path) -> None:
     report = json.loads((run_dir / "report.json").read_text())
     report["verdict_reasons"].append("edited after signing")
     (run_dir / "report.json").write_text(json.dumps(report))
-    from vllm_acceptance.report.signoff import rerender
+    from vllm_acceptance.report.sign import rerender
 
     rerender(run_dir)
     html = (run_dir / "report.html").read_text()

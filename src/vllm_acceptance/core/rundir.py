@@ -192,6 +192,11 @@ class RunDir:
     def report_json(self) -> Path:
         return self.path / "report.json"
 
+    def at(self, *parts: str | Path) -> Path:
+        """A path the run records relative to its directory: a finding's evidence (`evidence/serve/args.json`),
+        a folder a stage fills (`evidence/memory`, `probes/load-distributed`), a record beside report.json."""
+        return self.path.joinpath(*parts)
+
     def report_file(self, name: str) -> Path:
         """A file the report stage writes beside report.json (report.html, remediation-decision.json, ...)."""
         return self.path / name

@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..core.rundir import RunDir
+
 DEFAULT_FIELDS = ("timestamp", "index", "memory.used")
 LABEL = "GPU memory used"
 UNITS = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30}
@@ -110,7 +112,7 @@ def parse_memory_file(path: str | os.PathLike[str], host: str | None = None) -> 
 
 def memory_rows(run_dir: Path, subdir: str = "evidence/memory") -> list[dict[str, Any]]:
     """Every node's rows from ``<run_dir>/evidence/memory/*.csv``, sorted by time."""
-    rows = [r for path in sorted((run_dir / subdir).glob("*.csv")) for r in parse_memory_file(path)]
+    rows = [r for path in sorted(RunDir(run_dir).at(subdir).glob("*.csv")) for r in parse_memory_file(path)]
     return sorted(rows, key=lambda r: r["t"])
 
 

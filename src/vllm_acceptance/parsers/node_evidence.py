@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..core.rundir import RunDir
+
 EVIDENCE_SUBDIR = Path("evidence") / "preflight"
 
 # name -> what it is: the commands of roles/preflight/templates/commands.yml.j2. A node check that is one file
@@ -119,7 +121,7 @@ class NodeEvidence:
 
 
 def host_dir(run_dir: Path, host: str) -> Path:
-    return Path(run_dir) / EVIDENCE_SUBDIR / host
+    return RunDir(Path(run_dir)).at(EVIDENCE_SUBDIR, host)
 
 
 def _read_record(run_dir: Path, base: Path, name: str) -> CommandRecord:

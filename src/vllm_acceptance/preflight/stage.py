@@ -22,7 +22,7 @@ from ..core.evidence import atomic_write
 from ..core.findings import Finding
 from ..core.profile import Profile
 from ..core.redact import redact_obj, redact_text
-from ..core.rundir import record_profile
+from ..core.rundir import RunDir, record_profile
 from ..parsers.node_evidence import host_dir, load_node_evidence
 from ..parsers.startup_log import StartupScan, scan_startup_log
 from ..rules.compat import (
@@ -311,7 +311,7 @@ def save_unreachable(run_dir: Path, errors: dict[str, str], secrets: list[str] |
     """Record each node that could not be reached with its connection error, redacted (core/redact.py):
     Ansible's own message, e.g. `Failed to connect to the host via ssh: ssh: connect to host 10.0.0.7 port 22:
     Connection refused`. Merged with earlier records of the run; returns what the file now holds."""
-    path = Path(run_dir) / UNREACHABLE_EVIDENCE
+    path = RunDir(Path(run_dir)).at(UNREACHABLE_EVIDENCE)
     kept = read_unreachable(run_dir)
     for host, error in errors.items():
         if not _NAME.fullmatch(host):
@@ -325,7 +325,7 @@ def save_unreachable(run_dir: Path, errors: dict[str, str], secrets: list[str] |
 
 def read_unreachable(run_dir: Path) -> dict[str, str]:
     """Host -> connection error of the nodes preflight could not reach (empty when all answered)."""
-    path = Path(run_dir) / UNREACHABLE_EVIDENCE
+    path = RunDir(Path(run_dir)).at(UNREACHABLE_EVIDENCE)
     if not path.is_file():
         return {}
     data = json.loads(path.read_text())

@@ -70,7 +70,8 @@ def merge_gpu_memory(run_dir: Path, details: dict[str, Any]) -> list[dict[str, A
     serve = RunDir.existing(run_dir).stage("serve")
     ready_at = serve.get("judged_at") if isinstance(serve, dict) else None
     details["memory_peaks_by_stage"] = stage_peaks(rows, ready_at, details.get("stage_bounds") or [])
-    details["memory_evidence"] = [f"{MEMORY_DIR}/{p.name}" for p in sorted((run_dir / MEMORY_DIR).glob("*.csv"))]
+    series = sorted(RunDir(run_dir).at(MEMORY_DIR).glob("*.csv"))
+    details["memory_evidence"] = [f"{MEMORY_DIR}/{p.name}" for p in series]
     return rows
 
 
@@ -84,7 +85,7 @@ def soak_from_node_memory(findings: list[Finding], rows: list[dict[str, Any]], e
 
 
 def server_logs(run_dir: Path) -> list[Path]:
-    folder = run_dir / AFTER_PROBES_LOGS
+    folder = RunDir(run_dir).at(AFTER_PROBES_LOGS)
     return sorted(folder.glob("*.log")) if folder.is_dir() else []
 
 

@@ -210,7 +210,7 @@ def merge_stage(run_dir: Path, *, profile_path: str | None, expected_hosts: list
 
     profile = load_profile(profile_path) if profile_path else None
     cfg = LoadProbeConfig.from_profile(profile, {}, model="")
-    directory = run_dir / records_dir
+    directory = RunDir(run_dir).at(records_dir)
     runs = read_host_runs(directory, run_dir) if directory.is_dir() else []
     clock = clock_check(runs, start_at, window_end, tolerance_s)
     summary = merge_summary(runs)

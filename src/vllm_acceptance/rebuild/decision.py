@@ -419,7 +419,7 @@ def failed_ids(sign: Finding) -> list[str]:
 def write_decision(run_dir: Path, decision: Mapping[str, Any]) -> Path:
     """remediation-decision.json beside the re-run's report; the rebuild record (when one was read) gets
     the choice too, so the record of the change says how it ended."""
-    path = Path(run_dir) / DECISION_FILE
+    path = RunDir(Path(run_dir)).report_file(DECISION_FILE)
     atomic_write(path, json.dumps(decision, indent=2, default=str) + "\n")
     record_path, record = load_record(Path(decision["record"])) if decision.get("record") else (None, None)
     if record_path is not None and record is not None:

@@ -144,7 +144,7 @@ def gpu_nodes_named(profile: Profile, run: dict[str, Any], findings: list[Findin
 def drop_dangling_evidence(run_dir: Path, findings: list[Finding]) -> None:
     """Contract: every evidence path exists. A vanished file is named, and its finding cannot pass."""
     for finding in findings:
-        kept = [p for p in finding.evidence if (run_dir / p).exists()]
+        kept = [p for p in finding.evidence if RunDir(run_dir).at(p).exists()]
         lost = [p for p in finding.evidence if p not in kept]
         if lost:
             finding.evidence = kept

@@ -36,7 +36,7 @@ def same_profile(a: Profile, b: Profile) -> bool:
 def run_profile(run_dir: Path, requested: str | Path | None) -> Profile:
     """The frozen profile of the run; ConfigError (exit 2) when `requested` is another profile."""
     run_dir = Path(run_dir)
-    frozen_path = run_dir / PROFILE_EVIDENCE
+    frozen_path = RunDir(run_dir).profile_path
     if frozen_path.is_file():
         frozen = load_profile(frozen_path)
         if requested is None:
@@ -47,7 +47,7 @@ def run_profile(run_dir: Path, requested: str | Path | None) -> Profile:
                     else f"a different version of profile {given.name!r}")
             raise ConfigError(
                 f"--profile {requested}: {what} is not the profile run {run_dir.name} ran with ({frozen.name!r}, "
-                f"frozen in {run_dir / PROFILE_EVIDENCE}); a run is judged only on the profile it ran with: drop "
+                f"frozen in {frozen_path}); a run is judged only on the profile it ran with: drop "
                 "--profile (the frozen copy is used), or run the acceptance again with acceptance_profile set to "
                 f"{given.name}")
         return frozen

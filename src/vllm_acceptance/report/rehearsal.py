@@ -27,7 +27,8 @@ from ..core.profile_model import ProfileModel
 from ..core.rundir import RunDir
 from ..core.stage_details import StageDetails
 from .reopen import last_signed_acceptance
-from .signoff import REHEARSAL_FILE, rerender
+from .sign import rerender
+from .signoff import REHEARSAL_FILE
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 OWN_FLAGS = ("--model", "--served-model-name", "--host", "--port")

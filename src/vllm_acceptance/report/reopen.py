@@ -125,7 +125,7 @@ def sha256_file(path: Path) -> str:
 
 def read_signoff(run_dir: Path) -> dict[str, Any] | None:
     try:
-        data = json.loads((run_dir / SIGNOFF_FILE).read_text())
+        data = json.loads(RunDir(run_dir).report_file(SIGNOFF_FILE).read_text())
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

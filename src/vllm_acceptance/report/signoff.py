@@ -18,9 +18,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..core.redact import redact_obj
 from ..core.rundir import RunDir
-from .reopen import SIGNOFF_FILE, read_signoff, sha256_file
+from .reopen import read_signoff, sha256_file
 
 DECISIONS = ("release", "limited_observation", "expand_capacity", "rebuild_environment")
 # How much traffic a verdict or decision lets through; precedence of README's decision table.
@@ -131,7 +130,7 @@ def build_signoff(run_dir: Path, report: dict[str, Any], *, reviewer: str, decis
         if not limits:
             raise SignRefused("limited_observation needs the traffic cap: --limit max_num_seqs=N (repeatable); it "
                               "goes into the serving config and the alerts")
-    rehearsal = read_json_dict(run_dir / REHEARSAL_FILE)
+    rehearsal = read_json_dict(RunDir(run_dir).report_file(REHEARSAL_FILE))
     return {
         "schema": "signoff/1",
         "inventory": report.get("inventory"),
@@ -182,38 +181,7 @@ def signed_view(run_dir: Path) -> dict[str, Any] | None:
 def attachments(run_dir: Path) -> dict[str, Any]:
     """What is recorded beside report.json after the run: the sign-off, the restore rehearsal and the decision
     after remediation (rebuild/decision.py)."""
-    return {"signed": signed_view(run_dir), "restore_rehearsal": read_json_dict(run_dir / REHEARSAL_FILE),
+    rehearsal = read_json_dict(RunDir(run_dir).report_file(REHEARSAL_FILE))
+    return {"signed": signed_view(run_dir), "restore_rehearsal": rehearsal,
             "remediation_decision": read_json_dict(RunDir(run_dir).report_file("remediation-decision.json"))}
 
-
-def rerender(run_dir: Path) -> list[Path]:
-    """report.html and report.md again, with the sign-off and rehearsal attached; report.json untouched."""
-    from .render_html import render_html
-    from .render_md import render_markdown
-    from .write import atomic_write_text
-
-    report = {**load_run_report(run_dir), **attachments(run_dir)}
-    written = []
-    for name, text in (("report.html", render_html(report)), ("report.md", render_markdown(report))):
-        atomic_write_text(run_dir / name, text)
-        written.append(run_dir / name)
-    return written
-
-
-def sign_run(run_dir: Path, *, replace: bool = False, **kwargs: Any) -> dict[str, Any]:
-    """Write signoff.json for the run and re-render its report; returns the record."""
-    from .write import atomic_write_text
-
-    run_dir = Path(run_dir)
-    report = load_run_report(run_dir)
-    existing = read_signoff(run_dir)
-    if existing and not replace:
-        raise SignRefused(f"{run_dir.name} is already signed ({existing.get('decision')} by "
-                          f"{existing.get('reviewer')} at {existing.get('signed_at')}); give --replace to sign again")
-    record = build_signoff(run_dir, report, **kwargs)
-    record = redact_obj(record)  # a note or a confirmation never carries a secret to disk
-    if existing:
-        record["replaces"] = {k: existing.get(k) for k in ("decision", "reviewer", "signed_at", "report_sha256")}
-    atomic_write_text(run_dir / SIGNOFF_FILE, json.dumps(record, indent=2, ensure_ascii=False) + "\n")
-    rerender(run_dir)
-    return record

@@ -17,6 +17,7 @@ from typing import Any
 import jsonschema
 
 from ..core.redact import redact_obj
+from ..core.rundir import RunDir
 from .render_html import render_html
 from .render_junit import render_junit
 from .render_md import render_markdown
@@ -52,7 +53,7 @@ def evidence_errors(run_dir: Path, report: dict[str, Any]) -> list[str]:
     errors = []
     for f in report.get("findings") or []:
         for p in f.get("evidence") or []:
-            target = (run_dir / p).resolve()
+            target = RunDir(run_dir).at(p).resolve()
             if not target.is_relative_to(root) or not target.exists():
                 errors.append(f"{f.get('check')}@{f.get('host')}: evidence {p!r} is not a file of the run directory")
     return errors
@@ -92,6 +93,6 @@ def write_reports(run_dir: Path, report: dict[str, Any]) -> list[Path]:
     }
     written = []
     for name, text in documents.items():
-        atomic_write_text(run_dir / name, text)
-        written.append(run_dir / name)
+        atomic_write_text(RunDir(run_dir).report_file(name), text)
+        written.append(RunDir(run_dir).report_file(name))
     return written

@@ -108,8 +108,6 @@ def register(check_id: str, *, title: str, rule: str, consequence: Consequence |
 
 def get(check_id: str) -> Check:
     """The catalogued check ``check_id``; :class:`UnknownCheck` names the fix when it is not registered."""
-    from . import catalog  # noqa: F401 - importing the catalog fills CHECKS
-
     try:
         return CHECKS[check_id]
     except KeyError:
@@ -124,8 +122,6 @@ def warn_blocks(check_id: str) -> bool:
 
 
 def known(check_id: str) -> bool:
-    from . import catalog  # noqa: F401
-
     return check_id in CHECKS
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from vllm_acceptance.core.redact import redact_text
 
@@ -14,8 +14,11 @@ from .clock import now
 from .records import Record, Status
 from .stream import _Stream
 
-if TYPE_CHECKING:  # annotations only: client.py imports this module at run time
-    from .client import _Conn
+
+class _Holder(Protocol):
+    """What an exchange needs of the connection it runs on (client._Conn): to be handed back when it ends."""
+
+    def release(self, ex: _Exchange, reusable: bool) -> None: ...
 
 
 ERROR_TEXT_LIMIT = 2000
@@ -49,7 +52,7 @@ class _Exchange:
         self.body: list[bytes] | None = None  # the body of a non-200 answer, for the error text
         self.timer: asyncio.TimerHandle | None = None
         self.finished = False
-        self.conn: _Conn | None = None
+        self.conn: _Holder | None = None
 
     # -- timing -------------------------------------------------------------------------------
 

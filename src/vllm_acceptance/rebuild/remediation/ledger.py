@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ...core.evidence import atomic_write
+from ...core.rundir import RunDir
 
 LEDGER_NAME = "rebuild.json"
 
@@ -19,7 +20,7 @@ class Ledger:
     atomically after each step, so a roll that stops mid-way still says what happened."""
 
     def __init__(self, run_dir: Path) -> None:
-        self.path = Path(run_dir) / LEDGER_NAME
+        self.path = RunDir(Path(run_dir)).report_file(LEDGER_NAME)
 
     def load(self) -> dict[str, Any]:
         if self.path.is_file():

@@ -1,0 +1,49 @@
+"""Signing a run and re-rendering its report: the writers of report/signoff.py's record.
+
+`sign_run` writes signoff.json beside report.json and renders report.html and report.md again with the record
+attached; `rerender` does the second half alone (after a restore rehearsal is recorded, or by hand). report.json is
+never rewritten, so the sha256 the sign-off holds stays checkable.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..core.redact import redact_obj
+from ..core.rundir import RunDir
+from .render_html import render_html
+from .render_md import render_markdown
+from .reopen import SIGNOFF_FILE, read_signoff
+from .signoff import SignRefused, attachments, build_signoff, load_run_report
+from .write import atomic_write_text
+
+
+def rerender(run_dir: Path) -> list[Path]:
+    """report.html and report.md again, with the sign-off and rehearsal attached; report.json untouched."""
+    report = {**load_run_report(run_dir), **attachments(run_dir)}
+    written = []
+    for name, text in (("report.html", render_html(report)), ("report.md", render_markdown(report))):
+        target = RunDir(Path(run_dir)).report_file(name)
+        atomic_write_text(target, text)
+        written.append(target)
+    return written
+
+
+def sign_run(run_dir: Path, *, replace: bool = False, **kwargs: Any) -> dict[str, Any]:
+    """Write signoff.json for the run and re-render its report; returns the record."""
+    run_dir = Path(run_dir)
+    report = load_run_report(run_dir)
+    existing = read_signoff(run_dir)
+    if existing and not replace:
+        raise SignRefused(f"{run_dir.name} is already signed ({existing.get('decision')} by "
+                          f"{existing.get('reviewer')} at {existing.get('signed_at')}); give --replace to sign again")
+    record = build_signoff(run_dir, report, **kwargs)
+    record = redact_obj(record)  # a note or a confirmation never carries a secret to disk
+    if existing:
+        record["replaces"] = {k: existing.get(k) for k in ("decision", "reviewer", "signed_at", "report_sha256")}
+    atomic_write_text(RunDir(run_dir).report_file(SIGNOFF_FILE),
+                      json.dumps(record, indent=2, ensure_ascii=False) + "\n")
+    rerender(run_dir)
+    return record
