@@ -99,6 +99,19 @@ def test_original_error_fixed_in_the_rerun(tmp_path: Path) -> None:
     assert sign["observed"]["fixed"] == ["compat.actual_config.flags@localhost"]
 
 
+
+def test_every_sign_cites_the_report_files_it_read(tmp_path: Path) -> None:
+    """A run given as a file (a copied report.json under another name) is cited by that file, never by a
+    report.json beside it that was not read."""
+    after_dir = run(tmp_path, HEALTHY)
+    after_file = after_dir / "rerun-report.json"
+    (after_dir / "report.json").rename(after_file)
+    before_dir = failed_before(tmp_path)
+    d = decide_after_remediation(after_file, before_dir=before_dir, record=record(tmp_path, manual=[]))
+    assert d["signs"]["recurrence"]["evidence"] == [str(before_dir / "report.json"), str(after_file)]
+    for name in ("prefix_cache", "agent"):
+        assert d["signs"][name]["evidence"] == [str(after_file)], name
+
 def test_original_error_recurs_and_the_choice_is_revert_naming_it(tmp_path: Path) -> None:
     d = decide_after_remediation(run(tmp_path, K3_FAIL), before_dir=failed_before(tmp_path),
                                  record=record(tmp_path, manual=[]))

@@ -71,6 +71,7 @@ class RunFindings:
     path: Path
     report: dict[str, Any]
     findings: list[Finding]
+    file: Path            # the file read: every sign cites it
 
     @property
     def label(self) -> str:
@@ -89,7 +90,7 @@ def load_run(path: Path) -> RunFindings:
         findings = [Finding.from_dict(d) for d in report.get("findings") or []]
     except (ValueError, TypeError, KeyError) as exc:
         raise DecisionInputError(f"{file}: not a readable report.json ({exc})") from exc
-    return RunFindings(file.parent, report, findings)
+    return RunFindings(file.parent, report, findings, file)
 
 
 def load_record(path: Path | None) -> tuple[Path | None, dict[str, Any] | None]:
@@ -121,11 +122,11 @@ def _ids(findings: Iterable[Finding]) -> list[str]:
 
 def recurrence_sign(before: RunFindings | None, after: RunFindings) -> Finding:
     check = catalog_get(SIGNS["recurrence"])
-    evidence = [str(RunDir(after.path).report_json)]
+    evidence = [str(after.file)]
     if before is None:
         return check.missing(None, "no acceptance run before the change is given (--before RUN): the original "
                                    "error is unknown, so whether it recurs cannot be judged", evidence=evidence)
-    evidence.insert(0, str(RunDir(before.path).report_json))
+    evidence.insert(0, str(before.file))
     original = [f for f in before.findings if f.status == Status.FAIL]
     if not original:
         return check.missing(None, f"the run before the change ({before.label}) has no failed check: it does not "
@@ -162,7 +163,7 @@ def recurrence_sign(before: RunFindings | None, after: RunFindings) -> Finding:
 
 def prefix_cache_sign(after: RunFindings) -> Finding:
     check = catalog_get(SIGNS["prefix_cache"])
-    evidence = [str(RunDir(after.path).report_json)]
+    evidence = [str(after.file)]
     own = [f for f in after.findings if f.check.startswith("cache.") or f.check == PREFIX_FLAG]
     return _family_sign(check, own, evidence, required=("cache.",), what="prefix caching",
                         expected="the cache family passes in the re-run (reuse on an identical prefix, none on "
@@ -173,7 +174,7 @@ def prefix_cache_sign(after: RunFindings) -> Finding:
 
 def agent_sign(after: RunFindings) -> Finding:
     check = catalog_get(SIGNS["agent"])
-    evidence = [str(RunDir(after.path).report_json)]
+    evidence = [str(after.file)]
     own = [f for f in after.findings if f.check.startswith("agent.")]
     return _family_sign(check, own, evidence, required=AGENT_REQUIRED, what="agent tools and structured output",
                         expected="the agent family passes in the re-run, agent.tool_call and "
