@@ -22,10 +22,13 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm_acceptance.core.probes import probe_names
 from vllm_acceptance.core.redact import redact_obj
+
+if TYPE_CHECKING:
+    from vllm_acceptance.core.rundir import RunDir
 
 EVENTS_FILE = "events.jsonl"
 PROBES = probe_names()   # core/probes.py, in run order
@@ -224,11 +227,9 @@ class Progress:
 
     def scan_findings(self) -> None:
         """Counts by status of each findings/<stage>.json that is new or changed since the last look."""
-        from vllm_acceptance.core.rundir import RunDir  # here: the callback plugin loads this module light
-
-        if self.run_dir is None or not RunDir(self.run_dir).findings_dir.is_dir():
+        if self.run_dir is None or not _run(self.run_dir).findings_dir.is_dir():
             return
-        for path in sorted(RunDir(self.run_dir).findings_dir.glob("*.json")):
+        for path in sorted(_run(self.run_dir).findings_dir.glob("*.json")):
             try:
                 stat = path.stat()
                 mark = (stat.st_mtime, stat.st_size)
@@ -330,19 +331,21 @@ def _append(path: Path, line: str) -> None:
         pass                                  # progress never breaks a run
 
 
-def _events_file(run_dir: Path) -> Path:
-    from vllm_acceptance.core.rundir import RunDir  # as in scan_findings
+def _run(run_dir: Path) -> RunDir:
+    from vllm_acceptance.core.rundir import RunDir  # here: the callback plugin loads this module light
 
-    return RunDir(run_dir).at(EVENTS_FILE)
+    return RunDir(run_dir)
+
+
+def _events_file(run_dir: Path) -> Path:
+    return _run(run_dir).at(EVENTS_FILE)
 
 
 def _read_profile(run_dir: Path) -> dict[str, Any] | None:
     import yaml
 
-    from vllm_acceptance.core.rundir import RunDir  # as in scan_findings
-
     try:
-        data = yaml.safe_load(RunDir(run_dir).profile_path.read_text())
+        data = yaml.safe_load(_run(run_dir).profile_path.read_text())
     except (OSError, yaml.YAMLError):
         return None
     return data if isinstance(data, dict) else None

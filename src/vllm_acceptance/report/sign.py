@@ -22,10 +22,11 @@ from .write import atomic_write_text
 
 def rerender(run_dir: Path) -> list[Path]:
     """report.html and report.md again, with the sign-off and rehearsal attached; report.json untouched."""
-    report = {**load_run_report(run_dir), **attachments(run_dir)}
+    run = RunDir(Path(run_dir))
+    report = {**load_run_report(run.path), **attachments(run.path)}
     written = []
     for name, text in (("report.html", render_html(report)), ("report.md", render_markdown(report))):
-        target = RunDir(Path(run_dir)).report_file(name)
+        target = run.report_file(name)
         atomic_write_text(target, text)
         written.append(target)
     return written
