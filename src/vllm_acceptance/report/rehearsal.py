@@ -31,6 +31,7 @@ from .sign import rerender
 from .signoff import REHEARSAL_FILE
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+SERVE_CLI = "vllm.entrypoints.cli.main"
 OWN_FLAGS = ("--model", "--served-model-name", "--host", "--port")
 
 
@@ -46,11 +47,14 @@ def read_json(path: Path) -> Any:
 
 
 def split_argv(argv: list[str]) -> dict[str, Any]:
-    """python -m vllm...api_server --model M --served-model-name N --host H --port P FLAGS -> parts."""
+    """python -m vllm...api_server --model M (or -m vllm.entrypoints.cli.main serve M) --served-model-name N
+    --host H --port P FLAGS -> parts."""
     out: dict[str, Any] = {"python": argv[0] if argv else None, "args": []}
     rest = argv[1:]
     if rest[:2] == ["-m", SERVER_MODULE]:
         rest = rest[2:]
+    elif rest[:3] == ["-m", SERVE_CLI, "serve"] and len(rest) > 3:   # vllm serve MODEL (runtime/process.py)
+        rest = ["--model", *rest[3:]]
     i = 0
     while i < len(rest):
         item = rest[i]

@@ -352,6 +352,16 @@ register("cache.source", stage="cache", consequence=REBUILD,
               "account for the local hits; external_prefix_cache_* never pass for local reuse"),
          evidence="probes/cache/metrics-*.prom (prompt_tokens_by_source, external_prefix_cache_*)",
          source="docs/sources.md#a001, #a004: the cache source is told apart")
+register("cache.engines", stage="cache", consequence=REBUILD,
+         title="Every engine of a data-parallel server reuses its own prefix",
+         rule="a server with several engines (data parallel, DEP: the engine label of its series) has the protocol "
+              "run on each, every session pinned to one engine with vLLM's X-data-parallel-rank header; each "
+              "engine's clean hot requests, served by that engine (its counters moved), hit the prefix it served "
+              "before; an engine failing is named; one without a clean measurement of its own (a proxy dropping "
+              "the header, other traffic) is inconclusive; one engine: not applicable",
+         evidence="probes/cache/requests.json (engine, served_by per request), probes/cache/metrics/*.prom",
+         source="docs/sources.md#vllm-data-parallel: each engine has its own cache; the API server balances "
+                "between engines unless a request names its rank")
 register("cache.timeouts", stage="cache", consequence=REBUILD,
          title="Hung cache requests",
          rule="a request without a complete answer within cache.request_timeout_s decides nothing; it is named",

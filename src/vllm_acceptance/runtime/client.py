@@ -34,6 +34,7 @@ class Exchange:
     url: str = ""
     timeout_s: float | None = None
     timed_out: bool = False
+    headers: dict[str, str] = field(default_factory=dict)   # request headers the probe set (never credentials)
 
     @property
     def ok(self) -> bool:
@@ -44,7 +45,8 @@ class Exchange:
         return None if self.first_byte is None else self.first_byte - self.sent
 
     def evidence(self) -> dict[str, Any]:
-        return {"request": self.request, "url": self.url, "status": self.status, "response": self.body,
+        return {"request": self.request, "url": self.url, **({"request_headers": self.headers} if self.headers else {}),
+                "status": self.status, "response": self.body,
                 "raw_stream": self.raw if self.chunks else None, "error": self.error,
                 "timed_out": self.timed_out, "timeout_s": self.timeout_s,
                 "timing": {"sent": self.sent, "first_token": self.first_byte, "end": self.end}}
@@ -102,10 +104,11 @@ class OpenAIClient:
         data = response.json()
         return data.get("tokens")
 
-    def chat(self, body: dict[str, Any]) -> Exchange:
-        ex = Exchange(request=body, sent=time.time(), url=self._url("chat/completions"), timeout_s=self.timeout_s)
+    def chat(self, body: dict[str, Any], headers: dict[str, str] | None = None) -> Exchange:
+        ex = Exchange(request=body, sent=time.time(), url=self._url("chat/completions"), timeout_s=self.timeout_s,
+                      headers=dict(headers or {}))
         try:
-            with self.http.stream("POST", self._url("chat/completions"), json=body) as response:
+            with self.http.stream("POST", self._url("chat/completions"), json=body, headers=headers) as response:
                 ex.status = response.status_code
                 parts: list[bytes] = []
                 for piece in response.iter_bytes():
@@ -126,13 +129,15 @@ class OpenAIClient:
         ex.end = time.time()
         return ex
 
-    def chat_stream(self, body: dict[str, Any]) -> Exchange:
-        """Stream a chat completion; `body` is the assembled message (tool calls joined from deltas)."""
+    def chat_stream(self, body: dict[str, Any], headers: dict[str, str] | None = None) -> Exchange:
+        """Stream a chat completion; `body` is the assembled message (tool calls joined from deltas). `headers`
+        are extra request headers (e.g. vLLM's X-data-parallel-rank), kept in the evidence."""
         body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-        ex = Exchange(request=body, sent=time.time(), url=self._url("chat/completions"), timeout_s=self.timeout_s)
+        ex = Exchange(request=body, sent=time.time(), url=self._url("chat/completions"), timeout_s=self.timeout_s,
+                      headers=dict(headers or {}))
         raw_lines: list[str] = []
         try:
-            with self.http.stream("POST", self._url("chat/completions"), json=body) as response:
+            with self.http.stream("POST", self._url("chat/completions"), json=body, headers=headers) as response:
                 ex.status = response.status_code
                 for line in response.iter_lines():
                     raw_lines.append(line)

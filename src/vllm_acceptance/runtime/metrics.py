@@ -21,10 +21,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 # Families that vLLM 0.x exposed and current releases removed; seeing them means an old server.
 REMOVED_FAMILIES = ("vllm:gpu_prefix_cache_queries", "vllm:gpu_prefix_cache_hits", "vllm:gpu_cache_usage_perc")
-# vLLM labels every scheduler metric with the engine (data-parallel rank) it comes from.
+# vLLM labels every scheduler metric with the engine (data-parallel rank) it comes from. With several API servers
+# (`vllm serve` with data parallel: one per engine by default) /metrics is Prometheus' multiprocess collection and an
+# engine's scheduler gauges appear only once it served a request (measured, docs/lab.md "Data parallel"); its
+# cache_config_info and counters are there from the start.
 ENGINE_LABEL = "engine"
 ENGINE_FAMILIES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-                   "vllm:gpu_cache_usage_perc")
+                   "vllm:gpu_cache_usage_perc", "vllm:cache_config_info", "vllm:prefix_cache_queries",
+                   "vllm:request_success")
 
 
 class MetricsError(Exception):
@@ -82,7 +86,8 @@ class Snapshot:
         return max(per.values()) if per else None
 
     def engines(self) -> list[str]:
-        """The engines the server exposes (``engine`` label values of its scheduler gauges), in order."""
+        """The engines the server exposes (``engine`` label values of its scheduler gauges, cache config and
+        counters), in order."""
         seen: set[str] = set()
         for name in ENGINE_FAMILIES:
             for key in self.samples.get(name, {}):

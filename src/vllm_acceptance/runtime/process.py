@@ -33,13 +33,32 @@ class LaunchSpec:
     pid_path: Path
 
     def command(self) -> list[str]:
-        return [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model_path,
-                "--served-model-name", self.served_name, "--host", self.host, "--port", str(self.port),
-                *self.args]
+        """vLLM's one-API-server module; a data-parallel launch runs `vllm serve` (vLLM's own CLI, the image's
+        entrypoint), which fronts the engines with one API server per engine by default (vllm/entrypoints/cli/
+        serve.py): that changes how requests are balanced and what /metrics exports (docs/lab.md "Data
+        parallel"), so the launch is the one a deployment runs."""
+        entry = ["-m", "vllm.entrypoints.cli.main", "serve", self.model_path] if data_parallel_size(self.args) > 1 \
+            else ["-m", "vllm.entrypoints.openai.api_server", "--model", self.model_path]
+        return [self.python, *entry, "--served-model-name", self.served_name, "--host", self.host,
+                "--port", str(self.port), *self.args]
 
     @property
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
+
+
+def data_parallel_size(args: list[str]) -> int:
+    """The data-parallel size an argv asks vLLM for (`--data-parallel-size N`, `-dp N`; the last wins); 1 without."""
+    size = 1
+    for index, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if name in ("--data-parallel-size", "-dp"):
+            value = value if eq else (args[index + 1] if index + 1 < len(args) else "")
+            try:
+                size = int(value)
+            except ValueError:
+                continue
+    return size
 
 
 class LaunchError(Exception):

@@ -7,6 +7,13 @@ after, and the request counter must move by exactly one; otherwise the measureme
 and finally reported inconclusive. Expected hits come from the server's own tokenisation
 (/tokenize) and the block size of `vllm:cache_config_info`.
 
+A server with several engines behind its API server (data parallel, DEP: every series carries an `engine`
+label) balances requests over them, and each engine has its own cache: the protocol then runs on every engine,
+each session pinned to one with vLLM's `X-data-parallel-rank` request header, and each request's expected hits
+come from what that engine served before. The engine whose counters moved is read from the metrics; a request
+served elsewhere than pinned (a proxy that drops the header, a vLLM without it) is not measured alone and
+decides nothing (`cache.engines` names the engines, docs/checks.md).
+
 A server that dies during the protocol stops it: `crash_record.json` keeps the request and the
 last server log lines (with `server_log`), the measurements so far stay on disk, `cache.crash`
 names the request it died on and every reuse check is `missing` -- never a pass.
@@ -46,14 +53,18 @@ from .rules import (  # noqa: F401 - judge_reuse, expected_hits re-exported for 
     check_cache_config,
     common_prefix,
     expected_hits,
+    judge_engines,
     judge_restart,
     judge_reuse,
     judge_rounds,
 )
 
 KINDS = ("cold", "hot_a", "hot_b", "control")
+RANK_HEADER = "X-data-parallel-rank"   # vLLM's OpenAI server: pin a request to one data-parallel rank
 REQUIRED_FAMILIES = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:request_success",
                      "vllm:num_requests_running", "vllm:num_requests_waiting")
+# Scheduler gauges that several API servers (Prometheus' multiprocess collection) export only once an engine served.
+LAZY_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 
 
 @dataclass
@@ -78,7 +89,7 @@ class CacheProbeConfig:
 
 
 JUDGED = ("cache.cold_baseline", "cache.control", "cache.hot_reuse", "cache.prefill_gain", "cache.source",
-          "cache.repeat_rounds", "cache.restart")
+          "cache.repeat_rounds", "cache.restart", "cache.engines")
 
 
 class ServerLost(Exception):
@@ -119,6 +130,20 @@ class CacheProbe:
         self.tools = cfg.scenario.get("tools", [])
         self.snap_count = 0
         self.current: Measurement | None = None
+        # The engines a request can be pinned to (data parallel / DEP), in rank order; empty for one engine.
+        self.engines: list[str] = []
+
+    def pin(self, snap: Snapshot) -> None:
+        """Pin sessions to engines when the server has several (the `engine` label of its scheduler series)."""
+        engines = snap.engines()
+        self.engines = engines if len(engines) > 1 else []
+
+    def rank_header(self, engine: str | None) -> dict[str, str] | None:
+        """vLLM's header for one engine: its position among the engines this API server fronts (the rank it
+        routes to; with hybrid load balancing, the local rank)."""
+        if engine is None or engine not in self.engines:
+            return None
+        return {RANK_HEADER: str(self.engines.index(engine))}
 
     def snapshot(self, label: str) -> tuple[Snapshot, str]:
         if isinstance(self.source, PrometheusMetrics):
@@ -129,6 +154,19 @@ class CacheProbe:
         text = snap.raw or "\n".join(f"{k} {dict(lbl)} {v}" for k, s in snap.samples.items()
                                      for lbl, v in s.items())
         return snap, self.store.write_text(name, text)
+
+    def wake_engines(self, engines: list[str]) -> list[str]:
+        """One one-token request to each engine (pinned), outside the protocol's prefixes: with several API
+        servers an engine's scheduler gauges, which the isolation check reads, appear only once it served a
+        request (runtime/metrics.py ENGINE_FAMILIES). Returns the evidence of the exchanges."""
+        written = []
+        for engine in engines or [None]:
+            body = {"model": self.cfg.model, "max_tokens": 1, "temperature": 0.0,
+                    "messages": [{"role": "user", "content": f"metrics warm-up {uuid.uuid4().hex}"}]}
+            exchange = self.client.chat(body, headers=self.rank_header(engine))
+            label = f"e{engine}-" if engine is not None else ""
+            written.append(self.store.write_json(f"requests/{label}warm-up.json", exchange.evidence()))
+        return written
 
     def wait_idle(self) -> Snapshot:
         deadline = time.time() + self.cfg.idle_wait_s
@@ -192,23 +230,24 @@ class CacheProbe:
                 error = f"metrics after the restart: {exc}"
         return before, after, ev, error
 
-    def measure(self, session: int, kind: str, session_id: str, label: str | None = None) -> Measurement:
+    def measure(self, session: int, kind: str, session_id: str, label: str | None = None,
+                engine: str | None = None) -> Measurement:
         messages = build_messages(self.cfg.scenario, kind, session_id)
         body = {"model": self.cfg.model, "messages": messages, "tools": self.tools, "tool_choice": "none",
                 "max_tokens": self.cfg.max_tokens, "temperature": 0.0}
-        m = Measurement(session=session, kind=kind)
+        m = Measurement(session=session, kind=kind, engine=engine)
         self.current = m
         m.token_ids = self.client.tokenize(self.cfg.model, messages, self.tools)
         for attempt in range(1, self.cfg.max_attempts + 1):
             m.problems = []
-            tag = label or f"s{session}-{kind}"
+            tag = (f"e{engine}-" if engine is not None else "") + (label or f"s{session}-{kind}")
             name = f"{tag}-try{attempt}"
             try:
                 self.wait_idle()
                 before, ev_before = self.snapshot(f"{tag}-before")
             except MetricsError as exc:
                 raise ServerLost(name, f"metrics before the request: {exc}", m.evidence) from exc
-            exchange = self.client.chat_stream(body)
+            exchange = self.client.chat_stream(body, headers=self.rank_header(engine))
             # The exchange goes to disk first: if the server died under it, this is the evidence.
             ev_req = self.store.write_json(f"requests/{name}.json", exchange.evidence())
             m.evidence = [ev_before, ev_req]
@@ -236,6 +275,24 @@ class CacheProbe:
                 break
         return m
 
+    def served(self, m: Measurement, before: Snapshot, after: Snapshot) -> None:
+        """The engine whose prefix-cache queries moved with this request; on a pinned request, any other engine
+        (or several) is a problem: the measurement is not this engine's alone."""
+        was, now = before.per_engine("vllm:prefix_cache_queries"), after.per_engine("vllm:prefix_cache_queries")
+        if was is None or now is None:
+            return
+        moved = [e for e, v in now.items() if v - was.get(e, 0.0) > 0]
+        m.served_by = moved[0] if len(moved) == 1 else None
+        if m.engine is None:
+            return
+        if len(moved) != 1:
+            m.problems.append(f"prefix-cache queries moved on engine(s) {moved or 'none'}, not on engine {m.engine} "
+                              "alone: other traffic, or the counters are not this request's")
+        elif moved[0] != m.engine:
+            m.problems.append(f"served by engine {moved[0]}, not engine {m.engine} it was pinned to ({RANK_HEADER}: "
+                              f"{self.engines.index(m.engine)}): the header did not reach vLLM's balancer (a proxy "
+                              "that drops it, or a vLLM without it)")
+
     def fill(self, m: Measurement, before: Snapshot, after: Snapshot, usage: dict[str, Any],
              ttft: float | None) -> None:
         m.prompt_tokens = usage.get("prompt_tokens")
@@ -244,13 +301,14 @@ class CacheProbe:
         m.hits = delta(before, after, "vllm:prefix_cache_hits")
         m.queries = delta(before, after, "vllm:prefix_cache_queries")
         m.ttft_s = ttft
+        self.served(m, before, after)
         for family, into in (("vllm:prompt_tokens_cached_by_source", m.cached_by_source),
                              ("vllm:prompt_tokens_by_source", m.tokens_by_source)):
-            for source in after.labels_of(family):
-                name = source.get("source", "")
+            # one delta per source, summed over the engines (each engine has its own sample of a source)
+            for name in sorted({labels.get("source", "") for labels in after.labels_of(family)}):
                 value = delta(before, after, family, source=name)
                 if value:
-                    into[name] = into.get(name, 0.0) + value
+                    into[name] = value
         m.prompt_tokens_cached = delta(before, after, "vllm:prompt_tokens_cached")
         m.external_hits = delta(before, after, "vllm:external_prefix_cache_hits")
         m.external_queries = delta(before, after, "vllm:external_prefix_cache_queries")
@@ -280,6 +338,16 @@ def run_cache_probe(client: OpenAIClient, source: MetricsSource, cfg: CacheProbe
                         expected="readable vLLM metrics", evidence=[ev], consequence=Consequence.REBUILD,
                         rule="metrics must be readable to measure reuse",
                         action=f"make {source.description} readable from the controller")], {}
+    probe.pin(snap0)
+    if set(missing_families(snap0, REQUIRED_FAMILIES)) <= set(LAZY_GAUGES) and snap0.engines() \
+            and missing_families(snap0, LAZY_GAUGES):
+        woken = probe.wake_engines(probe.engines)
+        try:
+            snap0, ev0 = probe.snapshot("initial-after-warm-up")
+        except MetricsError as exc:
+            unreadable = store.write_text("metrics/error.txt", str(exc))
+            return [missing("cache.metrics", None, f"metrics unreadable after the warm-up requests: {exc}",
+                            Consequence.REBUILD, evidence=[unreadable, *woken])], {}
     findings: list[Finding] = []
     config_finding, block = check_cache_config(cache_config(snap0), [ev0], cfg)
     findings.append(config_finding)
@@ -304,28 +372,22 @@ def run_cache_probe(client: OpenAIClient, source: MetricsSource, cfg: CacheProbe
         return findings, {"requests": [], "block_size": block}
 
     measurements: list[Measurement] = []
+    rounds: list[Measurement] = []
     tag = uuid.uuid4().hex[:12]
     head = probe.template_head(tag, block)
+    targets: list[str | None] = list(probe.engines) or [None]
+    cached: dict[str | None, list[list[int]]] = {}   # per engine: the prompts it served (what it may have cached)
+    restart = None
     try:
-        for session in range(1, cfg.sessions + 1):
-            session_id = f"{tag}-{session}"
-            earlier: list[list[int]] = [m.token_ids for m in measurements if m.token_ids]
-            for kind in KINDS:
-                m = probe.measure(session, kind, session_id)
-                m.expected_hits = expected_hits(m.token_ids, earlier, block)
-                if kind == "cold" and head is not None:
-                    m.expected_hits = max(m.expected_hits or 0, head)  # the template's head may be cached by anyone
-                if m.token_ids:
-                    earlier.append(m.token_ids)
-                measurements.append(m)
-                if m.hung:
-                    break  # the rest of this session would be measured against an unknown cache state
-        rounds, restart = [], None
+        for engine in targets:
+            measurements += run_sessions(probe, engine, tag, block, head, cached)
         if not any(m.hung for m in measurements):
-            rounds = repeat_rounds(probe, measurements, f"{tag}-{cfg.sessions}", block)
+            for engine in targets:
+                rounds += repeat_rounds(probe, cached.get(engine, []), session_id_of(tag, engine, cfg.sessions),
+                                        block, engine)
         ended = probe.process_start()  # before any restart the protocol makes itself
         if cfg.restart_command and not any(m.hung for m in measurements + rounds):
-            restart = restart_hot(probe, f"{tag}-{cfg.sessions}")
+            restart = restart_hot(probe, session_id_of(tag, targets[0], cfg.sessions), targets[0])
     except ServerLost as lost:
         lost_findings = server_lost(probe, lost, measurements, cfg, started)
         decided = {f.check for f in lost_findings}  # metrics that stopped answering outrank their first reading
@@ -337,6 +399,7 @@ def run_cache_probe(client: OpenAIClient, source: MetricsSource, cfg: CacheProbe
     everything = measurements + rounds + ([restart[2]] if restart and restart[2] else [])
     rows_ev = store.write_json("requests.json", [m.row() for m in everything])
     findings += judge_reuse(measurements, cfg, block, rows_ev, head or 0)
+    findings.append(judge_engines(measurements, probe.engines, cfg, block, head or 0, [rows_ev]))
     findings.append(judge_rounds(rounds, cfg, block, head or 0, [rows_ev]) if rounds or not cfg.rounds else
                     registry.get("cache.repeat_rounds").inconclusive(
                         reason="not sent: a request of the sessions hung", evidence=[rows_ev],
@@ -371,7 +434,7 @@ def run_cache_probe(client: OpenAIClient, source: MetricsSource, cfg: CacheProbe
         # What a restart between two probe calls needs (run_cache_restart): the session whose hot request is
         # re-sent and this process's start time (playbooks/probes.yml restarts a server the run launched).
         try:
-            restart_point = {"session": f"{tag}-{cfg.sessions}",
+            restart_point = {"session": session_id_of(tag, targets[0], cfg.sessions), "engine": targets[0],
                              "process_start": source.snapshot().value("process_start_time_seconds")}
         except MetricsError:
             restart_point = None
@@ -379,7 +442,7 @@ def run_cache_probe(client: OpenAIClient, source: MetricsSource, cfg: CacheProbe
         restart_point = None
     details = {"block_size": block, "shared_prefix_tokens": shared, "expected_hot_hits": shared,
                "restart_point": restart_point,
-               "template_head_tokens": head,
+               "template_head_tokens": head, "engines": probe.engines,
                "requests": [m.row() for m in measurements], "rounds": [m.row() for m in rounds],
                "restart": restart[2].row() if restart and restart[2] else None,
                "metrics_source": source.description,
@@ -409,12 +472,40 @@ def one_instance(first: float | None, last: float | None, sent: int, rows_ev: st
                "cache probe")]
 
 
-def repeat_rounds(probe: CacheProbe, done: list[Measurement], session_id: str, block: int) -> list[Measurement]:
-    """The last session's hot A re-sent byte for byte, `cfg.rounds` times: one hot prefix, repeated."""
+def session_id_of(tag: str, engine: str | None, session: int) -> str:
+    """A session's id: unique to the probe run, the engine it is pinned to and its number."""
+    return f"{tag}-e{engine}-{session}" if engine is not None else f"{tag}-{session}"
+
+
+def run_sessions(probe: CacheProbe, engine: str | None, tag: str, block: int, head: int | None,
+                 cached: dict[str | None, list[list[int]]]) -> list[Measurement]:
+    """`cfg.sessions` sessions of the four kinds, pinned to `engine` (None: one engine, nothing to pin). Each
+    request's expected hits come from the prompts its engine served before (`cached`, updated here)."""
     out: list[Measurement] = []
-    earlier = [m.token_ids for m in done if m.token_ids]
+    for session in range(1, probe.cfg.sessions + 1):
+        session_id = session_id_of(tag, engine, session)
+        for kind in KINDS:
+            m = probe.measure(session, kind, session_id, engine=engine)
+            m.expected_hits = expected_hits(m.token_ids, cached.get(engine, []), block)
+            if kind == "cold" and head is not None:
+                m.expected_hits = max(m.expected_hits or 0, head)  # the template's head may be cached by anyone
+            if m.token_ids:
+                # the engine that served it caches it; unknown (a failed request): the one it was pinned to
+                served = m.served_by if engine is not None and m.served_by is not None else engine
+                cached.setdefault(served, []).append(m.token_ids)
+            out.append(m)
+            if m.hung:
+                break  # the rest of this session would be measured against an unknown cache state
+    return out
+
+
+def repeat_rounds(probe: CacheProbe, earlier: list[list[int]], session_id: str, block: int,
+                  engine: str | None = None) -> list[Measurement]:
+    """The last session's hot A re-sent byte for byte, `cfg.rounds` times, on the engine of its session:
+    one hot prefix, repeated. `earlier`: the prompts that engine served before."""
+    out: list[Measurement] = []
     for r in range(1, probe.cfg.rounds + 1):
-        m = probe.measure(r, "hot_a", session_id, label=f"round{r}-hot_a")
+        m = probe.measure(r, "hot_a", session_id, label=f"round{r}-hot_a", engine=engine)
         m.kind = "round"
         m.expected_hits = expected_hits(m.token_ids, earlier, block)
         out.append(m)
@@ -423,13 +514,13 @@ def repeat_rounds(probe: CacheProbe, done: list[Measurement], session_id: str, b
     return out
 
 
-def restart_hot(probe: CacheProbe, session_id: str
+def restart_hot(probe: CacheProbe, session_id: str, engine: str | None = None
                 ) -> tuple[float | None, float | None, Measurement | None, str | None, str]:
-    """Restart the server (the run launched it), then hot A of the last session again."""
+    """Restart the server (the run launched it), then hot A of the last session again (on its engine)."""
     before, after, ev, error = probe.restart()
     if error:
         return before, after, None, error, ev
-    m = probe.measure(0, "hot_a", session_id, label="restart-hot_a")
+    m = probe.measure(0, "hot_a", session_id, label="restart-hot_a", engine=engine)
     m.kind = "restart"
     m.expected_hits = 0  # a fresh process: nothing of it is in the device cache
     return before, after, m, None, ev
@@ -455,8 +546,12 @@ def run_cache_restart(client: OpenAIClient, source: MetricsSource, cfg: CachePro
                                   action="read restart.log and the server log, then re-run acceptance"), None
     probe = CacheProbe(client, source, cfg, store)
     try:
-        after = source.snapshot().value("process_start_time_seconds")
-        m = probe.measure(0, "hot_a", str(point["session"]), label="restart-hot_a")
+        now = source.snapshot()
+        after = now.value("process_start_time_seconds")
+        probe.pin(now)
+        engine = point.get("engine")
+        m = probe.measure(0, "hot_a", str(point["session"]), label="restart-hot_a",
+                          engine=str(engine) if engine is not None and probe.engines else None)
     except (MetricsError, ServerLost) as exc:
         return check.inconclusive(evidence=evidence, consequence=consequence, observed={"error": str(exc)},
                                   reason=f"the restarted server could not be measured: {exc}",

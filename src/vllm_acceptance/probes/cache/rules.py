@@ -53,9 +53,14 @@ class Measurement:
     problems: list[str] = field(default_factory=list)
     evidence: list[str] = field(default_factory=list)
     hung: dict[str, Any] | None = None
+    # Data parallel / DEP (several engines behind one API server): the engine the request was pinned to
+    # (X-data-parallel-rank) and the engine whose prefix-cache counters moved; None on a one-engine server.
+    engine: str | None = None
+    served_by: str | None = None
 
     def row(self) -> dict[str, Any]:
-        return {"session": self.session, "kind": self.kind, "prompt_tokens": self.prompt_tokens,
+        return {"session": self.session, "kind": self.kind, "engine": self.engine, "served_by": self.served_by,
+                "prompt_tokens": self.prompt_tokens,
                 "hits": self.hits, "queries": self.queries, "expected_hits": self.expected_hits,
                 "cached_tokens": self.cached_tokens_usage, "cached_by_source": self.cached_by_source,
                 "tokens_by_source": self.tokens_by_source, "prompt_tokens_cached": self.prompt_tokens_cached,
@@ -190,6 +195,47 @@ def judge_hot(hots: list[Measurement], cfg: JudgeConfig, block: int, head: int, 
                    f"|hits - expected| <= {tol} tokens")
 
 
+def judge_engines(ms: list[Measurement], engines: list[str], cfg: JudgeConfig, block: int, head: int,
+                  ev: list[str]) -> Finding:
+    """Each engine of a data-parallel / DEP server judged on its own sessions (pinned with
+    X-data-parallel-rank): its clean hot requests hit what it served before, as cache.hot_reuse judges them.
+    An engine with no clean hot measurement (requests served elsewhere than pinned, other traffic) decides
+    nothing for that engine: inconclusive, named; one engine whose hot requests miss fails, named."""
+    check = registry.get("cache.engines")
+    if len(engines) < 2:
+        return check.not_applicable(None, "one engine serves this API server: no data-parallel balancing to pin "
+                                          "requests against")
+    consequence = consequence_of(cfg)
+    verdicts: dict[str, Finding] = {}
+    for engine in engines:
+        hots = [m for m in ms if m.engine == engine and m.kind in ("hot_a", "hot_b")]
+        verdicts[engine] = judge_hot([m for m in hots if m.clean], cfg, block, head, ev, consequence)
+    failed = [e for e, f in verdicts.items() if f.status == Status.FAIL]
+    unmeasured = [e for e, f in verdicts.items() if f.status == Status.INCONCLUSIVE]
+    observed = {"engines": engines, "per_engine": {e: {
+        "status": f.status.value, "hot": [{"session": m.session, "kind": m.kind, "served_by": m.served_by,
+                                           "hits": m.hits, "expected": m.expected_hits, "clean": m.clean}
+                                          for m in ms if m.engine == e and m.kind in ("hot_a", "hot_b")],
+        "problems": sorted({p for m in ms if m.engine == e for p in m.problems})} for e, f in verdicts.items()}}
+    expected = (f"every engine ({len(engines)}): its pinned sessions' hot requests served by it and hitting the "
+                "prefix it served before")
+    if failed:
+        return check.fail(observed=observed, expected=expected, evidence=ev, consequence=consequence,
+                          reason="; ".join(f"engine {e}: {verdicts[e].reason}" for e in failed)
+                          + (f"; not measured: engine(s) {', '.join(unmeasured)}" if unmeasured else ""),
+                          action=REWORK + "; read the failing engine's cache_config_info and startup log")
+    if unmeasured:
+        return check.inconclusive(
+            observed=observed, expected=expected, evidence=ev, consequence=consequence,
+            reason=f"engine(s) {', '.join(unmeasured)} without a clean hot measurement of their own: "
+                   + "; ".join(observed["per_engine"][unmeasured[0]]["problems"][:2] or ["no hot request measured"]),
+            action="send the cache probe to the vLLM API server itself (a proxy must pass the X-data-parallel-rank "
+                   "header), with no other traffic, and re-run it")
+    return check.passed(observed=observed, expected=expected, evidence=ev, consequence=consequence,
+                        reason=f"each of the {len(engines)} engines reused its own sessions' prefix "
+                               f"({', '.join(engines)})")
+
+
 def judge_rounds(rounds: list[Measurement], cfg: JudgeConfig, block: int, head: int, ev: list[str]) -> Finding:
     """The same hot request re-sent over several rounds: every round hits (non-hybrid); for hybrid
     models round 1 may only create the retention, every later round must hit as judge_hot says."""
@@ -206,7 +252,8 @@ def judge_rounds(rounds: list[Measurement], cfg: JudgeConfig, block: int, head: 
     else:
         ok = [m for m in clean if m.hits is not None and m.expected_hits is not None
               and abs(m.hits - m.expected_hits) <= tol]
-    observed = [{"round": m.session, "hits": m.hits, "expected": m.expected_hits, "clean": m.clean} for m in rounds]
+    observed = [{"round": m.session, **({"engine": m.engine} if m.engine is not None else {}), "hits": m.hits,
+                 "expected": m.expected_hits, "clean": m.clean} for m in rounds]
     expected = (f"rounds 2..{len(rounds)}: {head} < hits within {step} + {tol} of the shared prefix" if cfg.hybrid
                 else f"every round: |hits - shared prefix| <= {tol}")
     if len(clean) < len(judged):
@@ -260,8 +307,8 @@ def judge_restart(before_start: float | None, after_start: float | None, hot: Me
 
 def _judged(check_id: str, considered: list[Measurement], ok: list[Measurement], ev: list[str],
             consequence: Consequence, rule: str, expected: str) -> Finding:
-    observed = [{"session": m.session, "kind": m.kind, "hits": m.hits, "expected": m.expected_hits,
-                 "prompt_tokens": m.prompt_tokens} for m in considered]
+    observed = [{"session": m.session, "kind": m.kind, **({"engine": m.engine} if m.engine is not None else {}),
+                 "hits": m.hits, "expected": m.expected_hits, "prompt_tokens": m.prompt_tokens} for m in considered]
     if not considered:
         status = Status.INCONCLUSIVE
     elif len(ok) == len(considered):
