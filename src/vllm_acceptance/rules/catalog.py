@@ -109,10 +109,14 @@ register("compat.fabric_manager", stage="preflight", consequence=REBUILD,
          source="docs/sources.md#a000, #a001: NVSwitch systems: Fabric Manager active, its version equal to the "
                 "driver's")
 register("compat.peermem", stage="preflight", consequence=REBUILD,
-         title="GPU peer memory module (multi-node)",
-         rule="nvidia_peermem (or the older nv_peer_mem) loaded on multi-node deployments",
-         evidence="lsmod",
-         source="docs/sources.md#a001: multi-node: RDMA devices, nvidia_peermem (or the older nv_peer_mem)")
+         title="GPU peer memory module on the DMA-BUF fallback (multi-node RDMA)",
+         rule="nvidia_peermem (or the older nv_peer_mem) loaded where the launch crosses nodes over RDMA with the "
+              "recipe's DMA-BUF fallback (NCCL_DMABUF_ENABLE=0 in the launch's environment); not applicable over "
+              "DMA-BUF (NCCL's default) or where the launch's interconnect is the NVLink fabric (MNNVL trays: the "
+              "TP group never crosses RDMA)",
+         evidence="lsmod, the launch's interconnect and environment (inventory, live process)",
+         source="docs/sources.md#a001: multi-node: RDMA devices, nvidia_peermem (or the older nv_peer_mem); recipe: "
+                "NCCL_DMABUF_ENABLE=0 falls back to nvidia_peermem")
 register("compat.state_snapshot", stage="preflight", consequence=REBUILD,
          title="State snapshot saved before any change",
          rule="every snapshot command of source 001 that applies was captured (date -u, hostname, uname -a, "
@@ -135,7 +139,8 @@ register("compat.server_location", stage="preflight", consequence=REBUILD,
 
 register("interconnect.rdma", stage="preflight", consequence=REBUILD,
          title="RDMA ports up (multi-node)",
-         rule="at least one RDMA port ACTIVE on every multi-node GPU node",
+         rule="at least one RDMA port ACTIVE on every multi-node GPU node where the launch's interconnect is rdma "
+              "(the inventory's vllm_interconnect over the profile's hardware.interconnect)",
          evidence="ibv_devinfo, rdma link",
          source="docs/sources.md#a001: multi-node: RDMA devices")
 register("interconnect.nccl_env", stage="preflight", consequence=REBUILD,
@@ -158,8 +163,11 @@ register("interconnect.fabric_state", stage="preflight", consequence=REBUILD,
          title="Every GPU joined the multi-node NVLink fabric (NVL72 trays)",
          rule="on MNNVL hardware (hardware.nvlink_domain or the hardware table's class): every GPU's fabric State "
               "Completed, Status Success, bandwidth health Full, and a ClusterUUID that is not all zeros or N/A "
-              "(zeros: the fabric never initialised on this tray)",
-         evidence="nvidia-smi -q -x <fabric> (state, status, cliqueId, clusterUuid, health/bandwidth)",
+              "(zeros: the fabric never initialised on this tray); the health Summary Healthy where reported (not "
+              "Unhealthy or Limited Capacity), no Route Unhealthy, Route Recovery or Access Timeout Recovery, "
+              "Incorrect Configuration None",
+         evidence="nvidia-smi -q -x <fabric> (state, status, cliqueId, clusterUuid, health: summary, bandwidth, "
+                  "route_unhealthy, route_recovery_in_progress, access_timeout_recovery, incorrect_configuration)",
          source="docs/sources.md#nvlink-domain: NVIDIA IMEX guide and nvidia-smi -q fabric fields; SPEC 'Hardware "
                 "the recipe verifies'")
 register("interconnect.nvlink_domain", stage="preflight", consequence=REBUILD,
@@ -168,11 +176,13 @@ register("interconnect.nvlink_domain", stage="preflight", consequence=REBUILD,
               "the same CliqueId (one NVLink partition); a tray outside is named",
          evidence="every tray's nvidia-smi -q -x <fabric>",
          source="docs/sources.md#nvlink-domain: a TP group across trays needs one NVLink domain and partition")
-register("interconnect.imex", stage="preflight", consequence=REBUILD,
+register("interconnect.imex", stage="preflight", consequence=REBUILD, warn_blocks=False,
          title="IMEX service and domain on every tray of the group",
-         rule="the nvidia-imex service active on every tray; nvidia-imex-ctl -N: Domain State UP, every node READY, "
-              "every link C, and its node list holding every tray of the group (preflight_imex_address, else the "
-              "same node list on every tray)",
+         rule="the nvidia-imex service active on every tray; nvidia-imex-ctl -N: every tray of the group (the trays "
+              "the launch uses, by preflight_imex_address) READY and connected (C) to the others, its node list "
+              "holding every tray of the group (else the same node list on every tray), Domain State UP; a node "
+              "outside the group not READY (or its links, or a domain DEGRADED by it alone): a warning naming it "
+              "that does not block release",
          evidence="systemctl is-active nvidia-imex, nvidia-imex-ctl -N",
          source="docs/sources.md#nvlink-domain: cross-node GPU memory needs the IMEX service and a domain with "
                 "every node READY")

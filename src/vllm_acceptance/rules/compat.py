@@ -24,13 +24,14 @@ from .context import (
     gpu_profile_na,
     why_missing,
 )
-from .driver import check_driver_branch, check_driver_module, check_fabric_manager, check_peermem, host_driver_version
+from .driver import check_driver_branch, check_driver_module, check_fabric_manager, host_driver_version
 from .fabric import check_fabric_path, check_fabric_state, check_nvlink_domain
 from .image import check_container_cuda, check_image_identity, check_image_uniform, check_vllm_version
 from .interconnect import (
     check_nccl_bandwidth,
     check_nccl_env,
     check_nccl_env_node,
+    check_peermem,
     check_rdma,
     expected_comm_settings,
     planned_launch,

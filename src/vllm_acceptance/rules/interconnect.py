@@ -23,9 +23,13 @@ def check_rdma(ctx: NodeContext) -> Finding:
         return na
     if not ctx.multinode:
         return not_applicable(check, ctx.host, "single node: no inter-node transport")
-    interconnect = ctx.profile.model.hardware.interconnect
+    # The launch's interconnect (the inventory's vllm_interconnect over the profile's hardware.interconnect,
+    # rules/launched.py): what the serve stage starts is what needs the RDMA ports.
+    plan = ctx.plan or launched_plan(ctx.profile)
+    interconnect = plan.interconnect
     if interconnect != "rdma":
-        return not_applicable(check, ctx.host, f"profile interconnect is {interconnect!r}, not rdma")
+        return not_applicable(check, ctx.host, f"the launch's interconnect is {interconnect!r} ({plan.source}), "
+                                               "not rdma")
     evidence = ctx.paths("ibv_devinfo", "rdma_link")
     ibv = ctx.parsed("ibv_devinfo", parse_ibv_devinfo)
     link = ctx.parsed("rdma_link", parse_rdma_link)
@@ -39,13 +43,58 @@ def check_rdma(ctx: NodeContext) -> Finding:
     ports = sources[0].ports
     active = [f"{p.device}/{p.port}" for p in ports if p.active]
     observed = {"devices": sources[0].devices, "active_ports": active,
-                "link_layers": sorted({p.link_layer for p in ports if p.link_layer})}
+                "link_layers": sorted({p.link_layer for p in ports if p.link_layer}),
+                "interconnect": f"{interconnect} ({plan.source})"}
     if not active:
         return finding(check, Status.FAIL, ctx.host, observed=observed, expected=">= 1 active port",
                         rule="at least one RDMA port ACTIVE", evidence=evidence, reason="no RDMA port is ACTIVE",
                         action="bring the RDMA links up (cabling, subnet manager, ibstat)")
     return finding(check, Status.PASS, ctx.host, observed=observed, expected=">= 1 active port",
                     rule="at least one RDMA port ACTIVE", evidence=evidence, action="none")
+
+
+# --- compat.peermem: GPUDirect RDMA's peer-memory module, on the path that needs it ----------------
+
+def check_peermem(ctx: NodeContext) -> Finding:
+    """nvidia_peermem carries GPUDirect RDMA only on the recipe's DMA-BUF fallback: NCCL registers GPU memory
+    with the NIC through DMA-BUF by default and falls back to the peer-memory module with NCCL_DMABUF_ENABLE=0
+    (recipes/vllm-project/Kimi-K3.yaml, the guide's mlx5 dmabuf note; docs/sources.md#a001). It is required
+    where the launch crosses nodes over RDMA with that fallback set; over the multi-node NVLink fabric (MNNVL
+    trays, interconnect nvl/nvlink) the TP group never crosses RDMA."""
+    check = "compat.peermem"
+    if (na := gpu_profile_na(check, ctx)) is not None:
+        return na
+    if not ctx.multinode:
+        return not_applicable(check, ctx.host, "single node: no GPUDirect RDMA between nodes")
+    plan = ctx.plan or launched_plan(ctx.profile)
+    lsmod = ctx.lsmod()
+    loaded = [m for m in ("nvidia_peermem", "nv_peer_mem") if lsmod is not None and lsmod.loaded(m)]
+    if plan.interconnect != "rdma":
+        return not_applicable(check, ctx.host, f"the launch's interconnect is {plan.interconnect!r} ({plan.source}): "
+                                               "the collectives do not cross RDMA, no peer-memory module is used "
+                                               f"(loaded: {', '.join(loaded) or 'none'})")
+    args, env, source, launch_evidence = launch_settings(ctx)
+    workaround = {str(k): str(v) for k, v in ctx.profile.model.launch.multinode.dmabuf_workaround_env.items()}
+    fallback = bool(workaround) and all(env.get(k) == v for k, v in workaround.items())
+    if not fallback:
+        return not_applicable(check, ctx.host, f"GPUDirect RDMA through DMA-BUF: the launch ({source}) does not set "
+                                               f"the recipe's fallback {workaround or {'NCCL_DMABUF_ENABLE': '0'}}, "
+                                               "the only path that needs nvidia_peermem (loaded: "
+                                               f"{', '.join(loaded) or 'none'})")
+    evidence = ctx.paths("lsmod") + launch_evidence
+    if lsmod is None or not lsmod.modules:
+        return missing(check, ctx.host, why_missing(ctx, "lsmod"), evidence=evidence)
+    observed = {"peer_memory_modules": loaded, "nvidia_modules": lsmod.nvidia_modules(),
+                "interconnect": plan.interconnect, "dmabuf_fallback": workaround, "launch": source}
+    rule = ("nvidia_peermem (or the older nv_peer_mem) loaded where the launch crosses nodes over RDMA with the "
+            "recipe's DMA-BUF fallback (NCCL_DMABUF_ENABLE=0)")
+    if not loaded:
+        return finding(check, Status.FAIL, ctx.host, observed=observed, expected=["nvidia_peermem"], rule=rule,
+                       evidence=evidence, reason=f"the launch sets {workaround} (GPUDirect RDMA through the "
+                                                 "peer-memory module), and no peer-memory module is loaded",
+                       action="modprobe nvidia_peermem (and persist it in /etc/modules-load.d)")
+    return finding(check, Status.PASS, ctx.host, observed=observed, expected=["nvidia_peermem"], rule=rule,
+                   evidence=evidence, action="none")
 
 
 # --- interconnect.nccl_env ------------------------------------------------------------------
@@ -142,10 +191,10 @@ def planned_launch(profile: Profile, multinode: bool,
     return args, env
 
 
-def check_nccl_env_node(ctx: NodeContext) -> Finding:
-    """Judged on the launch the role was told about (inventory overrides), else the planned one."""
-    if not ctx.evidence.dir_exists and ctx.profile.has_gpus and ctx.multinode:
-        return missing("interconnect.nccl_env", ctx.host, why_missing(ctx))
+def launch_settings(ctx: NodeContext) -> tuple[list[str], dict[str, str], str, list[str]]:
+    """The launch's args and environment on this node, where they were read from, and the evidence: the running
+    server's (attach: the live process), else the launch the role was told about (inventory overrides), else the
+    planned one."""
     inputs = ctx.evidence.inputs
     default_args, default_env = planned_launch(ctx.profile, ctx.multinode, ctx.plan)
     env = {k: str(v) for k, v in (inputs.get("launch_env") or default_env).items()}
@@ -156,6 +205,14 @@ def check_nccl_env_node(ctx: NodeContext) -> Finding:
     if running is not None:   # what runs decides, not what was planned
         args, env, source = running
         evidence = ctx.paths("live_process")
+    return args, env, source, evidence
+
+
+def check_nccl_env_node(ctx: NodeContext) -> Finding:
+    """Judged on the launch the role was told about (inventory overrides), else the planned one."""
+    if not ctx.evidence.dir_exists and ctx.profile.has_gpus and ctx.multinode:
+        return missing("interconnect.nccl_env", ctx.host, why_missing(ctx))
+    args, env, source, evidence = launch_settings(ctx)
     finding = check_nccl_env(env, args, ctx.profile, ctx.host, evidence, ctx.multinode, ctx.startup_scan,
                              interconnect=(ctx.plan or launched_plan(ctx.profile)).interconnect)
     if finding.observed is not None:
