@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from test_fabric import IMEX_18, TODAY, TRAYS, _gb300_with, nccl_output, run
 
 from vllm_acceptance.core.findings import Status
 from vllm_acceptance.core.profile import load_profile
@@ -24,7 +25,6 @@ from vllm_acceptance.rules.launched import launched_plan
 from vllm_acceptance.verdict import decide
 
 from nodefixtures import build_evidence
-from test_fabric import IMEX_18, TODAY, TRAYS, _gb300_with, run
 
 ROOT = Path(__file__).resolve().parents[2]
 REAL = ROOT / "tests" / "fixtures" / "real"
@@ -170,3 +170,47 @@ def test_judge_wires_the_rules(tmp_path: Path) -> None:
     _nodes(tmp_path, ibv=PORT_DOWN)
     findings = judge(tmp_path, B300, HOSTS, today=TODAY)
     assert {f.status for f in findings if f.check == "interconnect.rdma"} == {Status.NOT_APPLICABLE}
+
+
+# --- interconnect.nccl_bandwidth: bounds for the shape measured ----------------------------------------
+
+def _up_to_1g(factor: float) -> str:
+    """The two trays' all_reduce_perf (test_fabric.nccl_output: 8 GPUs, NCCL's MNNVL INFO lines) cut at 1 GB,
+    as an `-e 1G` run (the in-image test's largest size) prints it, bus bandwidth scaled by `factor`."""
+    lines = nccl_output(factor=factor).splitlines()
+    return "\n".join(ln for ln in lines if not (ln.split()[:1] and ln.split()[0].isdigit()
+                                                 and int(ln.split()[0]) > (1 << 30))) + "\n"
+
+
+def test_the_size_curve_scales_the_rack_figures_to_1_gb() -> None:
+    from vllm_acceptance.hardware import hardware_class, load_size_curves
+    from vllm_acceptance.rules.interconnect import bounds_for_shape
+
+    curve = load_size_curves()["mnnvl"]
+    assert curve.at(1 << 30) == pytest.approx(724.06) and curve.at(16 << 30) == pytest.approx(846.82)
+    assert curve.at(1 << 20) is None                          # below the published sizes the curve says nothing
+    table = hardware_class("gb300").threshold("mnnvl")
+    assert (table.ranks, table.bytes) == (72, 16 << 30)
+    bounds, basis, published = bounds_for_shape(table, "mnnvl", 8, 1 << 30)
+    assert (bounds.warn, bounds.fail, published) == (pytest.approx(684.0, abs=0.2), pytest.approx(513.0, abs=0.2),
+                                                     False)
+    assert "scaled by x0.855" in basis and "coreweave/nccl-tests/pull/43" in basis
+    same, _, published = bounds_for_shape(table, "mnnvl", 72, 8 << 30)     # on the curve's saturated part
+    assert (same.warn, published) == (800, True)
+
+
+def test_a_healthy_tray_pair_measured_up_to_1_gb_passes(tmp_path: Path) -> None:
+    findings, by = run(tmp_path, gb300_n01={"nccl": _up_to_1g(0.9)}, gb300_n02={"nccl": _up_to_1g(0.9)})
+    bandwidth = by["interconnect.nccl_bandwidth@gb300-n01"]
+    assert bandwidth.status == Status.PASS, bandwidth.reason           # 740 GB/s at 1 GB: below 800, a healthy link
+    assert bandwidth.observed["largest_message_bytes"] == 1 << 30 and "scaled" in bandwidth.reason
+    assert decide(findings).verdict == "release"
+
+
+def test_a_degraded_link_measured_up_to_1_gb_fails_and_an_unclear_one_is_inconclusive(tmp_path: Path) -> None:
+    _, by = run(tmp_path, gb300_n01={"nccl": _up_to_1g(0.55)})
+    degraded = by["interconnect.nccl_bandwidth@gb300-n01"]
+    assert degraded.status == Status.FAIL and "< 513" in degraded.reason          # 452 GB/s
+    _, by = run(tmp_path / "between", gb300_n01={"nccl": _up_to_1g(0.8)})
+    between = by["interconnect.nccl_bandwidth@gb300-n01"]
+    assert between.status == Status.INCONCLUSIVE and "up to 16 GB" in between.action   # 658 GB/s

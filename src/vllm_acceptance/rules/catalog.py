@@ -153,7 +153,11 @@ register("interconnect.nccl_env", stage="preflight", consequence=REBUILD,
 register("interconnect.nccl_bandwidth", stage="preflight", consequence=EXPAND,
          title="NCCL all-reduce bandwidth between nodes",
          rule="all-reduce bus bandwidth >= the hardware table's fail threshold for the fabric it crossed (warn "
-              "below its warn threshold), else >= profile thresholds.nccl_busbw_gbps, over the profile's collective "
+              "below its warn threshold), read for the shape measured: a run whose largest message is below the "
+              "figure's published size is judged against the bounds scaled by the fabric's published size curve, "
+              "and where no figure is published for the measured GPU count or size the band between the fail and "
+              "warn bounds is inconclusive (never a warn, never a pass); else >= profile "
+              "thresholds.nccl_busbw_gbps, over the profile's collective "
               "backend (hardware.collective_backend, default nccl), no wrong results, ranks on >= 2 nodes when "
               "multi-node; measured by all_reduce_perf, or where it is absent by torch.distributed inside the "
               "image under test on every node at once",

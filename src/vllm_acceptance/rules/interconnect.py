@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..core.findings import Consequence, Finding, Status
 from ..core.profile import Profile
-from ..hardware import FabricThreshold, nvlink_domain_of, profile_class
+from ..hardware import FabricThreshold, load_size_curves, nvlink_domain_of, profile_class
 from ..parsers.env import comm_env
 from ..parsers.live import live_launch
 from ..parsers.nccl_tests import NcclPerf, detect_fabric, parse_all_reduce_perf, parse_torch_allreduce
@@ -317,16 +317,49 @@ def _fabric_threshold(ctx: NodeContext) -> tuple[str | None, FabricThreshold | N
     return measured, (row.threshold(measured) if row is not None and measured else None)
 
 
+def _gib(size: int | None) -> str:
+    return "?" if size is None else (f"{size / (1 << 30):g} GB" if size >= 1 << 30 else f"{size / (1 << 20):g} MB")
+
+
+def bounds_for_shape(table: FabricThreshold, fabric: str, ranks: int, largest: int | None
+                     ) -> tuple[FabricThreshold, str, bool]:
+    """The bounds for the shape measured (ranks, largest message size), how they were had, and whether a
+    published figure stands behind them at that size. The table's figures are read at their published message
+    size: a measurement that reached it is judged by them; a smaller one by them scaled with the fabric's
+    published size curve (data/hardware.yml size_curves), named as scaled; with neither, the figures as they
+    are, named as published for another shape (the caller judges those conservatively)."""
+    shape = f"{table.ranks or '?'} GPUs, {_gib(table.bytes)} messages"
+    same_ranks = table.ranks in (None, ranks)
+    ranks_note = "" if same_ranks else f"; measured on {ranks} GPUs, no published figure for that GPU count"
+    if table.bytes is None or (largest is not None and largest >= table.bytes):
+        return table, f"published for {shape}{ranks_note}", table.bytes is not None and same_ranks
+    curve = load_size_curves().get(fabric)
+    factor = curve.ratio(largest, table.bytes) if curve is not None and largest is not None else None
+    if factor is None:
+        return table, (f"published for {shape}; no published figure at {_gib(largest)} and no size curve that "
+                       f"reaches it{ranks_note}"), False
+    if factor >= 1.0:     # the curve is flat from the size measured to the published one: the figures hold as they are
+        return table, (f"published for {shape}; {_gib(largest)} is on the saturated part of the published size curve "
+                       f"({curve.source.split(' ')[0]}){ranks_note}"), same_ranks
+    return table.scaled(factor), (f"no published figure at {_gib(largest)}: the {shape} figures scaled by "
+                                  f"x{factor:.3f}, the bus bandwidth ratio {_gib(largest)} / {_gib(table.bytes)} of "
+                                  f"the published size curve ({curve.source.split(' ')[0]}){ranks_note}"), False
+
+
 def _judge_against_table(ctx: NodeContext, perf: NcclPerf, evidence: list[str], cmd: object, fabric: str | None,
                          table: FabricThreshold) -> Finding:
     check = "interconnect.nccl_bandwidth"
+    largest = max((r.size_bytes for r in perf.rows), default=None)
+    bounds, basis, published = bounds_for_shape(table, fabric or "", perf.ranks, largest)
     observed = {"tool": perf.tool, "backend": perf.backend, "max_busbw_gbps": perf.max_busbw,
                 "avg_busbw_gbps": perf.avg_busbw, "ranks": perf.ranks, "hosts": perf.hosts,
-                "wrong": perf.wrong_results, "cmd": cmd, "fabric": fabric}
-    expected = {"fabric": fabric, "expected_gbps": table.expected, "warn_below": table.warn,
-                "fail_below": table.fail}
-    rule = (f"all-reduce bus bandwidth over {fabric} >= {table.fail} GB/s (warn below {table.warn}; published "
-            f"~{table.expected} GB/s, src/vllm_acceptance/data/hardware.yml), no wrong results")
+                "wrong": perf.wrong_results, "cmd": cmd, "fabric": fabric, "largest_message_bytes": largest}
+    expected = {"fabric": fabric, "expected_gbps": bounds.expected, "warn_below": bounds.warn,
+                "fail_below": bounds.fail, "basis": basis,
+                "published": {"expected_gbps": table.expected, "warn_below": table.warn, "fail_below": table.fail,
+                              "ranks": table.ranks, "bytes": table.bytes}}
+    rule = (f"all-reduce bus bandwidth over {fabric} >= {bounds.fail} GB/s (warn below {bounds.warn}; ~"
+            f"{bounds.expected} GB/s, {basis}; src/vllm_acceptance/data/hardware.yml), no wrong results")
     kw = {"observed": observed, "expected": expected, "rule": rule, "evidence": evidence,
           "consequence": Consequence.EXPAND}
     if not perf.ok or perf.max_busbw is None:
@@ -345,15 +378,21 @@ def _judge_against_table(ctx: NodeContext, perf: NcclPerf, evidence: list[str], 
         return finding(check, Status.INCONCLUSIVE, ctx.host, reason="the test ran on one node only; the inter-node "
                        "path is unmeasured", action="run the all-reduce across the nodes (preflight_nccl_test_argv "
                        "spanning them, or preflight_nccl_test_method: image)", **kw)
-    where = f"tray {ctx.host}: {perf.max_busbw} GB/s over {fabric}"
-    if perf.max_busbw < table.fail:
+    where = f"tray {ctx.host}: {perf.max_busbw} GB/s over {fabric} ({perf.ranks} GPUs, up to {_gib(largest)})"
+    measure_more = (f"measure at the published shape: all_reduce_perf up to {_gib(table.bytes)} across the nodes "
+                    "(preflight_nccl_test_argv -e, or the in-image test's --max-bytes in preflight_allreduce_args)")
+    if perf.max_busbw < (bounds.fail or 0):
         return finding(check, Status.FAIL, ctx.host,
-                       reason=f"{where} < {table.fail} GB/s (published ~{table.expected})",
+                       reason=f"{where} < {bounds.fail} GB/s ({basis})",
                        action="bandwidth degraded on this fabric: check its links (nvidia-smi -q fabric health, "
                               "NVLink errors, NIC rails); change the topology or the interconnect rather than "
                               "adding GPUs", **kw)
-    if table.warn is not None and perf.max_busbw < table.warn:
-        return finding(check, Status.WARN, ctx.host, reason=f"{where} < {table.warn} GB/s (warn threshold)",
+    if bounds.warn is not None and perf.max_busbw < bounds.warn:
+        if not published:   # no published figure for this shape: below the bound is not proof of a degraded link
+            return finding(check, Status.INCONCLUSIVE, ctx.host,
+                           reason=f"{where} < {bounds.warn} GB/s, above {bounds.fail}: {basis}, so this shape "
+                                  "cannot tell a healthy link from a degraded one", action=measure_more, **kw)
+        return finding(check, Status.WARN, ctx.host, reason=f"{where} < {bounds.warn} GB/s (warn threshold, {basis})",
                        action="watch the fabric: degraded links lower the bandwidth before they fail", **kw)
-    return finding(check, Status.PASS, ctx.host, reason=f"{where} >= {table.warn or table.fail} GB/s", action="none",
-                   **kw)
+    return finding(check, Status.PASS, ctx.host, reason=f"{where} >= {bounds.warn or bounds.fail} GB/s ({basis})",
+                   action="none", **kw)
