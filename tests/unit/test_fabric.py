@@ -89,14 +89,16 @@ def nccl_output(factor: float = 1.0, fabric: str = "mnnvl") -> str:
 
 
 def tray(run_dir: Path, host: str, *, xml: str = GB300_XML, imex: str = IMEX_18, imex_state: str = "active",
-         nccl: str | None = None) -> Path:
+         nccl: str | None = None, imex_inside: list[str] | None = ["channel0"]) -> Path:  # noqa: B006
     """A healthy GB300 NVL72 tray (4 GPUs), from the real captures; keyword arguments inject a fault."""
     base = build_evidence("good", run_dir, host=host, launch={"imex_address": TRAYS[host]})
     for path in base.glob("*.txt"):
         path.write_text(path.read_text().replace(GENERATED_DRIVER, CAPTURE_DRIVER))
     probe = json.loads((base / "image_probe.txt").read_text())
-    probe.update({"device_count": 4, "devices": ["NVIDIA GB300"] * 4})
+    # the tray's container, started with the IMEX channel requested, sees the host's channel0 (the probe lists it)
+    probe.update({"device_count": 4, "devices": ["NVIDIA GB300"] * 4, "imex_channels": imex_inside})
     _write(base, "image_probe", json.dumps(probe))
+    _write(base, "imex_channels_host", "channel0\n")
     _write(base, "nvidia_smi_xml", xml)
     _write(base, "nvidia_smi_query", _query_csv(xml))
     _write(base, "imex_active", imex_state + "\n", 0 if imex_state == "active" else 3)

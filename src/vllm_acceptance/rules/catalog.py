@@ -190,6 +190,17 @@ register("interconnect.imex", stage="preflight", consequence=REBUILD, warn_block
          evidence="systemctl is-active nvidia-imex, nvidia-imex-ctl -N",
          source="docs/sources.md#nvlink-domain: cross-node GPU memory needs the IMEX service and a domain with "
                 "every node READY")
+register("interconnect.imex_channel", stage="preflight", consequence=REBUILD,
+         title="An IMEX channel inside the container (multi-node NVLink)",
+         rule="on MNNVL hardware with several trays: the in-image probe, started with the launch's request "
+              "(docker NVIDIA_IMEX_CHANNELS=0, podman the channel's device node), lists at least one channel in "
+              "/dev/nvidia-caps-imex-channels inside the container; none inside fails, naming the fix (request it, "
+              "or the site's toolkit ignores requests, or no channel on the host: ls of the host's directory); the "
+              "environment is never the proof; a process runtime: the host's channels",
+         evidence="in-image probe (imex_channels), ls -1 /dev/nvidia-caps-imex-channels on the host",
+         source="docs/sources.md#imex-channel: the NVIDIA container toolkit injects IMEX channels only on request "
+                "(NVIDIA/libnvidia-container#242, NVIDIA/nvidia-container-toolkit#952); SPEC 'Multi-node NVLink "
+                "inside a container'")
 register("interconnect.fabric_path", stage="preflight", consequence=REBUILD,
          title="The all-reduce crossed the fabric the layout expects",
          rule="within one NVLink domain (MNNVL hardware, several trays) NCCL's INFO log shows MNNVL enabled and "
