@@ -117,6 +117,14 @@ register("compat.peermem", stage="preflight", consequence=REBUILD,
          evidence="lsmod, the launch's interconnect and environment (inventory, live process)",
          source="docs/sources.md#a001: multi-node: RDMA devices, nvidia_peermem (or the older nv_peer_mem); recipe: "
                 "NCCL_DMABUF_ENABLE=0 falls back to nvidia_peermem")
+register("compat.known_defects", stage="preflight", consequence=LIMIT,
+         title="No component version with a published defect for this model",
+         rule="the NCCL version read inside the image (in-image probe torch.cuda.nccl.version(), the in-image "
+              "all-reduce, NCCL's 'NCCL version' INFO line) is not one that src/vllm_acceptance/data/known_defects.yml "
+              "lists with its source (a listed version: a warning naming the defect, its source and fix); no "
+              "version read: inconclusive",
+         evidence="in-image probe, in-image all-reduce output, src/vllm_acceptance/data/known_defects.yml",
+         source="docs/sources.md#known-defects: NVIDIA/nccl#2167 and the threads that name affected versions")
 register("compat.state_snapshot", stage="preflight", consequence=REBUILD,
          title="State snapshot saved before any change",
          rule="every snapshot command of source 001 that applies was captured (date -u, hostname, uname -a, "
