@@ -220,6 +220,16 @@ register("interconnect.fabric_path", stage="preflight", consequence=REBUILD,
 
 # --- serve: launch or attach ---------------------------------------------------------------------
 
+register("interconnect.allreduce_path", stage="serve", consequence=REBUILD, warn_blocks=False,
+         title="The all-reduce path vLLM and NCCL chose matches the launch's interconnect",
+         rule="where the tensor-parallel group crosses nodes: the startup log shows no FlashInfer MNNVL all-reduce "
+              "workspace (or its failure) unless the nodes share one NVLink domain, and NCCL's INFO channel lines "
+              "cross the launch's interconnect (P2P/MNNVL over nvl; not NET/Socket over rdma); a log naming no path "
+              "is a warning that does not block release (never a pass)",
+         evidence="evidence/serve/startup.log (vLLM flashinfer_all_reduce.py lines, NCCL INFO lines)",
+         source="docs/sources.md#known-defects: vLLM's MNNVL all-reduce on IB-only nodes hangs "
+                "(vllm-project/vllm#51986)")
+
 register("compat.serve", stage="serve", consequence=REBUILD,
          title="Serve stage ran",
          rule="the serve stage wrote findings/serve.json (the server was launched or attached and judged)",
