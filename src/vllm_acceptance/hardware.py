@@ -7,6 +7,7 @@ A profile names its row with `hardware.class`; without it the rules keep the pro
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -20,12 +21,62 @@ FABRIC_MANAGER_PLACES = ("node", "switch_tray", "none")
 
 @dataclass(frozen=True)
 class FabricThreshold:
-    """All-reduce bus bandwidth over one fabric (GB/s): the published baseline, warn below, fail below."""
+    """All-reduce bus bandwidth over one fabric (GB/s): the published baseline, warn below, fail below, and
+    the shape it was published for (ranks, message size in bytes; None where the source does not say)."""
 
     fabric: str
     expected: float | None
     warn: float | None
     fail: float | None
+    ranks: int | None = None
+    bytes: int | None = None
+
+    def scaled(self, factor: float) -> FabricThreshold:
+        """The same bounds at another message size (factor: the size curve's ratio, rules/interconnect.py)."""
+        def times(value: float | None) -> float | None:
+            return None if value is None else round(value * factor, 1)
+        return FabricThreshold(self.fabric, times(self.expected), times(self.warn), times(self.fail), self.ranks,
+                               self.bytes)
+
+
+@dataclass(frozen=True)
+class SizeCurve:
+    """A published all-reduce run's bus bandwidth per message size over one fabric (data/hardware.yml)."""
+
+    fabric: str
+    points: tuple[tuple[int, float], ...]      # (bytes, busbw GB/s), ascending
+    source: str
+
+    def at(self, size: int) -> float | None:
+        """Bus bandwidth at `size`: interpolated on log2(size) between points, the last point past the largest
+        size, None below the smallest (the curve says nothing there)."""
+        if not self.points or size < self.points[0][0]:
+            return None
+        for (s0, b0), (s1, b1) in zip(self.points, self.points[1:], strict=False):
+            if s0 <= size <= s1:
+                t = (math.log2(size) - math.log2(s0)) / (math.log2(s1) - math.log2(s0))
+                return b0 + t * (b1 - b0)
+        return self.points[-1][1]
+
+    def ratio(self, measured: int, published: int) -> float | None:
+        """busbw(measured size) / busbw(published size), capped at 1; None where the curve does not reach."""
+        low, high = self.at(measured), self.at(published)
+        if low is None or not high:
+            return None
+        return min(1.0, low / high)
+
+
+_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def size_bytes(value: Any) -> int | None:
+    """'16G', '512M', 1073741824 -> bytes (binary units, as nccl-tests' -b/-e read them); None for null."""
+    if value is None:
+        return None
+    text = str(value).strip().upper()
+    if text[-1:] in _UNITS:
+        return int(float(text[:-1]) * _UNITS[text[-1]])
+    return int(text)
 
 
 @dataclass(frozen=True)
@@ -66,7 +117,8 @@ def _row(key: str, raw: dict[str, Any]) -> HardwareClass:
         raise ValueError(f"hardware.yml {key}: fabric_manager {manager!r} not in {FABRIC_MANAGER_PLACES}")
     if not raw.get("sources"):
         raise ValueError(f"hardware.yml {key}: a row without a public source")
-    fabrics = {name: FabricThreshold(name, _number(t.get("expected")), _number(t.get("warn")), _number(t.get("fail")))
+    fabrics = {name: FabricThreshold(name, _number(t.get("expected")), _number(t.get("warn")), _number(t.get("fail")),
+                                     None if t.get("ranks") is None else int(t["ranks"]), size_bytes(t.get("bytes")))
                for name, t in (raw.get("fabrics") or {}).items()}
     ports = raw.get("rdma_ports_per_node")
     return HardwareClass(
@@ -84,6 +136,20 @@ def load_hardware_table() -> dict[str, HardwareClass]:
     text = resources.files("vllm_acceptance.data").joinpath("hardware.yml").read_text()
     raw = yaml.safe_load(text) or {}
     return {str(key): _row(str(key), row) for key, row in (raw.get("classes") or {}).items()}
+
+
+@lru_cache(maxsize=1)
+def load_size_curves() -> dict[str, SizeCurve]:
+    """The published bus-bandwidth-per-size curve of each fabric (data/hardware.yml size_curves)."""
+    text = resources.files("vllm_acceptance.data").joinpath("hardware.yml").read_text()
+    raw = yaml.safe_load(text) or {}
+    curves = {}
+    for fabric, entry in (raw.get("size_curves") or {}).items():
+        if not entry.get("source"):
+            raise ValueError(f"hardware.yml size_curves.{fabric}: a curve without a public source")
+        points = sorted((size_bytes(k) or 0, float(v)) for k, v in (entry.get("points") or {}).items())
+        curves[str(fabric)] = SizeCurve(str(fabric), tuple(points), str(entry["source"]).strip())
+    return curves
 
 
 def hardware_class(key: str | None) -> HardwareClass | None:

@@ -26,7 +26,7 @@ def test_the_imex_check_is_one_registered_unit_judged_over_the_trays() -> None:
 
 
 @pytest.mark.parametrize(("switches", "expected"), [
-    ({"gpu_checks": True, "mnnvl": True}, ["imex_active", "imex_nodes"]),
+    ({"gpu_checks": True, "mnnvl": True}, ["imex_active", "imex_nodes", "imex_channels_host"]),
     ({"gpu_checks": True, "mnnvl": False, "nvswitch": True}, []),     # an HGX node runs no IMEX command
     ({"gpu_checks": False, "mnnvl": True}, []),                       # the CPU lab runs no GPU command
     ({}, []),
@@ -47,7 +47,8 @@ def test_the_filter_gives_the_template_the_same_commands_and_refuses_a_non_dict(
     spec.loader.exec_module(module)
     got = module.FilterModule().filters()["acceptance_node_commands"]({"gpu_checks": True, "mnnvl": True})
     assert got == [{"name": "imex_active", "argv": ["systemctl", "is-active", "nvidia-imex"]},
-                   {"name": "imex_nodes", "argv": ["nvidia-imex-ctl", "-N"]}]
+                   {"name": "imex_nodes", "argv": ["nvidia-imex-ctl", "-N"]},
+                   {"name": "imex_channels_host", "argv": ["ls", "-1", "/dev/nvidia-caps-imex-channels"]}]
     with pytest.raises(AnsibleFilterError, match="dictionary"):
         module.acceptance_node_commands(["mnnvl"])
 

@@ -90,11 +90,13 @@ def test_unreachable_host_gets_missing_findings_never_a_pass(tmp_path: Path) -> 
     assert decide(findings).verdict == "incomplete"
 
 
-def test_two_nodes_require_peermem_rdma_and_an_internode_nccl_test(tmp_path: Path) -> None:
+def test_two_nodes_require_an_internode_nccl_test_and_no_peermem_over_nvl(tmp_path: Path) -> None:
     for host in ("node-a", "node-b"):
         build_evidence("good", tmp_path, host=host)
     checks = by_check(judge(tmp_path, KIMI, ["node-a", "node-b"], today=TODAY), "node-a")
-    assert checks["compat.peermem"].status == Status.PASS
+    # the profile's interconnect is the NVL fabric: the collectives never cross RDMA, so no peer-memory module
+    # is on the path (issue 41; the RDMA + DMA-BUF fallback case: tests/unit/test_interconnect_judged.py)
+    assert checks["compat.peermem"].status == Status.NOT_APPLICABLE and "'nvl'" in checks["compat.peermem"].reason
     # the recorded all_reduce_perf ran on one node only: the inter-node path is unmeasured
     assert checks["interconnect.nccl_bandwidth"].status == Status.INCONCLUSIVE
     # the planned launch carries the recipe's NVL settings

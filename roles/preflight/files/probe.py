@@ -24,6 +24,14 @@ try:
         r["driver_proc"] = f.read()
 except Exception:
     r["driver_proc"] = None
+# IMEX channels inside the container (multi-node NVLink): the device nodes the NVIDIA container toolkit
+# injected on request (NVIDIA_IMEX_CHANNELS / the channel device); None when the directory is absent.
+try:
+    r["imex_channels"] = sorted(os.listdir("/dev/nvidia-caps-imex-channels"))
+except FileNotFoundError:
+    r["imex_channels"] = None
+except Exception as e:
+    r["imex_channels_error"] = repr(e)[:200]
 try:
     import torch
     r["torch_version"] = torch.__version__

@@ -33,6 +33,17 @@ fails in a namespace node that has no default route (by design: nothing leaves t
 announce 0.0.0.0 to the other nodes; the stand-in gives the server `VLLM_HOST_IP` = the node's eth0
 address, what a routed node resolves by itself, unless the launch set it.
 
+IMEX channels, as the NVIDIA container toolkit hands them out (docs/sources.md#imex-channel): a container sees
+/dev/nvidia-caps-imex-channels/channelN only when its run asked for it and the host has it (STATE/imex-channels,
+one channel name a line: the host's /dev/nvidia-caps-imex-channels). Requests the toolkit reads are
+`NVIDIA_IMEX_CHANNELS` in the container's environment (`-e=KEY` with the value in the runtime's environment,
+`-e KEY=VALUE`; `all` requests nothing, as the toolkit's imexChannelsFromEnvVar) and a `/dev/null` mount at
+/var/run/nvidia-container-devices/imex/N; a site's STATE/nvidia-container-toolkit.toml with
+`ignore-imex-channel-requests = true` drops both (the toolkit's feature flag). `--device
+/dev/nvidia-caps-imex-channels/channelN` is the runtime's own: honoured whatever the toolkit says, and refused
+as docker refuses a device path the host lacks. The in-image probe's answer (the recorded docker's) gets the
+channels the container would see (`imex_channels`, None: no directory); a detached container records them.
+
 A fault a scenario sets in STATE/fault (`oom_at_running=N`: once N requests run at once the server is
 killed and a CUDA OOM line is written to its log, as a container that died of OOM leaves it;
 `crash_at_running=N`: the same with a worker crash line) is fault injection, not a happy path. The
@@ -82,6 +93,19 @@ class Node:
 
     def box(self, name: str) -> Path:
         return self.state / "containers" / name
+
+    def host_imex_channels(self) -> list[str]:
+        """The host's /dev/nvidia-caps-imex-channels (STATE/imex-channels; none without the file)."""
+        path = self.state / "imex-channels"
+        return path.read_text().split() if path.is_file() else []
+
+    def ignores_imex_requests(self) -> bool:
+        """The site's toolkit config (STATE/nvidia-container-toolkit.toml) sets ignore-imex-channel-requests."""
+        path = self.state / "nvidia-container-toolkit.toml"
+        if not path.is_file():
+            return False
+        return any(line.replace(" ", "").lower() == "ignore-imex-channel-requests=true"
+                   for line in path.read_text().splitlines())
 
     def record(self, argv: list[str]) -> None:
         env = {a[3:]: os.environ.get(a[3:]) for a in argv if a.startswith("-e=")}
@@ -244,16 +268,83 @@ def _split_run(argv: list[str]) -> tuple[str, dict[str, str], list[str], str, li
             continue
         if arg.startswith("-e="):
             keys.append(arg[3:])
-        elif arg in ("--gpus", "--ipc", "--network", "--shm-size", "--ulimit", "--entrypoint", "-p"):
+        elif arg in ("--gpus", "--ipc", "--network", "--shm-size", "--ulimit", "--entrypoint", "-p", "--device", "-e",
+                     "--env"):
             i += 1
         i += 1
     return name, mounts, keys, "", []
+
+
+IMEX_DIR = "/dev/nvidia-caps-imex-channels"
+IMEX_MOUNT = "/var/run/nvidia-container-devices/imex/"
+
+
+def run_options(argv: list[str]) -> list[str]:
+    """The options of a `run` argv, before the image (the image's own arguments are not the runtime's)."""
+    image = run_image(argv) or (argv[argv.index("--entrypoint") + 2] if "--entrypoint" in argv[:-1] else "")
+    return argv[1:argv.index(image)] if image and image in argv else argv[1:]
+
+
+def imex_channels(node: Node, argv: list[str]) -> tuple[list[str] | None, str]:
+    """The IMEX channels a container of this `run` sees, as the NVIDIA container toolkit and the runtime decide,
+    and a refusal ("" when it starts). None: no channel directory inside."""
+    host = node.host_imex_channels()
+    opts = run_options(argv)
+    devices, toolkit = [], []
+    for i, arg in enumerate(opts):
+        value = opts[i + 1] if i + 1 < len(opts) else ""
+        if arg == "--device" and value.startswith(IMEX_DIR + "/"):
+            devices.append(value.rsplit("/", 1)[1].split(":")[0])
+        elif arg.startswith("--device=") and arg[9:].startswith(IMEX_DIR + "/"):
+            devices.append(arg[9:].rsplit("/", 1)[1].split(":")[0])
+        elif arg == "-v" and value.startswith("/dev/null:" + IMEX_MOUNT):
+            toolkit.append("channel" + value.split(IMEX_MOUNT, 1)[1].split(":")[0])
+        for env in ([arg[3:]] if arg.startswith("-e=") else [value] if arg in ("-e", "--env") else []):
+            key, sep, inline = env.partition("=")
+            if key == "NVIDIA_IMEX_CHANNELS":
+                wanted = inline if sep else os.environ.get(key, "")
+                if wanted.strip() not in ("", "all", "none", "void"):
+                    toolkit += ["channel" + c.strip() for c in wanted.split(",") if c.strip()]
+    missing = [d for d in devices if d not in host]
+    if missing:
+        return None, (f"docker: Error response from daemon: error gathering device information while adding custom "
+                      f"device \"{IMEX_DIR}/{missing[0]}\": no such file or directory.\n")
+    if node.ignores_imex_requests():
+        toolkit = []
+    seen = sorted({c for c in devices + toolkit if c in host})
+    return (seen or None), ""
+
+
+def run_probe(node: Node, argv: list[str]) -> int:
+    """The in-image probe: the recorded image facts, with the IMEX channels this run's container would see."""
+    channels, refused = imex_channels(node, argv)
+    if refused:
+        sys.stderr.write(refused)
+        return 125
+    done = subprocess.run([node.recorded, *argv], capture_output=True, text=True)
+    sys.stderr.write(done.stderr)
+    if done.returncode != 0:
+        sys.stdout.write(done.stdout)
+        return done.returncode
+    lines = done.stdout.strip().splitlines()
+    try:
+        answer = json.loads(lines[-1])
+    except (IndexError, ValueError):
+        sys.stdout.write(done.stdout)
+        return done.returncode
+    answer["imex_channels"] = channels
+    print(json.dumps(answer, sort_keys=True))
+    return 0
 
 
 def run_detached(node: Node, argv: list[str]) -> int:
     name, mounts, keys, serve = split_run(argv)
     if not name or not serve:
         sys.stderr.write("docker: stand-in needs --name and IMAGE MODEL ARGS\n")
+        return 125
+    channels, refused = imex_channels(node, argv)
+    if refused:
+        sys.stderr.write(refused)
         return 125
     if node.status(name) is not None:
         sys.stderr.write(f'docker: Error response from daemon: Conflict. The container name "/{name}" is already '
@@ -268,6 +359,7 @@ def run_detached(node: Node, argv: list[str]) -> int:
     (box / "args.json").write_text(json.dumps(serve))
     (box / "env.json").write_text(json.dumps({k: os.environ.get(k, "") for k in keys}))
     (box / "mounts.json").write_text(json.dumps(mounts))
+    (box / "imex_channels.json").write_text(json.dumps(channels))
     (box / "state").write_text("created")
     spawn_supervisor(node, name)
     print(cid)
@@ -457,9 +549,19 @@ def main(argv: list[str]) -> int:
         return max([restart(node, n) for n in targets] or [0])
     if cmd in ("stop", "rm"):
         return max([stop(node, n, remove=cmd == "rm") for n in names if n not in ("-f", "--force")] or [0])
+    if cmd == "run" and is_probe(args):
+        return run_probe(node, args)
     if cmd == "run" and (program := foreground_program(args)) is not None:
         return run_foreground(node, args, program)
     return node.recorded_docker(args)
+
+
+def is_probe(argv: list[str]) -> bool:
+    """`run --rm ... --entrypoint python3 IMAGE -c <probe.py>`: preflight's in-image probe."""
+    if "-d" in argv or "-c" not in argv or "--entrypoint" not in argv:
+        return False
+    at = argv.index("-c")
+    return at + 1 < len(argv) and argv[at + 1].rstrip() == PROBE.read_text().rstrip()
 
 
 def foreground_program(argv: list[str]) -> tuple[str, list[str]] | None:

@@ -156,6 +156,13 @@ exec /usr/bin/uname "$@"
 """)
     (bin_dir / "all_reduce_perf").unlink(missing_ok=True)
     (bin_dir / "nv-fabricmanager").unlink(missing_ok=True)
+    # The host's IMEX channel 0 (created by the administrator, NVIDIA's IMEX guide): a container sees it only when
+    # its run asks (the container stand-in acts as the NVIDIA container toolkit); `ls` of the directory reads it.
+    (state / "imex-channels").write_text("channel0\n")
+    _executable(bin_dir / "ls", f"""#!/bin/sh
+if [ "$*" = "-1 /dev/nvidia-caps-imex-channels" ]; then cat {state}/imex-channels; exit 0; fi
+exec /bin/ls "$@"
+""")
 
 
 def imex_nodes(addresses: list[str]) -> str:
@@ -266,6 +273,15 @@ class Rehearsal:
                                     TRAY_XML.read_text()))
         else:
             fault.unlink(missing_ok=True)
+
+    def ignore_imex_requests(self, tray: str, on: bool) -> None:
+        """The tray's NVIDIA container toolkit ignores IMEX channel requests (features.ignore-imex-channel-requests
+        in its config.toml, NVIDIA/nvidia-container-toolkit#952), or not."""
+        config = self.state(tray) / "nvidia-container-toolkit.toml"
+        if on:
+            config.write_text("[features]\nignore-imex-channel-requests = true\n")
+        else:
+            config.unlink(missing_ok=True)
 
     def throttle(self, host: str, rate: str | None) -> None:
         """Shape the node's link on the bridge side (tc tbf), a slow inter-node path; None lifts it."""
@@ -693,6 +709,22 @@ def fabric_not_initialised(r: Rehearsal, reports: Path) -> Outcome:
         r.fabric_not_initialised(TRAYS[1], False)
 
 
+def imex_channel_ignored(r: Rehearsal, reports: Path) -> Outcome:
+    """The second tray's container toolkit ignores IMEX channel requests (a site setting): the probe, started with
+    NVIDIA_IMEX_CHANNELS=0 as the launch is, sees no channel inside although the host has channel0. MNNVL memory
+    sharing would fail inside the container on a healthy rack; as fabric-not-initialised, no server is started."""
+    r.ignore_imex_requests(TRAYS[1], True)
+    try:
+        inv = r.inventory("imex-channel-ignored", gpu_nodes=TRAYS, head=TRAYS[0], workers=TRAYS[1:],
+                          profile=PROFILE_NVL72,
+                          variables={"vllm_serve_mode": "attach", "vllm_parallel": TWO_NODE_LAYOUT,
+                                     "vllm_gpus_per_node": 1, **DEAD_URL_WAIT,
+                                     "vllm_base_url": f"http://{r.address(TRAYS[0])}:8999/v1", **ALLREDUCE})
+        return run_accept(inv, reports)
+    finally:
+        r.ignore_imex_requests(TRAYS[1], False)
+
+
 def b300_single_node(r: Rehearsal, reports: Path) -> Outcome:
     """One HGX B300 node: 8 GPUs behind its own NVSwitch, Fabric Manager on the node, x86_64."""
     r.set_node("b300-n01", "flat")
@@ -790,6 +822,9 @@ PLAYS: dict[str, Play] = {
                                    ("interconnect.fabric_state@gb300-t02", "interconnect.nvlink_domain"),
                                    suite=False),
     "gb300-nvl72": Play("release", gb300_nvl72, ("every required check passed with evidence",), suite=False),
+    # Issue 41 item 5: the IMEX channel judged inside the container (a site's toolkit ignoring requests).
+    "imex-channel-ignored": Play("rebuild_environment", imex_channel_ignored,
+                                 ("interconnect.imex_channel@gb300-t02",), suite=False),
     "b300-single-node": Play("release", b300_single_node, ("every required check passed with evidence",),
                              suite=False),
     # Issue 28: the image and the arguments that run are judged, not the variables that name them.

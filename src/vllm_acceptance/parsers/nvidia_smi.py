@@ -37,6 +37,12 @@ class Gpu:
     fabric_cluster_uuid: str | None = None
     fabric_health: str | None = None        # <fabric><health><summary>: Healthy / ...
     fabric_bandwidth: str | None = None     # <fabric><health><bandwidth>: Full / Degraded / N/A off NVL systems
+    # The rest of <fabric><health> (R570/R580 on NVL trays; docs/sources.md#nvlink-domain): True/False each,
+    # incorrect_configuration None or the misconfiguration's name; absent or N/A on other systems.
+    fabric_route_recovery: str | None = None        # route_recovery_in_progress
+    fabric_route_unhealthy: str | None = None       # route_unhealthy
+    fabric_access_timeout_recovery: str | None = None
+    fabric_incorrect_configuration: str | None = None
 
 
 @dataclass
@@ -153,7 +159,11 @@ def parse_xml(text: str) -> GpuList:
             fabric_state=_known(gpu, "fabric/state"), fabric_status=_known(gpu, "fabric/status"),
             fabric_clique_id=_known(gpu, "fabric/cliqueId"), fabric_cluster_uuid=_known(gpu, "fabric/clusterUuid"),
             fabric_health=_known(gpu, "fabric/health/summary"),
-            fabric_bandwidth=_known(gpu, "fabric/health/bandwidth")))
+            fabric_bandwidth=_known(gpu, "fabric/health/bandwidth"),
+            fabric_route_recovery=_known(gpu, "fabric/health/route_recovery_in_progress"),
+            fabric_route_unhealthy=_known(gpu, "fabric/health/route_unhealthy"),
+            fabric_access_timeout_recovery=_known(gpu, "fabric/health/access_timeout_recovery"),
+            fabric_incorrect_configuration=_known(gpu, "fabric/health/incorrect_configuration")))
     if result.driver_version is None:
         result.errors.append("no <driver_version> element")
     if result.attached_gpus is not None and result.attached_gpus != len(result.gpus):

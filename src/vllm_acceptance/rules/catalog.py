@@ -109,10 +109,22 @@ register("compat.fabric_manager", stage="preflight", consequence=REBUILD,
          source="docs/sources.md#a000, #a001: NVSwitch systems: Fabric Manager active, its version equal to the "
                 "driver's")
 register("compat.peermem", stage="preflight", consequence=REBUILD,
-         title="GPU peer memory module (multi-node)",
-         rule="nvidia_peermem (or the older nv_peer_mem) loaded on multi-node deployments",
-         evidence="lsmod",
-         source="docs/sources.md#a001: multi-node: RDMA devices, nvidia_peermem (or the older nv_peer_mem)")
+         title="GPU peer memory module on the DMA-BUF fallback (multi-node RDMA)",
+         rule="nvidia_peermem (or the older nv_peer_mem) loaded where the launch crosses nodes over RDMA with the "
+              "recipe's DMA-BUF fallback (NCCL_DMABUF_ENABLE=0 in the launch's environment); not applicable over "
+              "DMA-BUF (NCCL's default) or where the launch's interconnect is the NVLink fabric (MNNVL trays: the "
+              "TP group never crosses RDMA)",
+         evidence="lsmod, the launch's interconnect and environment (inventory, live process)",
+         source="docs/sources.md#a001: multi-node: RDMA devices, nvidia_peermem (or the older nv_peer_mem); recipe: "
+                "NCCL_DMABUF_ENABLE=0 falls back to nvidia_peermem")
+register("compat.known_defects", stage="preflight", consequence=LIMIT,
+         title="No component version with a published defect for this model",
+         rule="the NCCL version read inside the image (in-image probe torch.cuda.nccl.version(), the in-image "
+              "all-reduce, NCCL's 'NCCL version' INFO line) is not one that src/vllm_acceptance/data/known_defects.yml "
+              "lists with its source (a listed version: a warning naming the defect, its source and fix); no "
+              "version read: inconclusive",
+         evidence="in-image probe, in-image all-reduce output, src/vllm_acceptance/data/known_defects.yml",
+         source="docs/sources.md#known-defects: NVIDIA/nccl#2167 and the threads that name affected versions")
 register("compat.state_snapshot", stage="preflight", consequence=REBUILD,
          title="State snapshot saved before any change",
          rule="every snapshot command of source 001 that applies was captured (date -u, hostname, uname -a, "
@@ -135,7 +147,8 @@ register("compat.server_location", stage="preflight", consequence=REBUILD,
 
 register("interconnect.rdma", stage="preflight", consequence=REBUILD,
          title="RDMA ports up (multi-node)",
-         rule="at least one RDMA port ACTIVE on every multi-node GPU node",
+         rule="at least one RDMA port ACTIVE on every multi-node GPU node where the launch's interconnect is rdma "
+              "(the inventory's vllm_interconnect over the profile's hardware.interconnect)",
          evidence="ibv_devinfo, rdma link",
          source="docs/sources.md#a001: multi-node: RDMA devices")
 register("interconnect.nccl_env", stage="preflight", consequence=REBUILD,
@@ -148,7 +161,11 @@ register("interconnect.nccl_env", stage="preflight", consequence=REBUILD,
 register("interconnect.nccl_bandwidth", stage="preflight", consequence=EXPAND,
          title="NCCL all-reduce bandwidth between nodes",
          rule="all-reduce bus bandwidth >= the hardware table's fail threshold for the fabric it crossed (warn "
-              "below its warn threshold), else >= profile thresholds.nccl_busbw_gbps, over the profile's collective "
+              "below its warn threshold), read for the shape measured: a run whose largest message is below the "
+              "figure's published size is judged against the bounds scaled by the fabric's published size curve, "
+              "and where no figure is published for the measured GPU count or size the band between the fail and "
+              "warn bounds is inconclusive (never a warn, never a pass); else >= profile "
+              "thresholds.nccl_busbw_gbps, over the profile's collective "
               "backend (hardware.collective_backend, default nccl), no wrong results, ranks on >= 2 nodes when "
               "multi-node; measured by all_reduce_perf, or where it is absent by torch.distributed inside the "
               "image under test on every node at once",
@@ -158,8 +175,11 @@ register("interconnect.fabric_state", stage="preflight", consequence=REBUILD,
          title="Every GPU joined the multi-node NVLink fabric (NVL72 trays)",
          rule="on MNNVL hardware (hardware.nvlink_domain or the hardware table's class): every GPU's fabric State "
               "Completed, Status Success, bandwidth health Full, and a ClusterUUID that is not all zeros or N/A "
-              "(zeros: the fabric never initialised on this tray)",
-         evidence="nvidia-smi -q -x <fabric> (state, status, cliqueId, clusterUuid, health/bandwidth)",
+              "(zeros: the fabric never initialised on this tray); the health Summary Healthy where reported (not "
+              "Unhealthy or Limited Capacity), no Route Unhealthy, Route Recovery or Access Timeout Recovery, "
+              "Incorrect Configuration None",
+         evidence="nvidia-smi -q -x <fabric> (state, status, cliqueId, clusterUuid, health: summary, bandwidth, "
+                  "route_unhealthy, route_recovery_in_progress, access_timeout_recovery, incorrect_configuration)",
          source="docs/sources.md#nvlink-domain: NVIDIA IMEX guide and nvidia-smi -q fabric fields; SPEC 'Hardware "
                 "the recipe verifies'")
 register("interconnect.nvlink_domain", stage="preflight", consequence=REBUILD,
@@ -168,14 +188,27 @@ register("interconnect.nvlink_domain", stage="preflight", consequence=REBUILD,
               "the same CliqueId (one NVLink partition); a tray outside is named",
          evidence="every tray's nvidia-smi -q -x <fabric>",
          source="docs/sources.md#nvlink-domain: a TP group across trays needs one NVLink domain and partition")
-register("interconnect.imex", stage="preflight", consequence=REBUILD,
+register("interconnect.imex", stage="preflight", consequence=REBUILD, warn_blocks=False,
          title="IMEX service and domain on every tray of the group",
-         rule="the nvidia-imex service active on every tray; nvidia-imex-ctl -N: Domain State UP, every node READY, "
-              "every link C, and its node list holding every tray of the group (preflight_imex_address, else the "
-              "same node list on every tray)",
+         rule="the nvidia-imex service active on every tray; nvidia-imex-ctl -N: every tray of the group (the trays "
+              "the launch uses, by preflight_imex_address) READY and connected (C) to the others, its node list "
+              "holding every tray of the group (else the same node list on every tray), Domain State UP; a node "
+              "outside the group not READY (or its links, or a domain DEGRADED by it alone): a warning naming it "
+              "that does not block release",
          evidence="systemctl is-active nvidia-imex, nvidia-imex-ctl -N",
          source="docs/sources.md#nvlink-domain: cross-node GPU memory needs the IMEX service and a domain with "
                 "every node READY")
+register("interconnect.imex_channel", stage="preflight", consequence=REBUILD,
+         title="An IMEX channel inside the container (multi-node NVLink)",
+         rule="on MNNVL hardware with several trays: the in-image probe, started with the launch's request "
+              "(docker NVIDIA_IMEX_CHANNELS=0, podman the channel's device node), lists at least one channel in "
+              "/dev/nvidia-caps-imex-channels inside the container; none inside fails, naming the fix (request it, "
+              "or the site's toolkit ignores requests, or no channel on the host: ls of the host's directory); the "
+              "environment is never the proof; a process runtime: the host's channels",
+         evidence="in-image probe (imex_channels), ls -1 /dev/nvidia-caps-imex-channels on the host",
+         source="docs/sources.md#imex-channel: the NVIDIA container toolkit injects IMEX channels only on request "
+                "(NVIDIA/libnvidia-container#242, NVIDIA/nvidia-container-toolkit#952); SPEC 'Multi-node NVLink "
+                "inside a container'")
 register("interconnect.fabric_path", stage="preflight", consequence=REBUILD,
          title="The all-reduce crossed the fabric the layout expects",
          rule="within one NVLink domain (MNNVL hardware, several trays) NCCL's INFO log shows MNNVL enabled and "
@@ -186,6 +219,16 @@ register("interconnect.fabric_path", stage="preflight", consequence=REBUILD,
          source="docs/sources.md#nccl-fabric-lines: NCCL's own INFO format strings")
 
 # --- serve: launch or attach ---------------------------------------------------------------------
+
+register("interconnect.allreduce_path", stage="serve", consequence=REBUILD, warn_blocks=False,
+         title="The all-reduce path vLLM and NCCL chose matches the launch's interconnect",
+         rule="where the tensor-parallel group crosses nodes: the startup log shows no FlashInfer MNNVL all-reduce "
+              "workspace (or its failure) unless the nodes share one NVLink domain, and NCCL's INFO channel lines "
+              "cross the launch's interconnect (P2P/MNNVL over nvl; not NET/Socket over rdma); a log naming no path "
+              "is a warning that does not block release (never a pass)",
+         evidence="evidence/serve/startup.log (vLLM flashinfer_all_reduce.py lines, NCCL INFO lines)",
+         source="docs/sources.md#known-defects: vLLM's MNNVL all-reduce on IB-only nodes hangs "
+                "(vllm-project/vllm#51986)")
 
 register("compat.serve", stage="serve", consequence=REBUILD,
          title="Serve stage ran",

@@ -24,13 +24,15 @@ from .context import (
     gpu_profile_na,
     why_missing,
 )
-from .driver import check_driver_branch, check_driver_module, check_fabric_manager, check_peermem, host_driver_version
+from .defects import check_known_defects
+from .driver import check_driver_branch, check_driver_module, check_fabric_manager, host_driver_version
 from .fabric import check_fabric_path, check_fabric_state, check_nvlink_domain
 from .image import check_container_cuda, check_image_identity, check_image_uniform, check_vllm_version
 from .interconnect import (
     check_nccl_bandwidth,
     check_nccl_env,
     check_nccl_env_node,
+    check_peermem,
     check_rdma,
     expected_comm_settings,
     planned_launch,
@@ -44,7 +46,7 @@ from .topology import check_gpu_visibility, check_topology, gpus_required_per_no
 NODE_RULES: tuple[Callable[[NodeContext], Finding], ...] = (
     check_state_snapshot, check_driver_branch, check_driver_module, check_container_cuda, check_image_identity,
     check_vllm_version, check_gpu_visibility, check_fabric_manager, check_peermem, check_rdma,
-    check_nccl_env_node, check_nccl_bandwidth, check_fabric_state, check_fabric_path,
+    check_nccl_env_node, check_nccl_bandwidth, check_fabric_state, check_fabric_path, check_known_defects,
     *node_rules(),   # the node checks that are one file each (rules/node/)
 )
 # Judged once over every tray of the group (the NVLink domain of NVL72 trays: rules/fabric.py; rules/node/imex.py).

@@ -181,27 +181,3 @@ def check_fabric_manager(ctx: NodeContext) -> Finding:
                        + why_missing(ctx, "fabricmanager_version", "driver_version"), evidence=evidence)
     return finding(check, Status.PASS, ctx.host, observed=observed, expected=expected, rule=rule,
                     evidence=evidence, action="none")
-
-
-# --- compat.peermem / interconnect.rdma ------------------------------------------------------
-
-def check_peermem(ctx: NodeContext) -> Finding:
-    check = "compat.peermem"
-    if (na := gpu_profile_na(check, ctx)) is not None:
-        return na
-    if not ctx.multinode:
-        return not_applicable(check, ctx.host, "single node: no GPUDirect RDMA between nodes")
-    lsmod = ctx.lsmod()
-    evidence = ctx.paths("lsmod")
-    if lsmod is None or not lsmod.modules:
-        return missing(check, ctx.host, why_missing(ctx, "lsmod"), evidence=evidence)
-    loaded = [m for m in ("nvidia_peermem", "nv_peer_mem") if lsmod.loaded(m)]
-    observed = {"peer_memory_modules": loaded, "nvidia_modules": lsmod.nvidia_modules()}
-    rule = "nvidia_peermem (or the older nv_peer_mem) loaded on multi-node deployments"
-    if not loaded:
-        return finding(check, Status.FAIL, ctx.host, observed=observed, expected=["nvidia_peermem"], rule=rule,
-                        evidence=evidence, reason="no peer-memory module: GPUDirect RDMA only via DMA-BUF, and "
-                                                  "the NCCL_DMABUF_ENABLE=0 workaround would have no path",
-                        action="modprobe nvidia_peermem (and persist it in /etc/modules-load.d)")
-    return finding(check, Status.PASS, ctx.host, observed=observed, expected=["nvidia_peermem"], rule=rule,
-                    evidence=evidence, action="none")

@@ -51,7 +51,27 @@ def _gpu_problems(gpu: Gpu) -> tuple[list[str], list[str]]:
             faults.append(f"{name}: fabric {label} {value} (not {want})")
     if gpu.fabric_cluster_uuid is None or gpu.fabric_cluster_uuid == _ZERO_UUID:
         faults.append(f"{name}: ClusterUUID {gpu.fabric_cluster_uuid or 'N/A'} (the fabric never initialised)")
+    faults += _health_faults(gpu)
     return faults, unknowns
+
+
+def _health_faults(gpu: Gpu) -> list[str]:
+    """The fabric health summary and its conditions (nvidia-smi -q 'Fabric / Health'): Summary Unhealthy or
+    Limited Capacity, a route unhealthy or in recovery, an access-timeout recovery, an incorrect configuration
+    (no_partition, insufficient_nvlinks, ...). A field the driver does not report (N/A) is no fault: the
+    state, status and bandwidth above already decide whether the health is known."""
+    name, faults = f"GPU {gpu.index}", []
+    if gpu.fabric_health is not None and gpu.fabric_health != "Healthy":
+        faults.append(f"{name}: fabric health Summary {gpu.fabric_health}")
+    for label, value in (("Route Unhealthy", gpu.fabric_route_unhealthy),
+                         ("Route Recovery in progress", gpu.fabric_route_recovery),
+                         ("Access Timeout Recovery", gpu.fabric_access_timeout_recovery)):
+        if value is not None and value.lower() == "true":
+            faults.append(f"{name}: {label} True")
+    config = gpu.fabric_incorrect_configuration
+    if config is not None and config.lower() not in ("none", "false"):
+        faults.append(f"{name}: Incorrect Configuration {config}")
+    return faults
 
 
 def check_fabric_state(ctx: NodeContext) -> Finding:
@@ -69,8 +89,11 @@ def check_fabric_state(ctx: NodeContext) -> Finding:
         unknowns += gpu_unknowns
     observed = {"gpus": [{"index": g.index, "state": g.fabric_state, "status": g.fabric_status,
                           "bandwidth": g.fabric_bandwidth, "cluster_uuid": g.fabric_cluster_uuid,
-                          "clique_id": g.fabric_clique_id} for g in xml.gpus]}
-    expected = {"state": "Completed", "status": "Success", "bandwidth": "Full", "cluster_uuid": "not all zeros"}
+                          "clique_id": g.fabric_clique_id, "health": g.fabric_health,
+                          "route_unhealthy": g.fabric_route_unhealthy,
+                          "incorrect_configuration": g.fabric_incorrect_configuration} for g in xml.gpus]}
+    expected = {"state": "Completed", "status": "Success", "bandwidth": "Full", "cluster_uuid": "not all zeros",
+                "health": "Summary Healthy (or not reported), no route/timeout fault, Incorrect Configuration None"}
     if faults:
         return finding(check, Status.FAIL, ctx.host, observed=observed, expected=expected, evidence=evidence,
                        reason=f"tray {ctx.host}: " + "; ".join(faults),

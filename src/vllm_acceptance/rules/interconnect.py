@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..core.findings import Consequence, Finding, Status
 from ..core.profile import Profile
-from ..hardware import FabricThreshold, nvlink_domain_of, profile_class
+from ..hardware import FabricThreshold, load_size_curves, nvlink_domain_of, profile_class
 from ..parsers.env import comm_env
 from ..parsers.live import live_launch
 from ..parsers.nccl_tests import NcclPerf, detect_fabric, parse_all_reduce_perf, parse_torch_allreduce
@@ -23,9 +23,13 @@ def check_rdma(ctx: NodeContext) -> Finding:
         return na
     if not ctx.multinode:
         return not_applicable(check, ctx.host, "single node: no inter-node transport")
-    interconnect = ctx.profile.model.hardware.interconnect
+    # The launch's interconnect (the inventory's vllm_interconnect over the profile's hardware.interconnect,
+    # rules/launched.py): what the serve stage starts is what needs the RDMA ports.
+    plan = ctx.plan or launched_plan(ctx.profile)
+    interconnect = plan.interconnect
     if interconnect != "rdma":
-        return not_applicable(check, ctx.host, f"profile interconnect is {interconnect!r}, not rdma")
+        return not_applicable(check, ctx.host, f"the launch's interconnect is {interconnect!r} ({plan.source}), "
+                                               "not rdma")
     evidence = ctx.paths("ibv_devinfo", "rdma_link")
     ibv = ctx.parsed("ibv_devinfo", parse_ibv_devinfo)
     link = ctx.parsed("rdma_link", parse_rdma_link)
@@ -39,13 +43,58 @@ def check_rdma(ctx: NodeContext) -> Finding:
     ports = sources[0].ports
     active = [f"{p.device}/{p.port}" for p in ports if p.active]
     observed = {"devices": sources[0].devices, "active_ports": active,
-                "link_layers": sorted({p.link_layer for p in ports if p.link_layer})}
+                "link_layers": sorted({p.link_layer for p in ports if p.link_layer}),
+                "interconnect": f"{interconnect} ({plan.source})"}
     if not active:
         return finding(check, Status.FAIL, ctx.host, observed=observed, expected=">= 1 active port",
                         rule="at least one RDMA port ACTIVE", evidence=evidence, reason="no RDMA port is ACTIVE",
                         action="bring the RDMA links up (cabling, subnet manager, ibstat)")
     return finding(check, Status.PASS, ctx.host, observed=observed, expected=">= 1 active port",
                     rule="at least one RDMA port ACTIVE", evidence=evidence, action="none")
+
+
+# --- compat.peermem: GPUDirect RDMA's peer-memory module, on the path that needs it ----------------
+
+def check_peermem(ctx: NodeContext) -> Finding:
+    """nvidia_peermem carries GPUDirect RDMA only on the recipe's DMA-BUF fallback: NCCL registers GPU memory
+    with the NIC through DMA-BUF by default and falls back to the peer-memory module with NCCL_DMABUF_ENABLE=0
+    (recipes/vllm-project/Kimi-K3.yaml, the guide's mlx5 dmabuf note; docs/sources.md#a001). It is required
+    where the launch crosses nodes over RDMA with that fallback set; over the multi-node NVLink fabric (MNNVL
+    trays, interconnect nvl/nvlink) the TP group never crosses RDMA."""
+    check = "compat.peermem"
+    if (na := gpu_profile_na(check, ctx)) is not None:
+        return na
+    if not ctx.multinode:
+        return not_applicable(check, ctx.host, "single node: no GPUDirect RDMA between nodes")
+    plan = ctx.plan or launched_plan(ctx.profile)
+    lsmod = ctx.lsmod()
+    loaded = [m for m in ("nvidia_peermem", "nv_peer_mem") if lsmod is not None and lsmod.loaded(m)]
+    if plan.interconnect != "rdma":
+        return not_applicable(check, ctx.host, f"the launch's interconnect is {plan.interconnect!r} ({plan.source}): "
+                                               "the collectives do not cross RDMA, no peer-memory module is used "
+                                               f"(loaded: {', '.join(loaded) or 'none'})")
+    args, env, source, launch_evidence = launch_settings(ctx)
+    workaround = {str(k): str(v) for k, v in ctx.profile.model.launch.multinode.dmabuf_workaround_env.items()}
+    fallback = bool(workaround) and all(env.get(k) == v for k, v in workaround.items())
+    if not fallback:
+        return not_applicable(check, ctx.host, f"GPUDirect RDMA through DMA-BUF: the launch ({source}) does not set "
+                                               f"the recipe's fallback {workaround or {'NCCL_DMABUF_ENABLE': '0'}}, "
+                                               "the only path that needs nvidia_peermem (loaded: "
+                                               f"{', '.join(loaded) or 'none'})")
+    evidence = ctx.paths("lsmod") + launch_evidence
+    if lsmod is None or not lsmod.modules:
+        return missing(check, ctx.host, why_missing(ctx, "lsmod"), evidence=evidence)
+    observed = {"peer_memory_modules": loaded, "nvidia_modules": lsmod.nvidia_modules(),
+                "interconnect": plan.interconnect, "dmabuf_fallback": workaround, "launch": source}
+    rule = ("nvidia_peermem (or the older nv_peer_mem) loaded where the launch crosses nodes over RDMA with the "
+            "recipe's DMA-BUF fallback (NCCL_DMABUF_ENABLE=0)")
+    if not loaded:
+        return finding(check, Status.FAIL, ctx.host, observed=observed, expected=["nvidia_peermem"], rule=rule,
+                       evidence=evidence, reason=f"the launch sets {workaround} (GPUDirect RDMA through the "
+                                                 "peer-memory module), and no peer-memory module is loaded",
+                       action="modprobe nvidia_peermem (and persist it in /etc/modules-load.d)")
+    return finding(check, Status.PASS, ctx.host, observed=observed, expected=["nvidia_peermem"], rule=rule,
+                   evidence=evidence, action="none")
 
 
 # --- interconnect.nccl_env ------------------------------------------------------------------
@@ -142,10 +191,10 @@ def planned_launch(profile: Profile, multinode: bool,
     return args, env
 
 
-def check_nccl_env_node(ctx: NodeContext) -> Finding:
-    """Judged on the launch the role was told about (inventory overrides), else the planned one."""
-    if not ctx.evidence.dir_exists and ctx.profile.has_gpus and ctx.multinode:
-        return missing("interconnect.nccl_env", ctx.host, why_missing(ctx))
+def launch_settings(ctx: NodeContext) -> tuple[list[str], dict[str, str], str, list[str]]:
+    """The launch's args and environment on this node, where they were read from, and the evidence: the running
+    server's (attach: the live process), else the launch the role was told about (inventory overrides), else the
+    planned one."""
     inputs = ctx.evidence.inputs
     default_args, default_env = planned_launch(ctx.profile, ctx.multinode, ctx.plan)
     env = {k: str(v) for k, v in (inputs.get("launch_env") or default_env).items()}
@@ -156,6 +205,14 @@ def check_nccl_env_node(ctx: NodeContext) -> Finding:
     if running is not None:   # what runs decides, not what was planned
         args, env, source = running
         evidence = ctx.paths("live_process")
+    return args, env, source, evidence
+
+
+def check_nccl_env_node(ctx: NodeContext) -> Finding:
+    """Judged on the launch the role was told about (inventory overrides), else the planned one."""
+    if not ctx.evidence.dir_exists and ctx.profile.has_gpus and ctx.multinode:
+        return missing("interconnect.nccl_env", ctx.host, why_missing(ctx))
+    args, env, source, evidence = launch_settings(ctx)
     finding = check_nccl_env(env, args, ctx.profile, ctx.host, evidence, ctx.multinode, ctx.startup_scan,
                              interconnect=(ctx.plan or launched_plan(ctx.profile)).interconnect)
     if finding.observed is not None:
@@ -260,16 +317,49 @@ def _fabric_threshold(ctx: NodeContext) -> tuple[str | None, FabricThreshold | N
     return measured, (row.threshold(measured) if row is not None and measured else None)
 
 
+def _gib(size: int | None) -> str:
+    return "?" if size is None else (f"{size / (1 << 30):g} GB" if size >= 1 << 30 else f"{size / (1 << 20):g} MB")
+
+
+def bounds_for_shape(table: FabricThreshold, fabric: str, ranks: int, largest: int | None
+                     ) -> tuple[FabricThreshold, str, bool]:
+    """The bounds for the shape measured (ranks, largest message size), how they were had, and whether a
+    published figure stands behind them at that size. The table's figures are read at their published message
+    size: a measurement that reached it is judged by them; a smaller one by them scaled with the fabric's
+    published size curve (data/hardware.yml size_curves), named as scaled; with neither, the figures as they
+    are, named as published for another shape (the caller judges those conservatively)."""
+    shape = f"{table.ranks or '?'} GPUs, {_gib(table.bytes)} messages"
+    same_ranks = table.ranks in (None, ranks)
+    ranks_note = "" if same_ranks else f"; measured on {ranks} GPUs, no published figure for that GPU count"
+    if table.bytes is None or (largest is not None and largest >= table.bytes):
+        return table, f"published for {shape}{ranks_note}", table.bytes is not None and same_ranks
+    curve = load_size_curves().get(fabric)
+    factor = curve.ratio(largest, table.bytes) if curve is not None and largest is not None else None
+    if factor is None:
+        return table, (f"published for {shape}; no published figure at {_gib(largest)} and no size curve that "
+                       f"reaches it{ranks_note}"), False
+    if factor >= 1.0:     # the curve is flat from the size measured to the published one: the figures hold as they are
+        return table, (f"published for {shape}; {_gib(largest)} is on the saturated part of the published size curve "
+                       f"({curve.source.split(' ')[0]}){ranks_note}"), same_ranks
+    return table.scaled(factor), (f"no published figure at {_gib(largest)}: the {shape} figures scaled by "
+                                  f"x{factor:.3f}, the bus bandwidth ratio {_gib(largest)} / {_gib(table.bytes)} of "
+                                  f"the published size curve ({curve.source.split(' ')[0]}){ranks_note}"), False
+
+
 def _judge_against_table(ctx: NodeContext, perf: NcclPerf, evidence: list[str], cmd: object, fabric: str | None,
                          table: FabricThreshold) -> Finding:
     check = "interconnect.nccl_bandwidth"
+    largest = max((r.size_bytes for r in perf.rows), default=None)
+    bounds, basis, published = bounds_for_shape(table, fabric or "", perf.ranks, largest)
     observed = {"tool": perf.tool, "backend": perf.backend, "max_busbw_gbps": perf.max_busbw,
                 "avg_busbw_gbps": perf.avg_busbw, "ranks": perf.ranks, "hosts": perf.hosts,
-                "wrong": perf.wrong_results, "cmd": cmd, "fabric": fabric}
-    expected = {"fabric": fabric, "expected_gbps": table.expected, "warn_below": table.warn,
-                "fail_below": table.fail}
-    rule = (f"all-reduce bus bandwidth over {fabric} >= {table.fail} GB/s (warn below {table.warn}; published "
-            f"~{table.expected} GB/s, src/vllm_acceptance/data/hardware.yml), no wrong results")
+                "wrong": perf.wrong_results, "cmd": cmd, "fabric": fabric, "largest_message_bytes": largest}
+    expected = {"fabric": fabric, "expected_gbps": bounds.expected, "warn_below": bounds.warn,
+                "fail_below": bounds.fail, "basis": basis,
+                "published": {"expected_gbps": table.expected, "warn_below": table.warn, "fail_below": table.fail,
+                              "ranks": table.ranks, "bytes": table.bytes}}
+    rule = (f"all-reduce bus bandwidth over {fabric} >= {bounds.fail} GB/s (warn below {bounds.warn}; ~"
+            f"{bounds.expected} GB/s, {basis}; src/vllm_acceptance/data/hardware.yml), no wrong results")
     kw = {"observed": observed, "expected": expected, "rule": rule, "evidence": evidence,
           "consequence": Consequence.EXPAND}
     if not perf.ok or perf.max_busbw is None:
@@ -288,15 +378,21 @@ def _judge_against_table(ctx: NodeContext, perf: NcclPerf, evidence: list[str], 
         return finding(check, Status.INCONCLUSIVE, ctx.host, reason="the test ran on one node only; the inter-node "
                        "path is unmeasured", action="run the all-reduce across the nodes (preflight_nccl_test_argv "
                        "spanning them, or preflight_nccl_test_method: image)", **kw)
-    where = f"tray {ctx.host}: {perf.max_busbw} GB/s over {fabric}"
-    if perf.max_busbw < table.fail:
+    where = f"tray {ctx.host}: {perf.max_busbw} GB/s over {fabric} ({perf.ranks} GPUs, up to {_gib(largest)})"
+    measure_more = (f"measure at the published shape: all_reduce_perf up to {_gib(table.bytes)} across the nodes "
+                    "(preflight_nccl_test_argv -e, or the in-image test's --max-bytes in preflight_allreduce_args)")
+    if perf.max_busbw < (bounds.fail or 0):
         return finding(check, Status.FAIL, ctx.host,
-                       reason=f"{where} < {table.fail} GB/s (published ~{table.expected})",
+                       reason=f"{where} < {bounds.fail} GB/s ({basis})",
                        action="bandwidth degraded on this fabric: check its links (nvidia-smi -q fabric health, "
                               "NVLink errors, NIC rails); change the topology or the interconnect rather than "
                               "adding GPUs", **kw)
-    if table.warn is not None and perf.max_busbw < table.warn:
-        return finding(check, Status.WARN, ctx.host, reason=f"{where} < {table.warn} GB/s (warn threshold)",
+    if bounds.warn is not None and perf.max_busbw < bounds.warn:
+        if not published:   # no published figure for this shape: below the bound is not proof of a degraded link
+            return finding(check, Status.INCONCLUSIVE, ctx.host,
+                           reason=f"{where} < {bounds.warn} GB/s, above {bounds.fail}: {basis}, so this shape "
+                                  "cannot tell a healthy link from a degraded one", action=measure_more, **kw)
+        return finding(check, Status.WARN, ctx.host, reason=f"{where} < {bounds.warn} GB/s (warn threshold, {basis})",
                        action="watch the fabric: degraded links lower the bandwidth before they fail", **kw)
-    return finding(check, Status.PASS, ctx.host, reason=f"{where} >= {table.warn or table.fail} GB/s", action="none",
-                   **kw)
+    return finding(check, Status.PASS, ctx.host, reason=f"{where} >= {bounds.warn or bounds.fail} GB/s ({basis})",
+                   action="none", **kw)

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..core.profile import Profile
 from ..core.rundir import RunDir
+from ..hardware import nvlink_domain_of
 
 LAYOUT_KEYS = ("tensor", "pipeline", "data")
 
@@ -69,6 +70,12 @@ def launched_plan(profile: Profile, inventory_vars: Mapping[str, Any] | None = N
         dmabuf_workaround=str(inv.get("vllm_nccl_dmabuf_workaround", False)).lower() in ("true", "1", "yes"),
         dmabuf_evidence=inv.get("vllm_nccl_dmabuf_evidence") or None,
         source="profile + inventory" if overridden else "profile")
+
+
+def mnnvl_hardware(profile: Profile) -> bool:
+    """One NVLink domain spans the nodes (GB200/GB300 NVL trays: hardware.nvlink_domain, else the hardware table's
+    class), as rules/fabric.py and roles/preflight's preflight_mnnvl decide it: the launch asks for an IMEX channel."""
+    return nvlink_domain_of(profile) == "mnnvl"
 
 
 def run_inventory_vars(run_dir: Path) -> dict[str, Any]:

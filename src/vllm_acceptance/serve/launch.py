@@ -13,7 +13,9 @@ nothing else is invented here:
 The recipe's environment per interconnect comes from the profile (`launch.multinode`): over RDMA
 its all-to-all backend and `UCX_TLS`; over NVLink its NVLink all-to-all backend; on an NVL fabric
 (GB200/GB300 NVL, `interconnect: nvl`) also `nvl_env` (NCCL_MNNVL_ENABLE, NCCL_CUMEM_ENABLE,
-NCCL_NVLS_ENABLE). `NCCL_DMABUF_ENABLE=0` only when the inventory asks for it after the launch
+NCCL_NVLS_ENABLE). On multi-node NVLink hardware every container asks for IMEX channel 0 (`imex_request`:
+docker NVIDIA_IMEX_CHANNELS=0, podman the channel's device node), without which MNNVL memory sharing fails
+inside the container. `NCCL_DMABUF_ENABLE=0` only when the inventory asks for it after the launch
 triage saw `mlx5dv_reg_dmabuf_mr`. Every node runs the same image, pinned by digest (a tag could
 resolve to different images on different nodes).
 
@@ -39,6 +41,7 @@ from typing import Any
 
 from ..core.evidence import EvidenceStore
 from ..core.profile import ConfigError, Profile, load_profile
+from ..rules.launched import mnnvl_hardware
 
 DEFAULT_CONTAINER_EXTRA = ["--gpus", "all", "--ipc", "host", "--network", "host"]
 DEFAULT_MASTER_PORT = 29501          # vLLM's ParallelConfig.master_port default
@@ -164,6 +167,22 @@ def interconnect_settings(profile: Profile, facts: dict[str, Any]) -> tuple[list
     return list(block.get("args") or []), {k: str(v) for k, v in env.items()}
 
 
+IMEX_CHANNEL_DEVICE = "/dev/nvidia-caps-imex-channels/channel0"
+
+
+def imex_request(runtime: str, mnnvl: bool) -> tuple[list[str], dict[str, str]]:
+    """How a container asks for IMEX channel 0 on multi-node NVLink hardware (docs/sources.md#imex-channel): the
+    NVIDIA container toolkit injects channels only on request. docker (the NVIDIA runtime's hook or CDI mode)
+    reads NVIDIA_IMEX_CHANNELS from the container's environment; podman's CDI devices pass no such hook, so the
+    channel's device node is passed itself. Returns (runtime options, environment); nothing off MNNVL hardware.
+    roles/vllm_serve (single node) and roles/preflight (the in-image probe and all-reduce) make the same request."""
+    if not mnnvl:
+        return [], {}
+    if runtime == "docker":
+        return [], {"NVIDIA_IMEX_CHANNELS": "0"}
+    return ["--device", IMEX_CHANNEL_DEVICE], {}
+
+
 def image_reference(profile: Profile, facts: dict[str, Any]) -> str:
     image = facts.get("image") or profile.model.image.reference
     digest = facts.get("image_digest") or profile.model.image.digest
@@ -196,6 +215,8 @@ def node_commands(profile: Profile, inventory_facts: dict[str, Any]) -> dict[str
         ic_args, ic_env = interconnect_settings(profile, facts)
         common += [a for a in ic_args if a not in common]
         env.update(ic_env)
+    imex_opts, imex_env = imex_request(runtime, mnnvl_hardware(profile))
+    env.update(imex_env)
     env.update({str(k): str(v) for k, v in (facts.get("env") or {}).items()})
     common += [str(a) for a in facts.get("extra_args") or []]
     model = str(facts.get("model") or profile.model.model.name)
@@ -210,7 +231,7 @@ def node_commands(profile: Profile, inventory_facts: dict[str, Any]) -> dict[str
                  + [a for a in common if a not in layout_args])
         out[host] = NodeCommand(host=host, role="head" if rank == 0 else "worker", rank=rank,
                                 address=addresses.get(host, host), env=dict(env), serve_args=serve,
-                                argv=_container_argv(runtime, facts, env, image, serve))
+                                argv=_container_argv(runtime, facts, env, image, serve, imex_opts))
     return out
 
 
@@ -236,9 +257,9 @@ def _layout_args(lay: Layout, rank: int, head_addr: str, facts: dict[str, Any]) 
 
 
 def _container_argv(runtime: str, facts: dict[str, Any], env: dict[str, str], image: str,
-                    serve: list[str]) -> list[str]:
+                    serve: list[str], devices: list[str] | None = None) -> list[str]:
     name = str(facts.get("container_name") or "vllm-acceptance")
-    extra = [str(a) for a in (facts.get("container_extra") or DEFAULT_CONTAINER_EXTRA)]
+    extra = [str(a) for a in (facts.get("container_extra") or DEFAULT_CONTAINER_EXTRA)] + list(devices or [])
     hf_cache = str(facts.get("hf_cache") or "/root/.cache/huggingface")
     return ([runtime, "run", "-d", "--name", name] + extra + ["-v", f"{hf_cache}:/root/.cache/huggingface"]
             + [f"-e={key}" for key in sorted(env)] + [image] + serve)

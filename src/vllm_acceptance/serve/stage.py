@@ -20,6 +20,7 @@ from ..rules.launch_triage import launch_findings
 from ..rules.launched import LaunchedPlan, plan_of_run
 from ..rules.registry import missing
 from ..rules.serve import ServerReports, check_actual_config, check_startup_log, flag_readings
+from ..rules.transport import check_allreduce_path
 from ..runtime.client import OpenAIClient, ServerUnreachable
 from ..runtime.metrics import DirectMetrics, MetricsError, cache_config, server_root
 from .log_identity import check_log_identity, read_live_identity
@@ -61,6 +62,7 @@ def judge_serve(run_dir: Path, profile: Profile, facts: ServeFacts) -> list[Find
     scan = scan_startup_log(facts.startup_log) if facts.startup_log is not None else None
     plan = plan_of_run(run_dir, profile)
     findings.append(check_startup_log(scan, profile, facts.host, log_ev, plan))
+    findings.append(check_allreduce_path(facts.startup_log, profile, facts.host, log_ev, plan))
     findings.append(model_load(facts, log_ev + cmd_ev))
     details: dict[str, Any] = {"base_url": facts.base_url, "mode": facts.mode, "launch_command": facts.launch_command,
                                "ready_s": facts.ready_s, "launch_error": facts.launch_error,

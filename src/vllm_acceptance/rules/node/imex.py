@@ -13,8 +13,10 @@ in tests/fixtures/real/imex/): a legend, a timestamp, one line per node of the d
 
 Any other node state (e.g. UNAVAILABLE) or domain state (DEGRADED, DOWN) is read as printed; a text
 without a node list or a domain state is an error, never an up domain. On trays of a multi-node NVLink
-domain (hardware.nvlink_domain mnnvl) the service must be active and the domain up with every tray of the
-group READY; a fault is the environment's (`rebuild_environment`), naming the tray.
+domain (hardware.nvlink_domain mnnvl) the service must be active and every tray of the group (the trays the
+launch uses, by their preflight_imex_address) READY and connected to the others; a fault there is the
+environment's (`rebuild_environment`), naming the tray. A node of the domain outside the group that is not
+READY (another tray in maintenance) degrades the domain elsewhere: a warning naming it.
 """
 
 from __future__ import annotations
@@ -104,19 +106,45 @@ def _imex_of(ctx: NodeContext) -> tuple[str | None, ImexDomain | None]:
     return state, domain
 
 
-def _tray_imex_problems(host: str, state: str, domain: ImexDomain) -> list[str]:
-    problems = []
+def _tray_imex_problems(host: str, state: str, domain: ImexDomain,
+                        group: set[str] | None) -> tuple[list[str], list[str]]:
+    """(faults, warnings) of one tray's view of the IMEX domain. `group`: the IMEX addresses of the trays the
+    launch uses (every tray's preflight_imex_address), None when unknown. A node outside the group that is not
+    READY, a link between two such nodes, or a domain not UP only because of them degrades the domain
+    elsewhere: a warning naming that node, not a failure of the group's trays."""
+    faults: list[str] = []
+    warnings: list[str] = []
     if state != "active":
-        problems.append(f"tray {host}: nvidia-imex is {state}")
+        faults.append(f"tray {host}: nvidia-imex is {state}")
     if not domain.ok:
-        problems.append(f"tray {host}: nvidia-imex-ctl -N unreadable ({'; '.join(domain.errors)})")
-        return problems
+        faults.append(f"tray {host}: nvidia-imex-ctl -N unreadable ({'; '.join(domain.errors)})")
+        return faults, warnings
+    ours = {n.index for n in domain.nodes if group is None or n.address in group}
+    for node in domain.not_ready:
+        line = f"IMEX node #{node.index} {node.address} is {node.state}"
+        if node.index in ours:
+            faults.append(f"tray {host}: {line}")
+        else:
+            warnings.append(f"tray {host} sees {line} (not a tray of this group)")
+    inside = [link for link in domain.broken_links if _link_ends(link) <= ours]
+    outside = [link for link in domain.broken_links if link not in inside]
+    if inside:
+        faults.append(f"tray {host}: IMEX links not connected between the group's trays {inside[:6]}")
+    if outside:
+        warnings.append(f"tray {host}: IMEX links not connected outside the group {outside[:6]}")
     if domain.domain_state != "UP":
-        problems.append(f"tray {host}: IMEX Domain State {domain.domain_state}")
-    problems += [f"tray {host}: IMEX node #{n.index} {n.address} is {n.state}" for n in domain.not_ready]
-    if domain.broken_links:
-        problems.append(f"tray {host}: IMEX links not connected {domain.broken_links[:6]}")
-    return problems
+        line = f"IMEX Domain State {domain.domain_state}"
+        if faults or group is None or not (warnings or outside):
+            faults.append(f"tray {host}: {line}")
+        else:
+            warnings.append(f"tray {host}: {line}, from nodes outside the group only")
+    return faults, warnings
+
+
+def _link_ends(link: str) -> set[int]:
+    """'3->5: X' -> {3, 5}."""
+    ends = link.split(":", 1)[0].split("->")
+    return {int(e) for e in ends if e.strip().isdigit()}
 
 
 def check_imex(contexts: list[NodeContext], profile: Profile) -> Finding:
@@ -133,17 +161,27 @@ def check_imex(contexts: list[NodeContext], profile: Profile) -> Finding:
                if seen[ctx.host][0] is None or seen[ctx.host][1] is None]
     observed = {h: {"service": s, "domain_state": d.domain_state if d else None,
                     "nodes": [f"{n.address} {n.state}" for n in d.nodes] if d else None} for h, (s, d) in seen.items()}
-    problems = [p for h, (s, d) in seen.items() if s is not None and d is not None
-                for p in _tray_imex_problems(h, s, d)]
     addresses = {ctx.host: ctx.evidence.inputs.get("imex_address") for ctx in contexts}
+    group = {str(a) for a in addresses.values()} if all(addresses.values()) else None
+    problems: list[str] = []
+    warnings: list[str] = []
+    for host, (state, domain) in seen.items():
+        if state is not None and domain is not None:
+            tray_faults, tray_warnings = _tray_imex_problems(host, state, domain, group)
+            problems += tray_faults
+            warnings += tray_warnings
     lists = {h: {n.address for n in d.nodes} for h, (_, d) in seen.items() if d is not None and d.ok}
-    if lists and all(addresses.values()):
+    if lists and group is not None:
         problems += [f"tray {other}'s address {addresses[other]} is not in tray {h}'s IMEX node list"
                      for h, nodes in lists.items() for other in addresses if addresses[other] not in nodes]
     elif len({frozenset(v) for v in lists.values()}) > 1:
         problems.append("the trays' IMEX node lists differ (different IMEX domains): "
                         + "; ".join(f"{h}: {sorted(v)}" for h, v in lists.items()))
-    expected = {"service": "active", "domain_state": "UP", "nodes": "every node READY, every tray of the group listed"}
+    expected = {"service": "active", "domain_state": "UP",
+                "nodes": "every tray of the group listed and READY, connected to each other (a node outside the "
+                         "group not READY: a warning)"}
+    if warnings:
+        observed["outside_the_group"] = warnings
     if problems:
         return finding(check, Status.FAIL, None, observed=observed, expected=expected, evidence=evidence,
                        reason="; ".join(problems),
@@ -156,6 +194,12 @@ def check_imex(contexts: list[NodeContext], profile: Profile) -> Finding:
         return finding(check, Status.FAIL, None, observed=observed, expected=expected, evidence=evidence,
                        reason=f"the IMEX domain has {len(next(iter(lists.values())))} node(s) for {len(contexts)} "
                               "trays", action="list every tray of the group in nodes_config.cfg, restart nvidia-imex")
+    if warnings:
+        return finding(check, Status.WARN, None, observed=observed, expected=expected, evidence=evidence,
+                       reason=f"the group's {len(contexts)} trays are READY and connected; the IMEX domain is "
+                              "degraded elsewhere: " + "; ".join(dict.fromkeys(warnings)),
+                       action="none for this deployment; the named node(s) outside the group need their "
+                              "nvidia-imex (journalctl -u nvidia-imex there) before they join a deployment")
     return finding(check, Status.PASS, None, observed=observed, expected=expected, evidence=evidence,
                    reason=f"IMEX domain UP on {len(contexts)} trays, every node READY")
 
