@@ -47,6 +47,15 @@ options:
     type: list
     elements: str
     default: []
+  reach_only:
+    description:
+      - C(judge) only. Hosts whose reachability was checked but that are not judged (no GPU evidence), such as a
+        C(vllm_head) outside C(gpu_nodes) in attach mode (playbooks/preflight.yml). One recorded unreachable by
+        C(unpack) is added to C(unreachable_hosts), so the later plays leave it out and the run still reaches its
+        verdict (C(incomplete), the host named).
+    type: list
+    elements: str
+    default: []
   findings_name:
     description: File name under C(<run_dir>/findings/).
     type: str
@@ -212,7 +221,8 @@ def run_judge(module: AcceptanceModule) -> None:
     hosts = params["hosts"]
     findings = module.guard(judge, run.path, profile, hosts, cluster=params["cluster"],
                             reference_run_dir=params["reference_run_dir"])
-    down = unreachable(run.path, hosts)
+    recorded = read_unreachable(run.path)
+    down = unreachable(run.path, hosts) + [h for h in params["reach_only"] if h in recorded and h not in hosts]
     stage = params["findings_name"].removesuffix(".json")
     path = run.findings_path(stage)
     if not module.check_mode:
@@ -238,6 +248,7 @@ def main() -> None:
             "action": {"type": "str", "choices": ["judge", "unpack"], "default": "judge"},
             "hosts": {"type": "list", "elements": "str"},
             "findings_name": {"type": "str", "default": "preflight.json"},
+            "reach_only": {"type": "list", "elements": "str", "default": []},
             "cluster": {"type": "list", "elements": "str"},
             "reference_run_dir": {"type": "path"},
             "nodes": {"type": "dict"},

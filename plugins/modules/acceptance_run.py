@@ -44,6 +44,12 @@ options:
     type: list
     elements: str
     default: []
+  groups:
+    description:
+      - The serve groups of this inventory, C(vllm_head) and C(vllm_workers), each a list of hosts.
+      - In launch mode (the host's C(vllm_serve_mode)) a host of these groups that is not in C(hosts) (the
+        C(gpu_nodes)) is refused before any node is touched, naming the host, the groups and the fix.
+    type: dict
   run_id:
     description: A run id; default is a UTC timestamp plus a random suffix.
     type: str
@@ -59,6 +65,7 @@ EXAMPLES = r"""
     variables: "{{ hostvars['localhost'] | dict2items | selectattr('key', 'match', '^(acceptance|vllm|preflight)_')
       | items2dict }}"
     hosts: "{{ groups['gpu_nodes'] }}"
+    groups: {vllm_head: "{{ groups['vllm_head'] }}", vllm_workers: "{{ groups['vllm_workers'] | default([]) }}"}
 """
 
 RETURN = r"""
@@ -102,6 +109,7 @@ try:
         open_run,
         record_profile,
         require_gpu_nodes,
+        require_head_in_gpu_nodes,
         resolve_profile_path,
         validate_inventory_vars,
     )
@@ -119,6 +127,9 @@ def check_mode_run(module: AcceptanceModule, project: Path) -> None:
                             params["host_variables"])
     profile = load_profile(resolve_profile_path(str(params["variables"]["acceptance_profile"]), project))
     require_gpu_nodes(profile, params["hosts"], f"inventory {params['inventory']}")
+    if params["groups"] is not None:
+        require_head_in_gpu_nodes(profile, {**params["groups"], "gpu_nodes": params["hosts"]}, params["variables"],
+                                  params["host_variables"], f"inventory {params['inventory']}")
     scratch = Path(tempfile.mkdtemp(prefix="vllm-acceptance-check-"))
     frozen = scratch / record_profile(scratch, profile)
     module.exit_json(changed=False, run_dir=str(scratch), run_id="check-mode", profile=profile.data,
@@ -134,6 +145,7 @@ def main() -> None:
             "variables": {"type": "dict", "required": True},
             "host_variables": {"type": "dict", "default": {}},
             "hosts": {"type": "list", "elements": "str", "default": []},
+            "groups": {"type": "dict"},
             "run_id": {"type": "str"},
         },
         run_dir=False, import_error=IMPORT_ERROR,
@@ -145,7 +157,7 @@ def main() -> None:
     run_dir, profile = module.guard(open_run, project_dir=project, reports_dir=Path(params["reports_dir"]),
                                     inventory=params["inventory"], variables=params["variables"],
                                     hosts=params["hosts"], run_id=params["run_id"],
-                                    host_variables=params["host_variables"])
+                                    host_variables=params["host_variables"], groups=params["groups"])
     # Every later stage judges the run's frozen copy of the profile (evidence/profile.yml).
     frozen = RunDir(run_dir).at(record_profile(run_dir, profile))
     module.exit_json(changed=True, run_dir=str(run_dir), run_id=run_dir.name, profile=profile.data,

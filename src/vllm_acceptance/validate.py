@@ -18,7 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from .core.profile import ConfigError, load_profile
-from .core.rundir import require_contract_served, resolve_profile_path, validate_inventory_vars
+from .core.rundir import (
+    require_contract_served,
+    require_gpu_nodes,
+    require_head_in_gpu_nodes,
+    resolve_profile_path,
+    validate_inventory_vars,
+)
 from .core.variables import PREFIXES
 
 CHECKOUT = Path(__file__).resolve().parents[2]
@@ -100,6 +106,34 @@ def read_inventory_vars(inventory: Path) -> tuple[dict[str, Any], dict[str, dict
     return site, {str(h): dict(v) for h, v in hostvars.items() if isinstance(v, dict)}
 
 
+def inventory_groups(listed: dict[str, Any], group: str = "all") -> dict[str, list[str]]:
+    """Every group's hosts, children included, from `ansible-inventory --list` (which nests groups)."""
+    out: dict[str, list[str]] = {}
+
+    def walk(name: str) -> list[str]:
+        if name in out:
+            return out[name]
+        out[name] = []
+        node = listed.get(name) if isinstance(listed.get(name), dict) else {}
+        hosts = [str(h) for h in node.get("hosts") or []]
+        for child in node.get("children") or []:
+            hosts += [h for h in walk(str(child)) if h not in hosts]
+        out[name] = hosts
+        return hosts
+
+    walk(group)
+    return out
+
+
+def require_serve_groups(profile: Any, inventory: Path, variables: dict[str, Any],
+                         host_variables: dict[str, dict[str, Any]], source: str) -> None:
+    """The inventory's shape as the validate play refuses it (core/rundir.py): a GPU profile needs `gpu_nodes`, and a
+    launch runs only on hosts of `gpu_nodes` (`vllm_head`, `vllm_workers`)."""
+    groups = inventory_groups(_inventory_json(inventory, "--list"))
+    require_gpu_nodes(profile, groups.get("gpu_nodes") or [], source)
+    require_head_in_gpu_nodes(profile, groups, variables, host_variables, source)
+
+
 def validate(profile: str | None, inventory: Path | None, project: Path | None = None) -> Validated:
     """Raise ConfigError naming the field and the fix, or return what was checked."""
     if profile is None and inventory is None:
@@ -123,5 +157,6 @@ def validate(profile: str | None, inventory: Path | None, project: Path | None =
     loaded = load_profile(resolve_profile(str(profile), project_dir, field_name))
     if inventory is not None:      # what accept.yml's validate play refuses against this profile (core/rundir.py)
         require_contract_served(loaded, variables, host_variables, f"{source} ({loaded.name})")
+        require_serve_groups(loaded, inventory, variables, host_variables, str(source))
     return Validated(profile=loaded.name, profile_path=str(loaded.source),
                      inventory=str(inventory) if inventory else None, variables_checked=checked, templated=templated)

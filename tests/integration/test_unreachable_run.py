@@ -182,3 +182,58 @@ def test_ansible_playbook_stops_on_a_host_file_that_does_not_parse_before_any_co
     assert f"Origin: {hosts}:" in out and "holds no host: it did not parse" in out, out[-4000:]
     assert not (tmp_path / "reports").exists() and listener.accepted == 0
     assert listener.connect_once() == 1
+
+
+# --- issue 41 item 9: a vllm_head outside gpu_nodes ------------------------------------------------------------
+
+def _head_outside(root: Path, head: tuple[str, int], gpu: tuple[str, int], mode: str) -> Path:
+    """The example GB300 inventory with its head `gb300-head` outside gpu_nodes (one GPU node, `gb300-a02`)."""
+    shutil.copytree(REPO / "inventories" / "example-gb300" / "group_vars", root / "group_vars")
+    group_vars = root / "group_vars" / "all.yml"
+    text = group_vars.read_text().replace("vllm_serve_mode: launch", f"vllm_serve_mode: {mode}")
+    if mode == "attach":
+        text += "vllm_base_url: http://127.0.0.1:9/v1\nvllm_serve_attach_timeout_s: 5\n"
+    group_vars.write_text(text)
+    (root / "hosts.yml").write_text(yaml.safe_dump({"all": {
+        "children": {"gpu_nodes": {"hosts": {"gb300-a02": {"ansible_host": gpu[0], "ansible_port": gpu[1]}}},
+                     "vllm_head": {"hosts": {"gb300-head": {"ansible_host": head[0], "ansible_port": head[1]}}},
+                     "loadgen": {"hosts": {"localhost": None}}},
+        "vars": {"ansible_user": "acceptance"},
+        "hosts": {"localhost": {"ansible_connection": "local",
+                                "ansible_python_interpreter": "{{ ansible_playbook_python }}"}}}}))
+    return root
+
+
+def test_a_launch_on_a_head_outside_gpu_nodes_is_refused_before_any_connection(tmp_path: Path,
+                                                                              listener: CountingListener) -> None:
+    """Before: validation passed it, the launch went to a node preflight never judged, and a head that was down
+    ended the run with no verdict (exit 1). Now: exit 2, the host, the groups and the fix named, nothing touched."""
+    node = (listener.host, listener.port)
+    inventory = _head_outside(tmp_path / "site", node, node, "launch")
+    proc, _ = _run(inventory, tmp_path / "reports")
+    out = " ".join(proc.stdout.split())
+    assert proc.returncode == 2, (proc.stdout + proc.stderr)[-4000:]
+    assert "host `gb300-head` is in group `vllm_head` but not in `gpu_nodes` (gpu_nodes: gb300-a02)" in out, out[-3000:]
+    assert "add `gb300-head` under all.children.gpu_nodes.hosts" in out
+    assert not (tmp_path / "reports" / "site").exists()                # no run was opened
+    assert listener.accepted == 0
+    assert listener.connect_once() == 1
+
+
+def test_an_attached_run_whose_head_outside_gpu_nodes_is_down_still_ends_with_a_verdict(tmp_path: Path) -> None:
+    """Attach launches nothing, so the head may be a host that is no GPU node; when it is down the run used to stop at
+    the serve play (no verdict, exit 1). Its reachability is now recorded at preflight like a GPU node's: the run is
+    incomplete, naming the head and its connection error."""
+    inventory = _head_outside(tmp_path / "site", DOWN["gb300-a01"], DOWN["gb300-a02"], "attach")
+    proc, _ = _run(inventory, tmp_path / "reports")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 40, out[-4000:]
+    assert "verdict: incomplete" in proc.stdout
+    run_dir = tmp_path / "reports" / "site" / "latest"
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["verdict"] == "incomplete" and report["unreachable_hosts"] == ["gb300-a02", "gb300-head"]
+    error = report["unreachable_errors"]["gb300-head"]
+    assert "connect to host 127.0.0.77 port 2: Connection refused" in error, error
+    assert f"- gb300-head unreachable ({error})" in (run_dir / "report.md").read_text()
+    statuses = {f["check"]: f["status"] for f in report["findings"] if f["host"] is None}
+    assert statuses["compat.serve"] == "missing"                       # nothing judged from nothing

@@ -269,12 +269,30 @@ def _crictl_inspect(text: str) -> dict[str, Any]:
             "node_script_agrees": _node_script()["crictl_image"](text) == (image_id, digest, image_ref)}
 
 
+def _image_inspect(text: str) -> dict[str, Any]:
+    """`docker|podman image inspect` -> its names normalised as docker/distribution does (parsers/image_ref.py:
+    docker.io, library/, index.docker.io) and whether the image came from a registry (a RepoDigest)."""
+    from vllm_acceptance.parsers.container import parse_image_inspect
+    try:
+        from vllm_acceptance.parsers.image_ref import digest_hex, parse_reference
+    except ImportError:             # an older checkout of the package
+        return {k: ABSENT for k in ("repo_tags", "repo_digests", "familiar_digests", "id_is_a_manifest_digest")} | {
+            "id": parse_image_inspect(text).id, "registry_digest": bool(parse_image_inspect(text).repo_digests)}
+    inspect = parse_image_inspect(text)
+    digested = [parse_reference(d) for d in inspect.repo_digests]
+    return {"id": inspect.id, "repo_tags": [str(parse_reference(t)) for t in inspect.repo_tags],
+            "repo_digests": [str(d) for d in digested], "familiar_digests": [d.familiar for d in digested if d],
+            "registry_digest": bool(inspect.repo_digests),
+            "id_is_a_manifest_digest": bool(inspect.id) and digest_hex(str(inspect.id)) in
+            {digest_hex(str(d.digest)) for d in digested if d and d.digest}}
+
+
 READERS: dict[str, Callable[[str], dict[str, Any]]] = {
     "vllm_log": _vllm_log, "nvidia_smi_xml": _xml, "nvidia_smi_csv": _csv, "nvidia_smi_table": _table,
     "driver_version": _driver,
     "nvidia_smi_error": _smi_error, "nccl_tests": _nccl, "ibv_devinfo": _ibv, "metrics": _metrics,
     "imex_nodes": _imex, "ss_listeners": _ss, "cgroup_container": _cgroup, "container_inspect": _container_inspect,
-    "crictl_inspect": _crictl_inspect,
+    "crictl_inspect": _crictl_inspect, "image_inspect": _image_inspect,
 }
 
 

@@ -478,7 +478,9 @@ def test_a_repo_digest_with_nothing_to_compare_is_stated_not_comparable(tmp_path
     found = next(f for f in findings if f.check == "compat.image_identity" and f.host == "gpu-01")
     running = found.observed["running_container"]
     assert running["matches_judged_image"] is None and "not comparable" in running["reason"]
-    assert found.status == Status.FAIL and "no registry digest" in found.reason     # failed for its own reason
+    # unproven for its own reason (issue 41 item 8): no RepoDigest is never a rebuild and never a pass
+    assert found.status == Status.INCONCLUSIVE and "no RepoDigest" in found.reason, found.reason
+    assert found.action.startswith("prove it: pull the profile's image on this node by digest")
 
 
 # --- compat.image_uniform on the images the nodes run (issue 28: a multi-node worker serves no port) -----------

@@ -78,6 +78,39 @@ def require_gpu_nodes(profile: Profile, hosts: list[str], source: str) -> None:
             "10.0.0.11}}}), or pick a profile without GPUs")
 
 
+def serve_mode(host: str, variables: dict[str, Any], host_variables: dict[str, dict[str, Any]] | None) -> str:
+    """The head's vllm_serve_mode as its play sees it: its own (host_vars, -e) over group_vars; launch by default
+    (roles/vllm_serve/defaults/main.yml)."""
+    own = (host_variables or {}).get(host) or {}
+    return str(own.get("vllm_serve_mode") or variables.get("vllm_serve_mode") or "launch")
+
+
+def require_head_in_gpu_nodes(profile: Profile, groups: dict[str, list[str]], variables: dict[str, Any],
+                              host_variables: dict[str, dict[str, Any]] | None, source: str) -> None:
+    """In launch mode the run starts vLLM on `vllm_head` (and `vllm_workers`): each must be one of `gpu_nodes`, the
+    nodes preflight judges and whose reachability it records. A head outside them is launched on unjudged, and
+    when it is down the serve play ends the whole run before the report: no verdict, exit 1 (docs/inventory.md,
+    docs/acceptance.md "Unreachable nodes and refused inputs"). Refused before any node is touched. Attach mode
+    launches nothing: its head is reached at preflight instead (playbooks/preflight.yml)."""
+    gpu_nodes = list(groups.get("gpu_nodes") or [])
+    if not profile.has_gpus and not gpu_nodes:
+        return
+    lines = []
+    for group, role in (("vllm_head", "the head (where vLLM serves)"), ("vllm_workers", "a worker (a headless rank)")):
+        for host in groups.get(group) or []:
+            if host in gpu_nodes or serve_mode(host, variables, host_variables) != "launch":
+                continue
+            listed = ", ".join(gpu_nodes) or "none"
+            lines.append(
+                f"{source}: host `{host}` is in group `{group}` but not in `gpu_nodes` (gpu_nodes: {listed}): in "
+                f"launch mode the run starts vLLM on {role}, and only the gpu_nodes are preflighted (driver, CUDA, "
+                "image, reachability), so it would run on a node nobody judged, and one that cannot be reached "
+                f"would end the run with no verdict; add `{host}` under all.children.gpu_nodes.hosts, or put one of "
+                f"the gpu_nodes in `{group}` instead")
+    if lines:
+        raise ConfigError("invalid inventory:\n  " + "\n  ".join(lines))
+
+
 def require_contract_served(profile: Profile, variables: dict[str, Any], host_variables: dict[str, dict[str, Any]],
                             source: str) -> None:
     """An inventory --max-model-len below the contract, a capacity-limiting launch argument the profile does not
@@ -101,10 +134,16 @@ def new_run_id() -> str:
 
 def open_run(*, project_dir: Path, reports_dir: Path, inventory: str, variables: dict[str, Any],
              hosts: list[str], run_id: str | None = None,
-             host_variables: dict[str, dict[str, Any]] | None = None) -> tuple[Path, Profile]:
+             host_variables: dict[str, dict[str, Any]] | None = None,
+             groups: dict[str, list[str]] | None = None) -> tuple[Path, Profile]:
+    """Validate and open the run. `groups`: the serve groups (`vllm_head`, `vllm_workers`) when the caller read
+    them (the validate play): a launch on a head outside `hosts` (gpu_nodes) is refused."""
     validate_inventory_vars(variables, f"inventory {inventory} (group_vars)", project_dir, host_variables)
     profile = load_profile(resolve_profile_path(str(variables["acceptance_profile"]), project_dir))
     require_gpu_nodes(profile, hosts, f"inventory {inventory}")
+    if groups is not None:
+        require_head_in_gpu_nodes(profile, {**groups, "gpu_nodes": hosts}, variables, host_variables,
+                                  f"inventory {inventory}")
     require_contract_served(profile, variables, host_variables or {}, f"inventory {inventory}")
     run_id = run_id or new_run_id()
     run_dir = (reports_dir / inventory / run_id).resolve()

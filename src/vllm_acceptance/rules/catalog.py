@@ -62,10 +62,17 @@ register("compat.container_cuda", stage="preflight", consequence=REBUILD,
                 "nvidia-smi")
 register("compat.image_identity", stage="preflight", consequence=REBUILD,
          title="Image reference and digest",
-         rule="full reference and registry digest recorded; no forbidden tag suffix (e.g. -cu129); pinned digest "
-              "matches when the profile or inventory pins one; the profile's own image (repository, tag, the digest "
-              "the profile pins), whatever inventory variable names another: another image fails with limited "
-              "observation at most, the run judged on the experimental route (never a release of the profile); "
+         rule="the image's content is the profile's own image: its RepoDigests carry the digest the profile pins, "
+              "under whichever registry's name (a mirror or proxy serving the very same manifest is the official "
+              "image; observed names it, pulled_as), else (no pinned digest) a RepoDigest under the profile's "
+              "repository with its tag; names normalised as docker/distribution and podman do (docker.io, "
+              "library/, index.docker.io, podman short names); another image than the profile's, whatever inventory "
+              "variable names it (an inventory pin never stands for the profile's), fails with limited observation "
+              "at most, the run judged on the experimental route (never a release of the profile); no forbidden "
+              "tag suffix (e.g. -cu129), the configured name pulled from its own repository (not a retag) and the "
+              "digest the profile or inventory pins present: else fail; no RepoDigest (docker load, a local build) "
+              "or another registry with no pinned digest to compare: inconclusive, naming how to prove it (pull by "
+              "digest, or compare the image ID with the official config digest), never a rebuild, never a pass; "
               "attached to a running server: the container of the process on its port (/proc/PID/cgroup) runs the "
               "judged image ID (docker/podman inspect --type container; a Kubernetes pod: crictl inspect, its "
               "image ID, or its repo digest compared with the judged image's RepoDigests, stated not comparable "
@@ -73,14 +80,17 @@ register("compat.image_identity", stage="preflight", consequence=REBUILD,
               "(the judged image is not what serves); one whose container's image cannot be read is inconclusive",
          evidence="docker/podman image inspect; attached: live_process (container id, its image ID)",
          source="docs/sources.md#a000, #a001: image identity: full reference and digest, pull date, the exact launch "
-                "command")
+                "command; #image-reference: name normalisation, RepoDigests, what a load or a mirror leaves")
 register("compat.image_uniform", stage="preflight", consequence=REBUILD,
          title="One image on every GPU node",
-         rule="one image ID on every containerised GPU node of the run: the image the node's vLLM container runs "
+         rule="one image on every containerised GPU node of the run: the image the node's vLLM container runs "
               "(attached: the server, a multi-node worker's headless vLLM) where it was read, else the configured "
-              "image as the node inspected it",
+              "image as the node inspected it; compared on content: equal image IDs (sha256: or bare hex), or one "
+              "node's ID a manifest digest the other was pulled by (docker's containerd image store reports the "
+              "manifest digest as the ID), on the same architecture",
          evidence="image inspect of every node; attached: live_process (the serving or headless container's image)",
-         source="docs/sources.md#a001: one run judges one image; a re-pulled moving tag is another image")
+         source="docs/sources.md#a001: one run judges one image; a re-pulled moving tag is another image; "
+                "#image-reference: image ID and manifest digest per image store")
 register("compat.vllm_version", stage="preflight", consequence=REBUILD,
          title="vLLM version and install source",
          rule="vLLM in the actual runtime >= profile vllm.min_version",

@@ -4,13 +4,16 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..core.findings import Consequence, Finding, Status
 from ..parsers.base import version_at_least
 from ..parsers.container import ImageInspect
+from ..parsers.image_ref import digest_hex, parse_reference
 from ..parsers.live import headless_container, running_container, same_running_image
 from .context import ROUTE_IMAGE, ROUTE_SELF_BUILT, NodeContext, finding, why_missing
+from .image_provenance import Provenance, provenance
 from .registry import missing, not_applicable
 
 # --- compat.container_cuda ------------------------------------------------------------------
@@ -61,12 +64,6 @@ def check_container_cuda(ctx: NodeContext) -> Finding:
 
 # --- compat.image_identity ------------------------------------------------------------------
 
-def _repo_of(reference: str) -> str:
-    name = reference.split("@", 1)[0]
-    last = name.rsplit("/", 1)[-1]
-    return name.rsplit(":", 1)[0] if ":" in last else name
-
-
 def official_reference(ctx: NodeContext) -> tuple[str | None, str | None]:
     """The profile's own image: its reference and the digest the profile pins (on an experimental profile, the
     lineage's image digest). An inventory variable never changes it (issue 28, item 1)."""
@@ -77,24 +74,15 @@ def official_reference(ctx: NodeContext) -> tuple[str | None, str | None]:
     return (str(reference) if reference else None), (str(digest) if digest else None)
 
 
-def not_official_reasons(ctx: NodeContext, reference: str | None, digests: list[str]) -> list[str]:
-    """Why the image under test is not the profile's own image: another repository, another tag (unless the
-    profile pins a digest the image has), or another digest than the profile pins. Empty when it is."""
-    official, official_digest = official_reference(ctx)
-    if not official or not reference:
-        return []
-    reasons = []
-    if _repo_of(reference) != _repo_of(official):
-        reasons.append(f"repository {_repo_of(reference)} is not the profile's {_repo_of(official)}")
-    elif "@" not in reference and _tag(reference) != _tag(official) and not (
-            official_digest and official_digest in digests):
-        reasons.append(f"tag {_tag(reference) or '(none)'} is not the profile's {_tag(official) or '(none)'}")
-    if official_digest and official_digest not in digests:
-        reasons.append(f"digest {digests or '(none)'} is not the profile's pinned {official_digest}")
-    inventory_digest = ctx.evidence.inputs.get("image_digest")
-    if official_digest and inventory_digest and inventory_digest != official_digest:
-        reasons.append(f"the inventory pins {inventory_digest}, not the profile's {official_digest}")
-    return reasons
+def judged_provenance(ctx: NodeContext, inspect: ImageInspect) -> Provenance:
+    """Whether the inspected image is the profile's own image, on its content (rules/image_provenance.py): the
+    digest the profile pins wherever it was pulled from, else a RepoDigest under the profile's repository and tag;
+    names normalised (docker.io, library/, podman's short names)."""
+    official, pin = official_reference(ctx)
+    inventory_pin = ctx.evidence.inputs.get("image_digest")
+    return provenance(configured=ctx.image_ref, official=official, pin=pin,
+                      inventory_pin=str(inventory_pin) if inventory_pin else None, repo_tags=inspect.repo_tags,
+                      repo_digests=inspect.repo_digests, image_id=inspect.id, podman=ctx.runtime == "podman")
 
 
 def _not_official(ctx: NodeContext, observed: dict[str, Any], expected: dict[str, Any], rule: str,
@@ -189,6 +177,17 @@ def _other_image_runs(ctx: NodeContext, running: dict[str, Any], judged_id: str,
                           " or attach to the server started from the judged image")
 
 
+def _unproven(ctx: NodeContext, found: Provenance, observed: dict[str, Any], expected: dict[str, Any], rule: str,
+              evidence: list[str]) -> Finding:
+    """Neither the official image nor another one is proven (no RepoDigest; a registry that is not the profile's
+    with no pinned digest to compare): inconclusive, with how to prove it; never a rebuild, never a pass."""
+    return finding("compat.image_identity", Status.INCONCLUSIVE, ctx.host, observed=observed, expected=expected,
+                   rule=rule, evidence=evidence,
+                   reason=f"whether this is the profile's image {official_reference(ctx)[0]} is unproven: "
+                          f"{found.unproven}",
+                   action=str(found.prove))
+
+
 def check_image_identity(ctx: NodeContext) -> Finding:
     check = "compat.image_identity"
     if not ctx.containerised:
@@ -202,16 +201,23 @@ def check_image_identity(ctx: NodeContext) -> Finding:
     pinned = ctx.evidence.inputs.get("image_digest") or ctx.profile.model.image.digest
     if ctx.profile.experimental:
         pinned = pinned or ctx.profile.model.at("lineage.image_digest")
+    pinned = str(pinned).lower() if pinned else None
     forbidden = list(ctx.profile.model.image.forbidden_tag_suffixes)
+    found = judged_provenance(ctx, inspect)
     observed = {"reference": reference, "id": inspect.id, "repo_tags": inspect.repo_tags,
                 "repo_digests": inspect.repo_digests, "created": inspect.created,
                 "pulled": inspect.last_tag_time, "architecture": inspect.architecture,
-                "labels": inspect.labels, "pinned_digest": pinned}
+                "labels": inspect.labels, "pinned_digest": pinned, "normalised_reference": found.configured}
+    if found.pulled_as:
+        observed.update(pulled_as=found.pulled_as, official_by=found.by)
     expected = {"reference": ctx.profile.model.image.reference, "digest": pinned or "recorded",
                 "forbidden_tag_suffixes": forbidden}
-    rule = ("full reference and registry digest recorded; no forbidden tag suffix; the local tag was pulled "
-            "from its own repository; digest == the pinned digest when one is pinned; the profile's own image "
-            "(repository, tag, the digest the profile pins), whatever inventory variable names another; attached: "
+    rule = ("the image's content is the profile's own image: its RepoDigests carry the digest the profile pins, "
+            "under whichever registry's name (a mirror serving the same manifest is the official image), else a "
+            "RepoDigest under the profile's repository with its tag (names normalised: docker.io, library/, "
+            "index.docker.io, podman short names), whatever inventory variable names another; no forbidden tag "
+            "suffix; the configured name pulled from its own repository; digest == the pinned digest when one is "
+            "pinned; no RepoDigest, or another registry with no pinned digest: unproven (inconclusive); attached: "
             "the running server's container runs the judged image (image ID; with crictl a repo digest, compared "
             "with the judged image's RepoDigests)")
     problems: list[str] = []
@@ -219,18 +225,13 @@ def check_image_identity(ctx: NodeContext) -> Finding:
     bad_tags = sorted({t for t in tags for s in forbidden if s and _tag(t).endswith(s)})
     if bad_tags:
         problems.append(f"forbidden tag suffix in {bad_tags}")
-    if not inspect.repo_digests:
-        problems.append("no registry digest (RepoDigests empty: built or loaded locally, never pulled)")
-    elif reference and "@" not in reference and \
-            _repo_of(reference) not in {_repo_of(d) for d in inspect.repo_digests}:
-        problems.append(f"{reference} was not pulled from {_repo_of(reference)} (no RepoDigest for it): "
-                        "a retagged or locally built image")
-    if pinned and pinned not in inspect.digests:
-        problems.append(f"digest {inspect.digests} != pinned {pinned}")
-    other = not_official_reasons(ctx, reference, inspect.digests)
-    if other:      # whatever else is wrong, the report says first that this is not the profile's image
+    if found.retagged:
+        problems.append(found.retagged)
+    if pinned and found.digests and pinned not in found.digests:
+        problems.append(f"digest {found.digests} != pinned {pinned}")
+    if found.official is False:  # whatever else is wrong, the report says first that this is not the profile's image
         observed = {**observed, "official": False, "official_reference": official_reference(ctx)[0],
-                    "not_official": other}
+                    "not_official": found.reasons}
     running = _running_container(ctx, inspect)
     if running is not None:    # attach: the image the server's container runs, not only the configured one
         observed = {**observed, "running_container": running}
@@ -239,21 +240,27 @@ def check_image_identity(ctx: NodeContext) -> Finding:
             return _other_image_runs(ctx, running, inspect.id, observed, expected, rule, evidence, problems)
         if running.get("host_process"):
             return _no_container_runs(ctx, running, observed, expected, rule, evidence, problems)
-        if running.get("served_here") and running["matches_judged_image"] is None and not problems and not other:
+        if running.get("served_here") and running["matches_judged_image"] is None and not problems and \
+                found.official is True:
             return _running_image_unknown(ctx, running, observed, expected, rule, evidence)
     if problems:
         return finding(check, Status.FAIL, ctx.host, observed=observed, expected=expected, rule=rule,
                         evidence=evidence, reason="; ".join(problems),
                         action=f"{ROUTE_IMAGE}: pull {ctx.profile.model.image.reference} by digest and pin it "
                                f"(inventory vllm_image_digest); a self-built image only as {ROUTE_SELF_BUILT}")
-    if other:
-        return _not_official(ctx, observed, expected, rule, evidence, other)
+    if found.official is False:
+        return _not_official(ctx, observed, expected, rule, evidence, found.reasons)
+    if found.official is None:
+        return _unproven(ctx, found, observed, expected, rule, evidence)
     return finding(check, Status.PASS, ctx.host, observed=observed, expected=expected, rule=rule,
                     evidence=evidence, action="none" if pinned else
                     "pin the recorded digest in the inventory (vllm_image_digest) so a re-tag is caught")
 
 
 def _tag(reference: str) -> str:
+    parsed = parse_reference(reference)
+    if parsed is not None:
+        return parsed.tag or ""
     name = reference.split("@", 1)[0]
     last = name.rsplit("/", 1)[-1]
     return last.split(":", 1)[1] if ":" in last else ""
@@ -287,12 +294,45 @@ def check_vllm_version(ctx: NodeContext) -> Finding:
                     evidence=evidence, action="none")
 
 
-def _image_at_work(ctx: NodeContext) -> tuple[str | None, str, str | None]:
-    """(image ID, where it was read, why unread) of one GPU node: the image its vLLM container runs (the server's,
+@dataclass(frozen=True)
+class _AtWork:
+    """The image one GPU node runs, as content: its image ID (hex, no `sha256:`; None when only a repo digest was
+    read), the manifest digests it is known by (its RepoDigests; docker's containerd image store reports the
+    manifest digest as the ID), and its architecture when known."""
+
+    image_id: str | None
+    manifests: frozenset[str]
+    architecture: str | None
+    shown: str          # what observed/reason print for it
+
+    def same_as(self, other: _AtWork) -> bool:
+        """The same image: equal IDs (`sha256:` or bare hex alike: docker, podman); or one's ID is a manifest digest
+        the other was pulled by (a containerd image store beside a classic one); or, where a node knows only a repo
+        digest (crictl), a shared manifest digest. A digest shared on another architecture is another image."""
+        if self.image_id and other.image_id and self.image_id == other.image_id:
+            return True
+        arch_ok = not (self.architecture and other.architecture and self.architecture != other.architecture)
+        if arch_ok and ((self.image_id and self.image_id in other.manifests)
+                        or (other.image_id and other.image_id in self.manifests)):
+            return True
+        return arch_ok and (self.image_id is None or other.image_id is None) and bool(self.manifests & other.manifests)
+
+
+def _judged(inspect: ImageInspect | None) -> _AtWork | None:
+    if inspect is None or not inspect.id:
+        return None
+    return _AtWork(digest_hex(inspect.id), frozenset(digest_hex(d) for d in inspect.digests), inspect.architecture,
+                   inspect.id)
+
+
+def _image_at_work(ctx: NodeContext) -> tuple[_AtWork | None, str, str | None]:
+    """(the image, where it was read, why unread) of one GPU node: the image its vLLM container runs (the server's,
     or a multi-node worker's headless vLLM: live_process evidence, parsers/live.py), else the configured image as
     the node inspected it (before a launch, or where the server is a host process). A container that runs vLLM
-    but whose image could not be read gives no image ID and says why: the configured one is never put in its place."""
+    but whose image could not be read gives no image and says why: the configured one is never put in its place.
+    The running image takes the judged image's RepoDigests and architecture only where it is that image."""
     record = ctx.rec("live_process")
+    judged = _judged(ctx.inspect())
     if record.present:
         for read, role in ((running_container, "the serving container"),
                            (headless_container, "the headless worker's container")):
@@ -301,27 +341,45 @@ def _image_at_work(ctx: NodeContext) -> tuple[str | None, str, str | None]:
                 continue
             where = f"{role} {running.id[:12]} ({running.engine})"
             if running.image_id:
-                return running.image_id, where, None
+                image_id = digest_hex(running.image_id)
+                if judged is not None and judged.image_id == image_id:
+                    return replace(judged, shown=running.image_id), where, None
+                return _AtWork(image_id, frozenset(), None, running.image_id), where, None
+            if running.image_digest:
+                digest = digest_hex(running.image_digest)
+                if judged is not None and digest in judged.manifests:
+                    return replace(judged, shown=running.image_digest), where, None
+                return _AtWork(None, frozenset({digest}), None, running.image_digest), where, None
             return None, where, f"{where}: image not read ({running.reason})"
-    inspect = ctx.inspect()
-    return (inspect.id if inspect is not None else None), f"the configured image {ctx.image_ref}", None
+    return judged, f"the configured image {ctx.image_ref}", None
+
+
+def _groups(images: dict[str, _AtWork]) -> list[list[str]]:
+    """The hosts that run one image, grouped (same_as, closed over chains), in the nodes' order."""
+    groups: list[list[str]] = []
+    for host, image in images.items():
+        joined = [g for g in groups if any(images[h].same_as(image) for h in g)]
+        merged = [h for g in joined for h in g] + [host]
+        groups = [g for g in groups if g not in joined] + [merged]
+    return groups
 
 
 def check_image_uniform(contexts: list[NodeContext]) -> Finding:
     """Cluster level: every GPU node runs the same image. Each node can pass compat.image_identity
     on its own with a moving tag while one of them pulled it on another day; one run would then judge
     several images under one name. Where a node's vLLM container was read (attached: the server, and a worker's
-    headless vLLM), the image it runs is compared, not only the one the inventory names (issue 28)."""
+    headless vLLM), the image it runs is compared, not only the one the inventory names (issue 28). Compared on
+    content: the image ID, or the manifest digest where one node's store reports that as the ID (issue 41)."""
     check = "compat.image_uniform"
     containerised = [ctx for ctx in contexts if ctx.containerised]
     if len(containerised) < 2:
         return not_applicable(check, None, "fewer than two containerised GPU nodes: nothing to compare")
     evidence = [p for ctx in containerised for p in ctx.paths("image_inspect") + ctx.paths("live_process")]
-    ids: dict[str, str | None] = {}
+    images: dict[str, _AtWork | None] = {}
     read_from: dict[str, str] = {}
     unread: dict[str, str] = {}
     for ctx in containerised:
-        ids[ctx.host], read_from[ctx.host], why = _image_at_work(ctx)
+        images[ctx.host], read_from[ctx.host], why = _image_at_work(ctx)
         if why:
             unread[ctx.host] = why
     if unread:
@@ -332,22 +390,22 @@ def check_image_uniform(contexts: list[NodeContext]) -> Finding:
                               + "; ".join(f"{h} ({w})" for h, w in sorted(unread.items())),
                        action="let the Ansible user read the container runtime on these nodes (docker/podman group, "
                               "crictl for pods, or become) and re-run accept.yml")
-    unknown = [h for h, i in ids.items() if not i]
+    unknown = [h for h, i in images.items() if i is None]
     if unknown:
         return missing(check, None, f"no image inspect from {unknown}", evidence=evidence)
-    groups: dict[str, list[str]] = {}
-    for host, image_id in ids.items():
-        groups.setdefault(str(image_id), []).append(host)
-    rule = "one image ID on every GPU node of the run (the running container's where one was read)"
+    known = {h: i for h, i in images.items() if i is not None}
+    groups = _groups(known)
+    rule = ("one image on every GPU node of the run (the running container's where one was read), compared on "
+            "content: the image ID, or a manifest digest where a containerd image store reports it as the ID")
     expected = "1 image ID"
-    observed = {"images": groups, "read_from": read_from}
+    observed = {"images": {known[hosts[0]].shown: hosts for hosts in groups}, "read_from": read_from}
     if len(groups) == 1:
         return finding(check, Status.PASS, None, observed=observed, expected=expected, rule=rule,
                        evidence=evidence, consequence=Consequence.REBUILD, action="none")
     # The odd nodes: all but the largest group; on a tie (two nodes), the group running the configured image stays.
-    configured = {str(i.id) for i in (ctx.inspect() for ctx in containerised) if i is not None}
-    keep = max(groups, key=lambda image_id: (len(groups[image_id]), image_id in configured))
-    odd = [hosts for image_id, hosts in groups.items() if image_id != keep]
+    configured = [j for j in (_judged(ctx.inspect()) for ctx in containerised) if j is not None]
+    keep = max(groups, key=lambda hosts: (len(hosts), any(known[hosts[0]].same_as(c) for c in configured)))
+    odd = [hosts for hosts in groups if hosts is not keep]
     return finding(check, Status.FAIL, None, observed=observed, expected=expected, rule=rule,
                    evidence=evidence, consequence=Consequence.REBUILD,
                    reason=f"{len(groups)} different images under one reference ("
