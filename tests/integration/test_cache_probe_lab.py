@@ -17,6 +17,7 @@ import httpx
 import pytest
 from conftest import LAB_PROFILE, LAB_PYTHON
 
+from support.gateway import start_gateway
 from support.prom import Prometheus
 
 REPO = Path(__file__).resolve().parents[2]
@@ -123,33 +124,10 @@ def test_the_second_scenario_pack_and_a_restart_that_restarts_nothing(lab_server
     assert first["request"]["messages"][-3]["tool_calls"][0]["function"]["name"] == "lookup_order"
 
 
-def _gateway(upstream: str, *args: str) -> tuple[subprocess.Popen, str]:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "vllm_acceptance.lab.gateway", "--upstream", upstream,
-                             "--port", str(port), *args], cwd=REPO, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}/v1"
-    for _ in range(150):
-        try:
-            if httpx.get(url + "/models", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        import time
-
-        time.sleep(0.2)
-    proc.kill()
-    raise AssertionError("gateway did not start")
-
-
 def test_a_gateway_that_stamps_the_prompt_breaks_the_repeated_rounds(lab_server, tmp_path: Path) -> None:
     """Requests 1-12 are the three sessions (untouched: hot reuse passes); rounds 2 and 3 (requests 14, 15)
     get a timestamp in front of their system prompt on the way: their prefix never repeats."""
-    gateway, url = _gateway(lab_server.base_url, "--mode", "stamp_system", "--nth", "14,15")
+    gateway, url = start_gateway(lab_server.base_url, "--mode", "stamp_system", "--nth", "14,15")
     try:
         rc, result = probe("cache", url, tmp_path, "--metrics-url", lab_server.metrics_url)
     finally:
@@ -185,7 +163,7 @@ def test_hot_after_a_real_restart_has_an_empty_device_cache(lab_server, tmp_path
 
 def two_sessions_through(lab_server, tmp_path: Path, mode: str) -> tuple[int, dict]:
     """Two sessions of the protocol (no repeated rounds) through a gateway rewriting every request in `mode`."""
-    gateway, url = _gateway(lab_server.base_url, "--mode", mode, "--nth", "0")
+    gateway, url = start_gateway(lab_server.base_url, "--mode", mode, "--nth", "0")
     try:
         return probe("cache", url, tmp_path, "--metrics-url", lab_server.metrics_url,
                      "--set", "cache.sessions=2", "--set", "cache.rounds=0")

@@ -17,7 +17,7 @@ from vllm_acceptance.probes.cache import (
 )
 from vllm_acceptance.probes.cache.rules import judge_restart, judge_rounds
 from vllm_acceptance.runtime.client import OpenAIClient
-from vllm_acceptance.runtime.metrics import MetricsError, MetricsSource, Snapshot, parse_exposition
+from vllm_acceptance.runtime.metrics import Instance, MetricsError, MetricsSource, Snapshot, parse_exposition
 
 BLOCK = 128
 METRICS = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "metrics"
@@ -103,14 +103,33 @@ def test_unclean_measurement_is_inconclusive_never_pass() -> None:
     assert got["cache.hot_reuse"] == Status.INCONCLUSIVE  # nothing clean to judge
 
 
+ONE, TWO = Instance(start=1.0), Instance(start=2.0)   # two process start times
+
+
 def test_one_live_instance_through_the_protocol() -> None:
     """cache.crash once the protocol ended: the process start time of the first and the last request."""
-    same = one_instance(1764660000.0, 1764660000.0, 19, "requests.json", cfg())
+    same = one_instance(Instance(start=1764660000.0), Instance(start=1764660000.0), 19, "requests.json", cfg())
     assert [f.status for f in same] == [Status.PASS] and same[0].check == "cache.crash"
-    restarted = one_instance(1764660000.0, 1764660420.0, 19, "requests.json", cfg())
+    restarted = one_instance(Instance(start=1764660000.0), Instance(start=1764660420.0), 19, "requests.json", cfg())
     assert [f.status for f in restarted] == [Status.INCONCLUSIVE]
     assert "restarted during the protocol" in (restarted[0].reason or "")
-    assert one_instance(None, 1764660000.0, 19, "requests.json", cfg()) == []
+    assert one_instance(None, Instance(start=1764660000.0), 19, "requests.json", cfg()) == []
+
+
+def test_without_a_process_start_time_the_request_counter_tells_a_restart() -> None:
+    """Several API servers (vllm serve with data parallel) export no process_* series: a counter that rose by the
+    requests measured is one process; one that fell, or rose by less, is a new one (never a pass)."""
+    same = one_instance(Instance(served=40), Instance(served=55), 15, "requests.json", cfg(), finished=15)
+    assert [f.status for f in same] == [Status.PASS] and "rose by at least the 15" in same[0].reason
+    quiet_restart = one_instance(Instance(served=40), Instance(served=12), 15, "requests.json", cfg(), finished=15)
+    assert [f.status for f in quiet_restart] == [Status.INCONCLUSIVE]
+    assert "vllm:request_success 40 -> vllm:request_success 12" in quiet_restart[0].reason
+    assert one_instance(Instance(), Instance(), 15, "requests.json", cfg(), finished=15) == []
+    hot = m(0, "restart", 0, 0)
+    assert judge_restart(Instance(served=57), Instance(served=0), hot, cfg(), BLOCK, ["r"], True).status \
+        == Status.PASS
+    assert judge_restart(Instance(served=57), Instance(served=57), hot, cfg(), BLOCK, ["r"], True).status \
+        == Status.INCONCLUSIVE
 
 
 def test_hybrid_first_session_may_only_create_retention() -> None:
@@ -178,14 +197,14 @@ def test_repeated_rounds_on_one_prefix() -> None:
 
 def test_hot_after_a_restart() -> None:
     hot = m(0, "restart", 0, 0)
-    assert judge_restart(1.0, 2.0, hot, cfg(), BLOCK, ["r"], launched=True).status == Status.PASS
+    assert judge_restart(ONE, TWO, hot, cfg(), BLOCK, ["r"], launched=True).status == Status.PASS
     # Local hits right after a restart: not the restarted instance's empty device cache.
-    assert judge_restart(1.0, 2.0, m(0, "restart", 1664, 0), cfg(), BLOCK, ["r"], True).status == Status.FAIL
+    assert judge_restart(ONE, TWO, m(0, "restart", 1664, 0), cfg(), BLOCK, ["r"], True).status == Status.FAIL
     # No restart seen (the start time did not move): never a pass.
-    assert judge_restart(1.0, 1.0, hot, cfg(), BLOCK, ["r"], True).status == Status.INCONCLUSIVE
+    assert judge_restart(ONE, ONE, hot, cfg(), BLOCK, ["r"], True).status == Status.INCONCLUSIVE
     external = m(0, "restart", 0, 0)
     external.external_hits = 1536
-    passed = judge_restart(1.0, 2.0, external, cfg(), BLOCK, ["r"], True)
+    passed = judge_restart(ONE, TWO, external, cfg(), BLOCK, ["r"], True)
     assert passed.status == Status.PASS and "1536 tokens from the external KV connector" in passed.observed["note"]
     assert judge_restart(None, None, None, cfg(), BLOCK, [], launched=False).status == Status.NOT_APPLICABLE
 

@@ -96,6 +96,45 @@ class Snapshot:
         return sorted(seen, key=lambda e: (len(e), e))
 
 
+@dataclass(frozen=True)
+class Instance:
+    """What tells one server process from a restarted one in its /metrics: `process_start_time_seconds` where it
+    is exported (one API server), and vLLM's finished-request counter, which a new process starts from zero. With
+    several API servers (`vllm serve` with data parallel) /metrics is Prometheus' multiprocess collection, which has
+    no process_* series at all (docs/lab.md "Data parallel"): the counter is then the only sign."""
+
+    start: float | None = None          # process_start_time_seconds
+    served: float | None = None         # vllm:request_success, summed over engines and reasons
+
+    @classmethod
+    def of(cls, snap: Snapshot) -> Instance:
+        return cls(start=snap.value("process_start_time_seconds"), served=snap.value("vllm:request_success"))
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Instance | None:
+        if not isinstance(data, dict):
+            return None
+        return cls(start=data.get("process_start"), served=data.get("requests_served"))
+
+    def to_dict(self) -> dict[str, float | None]:
+        return {"process_start": self.start, "requests_served": self.served}
+
+    def restarted_since(self, earlier: Instance, finished: int = 0) -> bool | None:
+        """True when this reading comes from another process than `earlier`: its start time moved, or (no start
+        time on either side) its request counter holds less than `earlier`'s plus the `finished` requests known to
+        have completed since (a counter never falls in one process). None when neither sign can be read."""
+        if self.start is not None and earlier.start is not None:
+            return self.start != earlier.start
+        if self.served is not None and earlier.served is not None:
+            return self.served < earlier.served + finished
+        return None
+
+    def describe(self) -> str:
+        if self.start is not None:
+            return f"process_start_time_seconds {self.start:.0f}"
+        return f"vllm:request_success {self.served:g}" if self.served is not None else "no process sign"
+
+
 def parse_exposition(text: str, taken: float | None = None) -> Snapshot:
     """Parse the text exposition format; raise MetricsError on text that is not it."""
     snap = Snapshot(taken=taken if taken is not None else time.time(), raw=text)

@@ -38,6 +38,7 @@ from ...rules import registry
 from ...rules.registry import missing
 from ...runtime.client import OpenAIClient
 from ...runtime.metrics import (
+    Instance,
     MetricsError,
     MetricsSource,
     PrometheusMetrics,
@@ -195,17 +196,17 @@ class CacheProbe:
         except httpx.HTTPError:
             return False
 
-    def process_start(self) -> float | None:
+    def instance(self) -> Instance | None:
         try:
-            return self.source.snapshot().value("process_start_time_seconds")
+            return Instance.of(self.source.snapshot())
         except MetricsError:
             return None
 
-    def restart(self) -> tuple[float | None, float | None, str, str | None]:
+    def restart(self) -> tuple[Instance | None, Instance | None, str, str | None]:
         """Run the restart command (the run launched this server), wait for /health; return the
-        process start times before and after, the log's evidence path, and an error if any."""
+        process's signs before and after (runtime/metrics.py Instance), the log's evidence path, and an error."""
         assert self.cfg.restart_command
-        before = self.source.snapshot().value("process_start_time_seconds")
+        before = Instance.of(self.source.snapshot())
         began = time.time()
         error = None
         try:
@@ -225,7 +226,7 @@ class CacheProbe:
         after = None
         if error is None:
             try:
-                after = self.source.snapshot().value("process_start_time_seconds")
+                after = Instance.of(self.source.snapshot())
             except MetricsError as exc:
                 error = f"metrics after the restart: {exc}"
         return before, after, ev, error
@@ -385,7 +386,7 @@ def run_cache_probe(client: OpenAIClient, source: MetricsSource, cfg: CacheProbe
             for engine in targets:
                 rounds += repeat_rounds(probe, cached.get(engine, []), session_id_of(tag, engine, cfg.sessions),
                                         block, engine)
-        ended = probe.process_start()  # before any restart the protocol makes itself
+        ended = probe.instance()  # before any restart the protocol makes itself
         if cfg.restart_command and not any(m.hung for m in measurements + rounds):
             restart = restart_hot(probe, session_id_of(tag, targets[0], cfg.sessions), targets[0])
     except ServerLost as lost:
@@ -428,14 +429,15 @@ def run_cache_probe(client: OpenAIClient, source: MetricsSource, cfg: CacheProbe
             observed={"requests": len(everything), "hung": 0}, evidence=[rows_ev],
             expected=f"every request answered within the request timeout ({probe.client.timeout_s:g} s)",
             reason=f"all {len(everything)} requests answered within {probe.client.timeout_s:g} s"))
-    findings += one_instance(snap0.value("process_start_time_seconds"), ended, len(everything), rows_ev, cfg)
+    findings += one_instance(Instance.of(snap0), ended, len(everything), rows_ev, cfg,
+                             finished=sum(1 for m in measurements + rounds if m.clean))
     shared = max((m.expected_hits or 0) for m in measurements if m.kind == "hot_a")
     if restart is None and not hung:
         # What a restart between two probe calls needs (run_cache_restart): the session whose hot request is
         # re-sent and this process's start time (playbooks/probes.yml restarts a server the run launched).
         try:
             restart_point = {"session": session_id_of(tag, targets[0], cfg.sessions), "engine": targets[0],
-                             "process_start": source.snapshot().value("process_start_time_seconds")}
+                             **Instance.of(source.snapshot()).to_dict()}
         except MetricsError:
             restart_point = None
     else:
@@ -450,23 +452,28 @@ def run_cache_probe(client: OpenAIClient, source: MetricsSource, cfg: CacheProbe
     return findings, details
 
 
-def one_instance(first: float | None, last: float | None, sent: int, rows_ev: str,
-                 cfg: CacheProbeConfig) -> list[Finding]:
-    """cache.crash once the protocol ran to its end: one live instance when the server's process start time
-    is the same at the first and the last request; a quiet restart between them (a restart policy) makes the
-    measurements two instances' and decides nothing. No start time to compare: no finding."""
-    if first is None or last is None:
+def one_instance(first: Instance | None, last: Instance | None, sent: int, rows_ev: str,
+                 cfg: CacheProbeConfig, finished: int = 0) -> list[Finding]:
+    """cache.crash once the protocol ran to its end: one live instance when the server's process start time is the
+    same at the first and the last request, or (no start time: several API servers) its request counter grew by at
+    least the `finished` requests measured in between; a quiet restart between them (a restart policy) makes the
+    measurements two instances' and decides nothing. No sign to compare: no finding."""
+    restarted = last.restarted_since(first, finished) if first is not None and last is not None else None
+    if restarted is None:
         return []
+    assert first is not None and last is not None
     check = registry.get("cache.crash")
-    observed = {"process_start_first": first, "process_start_last": last, "requests": sent}
-    if first == last:
+    observed = {"first": first.to_dict(), "last": last.to_dict(), "requests": sent, "finished_between": finished}
+    if not restarted:
         return [check.passed(observed=observed, evidence=[rows_ev], expected="one live instance",
                              reason=f"the server answered all {sent} requests of the protocol; "
-                                    "process_start_time_seconds unchanged")]
+                                    + ("process_start_time_seconds unchanged" if first.start is not None else
+                                       f"its request counter rose by at least the {finished} measured"))]
     return [check.inconclusive(
         observed=observed, evidence=[rows_ev], expected="one live instance",
         consequence=Consequence.REBUILD if cfg.relies_on_reuse else Consequence.LIMIT,
-        reason=f"the server restarted during the protocol (process_start_time_seconds {first:.0f} -> {last:.0f}): "
+        reason=f"the server restarted during the protocol ({first.describe()} -> {last.describe()}"
+               + ("" if first.start is not None else f", {finished} requests finished in between") + "): "
                "the measurements span two instances",
         action="read the server log for the restart's cause (a restart policy hides a crash), then re-run the "
                "cache probe")]
@@ -547,7 +554,7 @@ def run_cache_restart(client: OpenAIClient, source: MetricsSource, cfg: CachePro
     probe = CacheProbe(client, source, cfg, store)
     try:
         now = source.snapshot()
-        after = now.value("process_start_time_seconds")
+        after = Instance.of(now)
         probe.pin(now)
         engine = point.get("engine")
         m = probe.measure(0, "hot_a", str(point["session"]), label="restart-hot_a",
@@ -559,7 +566,7 @@ def run_cache_restart(client: OpenAIClient, source: MetricsSource, cfg: CachePro
     m.kind = "restart"
     m.expected_hits = 0  # a fresh process: nothing of it is in the device cache
     rows_ev = store.write_json("restart-requests.json", [m.row()])
-    finding = judge_restart(point.get("process_start"), after, m, cfg, int(details["block_size"]),
+    finding = judge_restart(Instance.from_dict(point), after, m, cfg, int(details["block_size"]),
                             [rows_ev, *evidence], True)
     return finding, m.row()
 

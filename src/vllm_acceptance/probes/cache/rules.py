@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from ...core.findings import Consequence, Finding, Status
 from ...rules import registry
+from ...runtime.metrics import Instance
 
 LOCAL_SOURCES = ("device", "host", "disk")  # tiers of this instance (vllm:prompt_tokens_cached_by_source)
 
@@ -268,10 +269,11 @@ def judge_rounds(rounds: list[Measurement], cfg: JudgeConfig, block: int, head: 
                       action=REWORK)
 
 
-def judge_restart(before_start: float | None, after_start: float | None, hot: Measurement | None,
+def judge_restart(before: Instance | None, after: Instance | None, hot: Measurement | None,
                   cfg: JudgeConfig, block: int, ev: list[str], launched: bool) -> Finding:
-    """Hot A again after a restart: a new process (its start time moved) has an empty device cache, so
-    local hits are near zero; hits an external KV connector supplies are shown as external."""
+    """Hot A again after a restart: a new process (its start time moved, or without one its request counter fell:
+    runtime/metrics.py Instance) has an empty device cache, so local hits are near zero; hits an external KV
+    connector supplies are shown as external."""
     check = registry.get("cache.restart")
     consequence = consequence_of(cfg)
     if not launched:
@@ -284,13 +286,18 @@ def judge_restart(before_start: float | None, after_start: float | None, hot: Me
                                   reason="the hot request after the restart was not measured alone"
                                   + (f": {'; '.join(hot.problems)}" if hot and hot.problems else ""),
                                   action="re-run the cache probe on an isolated instance")
-    observed = {"process_start_before": before_start, "process_start_after": after_start, "local_hits": hot.hits,
+    observed = {"before": before.to_dict() if before else None, "after": after.to_dict() if after else None,
+                "local_hits": hot.hits,
                 "external_hits": hot.external_hits, "cached_by_source": hot.cached_by_source,
                 "prompt_tokens_cached": hot.prompt_tokens_cached}
     expected = f"a new process; local hits <= {tol}; external hits reported as external"
-    if before_start is None or after_start is None or after_start == before_start:
+    restarted = after.restarted_since(before) if before is not None and after is not None else None
+    if not restarted:
+        seen = (f"{before.describe()} -> {after.describe()}" if before is not None and after is not None and
+                restarted is not None else "neither process_start_time_seconds nor vllm:request_success readable "
+                "on both sides")
         return check.inconclusive(observed=observed, expected=expected, evidence=ev, consequence=consequence,
-                                  reason="no restart observed: process_start_time_seconds did not change",
+                                  reason=f"no restart observed ({seen})",
                                   action="check the restart command: it must stop and start this instance")
     if (hot.hits or 0) > tol:
         return check.fail(observed=observed, expected=expected, evidence=ev, consequence=consequence,

@@ -11,7 +11,7 @@ from ...core.findings import Finding, Status
 from ...load.engine import Record
 from ...load.stats import summarize
 from ...parsers.startup_log import scan_startup_log
-from ...runtime.metrics import delta
+from ...runtime.metrics import Instance, delta
 from . import rules
 from .run import LoadRun
 from .steps import hung_requests
@@ -53,11 +53,15 @@ def stage_soak(run: LoadRun, concurrency: int) -> Finding:
     end = time.time()
     after = run.snapshot()
     restarts = []
-    for name, a, b in (("process_start_time_seconds", before and before.value("process_start_time_seconds"),
-                        after and after.value("process_start_time_seconds")),
-                       (f"/proc/{cfg.server_pid}/stat start time", pid_start, proc_start_time(cfg.server_pid))):
-        if a is not None and b is not None and a != b:
-            restarts.append(f"{name} {a} -> {b}")
+    first, last = (Instance.of(before), Instance.of(after)) if before and after else (None, None)
+    # Without a start time (several API servers) only a request counter that fell is sure: a scraped counter may
+    # lag the answers just received, so "rose by less than the answers" is not used here (the cache probe, which
+    # waits for its scrape, uses it).
+    if first is not None and last is not None and last.restarted_since(first):
+        restarts.append(f"{first.describe()} -> {last.describe()}")
+    pid_now = proc_start_time(cfg.server_pid)
+    if pid_start is not None and pid_now is not None and pid_start != pid_now:
+        restarts.append(f"/proc/{cfg.server_pid}/stat start time {pid_start} -> {pid_now}")
     new_log = _read_from(cfg.server_log, log_from)
     scan = scan_startup_log(new_log) if new_log.strip() else None
     comm = [f"{x.number}: {x.text[:300]}" for x in (scan.nccl_errors + scan.dmabuf_errors)] if scan else []
@@ -68,7 +72,8 @@ def stage_soak(run: LoadRun, concurrency: int) -> Finding:
            "memory_growth_pct": memory_growth_pct(mem), "memory_samples": len(mem),
            "preemptions": delta(before, after, "vllm:num_preemptions") if before and after else None,
            "restarts": restarts, "start_times_seen": bool(
-               (before and before.value("process_start_time_seconds") is not None) or pid_start is not None),
+               (first is not None and last is not None and last.restarted_since(first) is not None)
+               or pid_start is not None),
            "log_observed": bool(new_log.strip()), "comm_errors": comm}
     ev = [run.store.write_json("soak.json", obs)] + [p for p in ("records/soak.jsonl", "memory.jsonl")
                                                     if run.store.path(p).exists()]
