@@ -185,6 +185,8 @@ def launch_section(deployment: Deployment, facts: Facts) -> dict[str, Any]:
                                            if a.flag in deployment.replaced else "") for a in deployment.args}
     provenance_env = {k: v[1] for k, v in deployment.env.items()}
     provenance: dict[str, Any] = {"args": provenance_args, "env": provenance_env}
+    if deployment.left_out:
+        provenance["left_out"] = dict(deployment.left_out)
     if deployment.nodes > 1:
         launch["multinode"] = {key: entry["value"] for key, entry in (facts.guide("multinode") or {}).items()}
         provenance["multinode"] = {key: f"guide: {entry['quote']}"
