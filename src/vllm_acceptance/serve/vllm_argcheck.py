@@ -117,9 +117,7 @@ class Judge:
         self.FlexibleArgumentParser = FlexibleArgumentParser
         self.device = str(current_platform.device_type or "")
         self.target = target
-        self.same_build = bool(target.get("same_build"))
-        self.on_node = bool(target.get("on_node"))
-        self.target_device = str(target.get("device") or self.device)
+        self.aim(target)
         # `vllm serve`'s parser, as vllm/entrypoints/cli/main.py builds it
         self.parser = FlexibleArgumentParser(prog="vllm", description="vLLM CLI")
         subparsers = self.parser.add_subparsers(required=False, dest="subparser")
@@ -130,9 +128,24 @@ class Judge:
             prog="python -m vllm.entrypoints.openai.api_server",
             description="vLLM OpenAI-Compatible RESTful API server."))
 
+    def aim(self, target: dict[str, Any]) -> None:
+        """What will run the commands: its platform (`device`), whether this is that very vLLM installation
+        (`same_build`) and whether the check runs on the node (`on_node`: its files are here)."""
+        self.same_build = bool(target.get("same_build"))
+        self.on_node = bool(target.get("on_node"))
+        self.target_device = str(target.get("device") or self.device)
+
     # --- one node ---------------------------------------------------------------------------------------
 
     def node(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """One node's command; a node's own `target` (the tests' batches) outranks the run's."""
+        self.aim({**self.target, **(spec.get("target") or {})})
+        try:
+            return self._node(spec)
+        finally:
+            self.aim(self.target)
+
+    def _node(self, spec: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {"host": spec.get("host"), "role": spec.get("role"), "accepted": None,
                                "stage": None, "message": None, "where": None, "mode": None,
                                "not_judged": [], "warnings": []}
@@ -187,10 +200,10 @@ class Judge:
                 import vllm.envs as envs
 
                 envs.VLLM_RUST_FRONTEND_PATH  # noqa: B018 - raises without the vllm-rs binary
-            except FileNotFoundError as exc:
+            except FileNotFoundError:
                 os.environ["VLLM_RUST_FRONTEND_PATH"] = "vllm-rs (absent from the judging vLLM)"
-                out["not_judged"].append(f"VLLM_USE_RUST_FRONTEND=1: this vLLM has no vllm-rs binary ({exc}); "
-                                         "judged as a build with it")
+                out["not_judged"].append("VLLM_USE_RUST_FRONTEND=1: this vLLM installation has no vllm-rs binary "
+                                         "(vllm/envs.py _resolve_rust_cli_path); judged as a build that has it")
         return argv
 
     def _refuse(self, out: dict[str, Any], stage: str, exc: BaseException) -> None:

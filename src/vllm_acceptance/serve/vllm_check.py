@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.profile import ConfigError, Profile
-from ..core.redact import is_secret_name
+from ..core.redact import is_secret_name, redact_obj, redact_text
 from . import launch
 
 SCRIPT = Path(__file__).with_name("vllm_argcheck.py")
@@ -94,7 +94,8 @@ class ArgCheck:
         return f"vLLM {self.vllm_version}{platform} at {self.python}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "judged_by": self.judged_by() if self.ran else None}
+        """As recorded and printed: a value vLLM quotes from a secret flag is redacted (core/redact.py)."""
+        return redact_obj({**asdict(self), "judged_by": self.judged_by() if self.ran else None})
 
 
 def judge_python(configured: Any, project: Path) -> tuple[str | None, str]:
@@ -231,7 +232,7 @@ def refusal(check: ArgCheck, source: str) -> str | None:
                  "vllm_parallel) until vLLM accepts every node's command; if the image runs another vLLM version, "
                  f"set {VARIABLE} to a Python with that version, or to `none` to leave the judgement to preflight "
                  "(compat.launch_args, inside the image)")
-    return "vLLM refuses the launch:\n  " + "\n  ".join(lines)
+    return redact_text("vLLM refuses the launch:\n  " + "\n  ".join(lines))
 
 
 def summary(check: ArgCheck | None, why_not: str) -> list[str]:
@@ -247,4 +248,4 @@ def summary(check: ArgCheck | None, why_not: str) -> list[str]:
     lines.append(f"  {check.will_run}")
     if check.not_run:
         lines.append(f"  not run: {check.not_run}")
-    return lines
+    return [redact_text(line) for line in lines]
