@@ -123,6 +123,7 @@ try:
         resolve_profile_path,
         validate_inventory_vars,
     )
+    from vllm_acceptance.hardware import vllm_batched_tokens_default
     from vllm_acceptance.serve.launch import facts_from_hostvars
     from vllm_acceptance.validate import launch_check
 except ImportError:
@@ -184,7 +185,9 @@ def main() -> None:
     run_dir, profile = module.guard(open_run, project_dir=project, reports_dir=Path(params["reports_dir"]),
                                     inventory=params["inventory"], variables=params["variables"],
                                     hosts=params["hosts"], run_id=params["run_id"],
-                                    host_variables=params["host_variables"])
+                                    host_variables=params["host_variables"],
+                                    batched_tokens_default=lambda p: vllm_batched_tokens_default(
+                                        p, params["variables"].get("vllm_serve_extra_args"))[0])
     # Every later stage judges the run's frozen copy of the profile (evidence/profile.yml).
     frozen = RunDir(run_dir).at(record_profile(run_dir, profile))
     if judged[0] is not None or judged[1]:

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .core.contract import launch_engines, per_engine_capacity
 from .core.probes import default_probe_names
 from .core.profile import ConfigError, Profile, load_profile
 from .core.redact import redact_obj
@@ -376,8 +377,18 @@ def build_plan(inventory: Path, profile_name: str | None = None, project: Path |
     plan.stages = stages(profile, facts, site)
     for stage in plan.stages:
         stage.gpu_hours = stage.wall_s * plan.gpus / 3600
-    plan.notes = _notes(plan)
+    plan.notes = _notes(plan) + _capacity_notes(profile, facts)
     return plan
+
+
+def _capacity_notes(profile: Profile, facts: dict[str, Any]) -> list[str]:
+    """The per-engine arguments of the launch, multiplied by the engines that serve the contract (the data-parallel
+    size; core/contract.py PER_ENGINE_ARGS), beside the contract."""
+    if facts["mode"] == "attach":
+        return []
+    engines = launch_engines(profile.data, {"vllm_parallel": facts.get("parallel") or {}})
+    args = [*profile.model.launch.args, *(facts.get("extra_args") or [])]
+    return [f"per engine: {line}" for line in per_engine_capacity(profile.data, args, engines)]
 
 
 def _notes(plan: Plan) -> list[str]:

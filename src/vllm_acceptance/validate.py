@@ -20,6 +20,7 @@ from typing import Any
 from .core.profile import ConfigError, Profile, load_profile
 from .core.rundir import require_contract_served, resolve_profile_path, validate_inventory_vars
 from .core.variables import PREFIXES
+from .hardware import vllm_batched_tokens_default
 from .serve import launch, vllm_check
 
 CHECKOUT = Path(__file__).resolve().parents[2]
@@ -179,7 +180,8 @@ def validate(profile: str | None, inventory: Path | None, project: Path | None =
     loaded = load_profile(resolve_profile(str(profile), project_dir, field_name))
     facts = None
     if inventory is not None:      # what accept.yml's validate play refuses against this profile (core/rundir.py)
-        require_contract_served(loaded, variables, host_variables, f"{source} ({loaded.name})")
+        require_contract_served(loaded, variables, host_variables, f"{source} ({loaded.name})",
+                                vllm_batched_tokens_default(loaded, variables.get("vllm_serve_extra_args"))[0])
         heads = groups.get("vllm_head") or []
         if heads:
             facts = launch.facts_from_hostvars(loaded, heads[0], groups.get("vllm_workers") or [], hosts)

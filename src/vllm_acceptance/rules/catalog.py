@@ -239,12 +239,15 @@ register("compat.actual_config.flags", stage="serve", consequence=REBUILD,
 register("compat.actual_config.unlisted_args", stage="serve", consequence=REBUILD,
          title="Every non-default argument of the running server",
          rule="the startup log's non-default args that the profile does not list are recorded; a capacity-limiting "
-              "one the profile does not state (max_num_seqs below the contract's concurrency, "
-              "max_num_batched_tokens, enforce_eager, speculative_config, kv_transfer_config, KV or weight offload, "
-              "max_model_len below the contract) fails; an absent startup log is missing, an unreadable line "
-              "inconclusive; the inventory's vllm_serve_extra_args and preflight_launch_args adding one are refused "
-              "at validation",
-         evidence="evidence/serve/startup.log (non-default args)",
+              "one the profile does not state (max_num_seqs x the engines that serve below the contract's "
+              "concurrency, max_num_batched_tokens below vLLM's default for the hardware or, without chunked "
+              "prefill, below one contracted request, enforce_eager, speculative_config, kv_transfer_config, KV or "
+              "weight offload, max_model_len below the contract) fails; per-engine arguments count once per engine "
+              "the server shows (its startup log's data_parallel_size, the engine labels of /metrics: the fewer); an "
+              "absent startup log is missing, an unreadable line inconclusive; the inventory's vllm_serve_extra_args "
+              "and preflight_launch_args adding one are refused at validation (engines: the launch's data-parallel "
+              "size)",
+         evidence="evidence/serve/startup.log (non-default args), evidence/serve/metrics-at-ready.prom (engines)",
          source="docs/sources.md#a000: actual configuration, not the command line (every argument the server runs "
                 "with)")
 register("compat.actual_config.max_model_len", stage="serve", consequence=REBUILD,
