@@ -49,10 +49,11 @@ options:
     type: str
   launch:
     description:
-      - The launch to judge with vLLM's own argument checks before the run is opened (src/vllm_acceptance/serve/
-        vllm_check.py): C(head) (the vllm_head host, or none), C(workers), C(hostvars) (each host's C(vllm_*) and
-        C(ansible_host)) and C(python) (C(acceptance_vllm_check_python); empty for the lab venv where present,
-        C(none) to leave the judgement to preflight).
+      - "The launch to judge with vLLM's own argument checks before the run is opened
+        (src/vllm_acceptance/serve/vllm_check.py). C(head) is the vllm_head host or none, C(workers) the
+        vllm_workers, C(hostvars) each of their C(vllm_*) variables and C(ansible_host), C(python) the
+        C(acceptance_vllm_check_python) (empty for the lab venv where present, C(none) to leave the judgement to
+        preflight)."
       - A command vLLM refuses fails the task with vLLM's message and opens no run; the judgement is kept as
         C(evidence/validate/vllm-args.json).
     type: dict

@@ -86,6 +86,19 @@ register("compat.vllm_version", stage="preflight", consequence=REBUILD,
          rule="vLLM in the actual runtime >= profile vllm.min_version",
          evidence="in-image probe (vllm.__version__, install source)",
          source="recipe: min_vllm_version; docs/sources.md#a001: vLLM install source and version saved")
+register("compat.launch_args", stage="preflight", consequence=REBUILD,
+         title="Every node's command accepted by the image's own vLLM",
+         rule="inside the image on the head node (the process runtime: its Python), vLLM's own argument checks accept "
+              "every node's `vllm serve` command as the launch builds it: its parser, validate_parsed_serve_args, "
+              "ServeSubcommand.cmd's load-balancing and headless logic, the chosen launcher's checks and "
+              "EngineArgs.from_cli_args (serve/vllm_argcheck.py; create_engine_config, which needs the model's files, "
+              "is judged by the launch itself); a refusal fails with vLLM's message as a configuration error; a check "
+              "that could not run or left a node unjudged is inconclusive, no answer from the head is missing; "
+              "attached or no vllm_head: not applicable",
+         evidence="launch_args_check on the head node (docker|podman run --rm --gpus all --entrypoint python3 IMAGE "
+                  "-c <vllm_argcheck.py> JSON)",
+         source="vllm/entrypoints/cli/serve.py, vllm/entrypoints/launchers/cli_args.py, vllm/engine/arg_utils.py "
+                "(docs/sources.md \"vLLM's own argument checks\"): the version that runs is the authority")
 register("compat.gpu_visibility", stage="preflight", consequence=REBUILD,
          title="GPUs visible to host and runtime",
          rule="host and runtime each see at least the GPUs the launched layout needs on this node (with "

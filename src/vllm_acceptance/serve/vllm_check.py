@@ -20,20 +20,22 @@ One subprocess judges every node (and, for the tests, every deployment) at once:
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.profile import ConfigError, Profile
+from ..core.profile import ConfigError, Profile, load_profile
 from ..core.redact import is_secret_name, redact_obj, redact_text
+from ..parsers.vllm_argcheck import parse_answer
 from . import launch
 
 SCRIPT = Path(__file__).with_name("vllm_argcheck.py")
-MARK = "@@vllm-argcheck@@"
 VARIABLE = "acceptance_vllm_check_python"
 LAB_PYTHON = ".venv-lab/bin/python"
 OFF = ("none", "off", "false", "no")
@@ -185,15 +187,10 @@ def run(deployments: dict[str, list[dict[str, Any]]], python: str, target: dict[
 
 def read_answer(stdout: str, stderr: str, returncode: int, check: ArgCheck) -> ArgCheck:
     """The MARK line of vllm_argcheck.py's output into `check`; no line: `error` says why (never accepted)."""
-    line = next((ln for ln in reversed(stdout.splitlines()) if ln.startswith(MARK)), None)
-    if line is None:
+    answer, why = parse_answer(stdout)
+    if answer is None:
         tail = (stderr or stdout or "").strip()[-600:]
-        check.error = f"{check.python} gave no answer (exit {returncode}): {tail or 'no output'}"
-        return check
-    try:
-        answer = json.loads(line[len(MARK):])
-    except ValueError as exc:
-        check.error = f"unreadable answer of vllm_argcheck.py: {exc}"
+        check.error = f"{check.python} gave no answer (exit {returncode}; {why}): {tail or 'no output'}"
         return check
     check.vllm_version = answer.get("vllm_version")
     check.platform = answer.get("platform")
@@ -203,9 +200,13 @@ def read_answer(stdout: str, stderr: str, returncode: int, check: ArgCheck) -> A
     if answer.get("error"):
         check.error = f"vLLM at {check.python} could not judge: {answer['error']}"
         return check
-    check.deployments = {key: [NodeVerdict(**{k: v for k, v in node.items() if k in NodeVerdict.__dataclass_fields__})
-                               for node in nodes] for key, nodes in (answer.get("deployments") or {}).items()}
+    check.deployments = {key: [verdict(node) for node in nodes]
+                         for key, nodes in (answer.get("deployments") or {}).items()}
     return check
+
+
+def verdict(node: dict[str, Any]) -> NodeVerdict:
+    return NodeVerdict(**{k: v for k, v in node.items() if k in NodeVerdict.__dataclass_fields__})
 
 
 def check_launch(profile: Profile, facts: dict[str, Any], configured: Any, project: Path) -> ArgCheck | None:
@@ -249,3 +250,59 @@ def summary(check: ArgCheck | None, why_not: str) -> list[str]:
     if check.not_run:
         lines.append(f"  not run: {check.not_run}")
     return [redact_text(line) for line in lines]
+
+
+# --- preflight: the same check inside the image on the head node (roles/preflight, compat.launch_args) ----------
+
+IN_IMAGE = {"device": "cuda", "same_build": True, "on_node": True}
+
+
+def preflight_request(profile: Profile, launch_vars: dict[str, Any]) -> dict[str, Any]:
+    """What roles/preflight runs inside the image on the head node: {"state": planned | nothing (attached, no
+    vllm_head) | unplannable, "host": the head ("" unless planned), "why", "payload" (the JSON argument of
+    vllm_argcheck.py), "script" (its text)}. `launch_vars`: {"head", "workers", "hostvars"} as
+    playbooks/preflight.yml gives them."""
+    head = launch_vars.get("head")
+    out: dict[str, Any] = {"state": "nothing", "host": "", "why": "", "payload": "", "script": ""}
+    if not head:
+        out["why"] = "no vllm_head group: this run launches nothing to judge"
+        return out
+    facts = launch.facts_from_hostvars(profile, str(head), [str(w) for w in launch_vars.get("workers") or []],
+                                       {str(h): dict(v or {}) for h, v in (launch_vars.get("hostvars") or {}).items()})
+    if facts.get("mode") == "attach":
+        out["why"] = "attach: the server runs with its own command line (compat.actual_config judges what it runs)"
+        return out
+    try:
+        nodes = node_inputs(profile, facts)
+    except ConfigError as exc:
+        out.update(state="unplannable", why=f"the launch cannot be planned: {exc}")
+        return out
+    device = "cpu" if profile.model.hardware.accelerator == "none" else "cuda"
+    target = {**IN_IMAGE, "device": device}
+    payload = {"target": target, "deployments": {"launch": redact_obj(nodes)}}
+    out.update(state="planned", host=str(head), why="", payload=json.dumps(payload, separators=(",", ":")),
+               script=SCRIPT.read_text())
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vllm_acceptance.serve.vllm_check",
+                                     description="vLLM's own checks of every node's command (docs/plan.md)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    req = sub.add_parser("preflight-request", help="the JSON roles/preflight runs inside the image on the head")
+    req.add_argument("--profile", required=True)
+    req.add_argument("--launch", required=True, help='JSON: {"head", "workers", "hostvars"}')
+    args = parser.parse_args(argv)
+    try:
+        launch_vars = json.loads(args.launch)
+        if not isinstance(launch_vars, dict):
+            raise ConfigError("--launch must be a JSON object")
+        print(json.dumps(preflight_request(load_profile(args.profile), launch_vars)))
+    except (ConfigError, ValueError, OSError) as exc:
+        print(f"cannot make the launch check: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
