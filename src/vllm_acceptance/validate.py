@@ -146,7 +146,12 @@ def launch_check(profile: Profile, facts: dict[str, Any] | None, configured: Any
     if facts is not None and facts.get("mode") == "attach":
         return None, ["vLLM's own checks: attach, nothing is launched"]
     facts = facts if facts is not None else profile_facts(profile)
-    check = vllm_check.check_launch(profile, facts, configured, project)
+    try:
+        check = vllm_check.check_launch(profile, facts, configured, project)
+    except launch.LaunchRefused:
+        raise
+    except ConfigError as exc:      # an input the launch cannot plan: the serve stage (and `plan`) refuse it
+        return None, [f"vLLM's own checks not run: the launch cannot be planned from these inputs ({exc})"]
     why_not = "" if check is not None else vllm_check.judge_python(configured, project)[1]
     refused = vllm_check.refusal(check, source) if check is not None and check.ran else None
     if refused:

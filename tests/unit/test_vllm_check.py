@@ -223,3 +223,17 @@ def test_validate_judges_every_node_with_vllm_and_refuses_with_its_message(tmp_p
     assert cli.main(["validate", "--profile", str(_site(tmp_path, ["--moe-backend=not_a_backend"]))]) == 2
     err = capsys.readouterr().err
     assert "refuses it at parser" in err and "argument --moe-backend: invalid choice: 'not_a_backend'" in err
+
+
+def test_a_layout_only_the_inventory_completes_is_not_refused_by_validate_alone(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """rehearsal-gb300-nvl72 spans two nodes with its layout in the inventory (vllm_parallel): without one, the
+    launch cannot be planned, which is said, never a refusal (the serve stage and `plan` refuse a real one)."""
+    import json
+
+    from vllm_acceptance import cli
+
+    assert cli.main(["validate", "--profile", "rehearsal-gb300-nvl72", "--project", str(REPO)]) == 0
+    summary = json.loads(capsys.readouterr().out)["vllm_check_summary"]
+    assert summary == ["vLLM's own checks not run: the launch cannot be planned from these inputs (tensor x "
+                       "pipeline = 1 does not divide over 2 nodes)"]

@@ -224,14 +224,18 @@ def node_commands(profile: Profile, inventory_facts: dict[str, Any]) -> dict[str
 PER_NODE_BALANCING = ("--data-parallel-hybrid-lb",)
 
 
+class LaunchRefused(ConfigError):
+    """A launch the product refuses to run as written (not an input it cannot plan): validation refuses it too."""
+
+
 def refuse_per_node_balancing(args: list[str], lay: Layout) -> None:
-    """A per-node load-balancing flag in a launch across nodes: refused with why and the fix (ConfigError)."""
+    """A per-node load-balancing flag in a launch across nodes: refused with why and the fix (LaunchRefused)."""
     if lay.nodes < 2 or lay.data < 2:
         return
     stated = [f"--{k.replace('_', '-')}" for k, v in parse_flags(args).items()
               if f"--{k.replace('_', '-')}" in PER_NODE_BALANCING and v is not False]
     if stated:
-        raise ConfigError(
+        raise LaunchRefused(
             f"launch.args: {', '.join(stated)} across {lay.nodes} nodes gives each node its own API server for its "
             f"{lay.dp_local} local engine(s) only, and vLLM refuses it beside --headless (\"data_parallel_hybrid_lb is "
             "not applicable in headless mode\", vllm/entrypoints/cli/serve.py run_headless): the launch sends the "
