@@ -125,7 +125,7 @@ def fabric_manager_of(profile: Any) -> str:
 
 
 # --- vLLM's default batch sizes on this hardware ---------------------------------------------------------------
-# vLLM 0.32 EngineArgs.get_batch_defaults (vllm/engine/arg_utils.py; docs/sources.md "vLLM's default batch sizes"):
+# vLLM 0.32 EngineArgs.get_batch_defaults (vllm/engine/arg_utils.py; docs/sources.md#vllm-argument-checks):
 # the OpenAI API server's --max-num-batched-tokens default is chosen from the GPU's total memory as torch reports it
 # (GiB): >= 160 GiB 16384; >= 70 GiB and not an A100 8192; else 2048; on CPU 2048 x (tensor x pipeline). Throughput
 # mode (--performance-mode throughput) doubles it; batched data-parallel MoE (--all2all-backend deepep_low_latency or

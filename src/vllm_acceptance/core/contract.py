@@ -114,7 +114,7 @@ LIMITING_ARGS: dict[str, str] = {
 # from the one SchedulerConfig (vllm/v1/engine/core.py EngineCore.__init__: self.scheduler = Scheduler(...)):
 # vllm/v1/core/sched/scheduler.py caps the running requests at scheduler_config.max_num_seqs and each step's tokens
 # at scheduler_config.max_num_batched_tokens, per engine. The contract is served by every engine of the launch at
-# once (the data-parallel size, docs/sources.md "Per-engine arguments"): --max-num-seqs N serves N x engines.
+# once (the data-parallel size, docs/sources.md#vllm-argument-checks): --max-num-seqs N serves N x engines.
 PER_ENGINE_ARGS = ("max_num_seqs", "max_num_batched_tokens")
 # vLLM's largest default --max-num-batched-tokens of the API server on a GPU (>= 160 GiB; hardware.py
 # vllm_batched_tokens_default): where the GPU is unknown, a value below it may lower vLLM's default.

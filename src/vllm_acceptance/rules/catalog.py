@@ -98,7 +98,7 @@ register("compat.launch_args", stage="preflight", consequence=REBUILD,
          evidence="launch_args_check on the head node (docker|podman run --rm --gpus all --entrypoint python3 IMAGE "
                   "-c <vllm_argcheck.py> JSON)",
          source="vllm/entrypoints/cli/serve.py, vllm/entrypoints/launchers/cli_args.py, vllm/engine/arg_utils.py "
-                "(docs/sources.md \"vLLM's own argument checks\"): the version that runs is the authority")
+                "(docs/sources.md#vllm-argument-checks): the version that runs is the authority")
 register("compat.gpu_visibility", stage="preflight", consequence=REBUILD,
          title="GPUs visible to host and runtime",
          rule="host and runtime each see at least the GPUs the launched layout needs on this node (with "
