@@ -160,8 +160,8 @@ def check_mode_run(module: AcceptanceModule, project: Path, judged: tuple) -> No
     scratch = Path(tempfile.mkdtemp(prefix="vllm-acceptance-check-"))
     frozen = scratch / record_profile(scratch, profile)
     module.exit_json(changed=False, run_dir=str(scratch), run_id="check-mode", profile=profile.data,
-                     profile_path=str(frozen), probes=list(default_probe_names()), launch_check=judged[0],
-                     launch_check_summary=judged[1])
+                     profile_path=str(frozen), launch_check=judged[0], launch_check_summary=judged[1],
+                     probes=list(default_probe_names()))
 
 
 def main() -> None:
@@ -195,8 +195,8 @@ def main() -> None:
         RunDir(run_dir).evidence("evidence/validate").write_json(
             "vllm-args.json", {"check": judged[0], "summary": judged[1]})
     module.exit_json(changed=True, run_dir=str(run_dir), run_id=run_dir.name, profile=profile.data,
-                     profile_path=str(frozen), probes=list(default_probe_names()), launch_check=judged[0],
-                     launch_check_summary=judged[1])
+                     profile_path=str(frozen), launch_check=judged[0], launch_check_summary=judged[1],
+                     probes=list(default_probe_names()))
 
 
 if __name__ == "__main__":
