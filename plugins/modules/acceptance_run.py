@@ -53,6 +53,16 @@ options:
   run_id:
     description: A run id; default is a UTC timestamp plus a random suffix.
     type: str
+  launch:
+    description:
+      - "The launch to judge with vLLM's own argument checks before the run is opened
+        (src/vllm_acceptance/serve/vllm_check.py). C(head) is the vllm_head host or none, C(workers) the
+        vllm_workers, C(hostvars) each of their C(vllm_*) variables and C(ansible_host), C(python) the
+        C(acceptance_vllm_check_python) (empty for the lab venv where present, C(none) to leave the judgement to
+        preflight)."
+      - A command vLLM refuses fails the task with vLLM's message and opens no run; the judgement is kept as
+        C(evidence/validate/vllm-args.json).
+    type: dict
 author: vllm-acceptance
 """
 
@@ -85,6 +95,15 @@ profile_path:
   description: Absolute path of the profile file.
   returned: success
   type: str
+launch_check:
+  description: vLLM's own judgement of every node's command (none when no vLLM Python judged it; why in summary).
+  returned: success
+  type: dict
+launch_check_summary:
+  description: The lines that state the judgement (version, platform, what was not judged).
+  returned: success
+  type: list
+  elements: str
 probes:
   description:
     - The required probes in run order (C(vllm_acceptance/core/probes.py)); the probes play runs these
@@ -113,13 +132,32 @@ try:
         resolve_profile_path,
         validate_inventory_vars,
     )
+    from vllm_acceptance.hardware import vllm_batched_tokens_default
+    from vllm_acceptance.serve.launch import facts_from_hostvars
+    from vllm_acceptance.validate import launch_check
 except ImportError:
     IMPORT_ERROR = traceback.format_exc()
 else:
     IMPORT_ERROR = None
 
 
-def check_mode_run(module: AcceptanceModule, project: Path) -> None:
+def judge_launch(params: dict, project: Path) -> tuple[dict | None, list]:
+    """vLLM's own checks of every node's command (validate.py launch_check): ConfigError quoting vLLM."""
+    launch = params.get("launch")
+    if launch is None:
+        return None, []
+    validate_inventory_vars(params["variables"], f"inventory {params['inventory']}", project,
+                            params["host_variables"])
+    profile = load_profile(resolve_profile_path(str(params["variables"]["acceptance_profile"]), project))
+    facts = None
+    if launch.get("head"):
+        facts = facts_from_hostvars(profile, str(launch["head"]), [str(w) for w in launch.get("workers") or []],
+                                    {str(h): dict(v or {}) for h, v in (launch.get("hostvars") or {}).items()})
+    return launch_check(profile, facts, launch.get("python") or None, project,
+                        f"inventory {params['inventory']} ({profile.name})")
+
+
+def check_mode_run(module: AcceptanceModule, project: Path, judged: tuple) -> None:
     """Validate as a real run does, in a scratch directory (reports/ is left untouched) that holds the
     frozen profile, so that the read-only stages judge exactly as they would."""
     params = module.params
@@ -133,7 +171,8 @@ def check_mode_run(module: AcceptanceModule, project: Path) -> None:
     scratch = Path(tempfile.mkdtemp(prefix="vllm-acceptance-check-"))
     frozen = scratch / record_profile(scratch, profile)
     module.exit_json(changed=False, run_dir=str(scratch), run_id="check-mode", profile=profile.data,
-                     profile_path=str(frozen), probes=list(default_probe_names()))
+                     profile_path=str(frozen), launch_check=judged[0], launch_check_summary=judged[1],
+                     probes=list(default_probe_names()))
 
 
 def main() -> None:
@@ -147,21 +186,29 @@ def main() -> None:
             "hosts": {"type": "list", "elements": "str", "default": []},
             "groups": {"type": "dict"},
             "run_id": {"type": "str"},
+            "launch": {"type": "dict"},
         },
         run_dir=False, import_error=IMPORT_ERROR,
     )
     params = module.params
     project = Path(params["project_dir"]).resolve()
+    judged = module.guard(judge_launch, params, project)
     if module.check_mode:
-        module.guard(check_mode_run, module, project)
+        module.guard(check_mode_run, module, project, judged)
     run_dir, profile = module.guard(open_run, project_dir=project, reports_dir=Path(params["reports_dir"]),
                                     inventory=params["inventory"], variables=params["variables"],
                                     hosts=params["hosts"], run_id=params["run_id"],
-                                    host_variables=params["host_variables"], groups=params["groups"])
+                                    host_variables=params["host_variables"], groups=params["groups"],
+                                    batched_tokens_default=lambda p: vllm_batched_tokens_default(
+                                        p, params["variables"].get("vllm_serve_extra_args"))[0])
     # Every later stage judges the run's frozen copy of the profile (evidence/profile.yml).
     frozen = RunDir(run_dir).at(record_profile(run_dir, profile))
+    if judged[0] is not None or judged[1]:
+        RunDir(run_dir).evidence("evidence/validate").write_json(
+            "vllm-args.json", {"check": judged[0], "summary": judged[1]})
     module.exit_json(changed=True, run_dir=str(run_dir), run_id=run_dir.name, profile=profile.data,
-                     profile_path=str(frozen), probes=list(default_probe_names()))
+                     profile_path=str(frozen), launch_check=judged[0], launch_check_summary=judged[1],
+                     probes=list(default_probe_names()))
 
 
 if __name__ == "__main__":

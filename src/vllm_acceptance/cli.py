@@ -86,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                           "(read with ansible-inventory; no host is contacted)")
     val.add_argument("--project", type=Path, help="the project whose profiles/ a name resolves in (default: the "
                                                   "current directory or the nearest above it holding accept.yml)")
+    val.add_argument("--vllm-python", metavar="PYTHON",
+                     help="the Python whose vLLM judges every node's command (default: the inventory's "
+                          "acceptance_vllm_check_python, else .venv-lab/bin/python where present; none: skip)")
 
     rep = sub.add_parser("report", help="judge a run directory and write report.json/html/md, junit.xml; exit code "
                                         "per verdict as `run` (0 release, 10, 20, 30, 40 incomplete)")
@@ -345,7 +348,7 @@ def version_text() -> str:
 def cmd_validate(args: argparse.Namespace) -> int:
     from .validate import validate
 
-    print(json.dumps(validate(args.profile, args.inventory, args.project).to_dict()))
+    print(json.dumps(validate(args.profile, args.inventory, args.project, args.vllm_python).to_dict()))
     return 0
 
 

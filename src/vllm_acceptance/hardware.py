@@ -188,3 +188,54 @@ def fabric_manager_of(profile: Any) -> str:
     if row is not None:
         return row.fabric_manager
     return "node" if profile.model.hardware.nvswitch else "none"
+
+
+# --- vLLM's default batch sizes on this hardware ---------------------------------------------------------------
+# vLLM 0.32 EngineArgs.get_batch_defaults (vllm/engine/arg_utils.py; docs/sources.md#vllm-argument-checks):
+# the OpenAI API server's --max-num-batched-tokens default is chosen from the GPU's total memory as torch reports it
+# (GiB): >= 160 GiB 16384; >= 70 GiB and not an A100 8192; else 2048; on CPU 2048 x (tensor x pipeline). Throughput
+# mode (--performance-mode throughput) doubles it; batched data-parallel MoE (--all2all-backend deepep_low_latency or
+# nixl_ep with expert parallel and data parallel > 1) sets
+# SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS_FOR_BATCHED_DP, 256. The table's gpu_memory_gb is decimal GB:
+# converted to GiB.
+GIB = 2 ** 30
+API_SERVER_BATCHED_TOKENS = ((160, 16384), (70, 8192), (0, 2048))
+LARGEST_GPU_DEFAULT = 16384
+BATCHED_DP_MOE_BACKENDS = ("deepep_low_latency", "nixl_ep")
+
+
+def _flag(args: list[str], name: str) -> str | None:
+    """The last value of `--name=V` / `--name V` in argv (hardware.py imports nothing of core)."""
+    value = None
+    for index, arg in enumerate(args):
+        if arg.startswith(name + "="):
+            value = arg.split("=", 1)[1]
+        elif arg == name and index + 1 < len(args):
+            value = args[index + 1]
+    return value
+
+
+def vllm_batched_tokens_default(profile: Any, extra_args: list[str] | None = None) -> tuple[int | None, str]:
+    """(vLLM's default --max-num-batched-tokens for the API server on this profile's hardware, how it was read);
+    None where the GPU's memory is unknown (no hardware.class row): the caller decides, never a pass."""
+    args = [str(a) for a in [*profile.model.launch.args, *(extra_args or [])]]
+    parallel = profile.model.at("parallel") or {}
+    where = "vllm/engine/arg_utils.py get_batch_defaults"
+    backend = _flag(args, "--all2all-backend")
+    expert = "--enable-expert-parallel" in args or bool(parallel.get("expert"))
+    if backend in BATCHED_DP_MOE_BACKENDS and expert and int(parallel.get("data") or 1) > 1:
+        return 256, (f"batched data-parallel MoE ({backend}): "
+                     "SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS_FOR_BATCHED_DP")
+    factor = 2 if _flag(args, "--performance-mode") == "throughput" else 1
+    mode = " x 2 (--performance-mode throughput)" if factor == 2 else ""
+    if str(profile.model.hardware.accelerator or "none") == "none":
+        world = int(parallel.get("tensor") or 1) * int(parallel.get("pipeline") or 1)
+        return 2048 * world * factor, f"{where}: CPU, 2048 x tensor x pipeline ({world}){mode}"
+    row = profile_class(profile)
+    if row is None or row.gpu_memory_gb is None:
+        return None, "the GPU's memory is unknown (no hardware.class row with gpu_memory_gb)"
+    gib = row.gpu_memory_gb * 1e9 / GIB
+    for floor, tokens in API_SERVER_BATCHED_TOKENS:
+        if gib >= floor and not (tokens == 8192 and "a100" in row.gpu_name.lower()):
+            return tokens * factor, f"{where}: {row.gpu_name} {row.gpu_memory_gb:g} GB = {gib:.0f} GiB{mode}"
+    return 2048 * factor, f"{where}{mode}"

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .core.contract import launch_engines, per_engine_capacity
 from .core.probes import default_probe_names
 from .core.profile import ConfigError, Profile, load_profile
 from .core.redact import redact_obj
@@ -41,8 +42,8 @@ from .probes.cache import KINDS as CACHE_KINDS
 from .probes.load.rules import ramp_plan
 from .probes.options import ProbeOptions, setting
 from .scenarios import load_scenario
-from .serve import launch
-from .validate import ansible_inventory_command
+from .serve import launch, vllm_check
+from .validate import ansible_inventory_command, group_hosts
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 # The agent probe's single cases after its rate run (probes/agent/probe.py AgentProbe.run): streaming, multi_turn,
@@ -89,6 +90,8 @@ class Plan:
     nodes: list[NodeLaunch] = field(default_factory=list)
     stages: list[Stage] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    vllm_check: dict[str, Any] | None = None      # vLLM's own checks of every node's command (serve/vllm_check.py)
+    vllm_check_lines: list[str] = field(default_factory=list)
 
     @property
     def total_s(self) -> float:
@@ -140,21 +143,8 @@ def read_inventory(source: Path) -> Inventory:
 
 
 def _group_hosts(data: dict[str, Any], group: str = "all") -> dict[str, list[str]]:
-    """Every group's hosts, children included (ansible-inventory --list nests groups)."""
-    out: dict[str, list[str]] = {}
-
-    def walk(name: str) -> list[str]:
-        if name in out:
-            return out[name]
-        node = data.get(name) or {}
-        hosts = [str(h) for h in node.get("hosts", [])]
-        for child in node.get("children", []):
-            hosts += [h for h in walk(str(child)) if h not in hosts]
-        out[name] = hosts
-        return hosts
-
-    walk(group)
-    return out
+    """Every group's hosts, children included (validate.py group_hosts)."""
+    return group_hosts(data, group)
 
 
 # --- the launch per node (roles/vllm_serve) --------------------------------------------------------
@@ -162,33 +152,11 @@ def _group_hosts(data: dict[str, Any], group: str = "all") -> dict[str, list[str
 
 def serve_facts(profile: Profile, inv: Inventory) -> dict[str, Any]:
     """The facts roles/vllm_serve/tasks/multinode.yml passes to serve/launch.py, from the head's variables
-    with the role's defaults (roles/vllm_serve/defaults/main.yml)."""
+    with the role's defaults (roles/vllm_serve/defaults/main.yml; serve/launch.py facts_from_hostvars)."""
     heads = inv.hosts("vllm_head")
     if not heads:
         raise ConfigError(f"inventory {inv.source}: no vllm_head group: put the host that serves in it")
-    head = heads[0]
-    hv = inv.hostvars.get(head, {})
-    workers = inv.hosts("vllm_workers")
-    return {
-        "head": head, "workers": workers,
-        "addresses": {h: inv.hostvars.get(h, {}).get("ansible_host") for h in [head, *workers]},
-        "runtime": hv.get("vllm_serve_runtime") or profile.model.launch.runtime,
-        "image": hv.get("vllm_image") or profile.model.image.reference,
-        "image_digest": hv.get("vllm_image_digest") or profile.model.image.digest or "",
-        "port": hv.get("vllm_serve_port") or profile.model.launch.port,
-        "listen_host": hv.get("vllm_serve_listen_host") or profile.model.launch.host,  # noqa: S104
-        "container_name": hv.get("vllm_serve_container_name") or "vllm-acceptance",
-        "container_extra": hv.get("vllm_serve_container_extra") or launch.DEFAULT_CONTAINER_EXTRA,
-        "hf_cache": hv.get("vllm_serve_hf_cache") or "/root/.cache/huggingface",
-        "extra_args": list(hv.get("vllm_serve_extra_args") or []),
-        "interconnect": hv.get("vllm_interconnect"), "parallel": hv.get("vllm_parallel") or {},
-        "gpus_per_node": hv.get("vllm_gpus_per_node"),
-        "dmabuf_workaround": bool(hv.get("vllm_nccl_dmabuf_workaround", False)),
-        "env": hv.get("vllm_serve_multinode_env") or {},
-        "ready_timeout_s": hv.get("vllm_serve_ready_timeout_s") or profile.model.launch.ready_timeout_s,
-        "mode": hv.get("vllm_serve_mode", "launch"), "base_url": hv.get("vllm_base_url"),
-        "python": hv.get("vllm_serve_python", ".venv-lab/bin/python"),
-    }
+    return launch.facts_from_hostvars(profile, heads[0], inv.hosts("vllm_workers"), inv.hostvars)
 
 
 def node_launches(profile: Profile, facts: dict[str, Any]) -> list[NodeLaunch]:
@@ -211,8 +179,7 @@ def _container_launch(profile: Profile, facts: dict[str, Any]) -> NodeLaunch:
     env = {str(k): str(v) for k, v in profile.model.launch.env.items()}
     digest = str(facts.get("image_digest") or "")
     image = str(facts["image"]) + (f"@{digest}" if digest else "")
-    serve = [str(profile.model.model.name), "--host", str(facts["listen_host"]), "--port", str(facts["port"])]
-    serve += [str(a) for a in profile.model.launch.args] + [str(a) for a in facts["extra_args"]]
+    serve = launch.single_serve_args(profile, facts)
     argv = launch._container_argv(str(facts["runtime"]), facts, env, image, serve)  # noqa: SLF001
     head = str(facts["head"])
     return _node(head, "head", str(facts["addresses"].get(head) or head), argv, env)
@@ -220,15 +187,7 @@ def _container_launch(profile: Profile, facts: dict[str, Any]) -> NodeLaunch:
 
 def _process_launch(profile: Profile, facts: dict[str, Any]) -> NodeLaunch:
     """roles/vllm_serve/tasks/process.yml: the lab's vLLM process (runtime/process.py LaunchSpec)."""
-    from .runtime.process import LaunchSpec
-
-    model = profile.model.model.name
-    spec = LaunchSpec(python=str(facts["python"]), model_path=str(profile.model.model.path or model),
-                      served_name=str(profile.model.model.served_name or model), host=str(facts["listen_host"]),
-                      port=int(facts["port"]), args=[str(a) for a in profile.model.launch.args]
-                      + [str(a) for a in facts["extra_args"]],
-                      env={str(k): str(v) for k, v in profile.model.launch.env.items()},
-                      log_path=Path("vllm.log"), pid_path=Path("vllm.pid"))
+    spec = launch.process_spec(profile, facts)
     head = str(facts["head"])
     return _node(head, "head", str(facts["addresses"].get(head) or head), spec.command(), spec.env)
 
@@ -381,8 +340,10 @@ def project_dir(given: Path | None = None) -> Path:
 
 
 def build_plan(inventory: Path, profile_name: str | None = None, project: Path | None = None,
-               overrides: dict[str, Any] | None = None) -> Plan:
-    """The plan of `inventory`; `overrides` outrank every host's variables, as `ansible-playbook -e` does."""
+               overrides: dict[str, Any] | None = None, vllm_python: str | None = None) -> Plan:
+    """The plan of `inventory`; `overrides` outrank every host's variables, as `ansible-playbook -e` does.
+    Every node's command is judged by vLLM itself (serve/vllm_check.py, with `vllm_python`, else the inventory's
+    acceptance_vllm_check_python, else the lab venv): what vLLM refuses is a ConfigError quoting vLLM."""
     inv = read_inventory(inventory)
     for host_vars in inv.hostvars.values():
         host_vars.update(overrides or {})
@@ -403,11 +364,31 @@ def build_plan(inventory: Path, profile_name: str | None = None, project: Path |
                 base_url=facts["base_url"] if facts["mode"] == "attach" else None,
                 gpu_nodes=gpu_nodes, gpus_per_node=gpn, gpus=len(gpu_nodes) * gpn)
     plan.nodes = node_launches(profile, facts)
+    judged_by = vllm_python if vllm_python is not None else site.get(vllm_check.VARIABLE)
+    check = vllm_check.check_launch(profile, facts, judged_by, project_dir(project))
+    why_not = vllm_check.judge_python(judged_by, project_dir(project))[1] if check is None else ""
+    if facts["mode"] == "attach":
+        why_not = "attach: nothing is launched"
+    plan.vllm_check = check.to_dict() if check is not None else None
+    plan.vllm_check_lines = vllm_check.summary(check, why_not)
+    refused = vllm_check.refusal(check, f"profile {profile.name}") if check is not None and check.ran else None
+    if refused:
+        raise ConfigError(refused)
     plan.stages = stages(profile, facts, site)
     for stage in plan.stages:
         stage.gpu_hours = stage.wall_s * plan.gpus / 3600
-    plan.notes = _notes(plan)
+    plan.notes = _notes(plan) + _capacity_notes(profile, facts)
     return plan
+
+
+def _capacity_notes(profile: Profile, facts: dict[str, Any]) -> list[str]:
+    """The per-engine arguments of the launch, multiplied by the engines that serve the contract (the data-parallel
+    size; core/contract.py PER_ENGINE_ARGS), beside the contract."""
+    if facts["mode"] == "attach":
+        return []
+    engines = launch_engines(profile.data, {"vllm_parallel": facts.get("parallel") or {}})
+    args = [*profile.model.launch.args, *(facts.get("extra_args") or [])]
+    return [f"per engine: {line}" for line in per_engine_capacity(profile.data, args, engines)]
 
 
 def _notes(plan: Plan) -> list[str]:
@@ -436,6 +417,7 @@ def render_text(plan: Plan) -> str:
         lines.append(f"  {node.host} ({node.role}, {node.address}):")
         lines.append(f"    argv: {shlex.join(node.argv)}")
         lines += [f"    env {k}={v}" for k, v in node.env.items()]
+    lines += ["", *plan.vllm_check_lines]
     lines += ["", f"{'stage':<18}{'requests':>9}{'wall':>11}{'GPU-h':>10}  what / how estimated"]
     for s in plan.stages:
         req = "-" if s.requests is None else str(s.requests)
@@ -453,6 +435,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--project-dir", type=Path, help="checkout holding profiles/ (default: the current "
                                                          "directory when it holds accept.yml, else this checkout)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    parser.add_argument("--vllm-python", metavar="PYTHON",
+                        help="the Python whose vLLM judges every node's command (default: the inventory's "
+                             "acceptance_vllm_check_python, else .venv-lab/bin/python where present; none: skip)")
     parser.add_argument("--vars", default="{}", metavar="JSON",
                         help="variables that outrank the inventory's, as -e does (playbooks/plan.yml passes the "
                              "head's as the run resolved them)")
@@ -464,7 +449,7 @@ def command(args: argparse.Namespace) -> int:
         overrides = json.loads(args.vars)
         if not isinstance(overrides, dict):
             raise ConfigError(f"--vars {args.vars!r}: a JSON object of variables is expected")
-        plan = build_plan(args.inventory, args.profile, args.project_dir, overrides)
+        plan = build_plan(args.inventory, args.profile, args.project_dir, overrides, args.vllm_python)
     except json.JSONDecodeError as exc:
         print(f"cannot plan: --vars is not JSON ({exc})", file=sys.stderr)
         return 2

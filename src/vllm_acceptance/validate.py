@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .core.profile import ConfigError, load_profile
+from .core.profile import ConfigError, Profile, load_profile
 from .core.rundir import (
     require_contract_served,
     require_gpu_nodes,
@@ -26,6 +26,8 @@ from .core.rundir import (
     validate_inventory_vars,
 )
 from .core.variables import PREFIXES
+from .hardware import vllm_batched_tokens_default
+from .serve import launch, vllm_check
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 
@@ -37,11 +39,14 @@ class Validated:
     inventory: str | None = None
     variables_checked: int = 0
     templated: list[str] = field(default_factory=list)   # values only Ansible can render: not judged here
+    vllm_check: dict[str, Any] | None = None              # vLLM's own checks of every node's command
+    vllm_check_lines: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"valid": True, "profile": self.profile, "profile_path": self.profile_path,
                 "inventory": self.inventory, "variables_checked": self.variables_checked,
-                "templated_not_checked": self.templated}
+                "templated_not_checked": self.templated, "vllm_check": self.vllm_check,
+                "vllm_check_summary": self.vllm_check_lines}
 
 
 def project_dir_for(given: Path | None, start: Path | None = None) -> Path:
@@ -98,23 +103,29 @@ def product_vars(variables: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
 
 def read_inventory_vars(inventory: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """The variables the controller's plays see (localhost's, group_vars/all included) and each host's own."""
+    site, hostvars, _groups = read_inventory(inventory)
+    return site, hostvars
+
+
+def read_inventory(inventory: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, list[str]]]:
+    """(localhost's variables, each host's, each group's hosts with its children's) as Ansible resolves them."""
     if not inventory.exists():
         raise ConfigError(f"-i {inventory}: no such inventory file or directory (give inventories/<site>)")
     site = _inventory_json(inventory, "--host", "localhost")
     listed = _inventory_json(inventory, "--list")
     hostvars = listed.get("_meta", {}).get("hostvars", {})
-    return site, {str(h): dict(v) for h, v in hostvars.items() if isinstance(v, dict)}
+    return site, {str(h): dict(v) for h, v in hostvars.items() if isinstance(v, dict)}, group_hosts(listed)
 
 
-def inventory_groups(listed: dict[str, Any], group: str = "all") -> dict[str, list[str]]:
-    """Every group's hosts, children included, from `ansible-inventory --list` (which nests groups)."""
+def group_hosts(data: dict[str, Any], group: str = "all") -> dict[str, list[str]]:
+    """Every group's hosts, children included (ansible-inventory --list nests groups)."""
     out: dict[str, list[str]] = {}
 
     def walk(name: str) -> list[str]:
         if name in out:
             return out[name]
-        out[name] = []
-        node = listed.get(name) if isinstance(listed.get(name), dict) else {}
+        out[name] = []      # a group that names itself among its children ends here
+        node = data.get(name) if isinstance(data.get(name), dict) else {}
         hosts = [str(h) for h in node.get("hosts") or []]
         for child in node.get("children") or []:
             hosts += [h for h in walk(str(child)) if h not in hosts]
@@ -125,24 +136,56 @@ def inventory_groups(listed: dict[str, Any], group: str = "all") -> dict[str, li
     return out
 
 
-def require_serve_groups(profile: Any, inventory: Path, variables: dict[str, Any],
+def require_serve_groups(profile: Any, groups: dict[str, list[str]], variables: dict[str, Any],
                          host_variables: dict[str, dict[str, Any]], source: str) -> None:
     """The inventory's shape as the validate play refuses it (core/rundir.py): a GPU profile needs `gpu_nodes`, and a
     launch runs only on hosts of `gpu_nodes` (`vllm_head`, `vllm_workers`)."""
-    groups = inventory_groups(_inventory_json(inventory, "--list"))
     require_gpu_nodes(profile, groups.get("gpu_nodes") or [], source)
     require_head_in_gpu_nodes(profile, groups, variables, host_variables, source)
 
 
-def validate(profile: str | None, inventory: Path | None, project: Path | None = None) -> Validated:
-    """Raise ConfigError naming the field and the fix, or return what was checked."""
+def profile_facts(profile: Profile) -> dict[str, Any]:
+    """The launch of the profile's own layout where no inventory gives one: hardware.min_nodes hosts named
+    node-1.., the profile's runtime and image (a digest placeholder where it pins none; the multi-node launch
+    needs one); what `validate --profile` alone and the tests of every generated profile judge."""
+    nodes = max(1, int(profile.model.hardware.min_nodes))
+    digest = profile.model.image.digest or "sha256:" + "0" * 64
+    return {"head": "node-1", "workers": [f"node-{i}" for i in range(2, nodes + 1)], "mode": "launch",
+            "runtime": profile.model.launch.runtime, "image_digest": digest}
+
+
+def launch_check(profile: Profile, facts: dict[str, Any] | None, configured: Any, project: Path,
+                 source: str) -> tuple[dict[str, Any] | None, list[str]]:
+    """vLLM's own checks of every node's command (serve/vllm_check.py): ConfigError quoting vLLM where it refuses
+    one; else (the check as a dict or None, the summary lines)."""
+    if facts is not None and facts.get("mode") == "attach":
+        return None, ["vLLM's own checks: attach, nothing is launched"]
+    facts = facts if facts is not None else profile_facts(profile)
+    try:
+        check = vllm_check.check_launch(profile, facts, configured, project)
+    except launch.LaunchRefused:
+        raise
+    except ConfigError as exc:      # an input the launch cannot plan: the serve stage (and `plan`) refuse it
+        return None, [f"vLLM's own checks not run: the launch cannot be planned from these inputs ({exc})"]
+    why_not = "" if check is not None else vllm_check.judge_python(configured, project)[1]
+    refused = vllm_check.refusal(check, source) if check is not None and check.ran else None
+    if refused:
+        raise ConfigError(refused)
+    return (check.to_dict() if check is not None else None), vllm_check.summary(check, why_not)
+
+
+def validate(profile: str | None, inventory: Path | None, project: Path | None = None,
+             vllm_python: str | None = None) -> Validated:
+    """Raise ConfigError naming the field and the fix, or return what was checked. Every node's `vllm serve`
+    command (the inventory's launch, else the profile's own layout) is judged by vLLM itself: `vllm_python`, else
+    the inventory's acceptance_vllm_check_python, else the lab venv (serve/vllm_check.py)."""
     if profile is None and inventory is None:
         raise ConfigError("validate: give --profile NAME|PATH, -i INVENTORY, or both")
     project_dir = project_dir_for(project)
     field_name = "--profile" if profile is not None else "inventory field `acceptance_profile`"
-    checked, templated, source = 0, [], None
+    checked, templated, source, site, groups = 0, [], None, {}, {}
     if inventory is not None:
-        site, hosts = read_inventory_vars(inventory)
+        site, hosts, groups = read_inventory(inventory)
         variables, templated = product_vars(site)
         host_variables = {h: product_vars(v)[0] for h, v in hosts.items()}
         source = f"inventory {inventory}"
@@ -155,8 +198,17 @@ def validate(profile: str | None, inventory: Path | None, project: Path | None =
                                   "to a profiles/<name>.yml name or a path, or give --profile")
             profile = str(site["acceptance_profile"])
     loaded = load_profile(resolve_profile(str(profile), project_dir, field_name))
+    facts = None
     if inventory is not None:      # what accept.yml's validate play refuses against this profile (core/rundir.py)
-        require_contract_served(loaded, variables, host_variables, f"{source} ({loaded.name})")
-        require_serve_groups(loaded, inventory, variables, host_variables, str(source))
+        require_contract_served(loaded, variables, host_variables, f"{source} ({loaded.name})",
+                                vllm_batched_tokens_default(loaded, variables.get("vllm_serve_extra_args"))[0])
+        require_serve_groups(loaded, groups, variables, host_variables, str(source))
+        heads = groups.get("vllm_head") or []
+        if heads:
+            facts = launch.facts_from_hostvars(loaded, heads[0], groups.get("vllm_workers") or [], hosts)
+    configured = vllm_python if vllm_python is not None else site.get(vllm_check.VARIABLE)
+    checked_launch, lines = launch_check(loaded, facts, configured, project_dir,
+                                         f"{source or 'profile'} ({loaded.name})")
     return Validated(profile=loaded.name, profile_path=str(loaded.source),
-                     inventory=str(inventory) if inventory else None, variables_checked=checked, templated=templated)
+                     inventory=str(inventory) if inventory else None, variables_checked=checked, templated=templated,
+                     vllm_check=checked_launch, vllm_check_lines=lines)

@@ -148,3 +148,32 @@ def test_cli_plan_json_and_a_clear_error(capsys: pytest.CaptureFixture[str]) -> 
     assert cli.main(["plan", "-i", "inventories/no-such-site"]) == 2
     err = capsys.readouterr().err
     assert "no such file or directory" in err and "-i inventories/<site>" in err
+
+
+def test_the_plan_states_vllms_own_judgement_of_every_node(flagship: planmod.Plan) -> None:
+    """vLLM itself (the lab venv's, standing in for the image's) judged each node's command (serve/vllm_check.py);
+    the plan names the version, the platform it ran on and what it could not judge."""
+    if flagship.vllm_check is None:
+        pytest.skip("no lab vLLM environment (.venv-lab): the plan says the check was not run")
+    check = flagship.vllm_check
+    assert check["vllm_version"] and check["platform"] == "cpu"
+    nodes = check["deployments"]["launch"]
+    assert [n["host"] for n in nodes] == [n.host for n in flagship.nodes] and all(n["accepted"] for n in nodes)
+    text = planmod.render_text(flagship)
+    assert f"vLLM {check['vllm_version']}" in text and "re-judges every command there (compat.launch_args)" in text
+
+
+def test_the_plan_refuses_what_vllm_refuses_quoting_vllm(capsys: pytest.CaptureFixture[str]) -> None:
+    """An inventory argument vLLM refuses (a tool parser this vLLM does not register) stops `plan` with exit 2
+    and vLLM's own message, before any node is touched; `--vllm-python none` skips the controller's check."""
+    from conftest import LAB_PYTHON, _skip_or_fail
+
+    if not LAB_PYTHON.exists():
+        _skip_or_fail(f"no lab vLLM environment at {LAB_PYTHON}: run `make lab-venv`")
+    bad = json.dumps({"vllm_serve_extra_args": ["--tool-call-parser=not_a_parser"]})
+    assert cli.main(["plan", "-i", str(FLAGSHIP), "--vars", bad]) == 2
+    err = capsys.readouterr().err
+    assert "refuses it at run_multi_api_server" in err and "invalid tool call parser: not_a_parser" in err
+    assert "vllm/entrypoints/launchers/launcher.py" in err and "acceptance_vllm_check_python" in err
+    assert cli.main(["plan", "-i", str(FLAGSHIP), "--vars", bad, "--vllm-python", "none"]) == 0
+    assert "vLLM's own checks not run on the controller" in capsys.readouterr().out

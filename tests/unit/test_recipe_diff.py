@@ -82,3 +82,25 @@ def test_a_run_on_another_recipe_commit_reopens_the_signed_acceptance_by_name(tm
     parts = " ".join(reopen["fired"][0]["changed"])
     assert "commit: 761eca2202c6a0af9cc734c61bb0a1c318e7878d -> 6f19519bb680e870356b72a06d2638d6efc6da70" in parts
     assert "sha256:" in parts and "recipe diff" in reopen["fired"][0]["meaning"]
+
+
+def test_the_flag_the_launch_leaves_out_is_an_explained_difference(tmp_path: Path) -> None:
+    """DEP across nodes: the recipe's --data-parallel-hybrid-lb is left out of the launch (recipe/resolve.py
+    LEFT_OUT_ACROSS_NODES, the launch balances through the head); the diff still carries it with its source and why,
+    so a recipe that drops (or changes) it is a named change, never a silent drift."""
+    import shutil
+
+    from vllm_acceptance.recipe.diff import snapshot
+    from vllm_acceptance.recipe.generate import load_facts
+    from vllm_acceptance.recipe.reader import load_bundle
+
+    selection = Selection("gb300", "multi_node_dep")
+    taken = snapshot(load_bundle(NEW), selection, load_facts())["arg --data-parallel-hybrid-lb"]
+    assert taken == ("(set in the recipe; left out of the launch)", "strategies/multi_node_dep.yaml vllm_args")
+    copy = tmp_path / "vllm-project"
+    shutil.copytree(NEW.parent, copy)
+    strategy = copy / "strategies" / "multi_node_dep.yaml"
+    strategy.write_text(strategy.read_text().replace('  - "--data-parallel-hybrid-lb"\n', ""))
+    found = {c["name"]: c for c in diff_recipes(NEW, copy / "Kimi-K3.yaml", selection)["changes"]}
+    assert found["arg --data-parallel-hybrid-lb"]["was"] == "(set in the recipe; left out of the launch)"
+    assert found["arg --data-parallel-hybrid-lb"]["now"] is None

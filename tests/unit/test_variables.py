@@ -84,7 +84,7 @@ PATTERN = re.compile(r"\b(?:" + "|".join(p.rstrip("_") for p in PREFIXES) + r")_
 NOT_VARIABLES = {"acceptance_run", "acceptance_preflight", "acceptance_serve", "acceptance_probe", "acceptance_process",
                  "acceptance_report", "acceptance_monitoring", "acceptance_loadmerge", "acceptance_remediation",
                  "acceptance_redact", "acceptance_redact_obj", "acceptance_with_flags", "acceptance_node_commands",
-                 "vllm_acceptance",
+                 "vllm_acceptance", "vllm_check", "vllm_argcheck",   # the package, its modules serve/vllm_*check.py
                  "vllm_serve", "vllm_head", "vllm_workers", "rebuild_node", "rollback_image", "rollback_triggers",
                  "rollback_versions",
                  # the node_state filter, the group rollback.yml puts its targets in, a key of upgrade-entry.json

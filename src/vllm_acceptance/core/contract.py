@@ -110,6 +110,17 @@ LIMITING_ARGS: dict[str, str] = {
 }
 
 
+# Arguments that apply per engine. Each data-parallel rank is an engine (EngineCore) with its own Scheduler built
+# from the one SchedulerConfig (vllm/v1/engine/core.py EngineCore.__init__: self.scheduler = Scheduler(...)):
+# vllm/v1/core/sched/scheduler.py caps the running requests at scheduler_config.max_num_seqs and each step's tokens
+# at scheduler_config.max_num_batched_tokens, per engine. The contract is served by every engine of the launch at
+# once (the data-parallel size, docs/sources.md#vllm-argument-checks): --max-num-seqs N serves N x engines.
+PER_ENGINE_ARGS = ("max_num_seqs", "max_num_batched_tokens")
+# vLLM's largest default --max-num-batched-tokens of the API server on a GPU (>= 160 GiB; hardware.py
+# vllm_batched_tokens_default): where the GPU is unknown, a value below it may lower vLLM's default.
+LARGEST_GPU_BATCHED_TOKENS = 16384
+
+
 def _as_int(value: Any) -> int | None:
     try:
         return int(str(value))
@@ -117,15 +128,41 @@ def _as_int(value: Any) -> int | None:
         return None
 
 
-def limits_contract(data: Mapping[str, Any], key: str, value: Any) -> str | None:
-    """Why argument `key`=`value` (not stated by the profile) limits the contract's capacity; None when it does not."""
+def launch_engines(data: Mapping[str, Any], variables: Mapping[str, Any] | None = None) -> int:
+    """The engines that serve the contract: the launch's data-parallel size (the inventory's vllm_parallel.data,
+    else the profile's parallel.data), 1 without data parallel."""
+    given = ((variables or {}).get("vllm_parallel") or {}) if isinstance((variables or {}).get("vllm_parallel"),
+                                                                      Mapping) else {}
+    for value in (given.get("data"), _section(data, "parallel").get("data")):
+        count = _as_int(value) if value is not None else None
+        if count is not None and count >= 1:
+            return count
+    return 1
+
+
+def chunked_prefill_off(data: Mapping[str, Any], args: Any = None) -> bool:
+    """--no-enable-chunked-prefill in the profile's launch.args or the given argv (the last one wins)."""
+    flags = _flags([*(_section(data, "launch").get("args") or []), *(args if isinstance(args, list) else [])])
+    return flags.get("enable_chunked_prefill") is False or str(flags.get("enable_chunked_prefill")).lower() == "false"
+
+
+def limits_contract(data: Mapping[str, Any], key: str, value: Any, *, engines: int = 1,
+                    batched_tokens_default: int | None = None, chunked_prefill: bool = True) -> str | None:
+    """Why argument `key`=`value` (not stated by the profile) limits the contract's capacity; None when it does not.
+    A per-engine argument (PER_ENGINE_ARGS) counts once per engine: --max-num-seqs 32 on 16 engines serves 512.
+    --max-num-batched-tokens limits below vLLM's default for the hardware (`batched_tokens_default`; unknown: the
+    largest GPU default) and, without chunked prefill, below one contracted request's window; raising it does not."""
     if value in (None, False) or str(value).lower() == "false":
         return None
     if key == "max_num_seqs":
         want, got = _section(data, "contract").get("concurrency"), _as_int(value)
-        if isinstance(want, int) and got is not None and got >= want:
+        served = got * max(1, engines) if got is not None else None
+        if isinstance(want, int) and served is not None and served >= want:
             return None
-        return f"{LIMITING_ARGS[key]}: {value}, below the contract's {want} concurrent sessions"
+        per = f" per engine x {engines} engines = {served}" if engines > 1 and served is not None else ""
+        return f"{LIMITING_ARGS[key]}: {value}{per}, below the contract's {want} concurrent sessions"
+    if key == "max_num_batched_tokens":
+        return _batched_tokens_limit(data, value, batched_tokens_default, chunked_prefill)
     if key == "max_model_len":
         window, got = contract_window(data), _as_int(value)
         if window is None or got is None or got >= window:
@@ -134,36 +171,74 @@ def limits_contract(data: Mapping[str, Any], key: str, value: Any) -> str | None
     return LIMITING_ARGS.get(key)
 
 
+def _batched_tokens_limit(data: Mapping[str, Any], value: Any, default: int | None, chunked: bool) -> str | None:
+    got, window = _as_int(value), contract_window(data)
+    if got is None:
+        return f"{LIMITING_ARGS['max_num_batched_tokens']}: {value!r} is not a number of tokens"
+    if not chunked and window is not None and got < window:
+        return (f"{LIMITING_ARGS['max_num_batched_tokens']}: {got}, and without chunked prefill one contracted "
+                f"request ({window} tokens: context + max output) must fit one step")
+    floor = default if default is not None else LARGEST_GPU_BATCHED_TOKENS
+    if got >= floor:
+        return None
+    known = (f"vLLM's default for this hardware ({default})" if default is not None else
+             f"the largest default vLLM gives a GPU ({LARGEST_GPU_BATCHED_TOKENS}; this hardware's is unknown)")
+    return (f"{LIMITING_ARGS['max_num_batched_tokens']} per engine: {got}, below {known}: long prompts take more "
+            "steps to prefill")
+
+
 def _flags(args: Sequence[Any]) -> dict[str, Any]:
     return parse_flags([str(a) for a in args])
 
 
-def limiting_overrides(data: Mapping[str, Any], args: Any) -> dict[str, str]:
+def limiting_overrides(data: Mapping[str, Any], args: Any, *, engines: int = 1,
+                       batched_tokens_default: int | None = None) -> dict[str, str]:
     """The capacity-limiting arguments of an inventory argv (vllm_serve_extra_args, preflight_launch_args) whose
-    value the profile's launch.args do not state: {--flag value: why}. --max-model-len is extra_args_errors'."""
+    value the profile's launch.args do not state: {--flag value: why}, per-engine arguments counted once per
+    engine. --max-model-len is extra_args_errors'."""
     if not isinstance(args, list):
         return {}
     stated = _flags(_section(data, "launch").get("args") or [])
+    chunked = not chunked_prefill_off(data, args)
     out = {}
     for key, value in _flags(args).items():
-        why = limits_contract(data, key, value) if key in LIMITING_ARGS and str(stated.get(key)) != str(value) \
-            else None
+        why = limits_contract(data, key, value, engines=engines, batched_tokens_default=batched_tokens_default,
+                              chunked_prefill=chunked) \
+            if key in LIMITING_ARGS and str(stated.get(key)) != str(value) else None
         if why:
             flag = "--" + key.replace("_", "-")
             out[flag if value is True else f"{flag} {value}"] = why
     return out
 
 
-def limiting_args_errors(data: Mapping[str, Any], variables: Mapping[str, Any], source: str) -> list[str]:
+def limiting_args_errors(data: Mapping[str, Any], variables: Mapping[str, Any], source: str, *,
+                         engines: int | None = None, batched_tokens_default: int | None = None) -> list[str]:
     """One line per capacity-limiting argument an inventory variable adds to the launch; refused before any node
     is touched (the serve stage would judge it compat.actual_config.unlisted_args: never a release)."""
     lines = []
+    count = engines if engines is not None else launch_engines(data, variables)
     for field in ("vllm_serve_extra_args", "preflight_launch_args"):
-        for shown, why in limiting_overrides(data, variables.get(field)).items():
+        for shown, why in limiting_overrides(data, variables.get(field), engines=count,
+                                             batched_tokens_default=batched_tokens_default).items():
             lines.append(f"{source}: field `{field}`: {shown} {why}: the run would accept a server weaker than the "
                          "profile's launch; fix: remove it, or write profiles/<site>.yml (extends the profile) whose "
                          f"launch.args state {shown} and set acceptance_profile to it")
     return lines
+
+
+def per_engine_capacity(data: Mapping[str, Any], args: Sequence[Any], engines: int) -> list[str]:
+    """What the launch's per-engine arguments serve in all, beside the contract (the plan prints it)."""
+    flags = _flags(args)
+    out = []
+    seqs = _as_int(flags["max_num_seqs"]) if "max_num_seqs" in flags else None
+    want = _section(data, "contract").get("concurrency")
+    if seqs is not None:
+        out.append(f"--max-num-seqs {seqs} per engine x {engines} engine(s) = {seqs * engines} concurrent "
+                   f"sequences for the contract's {want}")
+    tokens = _as_int(flags["max_num_batched_tokens"]) if "max_num_batched_tokens" in flags else None
+    if tokens is not None:
+        out.append(f"--max-num-batched-tokens {tokens} per engine step x {engines} engine(s)")
+    return out
 
 
 # The distributed load stage's shape (playbooks/loadgen.yml): each loadgen_* value below the profile's load

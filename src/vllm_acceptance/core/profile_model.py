@@ -194,6 +194,9 @@ class Provenance(Section):
     args: dict[str, str] = {}
     env: dict[str, str] = {}
     multinode: dict[str, str] = {}
+    left_out: dict[str, str] = Field({}, description=(
+        "recipe flags the launch leaves out, by flag: the recipe field and why (e.g. --data-parallel-hybrid-lb "
+        "across nodes: the launch uses vLLM's internal load balancing; src/vllm_acceptance/recipe/resolve.py)"))
 
 
 class Launch(Section):

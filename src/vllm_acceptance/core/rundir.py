@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from .contract import extra_args_errors, limiting_args_errors, loadgen_errors
+from .contract import extra_args_errors, launch_engines, limiting_args_errors, loadgen_errors
 from .evidence import EvidenceStore, atomic_write
 from .findings import Finding, read_findings, write_findings
 from .profile import ConfigError, Profile, load_profile
@@ -112,17 +112,23 @@ def require_head_in_gpu_nodes(profile: Profile, groups: dict[str, list[str]], va
 
 
 def require_contract_served(profile: Profile, variables: dict[str, Any], host_variables: dict[str, dict[str, Any]],
-                            source: str) -> None:
+                            source: str, batched_tokens_default: int | None = None) -> None:
     """An inventory --max-model-len below the contract, a capacity-limiting launch argument the profile does not
-    state and a loadgen_* value below the profile's load are refused before any node is touched (core/contract.py)."""
+    state and a loadgen_* value below the profile's load are refused before any node is touched (core/contract.py).
+    Per-engine arguments count once per engine of the launch (its data-parallel size); `batched_tokens_default` is
+    vLLM's default --max-num-batched-tokens on the profile's hardware (hardware.py; None: unknown)."""
+    engines = launch_engines(profile.data, variables)
     lines = extra_args_errors(profile.data, variables.get("vllm_serve_extra_args"), f"{source} (group_vars)")
-    lines += limiting_args_errors(profile.data, variables, f"{source} (group_vars)")
+    lines += limiting_args_errors(profile.data, variables, f"{source} (group_vars)", engines=engines,
+                                  batched_tokens_default=batched_tokens_default)
     lines += loadgen_errors(profile.data, variables, f"{source} (group_vars)")
     for host, host_vars in sorted(host_variables.items()):
         lines += extra_args_errors(profile.data, (host_vars or {}).get("vllm_serve_extra_args"),
                                    f"{source} (host {host})")
         own = {k: v for k, v in (host_vars or {}).items() if variables.get(k) != v}
-        lines += limiting_args_errors(profile.data, own, f"{source} (host {host})")
+        lines += limiting_args_errors(profile.data, own, f"{source} (host {host})",
+                                      engines=launch_engines(profile.data, {**variables, **own}),
+                                      batched_tokens_default=batched_tokens_default)
         lines += loadgen_errors(profile.data, own, f"{source} (host {host})")
     if lines:
         raise ConfigError("invalid inventory:\n  " + "\n  ".join(lines))
@@ -135,16 +141,21 @@ def new_run_id() -> str:
 def open_run(*, project_dir: Path, reports_dir: Path, inventory: str, variables: dict[str, Any],
              hosts: list[str], run_id: str | None = None,
              host_variables: dict[str, dict[str, Any]] | None = None,
-             groups: dict[str, list[str]] | None = None) -> tuple[Path, Profile]:
-    """Validate and open the run. `groups`: the serve groups (`vllm_head`, `vllm_workers`) when the caller read
-    them (the validate play): a launch on a head outside `hosts` (gpu_nodes) is refused."""
+             groups: dict[str, list[str]] | None = None,
+             batched_tokens_default: Any = None) -> tuple[Path, Profile]:
+    """Validate, then open reports/<inventory>/<run-id>/. `groups`: the serve groups (`vllm_head`,
+    `vllm_workers`) when the caller read them (the validate play): a launch on a head outside `hosts` (gpu_nodes)
+    is refused. `batched_tokens_default`: vLLM's default --max-num-batched-tokens on the profile's hardware, or a
+    function of the profile giving it (hardware.py vllm_batched_tokens_default, which core cannot import); None:
+    unknown."""
     validate_inventory_vars(variables, f"inventory {inventory} (group_vars)", project_dir, host_variables)
     profile = load_profile(resolve_profile_path(str(variables["acceptance_profile"]), project_dir))
     require_gpu_nodes(profile, hosts, f"inventory {inventory}")
     if groups is not None:
         require_head_in_gpu_nodes(profile, {**groups, "gpu_nodes": hosts}, variables, host_variables,
                                   f"inventory {inventory}")
-    require_contract_served(profile, variables, host_variables or {}, f"inventory {inventory}")
+    default = batched_tokens_default(profile) if callable(batched_tokens_default) else batched_tokens_default
+    require_contract_served(profile, variables, host_variables or {}, f"inventory {inventory}", default)
     run_id = run_id or new_run_id()
     run_dir = (reports_dir / inventory / run_id).resolve()
     try:

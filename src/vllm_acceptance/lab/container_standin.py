@@ -11,7 +11,8 @@ nshosts.py) `docker` is this script (stdlib only, run by the node's /usr/bin/pyt
 - `run` without `-d` of preflight's in-image probe, `version`, `info`, `image inspect`, `pull` are
   answered by the node's recorded docker (tests/fixtures/generated-nodes/<case>/bin/docker): they stand
   for the GPU image's facts; any other foreground `run ... --entrypoint python3 IMAGE -c PROGRAM` (the
-  in-image all-reduce) runs PROGRAM for real with the lab's Python in the node's namespace;
+  in-image all-reduce, the head's vLLM argument check of compat.launch_args) runs PROGRAM for real with the lab's
+  Python in the node's namespace: the lab venv's vLLM judges the commands as the image's would;
 - `inspect --format '{{.State.Status}}' NAME` / `'{{json .Args}}'`, `inspect [--type container] NAME|ID`
   (docker's JSON: Id, Image = the image ID the recorded docker gives for the run's image, Config.Image = the
   reference it was run with, State), `ps`, `logs [--tail N] NAME`, `stop NAME`, `rm [-f] NAME`,

@@ -46,6 +46,8 @@ COMMANDS = {
                             "<allreduce.py> (torch.distributed all-reduce across every node, where all_reduce_perf "
                             "is absent)",
     "image_pull": "docker|podman pull IMAGE (only when preflight_pull_image is set)",
+    "launch_args_check": "docker|podman run --rm --gpus all --entrypoint python3 IMAGE -c <vllm_argcheck.py> JSON "
+                         "(the head node only: vLLM's own checks of every node's command; lab: python -c)",
     "inputs": "the role's inputs (JSON)",
     "live_process": "ss -ltnpH; /proc/PID/cmdline, /proc/PID/environ and /proc/PID/cgroup of the process serving "
                     "the port, its container's image (docker/podman inspect --type container; crictl inspect for "

@@ -34,6 +34,7 @@ from ..rules.compat import (
     check_topology,
     host_driver_version,
 )
+from ..rules.launch_args import check_launch_args
 from ..rules.launched import LaunchedPlan, plan_of_run, run_inventory_vars
 from ..rules.live_server import check_server_location
 from ..rules.registry import get as catalog_get
@@ -94,6 +95,7 @@ def judge(run_dir: Path, profile: Profile, hosts: list[str], *, today: dt.date |
         findings.extend(rule(contexts, profile) for rule in CLUSTER_FABRIC_RULES)
         findings.append(check_image_uniform(contexts))
         findings.append(check_server_location(contexts, run_inventory_vars(Path(run_dir))))
+        findings.append(check_launch_args(contexts))
     return findings
 
 

@@ -23,6 +23,9 @@ def snapshot(bundle: RecipeBundle, selection: Selection, facts: Facts | None) ->
     out: dict[str, Any] = {"support": ("supported", f"compatible_strategies / strategy_hardware.{selection.strategy}")}
     for arg in deployment.args:
         out[f"arg {arg.flag}"] = (arg.value if arg.value is not None else "(set)", arg.source)
+    for flag, why in deployment.left_out.items():      # in the recipe, left out of the launch (resolve.py)
+        source, _, reason = why.partition(": ")
+        out[f"arg {flag}"] = (f"(set in the recipe; {reason.split(':', 1)[0]})", source)
     for name, (value, source) in {**deployment.env, **deployment.site_env}.items():
         out[f"env {name}"] = (value, source)
     out["image"] = (image, image_source)

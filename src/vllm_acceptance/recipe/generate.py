@@ -157,10 +157,12 @@ def fit_contract(defaults: dict[str, Any], max_model_len: int) -> tuple[dict[str
 
 
 def fit_concurrency(defaults: dict[str, Any], contract: dict[str, Any], load: dict[str, Any],
-                    max_num_seqs: int | None) -> tuple[dict[str, Any], str | None]:
-    """The default concurrency, ramp and agent concurrency, shrunk to the recipe's --max-num-seqs when it is
-    below them (a contract the server's own sequence cap queues could never be met). The agent case set is
-    also sent at the contract's concurrency (`agent.under_load`, docs/checks.md), unless the defaults say."""
+                    max_num_seqs: int | None, engines: int = 1) -> tuple[dict[str, Any], str | None]:
+    """The default concurrency, ramp and agent concurrency, shrunk to what the recipe's --max-num-seqs serves when
+    it is below them (a contract the server's own sequence cap queues could never be met). --max-num-seqs applies
+    per engine (core/contract.py PER_ENGINE_ARGS): a data-parallel launch serves it once per engine. The agent case
+    set is also sent at the contract's concurrency (`agent.under_load`, docs/checks.md), unless the defaults say."""
+    max_num_seqs = max_num_seqs * max(1, engines) if max_num_seqs else max_num_seqs
     agent = dict(defaults.get("agent") or {})
     if not max_num_seqs or int(contract["concurrency"]) <= max_num_seqs:
         agent.setdefault("under_load", int(contract["concurrency"]))
@@ -171,8 +173,10 @@ def fit_concurrency(defaults: dict[str, Any], contract: dict[str, Any], load: di
     if "concurrency" in agent:
         agent["concurrency"] = min(int(agent["concurrency"]), max_num_seqs)
     agent["under_load"] = min(int(agent.get("under_load", max_num_seqs)), max_num_seqs)
+    served = f" ({max_num_seqs // engines} per engine x {engines} engines)" if engines > 1 else ""
     return agent, (f"contract.concurrency {max_num_seqs}, load.ramp {load['ramp']}, agent.concurrency "
-                   f"{agent.get('concurrency')}: the defaults shrunk to the recipe's --max-num-seqs {max_num_seqs}")
+                   f"{agent.get('concurrency')}: the defaults shrunk to the recipe's --max-num-seqs {max_num_seqs}"
+                   f"{served}")
 
 
 def launch_section(deployment: Deployment, facts: Facts) -> dict[str, Any]:
@@ -185,6 +189,8 @@ def launch_section(deployment: Deployment, facts: Facts) -> dict[str, Any]:
                                            if a.flag in deployment.replaced else "") for a in deployment.args}
     provenance_env = {k: v[1] for k, v in deployment.env.items()}
     provenance: dict[str, Any] = {"args": provenance_args, "env": provenance_env}
+    if deployment.left_out:
+        provenance["left_out"] = dict(deployment.left_out)
     if deployment.nodes > 1:
         launch["multinode"] = {key: entry["value"] for key, entry in (facts.guide("multinode") or {}).items()}
         provenance["multinode"] = {key: f"guide: {entry['quote']}"
@@ -227,7 +233,8 @@ def build_profile(bundle: RecipeBundle, selection: Selection, facts: Facts, name
     defaults = facts.defaults
     contract, load, shrink = fit_contract(defaults, model["max_model_len"])
     seqs = deployment.arg("--max-num-seqs")
-    agent, fewer = fit_concurrency(defaults, contract, load, int(seqs.value) if seqs and seqs.value else None)
+    agent, fewer = fit_concurrency(defaults, contract, load, int(seqs.value) if seqs and seqs.value else None,
+                                   int(deployment.parallel.get("data") or 1))
     notes = [str(n["value"]) for n in guide_value_list(facts, "notes")] + [str(n) for n in facts.outside("notes") or []]
     notes += [f"feature {k} left out: {v}" for k, v in deployment.skipped_features.items()]
     notes += [f"image: {image_source}"] + [n for n in (shrink, fewer) if n]

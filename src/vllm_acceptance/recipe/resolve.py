@@ -22,6 +22,18 @@ RENDEZVOUS_FLAGS = ("--nnodes", "--node-rank", "--master-addr", "--headless", "-
                     "--data-parallel-start-rank", "--data-parallel-size-local", "--data-parallel-rpc-port")
 _PARALLEL_KEYS = {"--tensor-parallel-size": "tensor", "--pipeline-parallel-size": "pipeline",
                   "--data-parallel-size": "data"}
+# Flags the recipe gives that the launch across nodes leaves out, with why (serve/launch.py PER_NODE_BALANCING).
+# The launch of a multi-node data-parallel strategy uses vLLM's internal load balancing: the head's API server fronts
+# every engine of every node and the workers run --headless (serve/launch.py _layout_args), so the load and the
+# probes reach the whole deployment through the head. --data-parallel-hybrid-lb gives each node its own API server
+# for its local engines only (vllm/entrypoints/cli/serve.py ServeSubcommand.cmd) and vLLM refuses it beside
+# --headless (run_headless: "data_parallel_hybrid_lb is not applicable in headless mode").
+LEFT_OUT_ACROSS_NODES = {
+    "--data-parallel-hybrid-lb": (
+        "left out of the launch: each node's API server would front only its own engines and vLLM refuses it beside "
+        "--headless; the launch uses vLLM's internal load balancing (the head's API server fronts every engine, "
+        "the workers run --headless), so the load and the probes reach every engine through the head"),
+}
 # The site's precision rule (command builder PRECISION_HARDWARE_CONSTRAINTS): these run on NVIDIA Blackwell only.
 _BLACKWELL_ONLY_PRECISIONS = ("nvfp4", "fp4")
 
@@ -57,6 +69,7 @@ class Deployment:
     env: dict[str, tuple[str, str]]                 # name -> (value, source)
     site_env: dict[str, tuple[str, str]]            # placeholders ($IFACE_NAME): the site sets them
     replaced: dict[str, list[str]] = field(default_factory=dict)   # flag -> "value (source)" it replaced
+    left_out: dict[str, str] = field(default_factory=dict)         # flag -> "source: why the launch leaves it out"
     features: tuple[str, ...] = ()
     skipped_features: dict[str, str] = field(default_factory=dict)
     model_id: str = ""
@@ -290,6 +303,15 @@ def _hardware_layers(bundle: RecipeBundle, selection: Selection, hw: dict[str, A
     return layers
 
 
+def leave_out(args: list[Arg], nodes: int) -> tuple[list[Arg], dict[str, str]]:
+    """The recipe's flags the launch across nodes cannot run (LEFT_OUT_ACROSS_NODES), out of the args, each with the
+    recipe field it came from and why."""
+    if nodes < 2:
+        return args, {}
+    gone = {a.flag: f"{a.source}: {LEFT_OUT_ACROSS_NODES[a.flag]}" for a in args if a.flag in LEFT_OUT_ACROSS_NODES}
+    return [a for a in args if a.flag not in gone], gone
+
+
 def build_args(bundle: RecipeBundle, selection: Selection, hw: dict[str, Any], variant: dict[str, Any],
                nodes: int, features: list[str]) -> tuple[list[Arg], dict[str, list[str]]]:
     tokens = _Tokens()
@@ -348,6 +370,7 @@ def resolve(bundle: RecipeBundle, selection: Selection) -> Deployment:
     nodes, floor = node_count(bundle, selection, gpn)
     features, skipped = enabled_features(bundle, selection)
     args, replaced = build_args(bundle, selection, hw, variant, nodes, features)
+    args, left_out = leave_out(args, nodes)
     env_all = build_env(bundle, selection, hw, variant)
     site_env = {k: v for k, v in env_all.items() if v[0].startswith("$")}
     parallel: dict[str, Any] = {"tensor": 1, "pipeline": 1, "data": 1,
@@ -361,7 +384,7 @@ def resolve(bundle: RecipeBundle, selection: Selection) -> Deployment:
                       min_gpus=max(floor, parallel["tensor"] * parallel["pipeline"] * parallel["data"]),
                       parallel=parallel, args=args,
                       env={k: v for k, v in env_all.items() if k not in site_env}, site_env=site_env,
-                      replaced=replaced, features=tuple(features), skipped_features=skipped,
+                      replaced=replaced, left_out=left_out, features=tuple(features), skipped_features=skipped,
                       model_id=model_id, variant=variant)
 
 

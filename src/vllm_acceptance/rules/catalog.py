@@ -96,6 +96,19 @@ register("compat.vllm_version", stage="preflight", consequence=REBUILD,
          rule="vLLM in the actual runtime >= profile vllm.min_version",
          evidence="in-image probe (vllm.__version__, install source)",
          source="recipe: min_vllm_version; docs/sources.md#a001: vLLM install source and version saved")
+register("compat.launch_args", stage="preflight", consequence=REBUILD,
+         title="Every node's command accepted by the image's own vLLM",
+         rule="inside the image on the head node (the process runtime: its Python), vLLM's own argument checks accept "
+              "every node's `vllm serve` command as the launch builds it: its parser, validate_parsed_serve_args, "
+              "ServeSubcommand.cmd's load-balancing and headless logic, the chosen launcher's checks and "
+              "EngineArgs.from_cli_args (serve/vllm_argcheck.py; create_engine_config, which needs the model's files, "
+              "is judged by the launch itself); a refusal fails with vLLM's message as a configuration error; a check "
+              "that could not run or left a node unjudged is inconclusive, no answer from the head is missing; "
+              "attached or no vllm_head: not applicable",
+         evidence="launch_args_check on the head node (docker|podman run --rm --gpus all --entrypoint python3 IMAGE "
+                  "-c <vllm_argcheck.py> JSON)",
+         source="vllm/entrypoints/cli/serve.py, vllm/entrypoints/launchers/cli_args.py, vllm/engine/arg_utils.py "
+                "(docs/sources.md#vllm-argument-checks): the version that runs is the authority")
 register("compat.gpu_visibility", stage="preflight", consequence=REBUILD,
          title="GPUs visible to host and runtime",
          rule="host and runtime each see at least the GPUs the launched layout needs on this node (with "
@@ -292,12 +305,15 @@ register("compat.actual_config.flags", stage="serve", consequence=REBUILD,
 register("compat.actual_config.unlisted_args", stage="serve", consequence=REBUILD,
          title="Every non-default argument of the running server",
          rule="the startup log's non-default args that the profile does not list are recorded; a capacity-limiting "
-              "one the profile does not state (max_num_seqs below the contract's concurrency, "
-              "max_num_batched_tokens, enforce_eager, speculative_config, kv_transfer_config, KV or weight offload, "
-              "max_model_len below the contract) fails; an absent startup log is missing, an unreadable line "
-              "inconclusive; the inventory's vllm_serve_extra_args and preflight_launch_args adding one are refused "
-              "at validation",
-         evidence="evidence/serve/startup.log (non-default args)",
+              "one the profile does not state (max_num_seqs x the engines that serve below the contract's "
+              "concurrency, max_num_batched_tokens below vLLM's default for the hardware or, without chunked "
+              "prefill, below one contracted request, enforce_eager, speculative_config, kv_transfer_config, KV or "
+              "weight offload, max_model_len below the contract) fails; per-engine arguments count once per engine "
+              "the server shows (its startup log's data_parallel_size, the engine labels of /metrics: the fewer); an "
+              "absent startup log is missing, an unreadable line inconclusive; the inventory's vllm_serve_extra_args "
+              "and preflight_launch_args adding one are refused at validation (engines: the launch's data-parallel "
+              "size)",
+         evidence="evidence/serve/startup.log (non-default args), evidence/serve/metrics-at-ready.prom (engines)",
          source="docs/sources.md#a000: actual configuration, not the command line (every argument the server runs "
                 "with)")
 register("compat.actual_config.max_model_len", stage="serve", consequence=REBUILD,

@@ -7,9 +7,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.contract import LIMITING_ARGS, contract_window, launch_max_model_len, limits_contract
+from ..core.contract import (
+    LIMITING_ARGS,
+    PER_ENGINE_ARGS,
+    chunked_prefill_off,
+    contract_window,
+    launch_max_model_len,
+    limits_contract,
+)
 from ..core.findings import Consequence, Finding, Status
 from ..core.profile import Profile
+from ..hardware import vllm_batched_tokens_default
 from ..parsers.base import version_at_least
 from ..parsers.startup_log import StartupScan
 from . import registry
@@ -132,6 +140,7 @@ class ServerReports:
     models: dict[str, Any] | None = None           # /v1/models
     startup: StartupScan | None = None             # the startup log (its non-default args line)
     process_args: list[str] | None = None          # argv: what was asked, kept for the record only
+    engines: list[str] | None = None               # the `engine` labels of /metrics (one per data-parallel engine)
     metrics_evidence: list[str] = field(default_factory=list)
     models_evidence: list[str] = field(default_factory=list)
     log_evidence: list[str] = field(default_factory=list)
@@ -237,11 +246,45 @@ def unlisted_args(non_default: dict[str, Any], wanted: dict[str, Any]) -> dict[s
     return {k: v for k, v in non_default.items() if k not in wanted}
 
 
-def limiting_unlisted(unlisted: dict[str, Any], profile: Profile) -> dict[str, str]:
-    """Those that limit the contract's capacity (core/contract.py limits_contract), each with why."""
-    out = {k: limits_contract(profile.data, k, v) for k, v in unlisted.items()
+def limiting_unlisted(unlisted: dict[str, Any], profile: Profile, engines: int = 1,
+                      non_default: dict[str, Any] | None = None) -> dict[str, str]:
+    """Those that limit the contract's capacity (core/contract.py limits_contract), each with why; a per-engine
+    argument counted once per engine that serves (`engines`), --max-num-batched-tokens against vLLM's default on
+    the profile's hardware (hardware.py), chunked prefill as the server runs it (`non_default`)."""
+    default, _ = vllm_batched_tokens_default(profile)
+    chunked = not chunked_prefill_off(profile.data) and (non_default or {}).get("enable_chunked_prefill") is not False
+    out = {k: limits_contract(profile.data, k, v, engines=engines, batched_tokens_default=default,
+                              chunked_prefill=chunked) for k, v in unlisted.items()
            if k in LIMITING_ARGS or k == "max_model_len"}
     return {k: why for k, why in out.items() if why}
+
+
+def served_engines(reports: ServerReports) -> tuple[int, str]:
+    """(the engines that serve, where that was read): the startup log's data_parallel_size (its non-default args,
+    else its engine config line) and the `engine` labels of /metrics; both read: the fewer (capacity is never
+    counted above what the server shows); neither: one engine."""
+    found: list[tuple[int, str]] = []
+    scan = reports.startup
+    if scan is not None and scan.non_default_args is not None and "data_parallel_size" in scan.non_default_args:
+        found.append((_count(scan.non_default_args["data_parallel_size"]), "startup log non-default args "
+                                                                            "data_parallel_size"))
+    elif scan is not None and scan.engine_config is not None and "data_parallel_size" in scan.engine_config:
+        found.append((_count(scan.engine_config["data_parallel_size"]), "startup log engine config "
+                                                                         "data_parallel_size"))
+    if reports.engines:
+        found.append((len(reports.engines), f"/metrics engine labels {', '.join(reports.engines)}"))
+    found = [(n, where) for n, where in found if n >= 1]
+    if not found:
+        return 1, "no data_parallel_size nor engine labels shown: one engine"
+    count = min(n for n, _ in found)
+    return count, "; ".join(f"{where}: {n}" for n, where in found)
+
+
+def _count(value: Any) -> int:
+    try:
+        return int(str(value))
+    except ValueError:
+        return 0
 
 
 def _actual_unlisted(reports: ServerReports, profile: Profile, wanted: dict[str, Any], host: str | None) -> Finding:
@@ -260,8 +303,10 @@ def _actual_unlisted(reports: ServerReports, profile: Profile, wanted: dict[str,
         return check.inconclusive(host, evidence=evidence, reason=why,
                                   action="capture the whole startup log from its first line and re-run")
     unlisted = unlisted_args(scan.non_default_args, wanted)
-    limiting = limiting_unlisted(unlisted, profile)
-    observed = {"unlisted": unlisted, "limiting": limiting}
+    engines, engines_source = served_engines(reports)
+    limiting = limiting_unlisted(unlisted, profile, engines, scan.non_default_args)
+    observed = {"unlisted": unlisted, "limiting": limiting,
+                "engines": {"count": engines, "source": engines_source, "per_engine_args": list(PER_ENGINE_ARGS)}}
     expected = "no capacity-limiting argument the profile does not state (" + ", ".join(sorted(LIMITING_ARGS)) + ")"
     if limiting:
         return check.fail(host, observed=observed, expected=expected, evidence=evidence,

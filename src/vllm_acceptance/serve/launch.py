@@ -39,9 +39,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..core.argv import parse_flags
 from ..core.evidence import EvidenceStore
 from ..core.profile import ConfigError, Profile, load_profile
 from ..rules.launched import mnnvl_hardware
+from ..runtime.process import LaunchSpec
 
 DEFAULT_CONTAINER_EXTRA = ["--gpus", "all", "--ipc", "host", "--network", "host"]
 DEFAULT_MASTER_PORT = 29501          # vLLM's ParallelConfig.master_port default
@@ -222,6 +224,7 @@ def node_commands(profile: Profile, inventory_facts: dict[str, Any]) -> dict[str
     model = str(facts.get("model") or profile.model.model.name)
     port = str(facts.get("port") or profile.model.launch.port)
     listen = str(facts.get("listen_host") or profile.model.launch.host)
+    refuse_per_node_balancing(common, lay)
     image = image_reference(profile, facts)
     out: dict[str, NodeCommand] = {}
     for rank, host in enumerate([str(head), *workers]):
@@ -233,6 +236,36 @@ def node_commands(profile: Profile, inventory_facts: dict[str, Any]) -> dict[str
                                 address=addresses.get(host, host), env=dict(env), serve_args=serve,
                                 argv=_container_argv(runtime, facts, env, image, serve, imex_opts))
     return out
+
+
+# vLLM's per-node load-balancing modes (vllm/entrypoints/cli/serve.py ServeSubcommand.cmd): with them each node's
+# API server fronts only that node's engines. The launch across nodes uses vLLM's internal load balancing instead
+# (the head's API server fronts every engine of every node; the workers run --headless), so the load and the
+# probes, sent to the head, reach the whole deployment.
+PER_NODE_BALANCING = ("--data-parallel-hybrid-lb",)
+
+
+class LaunchRefused(ConfigError):
+    """A launch the product refuses to run as written (not an input it cannot plan): validation refuses it too."""
+
+
+def refuse_per_node_balancing(args: list[str], lay: Layout) -> None:
+    """A per-node load-balancing flag in a launch across nodes: refused with why and the fix (LaunchRefused)."""
+    if lay.nodes < 2 or lay.data < 2:
+        return
+    stated = [f"--{k.replace('_', '-')}" for k, v in parse_flags(args).items()
+              if f"--{k.replace('_', '-')}" in PER_NODE_BALANCING and v is not False]
+    if stated:
+        raise LaunchRefused(
+            f"launch.args: {', '.join(stated)} across {lay.nodes} nodes gives each node its own API server for its "
+            f"{lay.dp_local} local engine(s) only, and vLLM refuses it beside --headless (\"data_parallel_hybrid_lb is "
+            "not applicable in headless mode\", vllm/entrypoints/cli/serve.py run_headless): the launch sends the "
+            f"load and the probes to the head, which would reach 1/{lay.nodes} of the deployment. Fix: remove "
+            f"{', '.join(stated)} from the profile's launch.args (the launch then uses vLLM's internal load "
+            "balancing: the head's API server fronts all "
+            f"{lay.data} engines, the workers run --headless), or run the deployment yourself with your own balancer "
+            "in front of every node's API server and attach to it (vllm_serve_mode: attach, vllm_base_url: the "
+            "balancer)")
 
 
 def _layout_args(lay: Layout, rank: int, head_addr: str, facts: dict[str, Any]) -> list[str]:
@@ -254,6 +287,53 @@ def _layout_args(lay: Layout, rank: int, head_addr: str, facts: dict[str, Any]) 
     if rank > 0:
         args.append("--headless")
     return args
+
+
+def single_serve_args(profile: Profile, facts: dict[str, Any]) -> list[str]:
+    """roles/vllm_serve/tasks/container.yml: what `vllm serve` gets in the one container of a single-node launch."""
+    serve = [str(profile.model.model.name), "--host", str(facts.get("listen_host") or profile.model.launch.host),
+             "--port", str(facts.get("port") or profile.model.launch.port)]
+    return serve + [str(a) for a in profile.model.launch.args] + [str(a) for a in facts.get("extra_args") or []]
+
+
+def process_spec(profile: Profile, facts: dict[str, Any]) -> LaunchSpec:
+    """roles/vllm_serve/tasks/process.yml: the lab's vLLM process (runtime/process.py LaunchSpec)."""
+    model = profile.model.model.name
+    return LaunchSpec(python=str(facts.get("python") or ".venv-lab/bin/python"),
+                      model_path=str(profile.model.model.path or model),
+                      served_name=str(profile.model.model.served_name or model),
+                      host=str(facts.get("listen_host") or profile.model.launch.host),
+                      port=int(facts.get("port") or profile.model.launch.port),
+                      args=[str(a) for a in [*profile.model.launch.args, *(facts.get("extra_args") or [])]],
+                      env={str(k): str(v) for k, v in profile.model.launch.env.items()},
+                      log_path=Path("vllm.log"), pid_path=Path("vllm.pid"))
+
+
+def facts_from_hostvars(profile: Profile, head: str, workers: list[str],
+                        hostvars: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The facts roles/vllm_serve/tasks/multinode.yml passes to this module, from the head's variables with the
+    role's defaults (roles/vllm_serve/defaults/main.yml)."""
+    hv = hostvars.get(head, {})
+    return {
+        "head": head, "workers": list(workers),
+        "addresses": {h: hostvars.get(h, {}).get("ansible_host") for h in [head, *workers]},
+        "runtime": hv.get("vllm_serve_runtime") or profile.model.launch.runtime,
+        "image": hv.get("vllm_image") or profile.model.image.reference,
+        "image_digest": hv.get("vllm_image_digest") or profile.model.image.digest or "",
+        "port": hv.get("vllm_serve_port") or profile.model.launch.port,
+        "listen_host": hv.get("vllm_serve_listen_host") or profile.model.launch.host,
+        "container_name": hv.get("vllm_serve_container_name") or "vllm-acceptance",
+        "container_extra": hv.get("vllm_serve_container_extra") or DEFAULT_CONTAINER_EXTRA,
+        "hf_cache": hv.get("vllm_serve_hf_cache") or "/root/.cache/huggingface",
+        "extra_args": list(hv.get("vllm_serve_extra_args") or []),
+        "interconnect": hv.get("vllm_interconnect"), "parallel": hv.get("vllm_parallel") or {},
+        "gpus_per_node": hv.get("vllm_gpus_per_node"),
+        "dmabuf_workaround": bool(hv.get("vllm_nccl_dmabuf_workaround", False)),
+        "env": hv.get("vllm_serve_multinode_env") or {},
+        "ready_timeout_s": hv.get("vllm_serve_ready_timeout_s") or profile.model.launch.ready_timeout_s,
+        "mode": hv.get("vllm_serve_mode", "launch"), "base_url": hv.get("vllm_base_url"),
+        "python": hv.get("vllm_serve_python", ".venv-lab/bin/python"),
+    }
 
 
 def _container_argv(runtime: str, facts: dict[str, Any], env: dict[str, str], image: str,

@@ -145,6 +145,7 @@ def actual_config(store: EvidenceStore, profile: Profile, facts: ServeFacts, det
         snap = DirectMetrics(facts.metrics_url or server_root(facts.base_url) + "/metrics", headers=headers).snapshot()
         reports.metrics_evidence.append(store.write_text("metrics-at-ready.prom", snap.raw))
         reports.cache_config = cache_config(snap)
+        reports.engines = snap.engines()
     except MetricsError as exc:
         reports.metrics_evidence.append(store.write_text("metrics.error.txt", str(exc)))
     if facts.process_args is not None:
