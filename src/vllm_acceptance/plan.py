@@ -223,7 +223,8 @@ def stages(profile: Profile, facts: dict[str, Any], site: dict[str, Any]) -> lis
                          basis=f"launch.ready_timeout_s {ready:g} s (the bound the serve role waits)"))
     if "cache" in probes:
         restart = launched and bool(site.get("acceptance_cache_restart", True))
-        out += cache_stages(_options(profile, "cache", site), e2e, ready, restart)
+        engines = launch_engines(profile.data, {"vllm_parallel": facts.get("parallel") or {}})
+        out += cache_stages(_options(profile, "cache", site), e2e, ready, restart, engines)
     if "agent" in probes:
         out.append(agent_stage(_options(profile, "agent", site), e2e))
     if "load" in probes:
@@ -237,12 +238,17 @@ def stages(profile: Profile, facts: dict[str, Any], site: dict[str, Any]) -> lis
     return out
 
 
-def cache_stages(opts: ProbeOptions, e2e: float, ready: float, restart: bool) -> list[Stage]:
+def cache_stages(opts: ProbeOptions, e2e: float, ready: float, restart: bool, engines: int = 1) -> list[Stage]:
+    """The protocol runs on every data-parallel engine, each session pinned to one (probes/cache/probe.py), after
+    one warm-up request per engine where the engines' gauges are not exported yet."""
     cfg = probe_registry.get("cache").config(opts, load_scenario(str(setting(opts, "agent.scenario"))))
-    requests = cfg.sessions * len(CACHE_KINDS) + cfg.rounds
+    per_engine = cfg.sessions * len(CACHE_KINDS) + cfg.rounds
+    requests = engines * per_engine + (engines if engines > 1 else 0)
+    each = (f"cache.sessions {cfg.sessions} x {len(CACHE_KINDS)} kinds + {cfg.rounds} rounds, each <= e2e p95 "
+            f"{e2e:g} s")
     out = [Stage("cache", "prefix-cache protocol, one request at a time", requests, requests * e2e,
-                 basis=f"cache.sessions {cfg.sessions} x {len(CACHE_KINDS)} kinds + {cfg.rounds} rounds, "
-                       f"each <= e2e p95 {e2e:g} s")]
+                 basis=each if engines == 1 else f"({each}) on each of {engines} data-parallel engines, + one "
+                                                 "warm-up request each")]
     if restart:
         out.append(Stage("cache_restart", "restart the launched server, hot A again", 1, ready + e2e,
                          basis=f"launch.ready_timeout_s {ready:g} s + 1 request"))

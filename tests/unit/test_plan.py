@@ -119,6 +119,20 @@ def test_secrets_in_the_launch_are_redacted(tmp_path: Path) -> None:
     assert "HF_TOKEN" in shown and "proxy:3128" in shown
 
 
+def test_the_cache_protocol_is_planned_on_every_data_parallel_engine(tmp_path: Path) -> None:
+    """Data parallel across the two trays (one TP4 engine each): the cache probe runs its protocol on each engine,
+    pinned (probes/cache/probe.py), after one warm-up request per engine."""
+    inv = tmp_path / "dp"
+    shutil.copytree(FLAGSHIP, inv)
+    site = yaml.safe_load((inv / "group_vars" / "all.yml").read_text())
+    site["vllm_parallel"] = {"tensor": 4, "data": 2}
+    (inv / "group_vars" / "all.yml").write_text(yaml.safe_dump(site))
+    _, _, profile = _flagship_files()
+    per_engine = profile["cache"]["sessions"] * 4 + profile["cache"].get("rounds", 3)
+    cache = next(s for s in planmod.build_plan(inv).stages if s.name == "cache")
+    assert cache.requests == 2 * per_engine + 2 and "on each of 2 data-parallel engines" in cache.basis
+
+
 def test_attach_plans_no_launch_and_no_restart(tmp_path: Path) -> None:
     inv = tmp_path / "attach"
     shutil.copytree(FLAGSHIP, inv)

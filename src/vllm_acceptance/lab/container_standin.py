@@ -377,13 +377,27 @@ VLLM_SERVE = ("import importlib.metadata as m, sys\n"
               "    sys.exit(main())\n")
 
 
+def data_parallel_size(flags: list[str]) -> int:
+    """`--data-parallel-size N` / `-dp N` of a vllm serve argv (the last wins); 1 without. This stand-in runs as a
+    plain script on the node, without the package (runtime/process.py has the product's reading)."""
+    size = 1
+    for index, arg in enumerate(flags):
+        name, eq, value = arg.partition("=")
+        if name in ("--data-parallel-size", "-dp"):
+            value = value if eq else (flags[index + 1] if index + 1 < len(flags) else "")
+            size = int(value) if value.isdigit() else size
+    return size
+
+
 def server_argv(node: Node, box: Path) -> list[str]:
     serve = json.loads((box / "args.json").read_text())
     mounts = json.loads((box / "mounts.json").read_text())
     model, flags = serve[0], serve[1:]
     cache = mounts.get(CACHE_MOUNT)
     resolved = str(Path(cache) / model) if cache and (Path(cache) / model).is_dir() else model
-    if "--headless" in flags:     # a worker node: its ranks only, no API server (vllm serve's run_headless)
+    if "--headless" in flags or data_parallel_size(flags) > 1:
+        # a worker node (its ranks only, no API server: vllm serve's run_headless), or a data-parallel head: vllm
+        # serve fronts the engines with one API server each by default, as the image does (runtime/process.py)
         return [node.lab_python, "-c", VLLM_SERVE, resolved, *flags]
     return [node.lab_python, "-m", "vllm.entrypoints.openai.api_server", "--model", resolved, *flags]
 

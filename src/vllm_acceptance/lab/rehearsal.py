@@ -693,6 +693,32 @@ def gb300_nvl72(r: Rehearsal, reports: Path) -> Outcome:
             r.ssh(host, "docker", "rm", "-f", CONTAINER)
 
 
+DATA_PARALLEL_LAYOUT = {"tensor": 1, "data": 2}
+
+
+def gb300_nvl72_dp(r: Rehearsal, reports: Path) -> Outcome:
+    """The recipe's data-parallel shape across the two trays as the launch runs it (vLLM's internal load
+    balancing: the head tray's `vllm serve` fronts both engines with its API servers, the second tray runs its engine
+    `--headless --data-parallel-start-rank 1`): one engine per tray (vllm_gpus_per_node 1, what the CPU build fills),
+    the cache probe pinned to each engine over the namespace network, the load through the one entry point. Without
+    `--enable-expert-parallel`: vLLM refuses expert parallel on the dense lab model ("Number of experts in the model
+    must be greater than 0 when expert parallelism is enabled", docs/lab.md "Data parallel"), so the DEP16 profile's
+    expert layers are judged by vLLM's own argument checks (compat.launch_args), not served here."""
+    for host in TRAYS:
+        r.set_node(host, "flat")
+        r.ssh(host, "docker", "rm", "-f", CONTAINER)
+    try:
+        inv = r.inventory("gb300-nvl72-dp", gpu_nodes=TRAYS, head=TRAYS[0], workers=TRAYS[1:], profile=PROFILE_NVL72,
+                          variables={"vllm_serve_mode": "launch", "vllm_parallel": DATA_PARALLEL_LAYOUT,
+                                     "vllm_gpus_per_node": 1, "vllm_serve_multinode_poll_s": 10,
+                                     "vllm_serve_multinode_env": {"GLOO_SOCKET_IFNAME": "eth0"},
+                                     **NO_CACHE_RESTART, **ALLREDUCE})
+        return run_accept(inv, reports, timeout_s=1800)
+    finally:
+        for host in TRAYS:
+            r.ssh(host, "docker", "rm", "-f", CONTAINER)
+
+
 def fabric_not_initialised(r: Rehearsal, reports: Path) -> Outcome:
     """The second tray's GPUs report ClusterUUID all zeros (the real capture, that one field changed): its
     NVLink fabric never initialised, so no TP group may span it. The chain is broken whatever the server does:
@@ -822,6 +848,8 @@ PLAYS: dict[str, Play] = {
                                    ("interconnect.fabric_state@gb300-t02", "interconnect.nvlink_domain"),
                                    suite=False),
     "gb300-nvl72": Play("release", gb300_nvl72, ("every required check passed with evidence",), suite=False),
+    # Issue 41: data parallel across the trays (internal load balancing), each engine's cache judged.
+    "gb300-nvl72-dp": Play("release", gb300_nvl72_dp, ("every required check passed with evidence",), suite=False),
     # Issue 41 item 5: the IMEX channel judged inside the container (a site's toolkit ignoring requests).
     "imex-channel-ignored": Play("rebuild_environment", imex_channel_ignored,
                                  ("interconnect.imex_channel@gb300-t02",), suite=False),
