@@ -677,16 +677,23 @@ def gb300_nvl72(r: Rehearsal, reports: Path) -> Outcome:
     profile declares (hardware.collective_backend): fabric_path is not applicable, never a pass. It replaced
     two-node-layout (the same layout on 8-GPU GB300 nodes, a node shape that does not exist: issue 31), which
     cost the rehearsal a second multi-node launch of the same model and flags."""
+    # two ranks over gloo on 2 cores: past 900 s when the machine is shared (measured), hence 1,800
+    return tray_launch(r, reports, "gb300-nvl72", TWO_NODE_LAYOUT)
+
+
+def tray_launch(r: Rehearsal, reports: Path, name: str, layout: dict[str, int],
+                extra: dict[str, Any] | None = None) -> Outcome:
+    """A launch across both trays with this layout, one rank per tray (vllm_gpus_per_node 1: what the CPU build
+    fills), GLOO_SOCKET_IFNAME naming the trays' interface; the containers removed before and after."""
     for host in TRAYS:
         r.set_node(host, "flat")
         r.ssh(host, "docker", "rm", "-f", CONTAINER)
     try:
-        inv = r.inventory("gb300-nvl72", gpu_nodes=TRAYS, head=TRAYS[0], workers=TRAYS[1:], profile=PROFILE_NVL72,
-                          variables={"vllm_serve_mode": "launch", "vllm_parallel": TWO_NODE_LAYOUT,
+        inv = r.inventory(name, gpu_nodes=TRAYS, head=TRAYS[0], workers=TRAYS[1:], profile=PROFILE_NVL72,
+                          variables={"vllm_serve_mode": "launch", "vllm_parallel": layout,
                                      "vllm_gpus_per_node": 1, "vllm_serve_multinode_poll_s": 10,
                                      "vllm_serve_multinode_env": {"GLOO_SOCKET_IFNAME": "eth0"},
-                                     **ALLREDUCE})
-        # two ranks over gloo on 2 cores: past 900 s when the machine is shared (measured), hence 1,800
+                                     **ALLREDUCE, **(extra or {})})
         return run_accept(inv, reports, timeout_s=1800)
     finally:
         for host in TRAYS:
@@ -704,19 +711,7 @@ def gb300_nvl72_dp(r: Rehearsal, reports: Path) -> Outcome:
     `--enable-expert-parallel`: vLLM refuses expert parallel on the dense lab model ("Number of experts in the model
     must be greater than 0 when expert parallelism is enabled", docs/lab.md "Data parallel"), so the DEP16 profile's
     expert layers are judged by vLLM's own argument checks (compat.launch_args), not served here."""
-    for host in TRAYS:
-        r.set_node(host, "flat")
-        r.ssh(host, "docker", "rm", "-f", CONTAINER)
-    try:
-        inv = r.inventory("gb300-nvl72-dp", gpu_nodes=TRAYS, head=TRAYS[0], workers=TRAYS[1:], profile=PROFILE_NVL72,
-                          variables={"vllm_serve_mode": "launch", "vllm_parallel": DATA_PARALLEL_LAYOUT,
-                                     "vllm_gpus_per_node": 1, "vllm_serve_multinode_poll_s": 10,
-                                     "vllm_serve_multinode_env": {"GLOO_SOCKET_IFNAME": "eth0"},
-                                     **NO_CACHE_RESTART, **ALLREDUCE})
-        return run_accept(inv, reports, timeout_s=1800)
-    finally:
-        for host in TRAYS:
-            r.ssh(host, "docker", "rm", "-f", CONTAINER)
+    return tray_launch(r, reports, "gb300-nvl72-dp", DATA_PARALLEL_LAYOUT, NO_CACHE_RESTART)
 
 
 def fabric_not_initialised(r: Rehearsal, reports: Path) -> Outcome:

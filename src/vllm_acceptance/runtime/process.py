@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 
+from ..core.contract import launch_flag_value
 from ..core.redact import redact_text
 
 
@@ -48,17 +49,12 @@ class LaunchSpec:
 
 
 def data_parallel_size(args: list[str]) -> int:
-    """The data-parallel size an argv asks vLLM for (`--data-parallel-size N`, `-dp N`; the last wins); 1 without."""
-    size = 1
-    for index, arg in enumerate(args):
-        name, eq, value = arg.partition("=")
-        if name in ("--data-parallel-size", "-dp"):
-            value = value if eq else (args[index + 1] if index + 1 < len(args) else "")
-            try:
-                size = int(value)
-            except ValueError:
-                continue
-    return size
+    """The data-parallel size an argv asks vLLM for (`--data-parallel-size N`, else `-dp N`); 1 without."""
+    for flag in ("--data-parallel-size", "-dp"):
+        value = launch_flag_value(args, flag)
+        if value is not None and value.strip().isdigit():
+            return int(value)
+    return 1
 
 
 class LaunchError(Exception):
