@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.profile import Profile
-from .promql import AGG, _duration, _fmt, _sel, q_increase, q_quantile, q_rate, q_ratio, q_sum
+from .promql import AGG, _duration, _fmt, _sel, either, q_increase, q_quantile, q_rate, q_ratio, q_sum
 from .thresholds import Threshold
 
 HIT_RATIO_COLLAPSE_FACTOR = 0.5
@@ -257,16 +257,24 @@ def health_alerts(c: AlertContext) -> list[AlertSpec]:
     m, minutes, for_s = c.matchers, c.minutes, c.for_s
     alerts: list[AlertSpec] = []
     # A restart stays visible for at least 10 minutes, whatever the rate window.
-    restart = f"changes({_sel('process_start_time_seconds', m)}[{_duration(max(c.window_s, 600))}]) > 0"
+    # With several API servers (vllm serve with data parallel) /metrics has no process_* series: a restart shows as
+    # vLLM's request counter starting again from zero (runtime/metrics.py Instance; docs/lab.md "Data parallel").
+    window = _duration(max(c.window_s, 600))
+    counter_reset = either(f"sum by (job, instance) (resets({_sel('vllm:request_success_total', m)}[{window}])) > 0")
+    restart = f"(changes({_sel('process_start_time_seconds', m)}[{window}]) > 0) or {counter_reset}"
     alerts.append(AlertSpec(
         name="VllmRestarted", expr=restart, for_s=0, severity="critical", check="capacity.soak", rollback=True,
         summary="vLLM server restarted",
         description="The server process started again. OOM kills and NCCL errors are log-based (vLLM exports no "
                     "metric for them): read the previous start's log for the patterns in the rollback triggers. "
                     "Repeated OOM on the accepted profile is a rollback trigger.",
-        source="any restart: the accepted run had none",
-        fire={"process_start_time_seconds": f"100x{minutes - 4} 5000x3"},
-        quiet={"process_start_time_seconds": f"100x{minutes}"}, test_minutes=minutes,
+        source="any restart (process_start_time_seconds moved, or vLLM's request counter reset): the accepted run "
+               "had none",
+        # fires on the sign the several-API-server case has alone (its counter starting again from zero); the
+        # one-API-server case shows process_start_time_seconds moving too
+        fire={'request_success_total{finished_reason="stop"}': f"0+10x{minutes - 4} 0+1x3"},
+        quiet={"process_start_time_seconds": f"100x{minutes}",
+               'request_success_total{finished_reason="stop"}': f"0+10x{minutes}"}, test_minutes=minutes,
         alert_labels=("job", "instance")))
     alerts.append(AlertSpec(
         name="VllmTargetDown", expr=f"{_sel('up', m)} == 0", for_s=min(for_s, 60), severity="critical",
