@@ -108,7 +108,7 @@ def _vllm_log(text: str) -> dict[str, Any]:
         "kv_cache_gpu_blocks": _a(scan, "kv_cache_gpu_blocks"), "kv_cache_cpu_blocks": _a(scan, "kv_cache_cpu_blocks"),
         "weights_load_s": scan.weights_load_s, "engine_init_s": scan.engine_init_s,
         "model_load_gib": scan.model_load_gib, "model_load_s": scan.model_load_s,
-        "world_size": scan.world_size, "dist_backend": scan.dist_backend,
+        "world_size": scan.world_size, "dist_backend": scan.dist_backend, "dp_size": scan.dp_size,
         "warnings": len(scan.warnings), "errors": len(scan.error_lines),
         "backend_fallbacks": len(scan.backend_fallbacks), "nccl_errors": len(scan.nccl_errors),
         "dmabuf_errors": len(scan.dmabuf_errors), "dmabuf_mentions": _len(_a(scan, "dmabuf_mentions")),

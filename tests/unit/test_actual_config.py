@@ -170,3 +170,21 @@ def test_flag_readings_cover_every_recipe_flag_once() -> None:
     readings = flag_readings(reports(FP8_INFO, FP8_LOG), FP8_PROFILE)
     assert sorted(r.flag for r in readings) == sorted("--" + k.replace("_", "-") for k in requested_flags(FP8_PROFILE))
     assert all(r.state == MATCH for r in readings), [r.describe() for r in readings if r.state != MATCH]
+
+
+def test_the_data_parallel_size_of_the_launch_is_a_flag_judged_not_an_unlisted_argument() -> None:
+    """The lab's data-parallel launch (real capture: vllm serve, --data-parallel-size=2): the launched plan's data
+    size is asked of the server like tensor parallel, shown in its non-default args, and never recorded as an
+    argument the profile does not list; a server started with one engine fails it."""
+    from vllm_acceptance.rules.launched import launched_plan
+
+    dp = load_profile(ROOT / "profiles" / "cpu-lab-dp.yml")
+    log = (ROOT / "tests" / "fixtures" / "real" / "vllm" / "v1-0.32-cpu-lab-dp2-vllm-serve.log").read_text()
+    plan = launched_plan(dp)
+    assert requested_flags(dp, plan)["data_parallel_size"] == 2
+    found = by_check(check_actual_config(reports(DEFAULT_INFO, log), dp, None, plan))
+    assert found["compat.actual_config.flags"].status == Status.PASS
+    assert "data_parallel_size" not in found["compat.actual_config.unlisted_args"].observed["unlisted"]
+    one_engine = log.replace("'data_parallel_size': 2, ", "")
+    assert by_check(check_actual_config(reports(DEFAULT_INFO, one_engine), dp, None, plan))[
+        "compat.actual_config.flags"].status != Status.PASS

@@ -97,6 +97,7 @@ _BACKEND_WORDS = re.compile(r"backend|kernel|attention|all2all|nccl|flashinfer|t
                             r"deepep|\bmoe\b|marlin|cuda graph|dtype|b?float\d+|\bfp\d|pytorch-native|eager",
                             re.IGNORECASE)
 _TRACEBACK = re.compile(r"(?:^|[\s:>)\]])Traceback \(most recent call last\):")
+_DP_ENGINE = re.compile(r"EngineCore_DP(\d+)")
 _ENGINE_FAILED = re.compile(r"EngineCore failed to start|Engine core initialization failed")
 # A request the running server refused (vLLM's OpenAI layer, serving.py: "Error with model error=ErrorInfo(
 # message='The model `x` does not exist. ...', type='NotFoundError', param='model', code=404)"): the client's
@@ -130,6 +131,9 @@ class StartupScan(Parsed):
     tp_ranks: set[int] = field(default_factory=set)
     pp_ranks: set[int] = field(default_factory=set)
     dp_ranks: set[int] = field(default_factory=set)
+    # data-parallel engines by their process prefix ("(EngineCore_DP1 pid=...)"): the CPU build's dense-model
+    # engines each log "DP rank 0" in a world of 1, so the prefix is what tells two engines apart
+    dp_engines: set[int] = field(default_factory=set)
     kv_cache_pool: str | None = None
     kv_cache_tokens: int | None = None
     max_concurrency: float | None = None
@@ -171,6 +175,11 @@ class StartupScan(Parsed):
         return self.non_default_args is None and self.non_default_args_line is not None
 
     @property
+    def dp_size(self) -> int | None:
+        """Data-parallel engines the log shows: its DP ranks or its engines' process prefixes, the more of the two."""
+        return max(len(self.dp_ranks), len(self.dp_engines)) or None
+
+    @property
     def kv_cache_initialised(self) -> bool:
         """The KV cache was allocated and read out: its size (tokens, or V0 blocks) and the concurrency."""
         return (self.kv_cache_tokens is not None or self.kv_cache_gpu_blocks is not None) \
@@ -206,7 +215,7 @@ class StartupScan(Parsed):
             "attention_backends": self.attention_backends,
             "all2all": self.all2all, "nccl_version": self.nccl_version, "dist_backend": self.dist_backend,
             "world_size": self.world_size, "tp_size": len(self.tp_ranks) or None,
-            "pp_size": len(self.pp_ranks) or None, "dp_size": len(self.dp_ranks) or None,
+            "pp_size": len(self.pp_ranks) or None, "dp_size": self.dp_size,
             "kv_cache_pool": self.kv_cache_pool, "kv_cache_tokens": self.kv_cache_tokens,
             "max_concurrency": self.max_concurrency, "max_concurrency_len": self.max_concurrency_len,
             "kv_cache_gpu_blocks": self.kv_cache_gpu_blocks, "kv_cache_cpu_blocks": self.kv_cache_cpu_blocks,
@@ -278,6 +287,8 @@ def scan_startup_log(text: str) -> StartupScan:
 
 def _scan_line(scan: StartupScan, line: LogLine) -> None:  # noqa: C901 - one table of patterns
     msg = line.text
+    if line.process and (engine := _DP_ENGINE.fullmatch(line.process)):
+        scan.dp_engines.add(int(engine.group(1)))
     if line.level == "WARNING":
         scan.warnings.append(line)
     elif line.level in ("ERROR", "CRITICAL"):

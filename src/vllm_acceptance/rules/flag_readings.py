@@ -81,7 +81,8 @@ def requested_flags(profile: Profile, plan: Any = None) -> dict[str, Any]:
     if plan is not None:
         # The layout the run launched replaces the profile's; a size of 1 is vLLM's default, which its
         # non-default args never show, so it is asked for only where the profile or the plan sets another.
-        layout = {"tensor_parallel_size": plan.tensor, "pipeline_parallel_size": plan.pipeline}
+        layout = {"tensor_parallel_size": plan.tensor, "pipeline_parallel_size": plan.pipeline,
+                  "data_parallel_size": plan.data}
         asked = {k for k in LAYOUT_FLAGS if k in wanted}
         wanted = {k: v for k, v in wanted.items() if k not in LAYOUT_FLAGS}
         wanted.update({k: v for k, v in layout.items() if k in asked or int(v) != 1})

@@ -188,7 +188,7 @@ class LoadRun:
         scan = self.scan
         return {"tensor": len(scan.tp_ranks) if scan and scan.tp_ranks else self.cfg.parallel.get("tensor"),
                 "pipeline": len(scan.pp_ranks) if scan and scan.pp_ranks else self.cfg.parallel.get("pipeline"),
-                "data": len(scan.dp_ranks) if scan and scan.dp_ranks else self.cfg.parallel.get("data"),
+                "data": scan.dp_size if scan and scan.dp_size else self.cfg.parallel.get("data"),
                 "world_size": scan.world_size if scan else None}
 
 
