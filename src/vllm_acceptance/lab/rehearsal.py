@@ -766,14 +766,17 @@ def weakened_contract(r: Rehearsal, reports: Path) -> Outcome:
 
 
 def custom_image(r: Rehearsal, reports: Path) -> Outcome:
-    """A non-official image on the flagship profile (issue 28): the inventory's vllm_image names a self-built
-    one; whatever the image's own checks say, it is never a release of the official profile, and the report's
-    first reason says so."""
+    """A non-official image name on the flagship profile (issue 28): the inventory's vllm_image names another
+    repository; whatever the image's own checks say, it is never a release of the official profile, and the report's
+    first reason says so. The stand-in's node holds one image (the recorded official one), so that name is a local
+    retag of content whose RepoDigest carries the inventory's pinned digest: since issue 41 (image identity on content)
+    that is no longer "retagged or locally built" (rebuild_environment), but a name the profile does not vouch for
+    (it pins no digest): judged on the experimental route, limited_observation at most (docs/checks.md)."""
     r.set_node("gb300-a01", "flat")
     r.ssh("gb300-a01", "docker", "rm", "-f", CONTAINER)
     inv = r.inventory("custom-image", gpu_nodes=["gb300-a01"], head="gb300-a01",
                       variables={"vllm_serve_mode": "launch", "vllm_image": "ghcr.io/acme/vllm-k3:custom",
-                                 **NO_CACHE_RESTART, **COMPAT_DECIDES})
+                                 **NO_CACHE_RESTART})
     try:
         return run_accept(inv, reports)
     finally:
@@ -851,7 +854,7 @@ PLAYS: dict[str, Play] = {
     "b300-single-node": Play("release", b300_single_node, ("every required check passed with evidence",),
                              suite=False),
     # Issue 28: the image and the arguments that run are judged, not the variables that name them.
-    "custom-image": Play("rebuild_environment", custom_image, ("NOT THE OFFICIAL IMAGE", "compat.image_identity"),
+    "custom-image": Play("limited_observation", custom_image, ("NOT THE OFFICIAL IMAGE", "ghcr.io/acme/vllm-k3"),
                          suite=False),
     "extra-limit": Play("refused", extra_limit, ("vllm_serve_extra_args", "--max-num-seqs 1"), suite=False),
     "extra-limit-attached": Play("rebuild_environment", extra_limit_attached,
