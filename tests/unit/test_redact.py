@@ -38,6 +38,14 @@ def test_any_api_key_flag_value_is_redacted(secret: str) -> None:
     assert secret not in redact_text(f"vllm serve m --api-key {secret} --port 8000").replace(REDACTED, "")
 
 
+def test_a_secret_flag_value_shaped_like_a_placeholder_is_still_redacted() -> None:
+    """Hypothesis found `<000>` and a backtick: after --api-key a value is a secret, whatever it looks like; a
+    placeholder in a message (`token=<your_token>`) stays readable."""
+    for secret in ("<000>`", "<sk-live-123>", "<abcdef>"):
+        assert secret not in redact_text(f"vllm serve m --api-key {secret} --port 8000").replace(REDACTED, "")
+    assert "token=<your_token>" in redact_text("set token=<your_token> in the environment")
+
+
 def test_url_credentials_go_the_host_and_path_stay() -> None:
     """Issue 30 item 5: user:password@ and token@ inside URLs, whatever variable or line holds them."""
     text = ("HTTPS_PROXY=http://proxyuser:pr0xyPass@proxy.corp:3128\n"

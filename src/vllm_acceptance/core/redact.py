@@ -102,7 +102,8 @@ def _redact_patterns(text: str) -> str:
     """The patterns over one text; short texts repeat across a report (hosts, statuses, units): cached."""
     text = _URL_USERINFO.sub(_redact_userinfo, text)
     text = _AUTH_HEADER.sub(lambda m: f"{m.group('k')}{m.group('sep')}{_mask(m.group('v'))}", text)
-    text = _KNOWN_FLAG.sub(lambda m: f"{m.group('k')}{m.group('sep')}{_mask(m.group('v'))}", text)
+    # after a secret flag the value is one, whatever it looks like (`--api-key <000>` is no placeholder)
+    text = _KNOWN_FLAG.sub(lambda m: f"{m.group('k')}{m.group('sep')}{_mask(m.group('v'), placeholders=False)}", text)
     for pattern in (_ASSIGN, _FLAG, _JSON_FIELD, _JSON_ARGV, _PY_FIELD):
         text = pattern.sub(_redact_named, text)
     return _HEADER.sub(_redact_header, text)
@@ -125,7 +126,8 @@ def _redact_header(m: re.Match[str]) -> str:
     return _redact_named(m)
 
 
-def _mask(value: str) -> str:
+def _mask(value: str, placeholders: bool = True) -> str:
+    """The value masked, unless it is empty, already masked, or (`placeholders`) a placeholder in a message."""
     if value.startswith("["):
         return value if value in ("[]", f"['{REDACTED}']") else f"['{REDACTED}']"
     if value[:1] in ('"', "'"):
@@ -135,7 +137,7 @@ def _mask(value: str) -> str:
         return value.split()[0] + " " + REDACTED
     if "KEY_USAGE" in value or value.lower() in ("", "none", "null", "true", "false") or value.startswith(REDACTED):
         return value
-    if value.startswith("<") and value.rstrip("`.,;)").endswith(">"):
+    if placeholders and value.startswith("<") and value.rstrip("`.,;)").endswith(">"):
         return value  # a placeholder in a message (`token=<your_token>`), not a value
     return REDACTED
 
