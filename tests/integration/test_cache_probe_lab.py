@@ -117,6 +117,7 @@ def test_the_second_scenario_pack_and_a_restart_that_restarts_nothing(lab_server
                        "--set", "cache.sessions=2", "--restart-command", "true")
     got = statuses(result)
     assert got.pop("cache.restart") == "inconclusive" and rc == 3
+    assert got.pop("cache.engines") == "not_applicable"      # one engine: nothing to pin
     assert set(got.values()) == {"pass"}, got
     restart = next(f for f in result["findings"] if f["check"] == "cache.restart")
     assert "no restart observed" in restart["reason"]
@@ -156,7 +157,7 @@ def test_hot_after_a_real_restart_has_an_empty_device_cache(lab_server, tmp_path
     restart_finding = next(f for f in result["findings"] if f["check"] == "cache.restart")
     assert rc == 0 and restart_finding["status"] == "pass", statuses(result)
     observed = restart_finding["observed"]
-    assert observed["process_start_after"] > observed["process_start_before"] and observed["local_hits"] == 0
+    assert observed["after"]["process_start"] > observed["before"]["process_start"] and observed["local_hits"] == 0
     assert result["details"]["restart"]["prompt_tokens"] > 0  # the hot request was answered, cold
     assert (tmp_path / "restart.log").is_file()
 

@@ -26,7 +26,10 @@ LAB_MODEL = REPO / ".lab" / "models" / "tiny-agent"
 CASES = {
     "wrong_model_path": ({"vllm_serve_model_path": "/nonexistent/tiny-agent"}, 8055,
                          "compat.launch_triage", "configuration", "configuration.model_not_found"),
-    "unknown_tool_parser": ({"vllm_serve_extra_args": ["--tool-call-parser=no_such_parser"]}, 8056,
+    # vLLM's own checks refuse this one before the launch (serve/vllm_check.py; tests/unit/test_vllm_check.py): turned
+    # off on the controller (`none`) here, as an operator can, so that the real start failure is what is triaged
+    "unknown_tool_parser": ({"vllm_serve_extra_args": ["--tool-call-parser=no_such_parser"],
+                             "acceptance_vllm_check_python": "none"}, 8056,
                             "compat.launch_triage", "configuration", "configuration.parser"),
     "kv_smaller_than_max_model_len": ({"vllm_serve_extra_args": ["--num-gpu-blocks-override=4"]}, 8057,
                                       "capacity.launch_triage", "capacity", "capacity.kv_cache_too_small"),

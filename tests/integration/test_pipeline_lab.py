@@ -133,7 +133,7 @@ def test_launch_mode_starts_judges_and_stops_the_lab_server(lab_launch_run: dict
     # launch again, between two probe calls): a new process, an empty device cache.
     restart = next(f for f in report["findings"] if f["check"] == "cache.restart")
     assert restart["status"] == "pass", restart
-    assert restart["observed"]["process_start_after"] > restart["observed"]["process_start_before"]
+    assert restart["observed"]["after"]["process_start"] > restart["observed"]["before"]["process_start"]
     assert "stopped and started again" in (run_dir / "probes" / "cache" / "restart.log").read_text()
     assert json.loads((run_dir / "stages" / "cache.json").read_text())["restart"]["prompt_tokens"] > 0
     # The opt-in metrics probe, named in acceptance_probes, ran through the generic probe task after load: the

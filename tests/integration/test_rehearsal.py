@@ -117,7 +117,7 @@ def test_a_launched_container_is_restarted_for_the_cache_then_gone(cluster: rh.R
     assert ["docker", "restart", "-t", "30", rh.CONTAINER] in calls
     restart = outcome.finding("cache.restart")
     assert restart["status"] == "pass" and restart["observed"]["local_hits"] == 0, restart
-    assert restart["observed"]["process_start_after"] > restart["observed"]["process_start_before"]
+    assert restart["observed"]["after"]["process_start"] > restart["observed"]["before"]["process_start"]
     assert cluster.container_status("gb300-a01") == "absent"
 
 

@@ -67,6 +67,7 @@ def judged(tmp_path_factory: pytest.TempPathFactory) -> tuple[vllm_check.ArgChec
     nodes = vllm_check.node_inputs(dep16, profile_facts(dep16))
     lab = load_profile(REPO / "profiles" / "cpu-lab.yml")
     lab_nodes = vllm_check.node_inputs(lab, profile_facts(lab))
+    lab_dp = load_profile(REPO / "profiles" / "cpu-lab-dp.yml")
     same = {"device": "cpu", "same_build": True, "on_node": True}
     batch.update({
         "shipped-dep16": nodes,
@@ -79,6 +80,7 @@ def judged(tmp_path_factory: pytest.TempPathFactory) -> tuple[vllm_check.ArgChec
         "gpu-choice-on-cpu": _with(nodes, "head", ["--mm-processor-device=cuda"], **same),
         "rust-frontend-in-this-build": _with(nodes, "head", [], **same),
         "lab": [{**n, "target": same} for n in lab_nodes],
+        "lab-dp": [{**n, "target": same} for n in vllm_check.node_inputs(lab_dp, profile_facts(lab_dp))],
         "lab-auto-tool-without-parser": [{**n, "target": same, "serve_args": [
             a for a in n["serve_args"] if not a.startswith("--tool-call-parser")]} for n in lab_nodes],
     })
@@ -108,6 +110,17 @@ def test_every_profile_the_recipe_generates_launches_commands_vllm_accepts(judge
         # what the CPU build could not judge is said, node by node: only the rust frontend binary here
         assert all(all("vllm-rs" in what for what in n.not_judged) for n in nodes), (name, nodes[0].not_judged)
     assert check.vllm_version and check.platform == "cpu"
+
+
+def test_the_lab_data_parallel_launch_is_judged_as_vllm_serve_runs_it(judged: Any) -> None:
+    """The process runtime launches a data-parallel profile with `vllm serve MODEL` (runtime/process.py): judged by
+    vLLM's own CLI, whose API server count follows the data-parallel size, not as the one-server module (which
+    refused the positional model: "unrecognized arguments")."""
+    check, _ = judged
+    (node,) = check.nodes("lab-dp")
+    assert node.accepted and node.mode == "multi_api_server", node.describe(check.vllm_version)
+    (one,) = check.nodes("lab")
+    assert one.accepted and one.mode == "api_server"
 
 
 def test_the_shipped_dep16_workers_were_refused_by_vllm_and_are_accepted_now(judged: Any) -> None:

@@ -134,8 +134,11 @@ def node_inputs(profile: Profile, facts: dict[str, Any]) -> list[dict[str, Any]]
     if runtime == "process":
         spec = launch.process_spec(profile, facts)
         command = spec.command()
-        return [{"host": head, "role": "head", "entry": "api_server", "serve_args": command[3:],
-                 "env": _public_env(spec.env)}]
+        # runtime/process.py: `python -m vllm.entrypoints.cli.main serve MODEL ...` (data parallel: vllm serve's own
+        # API servers) or `python -m vllm.entrypoints.openai.api_server --model MODEL ...`
+        serve = command[1:4] == ["-m", "vllm.entrypoints.cli.main", "serve"]
+        return [{"host": head, "role": "head", "entry": "serve" if serve else "api_server",
+                 "serve_args": command[4:] if serve else command[3:], "env": _public_env(spec.env)}]
     if facts.get("workers"):
         return [{"host": c.host, "role": c.role, "entry": "serve", "serve_args": c.serve_args,
                  "env": _public_env(c.env)} for c in launch.node_commands(profile, facts).values()]
