@@ -37,6 +37,7 @@ HOSTS = ["node0", "node1", "node2"]
 # node of a roll costs ~28 s of playbook on 2 cores (the entry preflight covers all three; a subset is allowed).
 ROLL_HOSTS = HOSTS[:2]
 PROFILE = str(REPO / "tests/fixtures/profiles/kimi-k3-8gpu-node.yml")
+RDMA_FALLBACK = str(REPO / "tests/fixtures/profiles/kimi-k3-8gpu-node-rdma-fallback.yml")
 
 _spec = importlib.util.spec_from_file_location("fakenode", FIXTURES / "fakenode.py")
 assert _spec and _spec.loader
@@ -373,12 +374,24 @@ REBOOT_MODE_FAULTS = {"failed_install": {"node1": ["dkms_fails"]}, "old_module":
 
 
 def _broken_roll(factory: ClusterFactory, old_cluster: dict[str, Any], work: Path, case: str,
-                 hosts: list[str] | None = None) -> dict[str, Any]:
-    """hosts: a two-node cluster where the roll stops on node0 (multi-node, one untouched node; cheaper)."""
+                 hosts: list[str] | None = None, profile: str | None = None) -> dict[str, Any]:
+    """hosts: a two-node cluster where the roll stops on node0 (multi-node, one untouched node; cheaper). profile:
+    another acceptance profile than PROFILE, whose own preflight on this cluster is the acceptance the roll starts
+    from (else the old cluster's)."""
     cluster, bins, inventory = make_cluster(factory, work, reboot=True, faults=REBOOT_MODE_FAULTS[case], hosts=hosts)
     boot = {h: fakenode.state_of(bins[h])["boot_id"] for h in bins}
+    findings = old_cluster["findings"]
+    if profile is not None:
+        before = work / "preflight-before"
+        proc = run_playbook("playbooks/preflight.yml", inventory, {"acceptance_run_dir": str(before),
+                                                                   "acceptance_profile_path": profile})
+        findings = before / "findings" / "preflight.json"
+        assert findings.is_file(), out(proc)
+        for h in bins:
+            (bins[h] / ".state" / "calls.log").write_text("")
     run_dir = work / "upgrade"
-    proc = run_playbook("playbooks/rebuild.yml", inventory, upgrade_vars(run_dir, old_cluster["findings"]))
+    proc = run_playbook("playbooks/rebuild.yml", inventory, upgrade_vars(
+        run_dir, findings, **({"acceptance_profile_path": profile} if profile else {})))
     return {"proc": proc, "bins": bins, "inventory": inventory, "run_dir": run_dir, "work": work, "boot": boot}
 
 
@@ -500,7 +513,10 @@ def test_gpus_missing_after_upgrade_then_rollback_accepts_the_failing_gpu_tool(
 
 def test_lost_peer_memory_module_stops_the_roll_in_cluster_context(
         hosts_module: ClusterFactory, old_cluster: dict[str, Any], tmp_path: Path) -> None:
-    roll = _broken_roll(hosts_module, old_cluster, tmp_path, "peermem_lost", hosts=PAIR)
+    # nvidia_peermem matters on the recipe's DMA-BUF fallback over RDMA only (compat.peermem, issue 41): this
+    # cluster's acceptance launches that path (its own preflight before the roll judged the module loaded), so
+    # losing the module after the upgrade is a regression that stops the roll
+    roll = _broken_roll(hosts_module, old_cluster, tmp_path, "peermem_lost", hosts=PAIR, profile=RDMA_FALLBACK)
     proc = roll["proc"]
     assert proc.returncode != 0 and "stopped on node0 at step 'preflight'" in proc.stdout, out(proc)
     problems = ledger(roll["run_dir"])["failed"]["detail"]["problems"]
