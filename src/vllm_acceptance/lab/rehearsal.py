@@ -720,14 +720,18 @@ def fabric_not_initialised(r: Rehearsal, reports: Path) -> Outcome:
     as driver-575-one-node, the deployment URL does not answer and no server is started."""
     r.fabric_not_initialised(TRAYS[1], True)
     try:
-        inv = r.inventory("fabric-not-initialised", gpu_nodes=TRAYS, head=TRAYS[0], workers=TRAYS[1:],
-                          profile=PROFILE_NVL72,
-                          variables={"vllm_serve_mode": "attach", "vllm_parallel": TWO_NODE_LAYOUT,
-                                     "vllm_gpus_per_node": 1, **DEAD_URL_WAIT,
-                                     "vllm_base_url": f"http://{r.address(TRAYS[0])}:8999/v1", **ALLREDUCE})
-        return run_accept(inv, reports)
+        return trays_without_server(r, reports, "fabric-not-initialised")
     finally:
         r.fabric_not_initialised(TRAYS[1], False)
+
+
+def trays_without_server(r: Rehearsal, reports: Path, name: str) -> Outcome:
+    """The two trays attached to a URL nothing answers (no server is started): a broken chain decides the verdict."""
+    inv = r.inventory(name, gpu_nodes=TRAYS, head=TRAYS[0], workers=TRAYS[1:], profile=PROFILE_NVL72,
+                      variables={"vllm_serve_mode": "attach", "vllm_parallel": TWO_NODE_LAYOUT,
+                                 "vllm_gpus_per_node": 1, **DEAD_URL_WAIT,
+                                 "vllm_base_url": f"http://{r.address(TRAYS[0])}:8999/v1", **ALLREDUCE})
+    return run_accept(inv, reports)
 
 
 def imex_channel_ignored(r: Rehearsal, reports: Path) -> Outcome:
@@ -736,12 +740,7 @@ def imex_channel_ignored(r: Rehearsal, reports: Path) -> Outcome:
     sharing would fail inside the container on a healthy rack; as fabric-not-initialised, no server is started."""
     r.ignore_imex_requests(TRAYS[1], True)
     try:
-        inv = r.inventory("imex-channel-ignored", gpu_nodes=TRAYS, head=TRAYS[0], workers=TRAYS[1:],
-                          profile=PROFILE_NVL72,
-                          variables={"vllm_serve_mode": "attach", "vllm_parallel": TWO_NODE_LAYOUT,
-                                     "vllm_gpus_per_node": 1, **DEAD_URL_WAIT,
-                                     "vllm_base_url": f"http://{r.address(TRAYS[0])}:8999/v1", **ALLREDUCE})
-        return run_accept(inv, reports)
+        return trays_without_server(r, reports, "imex-channel-ignored")
     finally:
         r.ignore_imex_requests(TRAYS[1], False)
 
