@@ -19,12 +19,12 @@ import yaml
 
 from vllm_acceptance import cli
 from vllm_acceptance.core.findings import Consequence, Status
-from vllm_acceptance.core.model_identity import argv_identity_flags, identity_overrides
+from vllm_acceptance.core.model_identity import argv_identity_flags, identity_overrides, names_model
 from vllm_acceptance.core.profile import ConfigError, Profile, load_profile
 from vllm_acceptance.core.rundir import open_run
 from vllm_acceptance.parsers.startup_log import scan_startup_log
 from vllm_acceptance.rules.serve import ServerReports
-from vllm_acceptance.rules.served_model import CheckpointConfig, check_served_model, names_model
+from vllm_acceptance.rules.served_model import CheckpointConfig, check_served_model
 from vllm_acceptance.serve.stage import checkpoint_config
 from vllm_acceptance.verdict import decide
 
@@ -196,6 +196,8 @@ def test_a_card_without_root_or_an_unreadable_args_line_is_inconclusive() -> Non
     ("someorg/Kimi-K3-distilled", "moonshotai/Kimi-K3", False),
     ("/models/Kimi-K3", "moonshotai/Kimi-K3", False),                     # the org is not shown: not the id
     ("/srv/a/tiny-agent", "/srv/b/tiny-agent", False),                    # two absolute paths: the same or not
+    ("Kimi-K3", "moonshotai/Kimi-K3", False),                             # a shorter name is not the id
+    ("tiny-agent", "/srv/models/tiny-agent", False),                      # relative to an unknown directory
     ("", "tiny-agent", False),
 ])
 def test_names_model(served: str, accepted: str, same: bool) -> None:
@@ -256,6 +258,10 @@ def test_the_profiles_own_values_and_other_loaders_are_accepted() -> None:
     data = LAB.data
     assert identity_overrides(data, ["--dtype=float32", "--served-model-name", "tiny-agent",
                                      "--model", ".lab/models/tiny-agent", "--load-format", "safetensors"]) == {}
+    # a site's own launch line naming the recipe's model in its model cache
+    assert identity_overrides(KIMI.data, ["--model", "/mnt/models/moonshotai/Kimi-K3"]) == {}
+    assert identity_overrides(KIMI.data, ["--model", "/mnt/models/Kimi-K3-distilled"]) == {
+        "model": "/mnt/models/Kimi-K3-distilled"}
     assert argv_identity_flags(["--max-num-seqs", "4", "--enforce-eager"]) == {}
 
 

@@ -15,6 +15,8 @@ Flag names are vLLM 0.32's (vllm/engine/arg_utils.py ``EngineArgs.add_cli_args``
 
 from __future__ import annotations
 
+import posixpath
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -43,6 +45,9 @@ IDENTITY_ARGS: dict[str, str] = {
 WEIGHTLESS_LOAD_FORMATS = ("dummy",)
 # vLLM's short spelling of an identity flag (arg_utils.py: "--quantization", "-q").
 SHORT_FLAGS = {"-q": "quantization"}
+# The Hugging Face hub cache's directory of a model id at a commit (huggingface_hub file_download.py
+# repo_folder_name: "models--<org>--<name>", then snapshots/<commit>; docs/sources.md#served-model-identity).
+_HUB_SNAPSHOT = re.compile(r"(?:^|/)models--([^/]+?)--([^/]+)/snapshots/([^/]+)/?$")
 
 
 def identity_key(key: str) -> str | None:
@@ -78,6 +83,34 @@ def argv_identity_flags(args: Sequence[Any]) -> dict[str, Any]:
     return found
 
 
+def _parts(text: str) -> list[str]:
+    norm = posixpath.normpath(text.strip().rstrip("/")) if text.strip() else ""
+    return [p for p in norm.split("/") if p not in ("", ".")]
+
+
+def names_model(served: str, accepted: str) -> bool:
+    """Does the served model id or path name the accepted one: the same path, a path whose last components are the
+    whole accepted id or relative path (a mounted model cache: ``/models/moonshotai/Kimi-K3``), or the hub cache's
+    snapshot of that id? A shorter name (``Kimi-K3`` for ``moonshotai/Kimi-K3``) does not."""
+    if not served or not accepted:
+        return False
+    hub = _HUB_SNAPSHOT.search(served.rstrip("/") + "/")
+    if hub is not None and f"{hub.group(1)}/{hub.group(2)}" == accepted.strip("/"):
+        return True
+    mine, theirs = _parts(served), _parts(accepted)
+    if not mine or not theirs:
+        return False
+    if accepted.startswith("/"):                 # an absolute path is that path, nothing shorter
+        return served.startswith("/") and mine == theirs
+    return len(mine) >= len(theirs) and mine[-len(theirs):] == theirs
+
+
+def hub_revision(served: str) -> str | None:
+    """The commit of a hub-cache snapshot path (recorded, not judged: the snapshot the cache holds of the id)."""
+    hub = _HUB_SNAPSHOT.search(served.rstrip("/") + "/")
+    return hub.group(3) if hub else None
+
+
 def _stated(data: Mapping[str, Any]) -> dict[str, Any]:
     """The identity arguments the profile states: its launch.args, its model and the name it serves under."""
     launch = data.get("launch") if isinstance(data.get("launch"), Mapping) else {}
@@ -89,7 +122,9 @@ def _stated(data: Mapping[str, Any]) -> dict[str, Any]:
     return stated
 
 
-def _same(stated: Any, value: Any) -> bool:
+def _same(key: str, stated: Any, value: Any) -> bool:
+    if key == "model":
+        return any(names_model(str(value), str(s)) for s in stated)
     return str(value) in [str(s) for s in stated] if isinstance(stated, list) else str(stated) == str(value)
 
 
@@ -98,7 +133,7 @@ def identity_overrides(data: Mapping[str, Any], args: Any) -> dict[str, Any]:
     if not isinstance(args, list):
         return {}
     stated = _stated(data)
-    return {k: v for k, v in argv_identity_flags(args).items() if k not in stated or not _same(stated[k], v)}
+    return {k: v for k, v in argv_identity_flags(args).items() if k not in stated or not _same(k, stated[k], v)}
 
 
 def identity_args_errors(data: Mapping[str, Any], variables: Mapping[str, Any], source: str) -> list[str]:

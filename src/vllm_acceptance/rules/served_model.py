@@ -17,13 +17,11 @@ directory is readable on this machine (the lab), its config.json hash is recorde
 
 from __future__ import annotations
 
-import posixpath
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from ..core.findings import Finding
-from ..core.model_identity import IDENTITY_ARGS, changes_weights, identity_key
+from ..core.model_identity import IDENTITY_ARGS, changes_weights, hub_revision, identity_key, names_model
 from ..core.profile import Profile
 from ..parsers.startup_log import StartupScan
 from . import registry
@@ -31,7 +29,6 @@ from .flag_readings import DIFFERS, read_from_startup_log, requested_flags
 from .serve import ServerReports
 
 CHECK = "compat.served_model"
-_HUB_SNAPSHOT = re.compile(r"(?:^|/)models--([^/]+?)--([^/]+)/snapshots/([^/]+)/?$")
 
 
 @dataclass
@@ -51,35 +48,6 @@ def accepted_models(profile: Profile) -> list[str]:
     launch passes and a hub id resolves)."""
     model = profile.model.model
     return [str(m) for m in (model.path, model.name) if m]
-
-
-def _parts(text: str) -> list[str]:
-    norm = posixpath.normpath(text.strip().rstrip("/")) if text.strip() else ""
-    return [p for p in norm.split("/") if p not in ("", ".")]
-
-
-def names_model(served: str, accepted: str) -> bool:
-    """Does the served model id or path name the accepted one (same path, the accepted name's last components, or
-    the hub cache's snapshot of that id)?"""
-    if not served or not accepted:
-        return False
-    hub = _HUB_SNAPSHOT.search(served.rstrip("/") + "/")
-    if hub is not None and f"{hub.group(1)}/{hub.group(2)}" == accepted.strip("/"):
-        return True
-    mine, theirs = _parts(served), _parts(accepted)
-    if not mine or not theirs:
-        return False
-    if served.startswith("/") and accepted.startswith("/"):
-        return mine == theirs
-    short, long = (mine, theirs) if len(mine) <= len(theirs) else (theirs, mine)
-    shorter_text = served if short is mine else accepted
-    return not shorter_text.startswith("/") and long[-len(short):] == short
-
-
-def hub_revision(served: str) -> str | None:
-    """The commit of a hub-cache snapshot path (recorded, not judged: the snapshot the cache holds of the id)."""
-    hub = _HUB_SNAPSHOT.search(served.rstrip("/") + "/")
-    return hub.group(3) if hub else None
 
 
 def _log_model(scan: StartupScan) -> tuple[str | None, str]:
