@@ -254,6 +254,18 @@ def test_identity_arguments_in_a_hosts_preflight_launch_args_are_refused(tmp_pat
     assert "host head-01): field `preflight_launch_args`: --quantization fp8" in text
 
 
+def test_a_process_model_path_or_served_name_of_another_model_is_refused(tmp_path: Path) -> None:
+    text = refused(tmp_path, {"vllm_serve_model_path": "/srv/models/other-model"})
+    assert "field `vllm_serve_model_path`: '/srv/models/other-model' is not the profile's" in text
+    text = refused(tmp_path, {"vllm_serve_served_name": "gpt-4o"})
+    assert "field `vllm_serve_served_name`: 'gpt-4o' is not the profile's 'tiny-agent'" in text
+    # the lab inventory's own value, rendered by Ansible, names the profile's model
+    rendered = "/srv/acceptance/playbooks/../.lab/models/tiny-agent"
+    run_dir, _ = open_run(project_dir=REPO, reports_dir=tmp_path / "ok", inventory="site", hosts=["h"],
+                          variables={**BASE, "vllm_serve_model_path": rendered, "vllm_serve_served_name": "tiny-agent"})
+    assert (run_dir / "run.json").is_file()
+
+
 def test_the_profiles_own_values_and_other_loaders_are_accepted() -> None:
     data = LAB.data
     assert identity_overrides(data, ["--dtype=float32", "--served-model-name", "tiny-agent",

@@ -45,6 +45,8 @@ IDENTITY_ARGS: dict[str, str] = {
 WEIGHTLESS_LOAD_FORMATS = ("dummy",)
 # vLLM's short spelling of an identity flag (arg_utils.py: "--quantization", "-q").
 SHORT_FLAGS = {"-q": "quantization"}
+# The process runtime's role variables that name the model it loads and the name it serves (roles/vllm_serve).
+MODEL_VARIABLES = {"vllm_serve_model_path": "model", "vllm_serve_served_name": "served_model_name"}
 # The Hugging Face hub cache's directory of a model id at a commit (huggingface_hub file_download.py
 # repo_folder_name: "models--<org>--<name>", then snapshots/<commit>; docs/sources.md#served-model-identity).
 _HUB_SNAPSHOT = re.compile(r"(?:^|/)models--([^/]+?)--([^/]+)/snapshots/([^/]+)/?$")
@@ -147,4 +149,12 @@ def identity_args_errors(data: Mapping[str, Any], variables: Mapping[str, Any], 
                          "another model than the profile's; fix: remove it, or write profiles/<site>.yml (extends the "
                          f"profile) whose model (model.name, model.path, model.served_name) or launch.args state it "
                          "and set acceptance_profile to it")
+    stated = _stated(data)
+    for field, key in MODEL_VARIABLES.items():
+        value = variables.get(field)
+        if isinstance(value, str) and value and "{{" not in value and not _same(key, stated[key], value):
+            lines.append(f"{source}: field `{field}`: {value!r} is not the profile's "
+                         f"{' / '.join(map(repr, stated[key]))} ({IDENTITY_ARGS[key]}); fix: remove it, point it at "
+                         "the profile's model, or write profiles/<site>.yml (extends the profile) whose model.path / "
+                         "model.served_name state it and set acceptance_profile to it")
     return lines

@@ -6,7 +6,8 @@ vllm/entrypoints/openai/models/serving.py) and its startup log (the ``non-defaul
 ``revision``, ``quantization``, ``hf_overrides``, ``chat_template``, ...; the engine config line's resolved
 ``quantization`` is recorded). Judged against the profile (core/model_identity.py): the model is ``model.path`` or
 ``model.name``, the name ``model.served_name``; an identity argument the profile's launch.args do not state is a
-difference (those it states are compat.actual_config.flags'). Any difference fails and names both values;
+difference, one they state is a difference where the server shows another value (``--load-format dummy`` where the
+recipe loads fastsafetensors). Any difference fails and names both values;
 evidence that cannot be read is missing or inconclusive, never a pass.
 
 A local path names the profile's model when it is the same path, or its last components are the model's name or
