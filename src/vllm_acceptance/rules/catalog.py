@@ -335,8 +335,8 @@ register("compat.served_model", stage="serve", consequence=REBUILD,
               "states shown with another value; any difference fails naming both values; no /v1/models or no "
               "startup log is missing, a card without root or an unreadable "
               "non-default args line inconclusive; the checkpoint's config.json hash is recorded where this machine "
-              "reads it; the same arguments in vllm_serve_extra_args or preflight_launch_args are refused at "
-              "validation",
+              "reads it; the same arguments in vllm_serve_extra_args or preflight_launch_args, and a "
+              "vllm_serve_model_path / vllm_serve_served_name naming another model, are refused at validation",
          evidence="evidence/serve/v1-models.json (id, root, parent), evidence/serve/startup.log (non-default args, "
                   "engine config)",
          source="docs/sources.md#served-model-identity, #a000: the model that serves is the accepted one "
