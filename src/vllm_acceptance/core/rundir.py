@@ -24,6 +24,7 @@ import yaml
 from .contract import extra_args_errors, launch_engines, limiting_args_errors, loadgen_errors
 from .evidence import EvidenceStore, atomic_write
 from .findings import Finding, read_findings, write_findings
+from .model_identity import identity_args_errors
 from .profile import ConfigError, Profile, load_profile
 from .redact import redact_obj, redact_text
 from .variables import PREFIXES, validate_variables
@@ -114,7 +115,8 @@ def require_head_in_gpu_nodes(profile: Profile, groups: dict[str, list[str]], va
 def require_contract_served(profile: Profile, variables: dict[str, Any], host_variables: dict[str, dict[str, Any]],
                             source: str, batched_tokens_default: int | None = None) -> None:
     """An inventory --max-model-len below the contract, a capacity-limiting launch argument the profile does not
-    state and a loadgen_* value below the profile's load are refused before any node is touched (core/contract.py).
+    state, a loadgen_* value below the profile's load (core/contract.py) and an argument that changes the model
+    that serves (core/model_identity.py) are refused before any node is touched.
     Per-engine arguments count once per engine of the launch (its data-parallel size); `batched_tokens_default` is
     vLLM's default --max-num-batched-tokens on the profile's hardware (hardware.py; None: unknown)."""
     engines = launch_engines(profile.data, variables)
@@ -122,6 +124,7 @@ def require_contract_served(profile: Profile, variables: dict[str, Any], host_va
     lines += limiting_args_errors(profile.data, variables, f"{source} (group_vars)", engines=engines,
                                   batched_tokens_default=batched_tokens_default)
     lines += loadgen_errors(profile.data, variables, f"{source} (group_vars)")
+    lines += identity_args_errors(profile.data, variables, f"{source} (group_vars)")
     for host, host_vars in sorted(host_variables.items()):
         lines += extra_args_errors(profile.data, (host_vars or {}).get("vllm_serve_extra_args"),
                                    f"{source} (host {host})")
@@ -130,6 +133,7 @@ def require_contract_served(profile: Profile, variables: dict[str, Any], host_va
                                       engines=launch_engines(profile.data, {**variables, **own}),
                                       batched_tokens_default=batched_tokens_default)
         lines += loadgen_errors(profile.data, own, f"{source} (host {host})")
+        lines += identity_args_errors(profile.data, own, f"{source} (host {host})")
     if lines:
         raise ConfigError("invalid inventory:\n  " + "\n  ".join(lines))
 

@@ -323,6 +323,24 @@ register("compat.actual_config.max_model_len", stage="serve", consequence=REBUIL
               "whose contract exceeds what its launch serves is refused at validation",
          evidence="evidence/serve/models.json",
          source="docs/sources.md#a000: max_model_len from /v1/models")
+register("compat.served_model", stage="serve", consequence=REBUILD,
+         title="The model that serves is the profile's model",
+         rule="the weights the running server loaded are the profile's: every /v1/models card's root names model.path "
+              "or model.name (the same path, its last components, or the hub cache's snapshot of the id) and is no "
+              "adapter, the profile's model.served_name is among its ids, the startup log's model is the same, and its "
+              "non-default args hold no identity argument the profile's launch.args do not state (served_model_name "
+              "without the profile's name, revision, code/tokenizer revision, tokenizer, hf_config_path, hf_overrides, "
+              "quantization, quantization_config, dtype, chat_template, override_generation_config, generation_config, "
+              "lora_modules, load_format dummy; the recipe serves its checkpoint as shipped) and none the profile "
+              "states shown with another value; any difference fails naming both values; no /v1/models or no "
+              "startup log is missing, a card without root or an unreadable "
+              "non-default args line inconclusive; the checkpoint's config.json hash is recorded where this machine "
+              "reads it; the same arguments in vllm_serve_extra_args or preflight_launch_args, and a "
+              "vllm_serve_model_path / vllm_serve_served_name naming another model, are refused at validation",
+         evidence="evidence/serve/v1-models.json (id, root, parent), evidence/serve/startup.log (non-default args, "
+                  "engine config)",
+         source="docs/sources.md#served-model-identity, #a000: the model that serves is the accepted one "
+                "(issue 42 item 1)")
 register("capacity.model_load", stage="serve", consequence=EXPAND,
          title="Model load",
          rule="the server answers /health after loading the model, within launch.ready_timeout_s",

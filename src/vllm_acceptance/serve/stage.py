@@ -3,11 +3,13 @@ configuration (not the command line) match the profile, and how long the model t
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from ..core.evidence import EvidenceStore
 from ..core.findings import Consequence, Finding, Status, write_findings
@@ -20,6 +22,7 @@ from ..rules.launch_triage import launch_findings
 from ..rules.launched import LaunchedPlan, plan_of_run
 from ..rules.registry import missing
 from ..rules.serve import ServerReports, check_actual_config, check_startup_log, flag_readings
+from ..rules.served_model import CheckpointConfig, check_served_model
 from ..rules.transport import check_allreduce_path
 from ..runtime.client import OpenAIClient, ServerUnreachable
 from ..runtime.metrics import DirectMetrics, MetricsError, cache_config, server_root
@@ -155,4 +158,26 @@ def actual_config(store: EvidenceStore, profile: Profile, facts: ServeFacts, det
     if reports.models and reports.models.get("data"):
         details["model"] = reports.models["data"][0].get("id")
         details["max_model_len"] = reports.models["data"][0].get("max_model_len")
-    return check_actual_config(reports, profile, facts.host, plan)
+    served = check_served_model(reports, profile, facts.host, checkpoint_config(reports, facts.base_url), plan)
+    return [*check_actual_config(reports, profile, facts.host, plan), served]
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
+def checkpoint_config(reports: ServerReports, base_url: str) -> CheckpointConfig | None:
+    """The served checkpoint's config.json hash (compat.served_model records it), where this machine can read it:
+    a server on this machine (loopback URL) whose /v1/models root is a directory here. None elsewhere (a remote
+    node's path is not this machine's)."""
+    host = urlsplit(base_url).hostname or ""
+    cards = (reports.models or {}).get("data") if isinstance(reports.models, dict) else None
+    roots = [str(c.get("root")) for c in cards or [] if isinstance(c, dict) and c.get("root") and not c.get("parent")]
+    if host not in LOOPBACK or not roots:
+        return None
+    config = Path(roots[0]).expanduser() / "config.json"
+    if not config.is_file():
+        return None
+    try:
+        return CheckpointConfig(path=str(config), sha256=hashlib.sha256(config.read_bytes()).hexdigest())
+    except OSError as exc:
+        return CheckpointConfig(path=str(config), error=str(exc))
