@@ -6,9 +6,10 @@ are done (playbooks/probes.yml): the per-GPU memory series sampled on every GPU 
 another node (``evidence/serve/after-probes/<host>.log``). This step judges them, once, into
 ``findings/load.json`` and ``stages/load.json`` (docs/checks.md ``capacity.soak``, ``capacity.crash``):
 
-- the soak of a server without a local process is judged on the per-GPU series (and one that passed on the
-  process's memory alone can fail on it), and its communication errors on the container logs: each node's
-  whole log, read after the probes, spans the soak window;
+- the soak is judged on the per-GPU series too (one that passed on the server's own memory can fail on them);
+  flat GPU series never stand in for the server's own memory (a local pid's RSS, the RSS its /metrics exports):
+  vLLM preallocates its GPU memory, so a host-memory leak leaves them flat (issue 42). Its communication errors
+  are read on the container logs: each node's whole log, read after the probes, spans the soak window;
 - a crash the probe left without a signature becomes the OOM it was when the server's own log says so.
 
 The report only assembles what the stages wrote; it does not judge these again.
