@@ -561,8 +561,9 @@ def container_at_its_limit(r: Rehearsal, reports: Path) -> Outcome:
 
 
 def attach(r: Rehearsal, reports: Path, name: str, *, gpu_nodes: list[str], memory: str = "flat",
-           extra: dict[str, Any] | None = None, gpu_group: str = "gpu_nodes", profile: Path = PROFILE) -> Outcome:
-    r.set_node("gb300-a01", memory)
+           extra: dict[str, Any] | None = None, gpu_group: str = "gpu_nodes", profile: Path = PROFILE,
+           fault: str | None = None, with_pid: bool = True) -> Outcome:
+    r.set_node("gb300-a01", memory, fault)
     url = r.start_server("gb300-a01")
     # What an operator attaching to a running deployment hands over: the server's pid on the head node
     # (its real argv is read from /proc), its startup log as saved with `docker logs`, and its container's
@@ -572,10 +573,32 @@ def attach(r: Rehearsal, reports: Path, name: str, *, gpu_nodes: list[str], memo
     log.write_text(r.ssh("gb300-a01", "docker", "logs", CONTAINER).stdout)
     pid = (r.state("gb300-a01") / "containers" / CONTAINER / "pid").read_text().strip()
     inv = r.inventory(name, gpu_nodes=gpu_nodes, head="gb300-a01", gpu_group=gpu_group, profile=profile,
-                      variables={"vllm_serve_mode": "attach", "vllm_base_url": url, "vllm_serve_pid": int(pid),
+                      variables={"vllm_serve_mode": "attach", "vllm_base_url": url,
+                                 **({"vllm_serve_pid": int(pid)} if with_pid else {}),
                                  "vllm_serve_startup_log": str(log), "vllm_serve_attach_container": CONTAINER,
                                  **(extra or {})})
     return run_accept(inv, reports)
+
+
+# Issue 42 item 4: per request the server completes, its own process keeps 4 MiB more host memory (the container
+# stand-in's fault, container_standin.py). Calibrated on soak-memory-rising's run: ~2.3 GiB resident, ~170 requests
+# before the soak and ~150 in its 10 s, so the soak's last quarter stands ~15 % above its first (the limit is 5 %).
+HOST_LEAK_MIB = 4
+
+
+def soak_host_memory_rising(r: Rehearsal, reports: Path) -> Outcome:
+    """Host memory leaking inside the server's container while its GPU memory stays flat (vLLM preallocates it):
+    the real lab vLLM with a leaking thread in its API process. No pid is handed over (a container on another
+    node: nothing local to read), so the soak reads the server's RSS from its own /metrics
+    (process_resident_memory_bytes); the rise fails capacity.soak."""
+    host = "gb300-a01"
+    r.ssh(host, "docker", "rm", "-f", CONTAINER)      # a fresh container, started with the fault armed
+    try:
+        return attach(r, reports, "soak-host-memory-rising", gpu_nodes=[host], memory="flat",
+                      fault=f"host_memory_leak_mib_per_request={HOST_LEAK_MIB}", with_pid=False)
+    finally:
+        r.ssh(host, "docker", "rm", "-f", CONTAINER)  # the next scenario starts a server without the leak
+        r.set_node(host, "flat")
 
 
 def attach_pod(r: Rehearsal, reports: Path) -> Outcome:
@@ -827,6 +850,8 @@ PLAYS: dict[str, Play] = {
                                  ("group `gpu_nodes` is missing or empty", "all.children.gpu_nodes.hosts")),
     "soak-memory-rising": Play("expand_capacity", lambda r, p: attach(
         r, p, "soak-memory-rising", gpu_nodes=["gb300-a01"], memory="rising"), ("capacity.soak",), suite=False),
+    # Issue 42 item 4: the server's own memory rising in its container while GPU memory is flat.
+    "soak-host-memory-rising": Play("expand_capacity", soak_host_memory_rising, ("capacity.soak",), suite=False),
     # Issue 31 item 6: the recipe's window above the site's contract can release.
     "contract-below-served": Play("release", contract_below_served, ("every required check passed with evidence",),
                                   suite=False),
