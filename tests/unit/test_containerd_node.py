@@ -1,0 +1,172 @@
+"""A Kubernetes node with containerd or CRI-O and no docker/podman (issue 42 item 5): the preflight reads the
+runtime, the image and the in-image probe with crictl, from the running server's container.
+
+The node script runs a command's `fallback` where the command's own program is absent and the fallback's is there
+(roles/preflight/templates/node_script.sh.j2, rendered by Ansible's own templar and run by /bin/sh); the commands
+ask for crictl (commands.yml.j2); the probe is run in the container serving the port (live_process.py `exec`, on the
+real `ss` and /proc/PID/cgroup captures of tests/fixtures/real/ss and cgroup); the parsers read crictl's answers
+(real captures in tests/fixtures/real/image-inspect/crictl-inspecti-*.json and container-runtime/)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import pytest
+import yaml
+from test_imex_channel import _jinja
+from test_preflight_judge import MARKER, _run_script
+
+from vllm_acceptance.parsers.container import parse_image_inspect, parse_runtime_info, parse_runtime_version
+from vllm_acceptance.preflight.stage import split_stream
+
+ROOT = Path(__file__).resolve().parents[2]
+REAL = ROOT / "tests" / "fixtures" / "real"
+SCRIPT = ROOT / "roles" / "preflight" / "files" / "live_process.py"
+PROBE = (ROOT / "roles" / "preflight" / "files" / "probe.py").read_text()
+
+
+# --- the node script: the fallback runs where the program is absent ------------------------------------------
+
+def test_a_command_whose_program_is_absent_runs_its_fallback_under_the_same_name() -> None:
+    records, finished = split_stream(_run_script([
+        {"name": "image_inspect", "argv": ["no-such-docker", "image", "inspect", "img"],
+         "fallback": {"needs": "sh", "argv": ["sh", "-c", "echo from-crictl"]}},
+        {"name": "runtime_info", "argv": ["echo", "from-docker"],
+         "fallback": {"needs": "sh", "argv": ["sh", "-c", "echo from-crictl"]}},
+        {"name": "runtime_version", "argv": ["no-such-docker", "version"],
+         "fallback": {"needs": "no-such-crictl", "argv": ["no-such-crictl", "version"]}},
+        {"name": "image_probe", "argv": ["no-such-docker", "run"],
+         "fallback": {"needs": "sh", "shown": ["crictl", "exec", "<the container serving :8000>", "<probe.py>"],
+                      "argv": ["sh", "-c", "echo probed"]}}]), MARKER)
+    got = {r.name: r for r in records}
+    assert finished and list(got) == ["image_inspect", "runtime_info", "runtime_version", "image_probe"]
+    assert got["image_inspect"].stdout == "from-crictl\n" and got["image_inspect"].rc == 0
+    assert got["image_inspect"].cmd == ["sh", "-c", "echo from-crictl"]          # the meta says what ran
+    assert got["runtime_info"].stdout == "from-docker\n"                           # the program is there: itself
+    assert got["runtime_version"].missing and "no-such-docker: command not found" in got["runtime_version"].stderr
+    assert got["image_probe"].stdout == "probed\n"
+    assert got["image_probe"].cmd == ["crictl", "exec", "<the container serving :8000>", "<probe.py>"]
+
+
+# --- the commands ask for crictl -------------------------------------------------------------------------------
+
+def render(runtime: str, live_port: int | None) -> dict[str, dict[str, Any]]:
+    env = _jinja(jinja2.FileSystemLoader(str(ROOT / "roles/preflight/templates")))
+    env.globals["lookup"] = lambda kind, name: (ROOT / "roles/preflight/files" / name).read_text()
+    text = env.get_template("commands.yml.j2").render(
+        preflight_container_runtime=runtime, preflight_pull_image=False, preflight_gpu_checks=True,
+        preflight_nvswitch=False, preflight_mnnvl=False, preflight_multinode=False,
+        preflight_image="vllm/vllm-openai:kimi-k3", preflight_json_format="{{json .}}",
+        preflight_probe_timeout_s=900, preflight_driver_version_file="/v", preflight_nccl_test=False,
+        preflight_inputs={}, preflight_secrets=[], ansible_check_mode=False, preflight_runtime_python="python3",
+        preflight_live_port=live_port)
+    return {c["name"]: c for c in yaml.safe_load(text.split("- name: inputs")[0])}
+
+
+def test_attached_on_a_node_without_docker_the_probe_runs_in_the_servers_container() -> None:
+    commands = render("docker", 8000)
+    assert commands["runtime_version"]["fallback"] == {"needs": "crictl", "argv": ["crictl", "version"]}
+    assert commands["runtime_info"]["fallback"]["argv"] == ["crictl", "info"]
+    assert commands["image_inspect"]["fallback"]["argv"] == ["crictl", "inspecti", "-o", "json",
+                                                             "vllm/vllm-openai:kimi-k3"]
+    probe = commands["image_probe"]
+    assert probe["argv"][:2] == ["docker", "run"]                # docker first, where there is one
+    fallback = probe["fallback"]
+    assert fallback["needs"] == "crictl"
+    assert fallback["argv"][:2] == ["python3", "-c"] and fallback["argv"][2] == SCRIPT.read_text()
+    assert fallback["argv"][3:] == ["exec", "8000", "--", "python3", "-c", PROBE]
+    assert fallback["shown"] == ["crictl", "exec", "<the container serving :8000>", "python3", "-c", "<probe.py>"]
+
+
+def test_without_a_running_server_there_is_no_container_to_probe() -> None:
+    commands = render("podman", None)
+    assert "fallback" not in commands["image_probe"]
+    assert commands["image_inspect"]["fallback"]["argv"][:2] == ["crictl", "inspecti"]
+
+
+# --- live_process.py exec: the container serving the port, entered with crictl ---------------------------------
+
+def node_script() -> dict[str, Any]:
+    namespace: dict[str, Any] = {"__name__": "live_process"}
+    exec(compile(SCRIPT.read_text(), "live_process.py", "exec"), namespace)  # noqa: S102
+    return namespace
+
+
+class Node:
+    """A node's ss, /proc and CLIs: the real `ss -ltnpH` capture (pid 3285 serving :8001), a /proc/3285/cgroup
+    from a real capture, and the CLIs on PATH; every command run is recorded."""
+
+    def __init__(self, tmp_path: Path, cgroup: str, clis: tuple[str, ...] = ("crictl",)) -> None:
+        self.proc = tmp_path / "proc"
+        (self.proc / "3285").mkdir(parents=True)
+        (self.proc / "3285" / "cgroup").write_text((REAL / "cgroup" / cgroup).read_text())
+        self.clis, self.ran = clis, []
+
+    def ss(self, argv: list[str], **_: Any) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess(argv, 0, (REAL / "ss" / "vllm-serve-8001.txt").read_text(), "")
+
+    def which(self, name: str) -> str | None:
+        return f"/usr/bin/{name}" if name in self.clis else None
+
+    def run(self, argv: list[str], **_: Any) -> subprocess.CompletedProcess[str]:
+        self.ran.append(argv)
+        if argv[:2] == ["crictl", "exec"]:
+            return subprocess.CompletedProcess(argv, 0, '{"cuda_available": true}\n', "")
+        return subprocess.CompletedProcess(argv, 1, "", "FATA[0000] not found")
+
+    def exec(self, port: int, argv: list[str]) -> tuple[int, str, str]:
+        return node_script()["exec_in_server_container"](port, argv, ss_run=self.ss, proc=str(self.proc),
+                                                         which=self.which, run=self.run)
+
+
+@pytest.mark.parametrize(("cgroup", "cid"), [
+    ("neuvector-containerd-1.4.4-colon.txt", "d3d8ccf5cca91931c6285c1d7472c413dd5a7700fddc0aa9f89a9ac7008b003e"),
+    ("neuvector-crio-1.19.txt", "d6d725b909f37c3e232aadfbafa950a58bfe7baa579ba8c47a12be88bb921607"),
+])
+def test_the_probe_runs_in_the_pod_container_serving_the_port(tmp_path: Path, cgroup: str, cid: str) -> None:
+    node = Node(tmp_path, cgroup)
+    rc, out, err = node.exec(8001, ["python3", "-c", "PROBE"])
+    assert (rc, out, err) == (0, '{"cuda_available": true}\n', "")
+    assert ["crictl", "exec", cid, "python3", "-c", "PROBE"] in node.ran
+
+
+def test_a_docker_container_or_no_crictl_or_no_server_is_said_never_run_elsewhere(tmp_path: Path) -> None:
+    docker = Node(tmp_path / "a", "neuvector-centos-systemd-docker.txt", clis=("crictl", "docker"))
+    rc, _, err = docker.exec(8001, ["python3"])
+    assert rc == 3 and "docker container" in err and not any(a[:2] == ["crictl", "exec"] for a in docker.ran)
+    no_crictl = Node(tmp_path / "b", "neuvector-containerd-1.4.4-colon.txt", clis=())
+    rc, _, err = no_crictl.exec(8001, ["python3"])
+    assert rc == 3 and "crictl not on PATH" in err
+    host = Node(tmp_path / "c", "neuvector-host-process.txt")
+    rc, _, err = host.exec(8001, ["python3"])
+    assert rc == 3 and "runs in no container" in err
+    rc, _, err = Node(tmp_path / "d", "neuvector-containerd-1.4.4-colon.txt").exec(9999, ["python3"])
+    assert rc == 3 and "no process listens on port 9999" in err
+
+
+# --- crictl's answers read by the same parsers -----------------------------------------------------------------
+
+def test_crictl_inspecti_is_read_as_the_image_inspect() -> None:
+    image = parse_image_inspect((REAL / "image-inspect" / "crictl-inspecti-cri-containerd-2017-nginx.json")
+                                .read_text())
+    assert image.id == "sha256:f895b3fb9e3032cddf68d798ce00c46be433e15285c99b12d51c1b1ae7671334"
+    assert image.repo_digests == [
+        "docker.io/library/nginx@sha256:c319c3d05d7e00ace3c90d0829d9a4f35bf3adaf0f7134f31fd599edeefe9a08"]
+    assert image.env["NGINX_VERSION"] == "1.13.7-1~stretch" and image.architecture == "amd64"
+    assert not image.errors
+    crio = parse_image_inspect((REAL / "image-inspect" / "crictl-inspecti-crio-2020-busybox.json").read_text())
+    assert crio.id and crio.env == {} and "no info.imageSpec" in crio.errors[0]
+
+
+def test_crictl_info_and_version_are_read_as_the_runtime() -> None:
+    version = parse_runtime_version((REAL / "container-runtime" / "crictl-version-containerd-1.4.8.txt").read_text())
+    assert (version.client_version, version.server_version) == ("0.1.0", "containerd 1.4.8")
+    info = parse_runtime_info((REAL / "container-runtime" / "crictl-info-crio-minikube-2020.json").read_text())
+    assert info.errors == []
+    down = json.loads((REAL / "container-runtime" / "crictl-info-crio-minikube-2020.json").read_text())
+    down["status"]["conditions"][0].update(status=False, reason="NotReady")
+    assert parse_runtime_info(json.dumps(down)).errors == ["runtime not ready: NotReady"]
