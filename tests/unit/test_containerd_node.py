@@ -170,3 +170,59 @@ def test_crictl_info_and_version_are_read_as_the_runtime() -> None:
     down = json.loads((REAL / "container-runtime" / "crictl-info-crio-minikube-2020.json").read_text())
     down["status"]["conditions"][0].update(status=False, reason="NotReady")
     assert parse_runtime_info(json.dumps(down)).errors == ["runtime not ready: NotReady"]
+
+
+# --- the rehearsal's crictl stand-in answers what the preflight asks ---------------------------------------------
+
+STANDIN = ROOT / "src" / "vllm_acceptance" / "lab" / "crictl_standin.py"
+RECORDED_DOCKER = ROOT / "tests" / "fixtures" / "generated-nodes" / "good" / "bin" / "docker"
+CID = "4f" * 32
+
+
+@pytest.fixture
+def pod(tmp_path: Path):
+    """A running process as a pod container's (its own environment and working directory), and the CRI record
+    the rehearsal writes for it (the real containerd capture with this id, image and pid put in)."""
+    workdir = tmp_path / "app"
+    workdir.mkdir()
+    proc = subprocess.Popen(["sleep", "60"], cwd=workdir, env={"PATH": "/usr/bin:/bin", "POD_MARK": "in-the-pod"})
+    record = json.loads((REAL / "container-inspect" / "crictl-inspect-containerd-1.7.json").read_text())
+    record["status"].update(id=CID, image={"annotations": {}, "image": "vllm/vllm-openai:kimi-k3"})
+    record["info"]["pid"] = proc.pid
+    (tmp_path / "state" / "cri").mkdir(parents=True)
+    (tmp_path / "state" / "cri" / f"{CID}.json").write_text(json.dumps(record))
+    yield tmp_path / "state", workdir
+    proc.kill()
+    proc.wait()
+
+
+def crictl(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["/usr/bin/python3", str(STANDIN), "--state", str(state), "--recorded",
+                           str(RECORDED_DOCKER), "--", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_the_standin_execs_in_the_containers_process_context(pod: tuple[Path, Path]) -> None:
+    state, workdir = pod
+    done = crictl(state, "exec", CID[:13], "sh", "-c", 'echo "$POD_MARK $(pwd)"')
+    assert done.returncode == 0 and done.stdout == f"in-the-pod {workdir}\n"
+    probe = crictl(state, "exec", CID, "python3", "-c", PROBE)       # the GPU image's recorded facts
+    answer = json.loads(probe.stdout)
+    assert probe.returncode == 0 and answer["cuda_available"] is True and answer["imex_channels"] is None
+    missing = crictl(state, "exec", "0123456789ab", "true")
+    assert missing.returncode == 1 and "NotFound" in missing.stderr
+    calls = [json.loads(line)["argv"] for line in (state / "crictl-calls.jsonl").read_text().splitlines()]
+    assert calls[0][:3] == ["crictl", "exec", CID[:13]]
+
+
+def test_the_standin_answers_inspecti_version_and_info_as_crictl(pod: tuple[Path, Path]) -> None:
+    state, _ = pod
+    recorded = json.loads(subprocess.run([str(RECORDED_DOCKER), "image", "inspect", "vllm/vllm-openai:kimi-k3"],
+                                         capture_output=True, text=True).stdout)[0]
+    image = parse_image_inspect(crictl(state, "inspecti", "-o", "json", "vllm/vllm-openai:kimi-k3").stdout)
+    assert image.id == recorded["Id"] and not image.errors
+    assert image.repo_tags == ["docker.io/vllm/vllm-openai:kimi-k3"]
+    assert [d.split("@")[1] for d in image.repo_digests] == [d.split("@")[1] for d in recorded["RepoDigests"]]
+    assert image.cuda_version == parse_image_inspect(json.dumps([recorded])).cuda_version
+    assert crictl(state, "inspecti", "ghcr.io/nobody/none:1").returncode == 1
+    assert parse_runtime_version(crictl(state, "version").stdout).server_version == "containerd 1.4.8"
+    assert parse_runtime_info(crictl(state, "info").stdout).errors == []
