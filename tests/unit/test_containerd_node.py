@@ -226,3 +226,57 @@ def test_the_standin_answers_inspecti_version_and_info_as_crictl(pod: tuple[Path
     assert crictl(state, "inspecti", "ghcr.io/nobody/none:1").returncode == 1
     assert parse_runtime_version(crictl(state, "version").stdout).server_version == "containerd 1.4.8"
     assert parse_runtime_info(crictl(state, "info").stdout).errors == []
+
+
+# --- judged: a containerd node without docker releases its compat checks on crictl's evidence -----------------
+
+def containerd_node(tmp_path: Path, pod: tuple[Path, Path], *, with_crictl: bool) -> list[Any]:
+    """The good node's evidence, attached to a server in a pod on a node without docker: the docker records say
+    `command not found`; with crictl, runtime_version/runtime_info/image_inspect are crictl's answers (the rehearsal's
+    stand-in over the node's recorded image) and the probe ran in the server's container."""
+    import datetime as dt
+
+    from nodefixtures import _write, build_evidence
+
+    from vllm_acceptance.core.profile import load_profile
+    from vllm_acceptance.preflight.stage import judge
+
+    state, _ = pod
+    base = build_evidence("good", tmp_path, host="gpu-01")
+    image = "vllm/vllm-openai:kimi-k3"
+    if with_crictl:
+        for name, argv in (("runtime_version", ["version"]), ("runtime_info", ["info"]),
+                           ("image_inspect", ["inspecti", "-o", "json", image])):
+            done = crictl(state, *argv)
+            _write(base, name, done.stdout, done.returncode)
+    else:
+        for name in ("runtime_version", "runtime_info", "image_inspect", "image_probe"):
+            _write(base, name, "", 127, "docker: command not found", missing=True)
+    image_id = parse_image_inspect(crictl(state, "inspecti", image).stdout).id
+    container = {"id": CID, "engine": "containerd", "cgroup_line": f"0::/kubepods.slice/cri-containerd-{CID}.scope",
+                 "inspected_with": "crictl", "image_id": image_id, "image_digest": None, "image_ref": image}
+    record = {"port": 8000, "pid": 4242, "argv": ["vllm", "serve"], "env": {}, "notes": [],
+              "listeners": ['LISTEN 0 2048 0.0.0.0:8000 0.0.0.0:* users:(("vllm",pid=4242,fd=3))'],
+              "container": container, "container_reason": None, "source": "ss -ltnpH; /proc/4242"}
+    _write(base, "live_process", json.dumps(record), 0)
+    kimi = load_profile(ROOT / "profiles" / "kimi-k3.yml")
+    return judge(tmp_path, kimi, ["gpu-01"], today=dt.date(2026, 9, 1))
+
+
+def test_a_containerd_node_without_docker_is_judged_on_crictls_evidence(tmp_path: Path,
+                                                                        pod: tuple[Path, Path]) -> None:
+    """Issue 42: on a node with containerd only, image identity, CUDA in the image and the snapshot stayed missing
+    (docker/podman only). With crictl's answers and the probe run in the server's container they are judged."""
+    def by_check(findings: list[Any]) -> dict[str, Any]:
+        return {f.check: f for f in findings if f.host == "gpu-01"}
+
+    without = by_check(containerd_node(tmp_path / "docker-only", pod, with_crictl=False))
+    assert without["compat.image_identity"].status.value == "missing"
+    assert without["compat.state_snapshot"].status.value == "missing"
+    with_crictl = by_check(containerd_node(tmp_path / "crictl", pod, with_crictl=True))
+    identity = with_crictl["compat.image_identity"]
+    assert identity.status.value == "pass", identity.reason
+    assert identity.observed["running_container"]["matches_judged_image"] is True
+    assert with_crictl["compat.state_snapshot"].status.value == "pass", with_crictl["compat.state_snapshot"].reason
+    judged_in_image = [f for c, f in with_crictl.items() if "image_probe" in " ".join(f.evidence or [])]
+    assert judged_in_image and all(f.status.value != "missing" for f in judged_in_image)
