@@ -9,6 +9,7 @@ real `ss` and /proc/PID/cgroup captures of tests/fixtures/real/ss and cgroup); t
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import subprocess
 from pathlib import Path
@@ -20,8 +21,11 @@ import yaml
 from test_imex_channel import _jinja
 from test_preflight_judge import MARKER, _run_script
 
+from vllm_acceptance.core.profile import load_profile
 from vllm_acceptance.parsers.container import parse_image_inspect, parse_runtime_info, parse_runtime_version
-from vllm_acceptance.preflight.stage import split_stream
+from vllm_acceptance.preflight.stage import judge, split_stream
+
+from nodefixtures import _write, build_evidence
 
 ROOT = Path(__file__).resolve().parents[2]
 REAL = ROOT / "tests" / "fixtures" / "real"
@@ -234,13 +238,6 @@ def containerd_node(tmp_path: Path, pod: tuple[Path, Path], *, with_crictl: bool
     """The good node's evidence, attached to a server in a pod on a node without docker: the docker records say
     `command not found`; with crictl, runtime_version/runtime_info/image_inspect are crictl's answers (the rehearsal's
     stand-in over the node's recorded image) and the probe ran in the server's container."""
-    import datetime as dt
-
-    from nodefixtures import _write, build_evidence
-
-    from vllm_acceptance.core.profile import load_profile
-    from vllm_acceptance.preflight.stage import judge
-
     state, _ = pod
     base = build_evidence("good", tmp_path, host="gpu-01")
     image = "vllm/vllm-openai:kimi-k3"
