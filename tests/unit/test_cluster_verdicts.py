@@ -540,3 +540,44 @@ def test_a_crash_without_oom_quotes_the_servers_own_causal_line(tmp_path: Path) 
     assert judged.reason.endswith("gb300-a01.log: ERROR 05-21 20:51:38 [core.py:489] RuntimeError: CUDA error: no "
                                   "kernel image is available for execution on the device")
     assert "evidence/serve/after-probes/gb300-a01.log" in judged.evidence
+
+
+def node_container_memory(run_dir: Path, host: str, anon: list[int], *, cut_last: bool = False) -> None:
+    """evidence/memory/cgroup/<host>.csv as the gpu_memory_sampler role fetches it (memory.stat anon, bytes)."""
+    lines = [f"{dt.datetime.fromtimestamp(SOAK_START + 10 + i * 60, dt.UTC).strftime('%Y/%m/%d %H:%M:%S.000')}, {v}"
+             for i, v in enumerate(anon)]
+    folder = run_dir / "evidence" / "memory" / "cgroup"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{host}.csv").write_text("\n".join(lines) + ("" if cut_last else "\n"))
+
+
+@pytest.mark.parametrize(("anon", "verdict"), [
+    ([2_400_000_000] * 8, "release"),
+    ([2_400_000_000 + i * 150_000_000 for i in range(8)], "expand_capacity"),
+])
+def test_the_servers_container_memory_read_on_its_node_decides_the_soak(tmp_path: Path, anon: list[int],
+                                                                       verdict: str) -> None:
+    """Issue 42 item 4: no local pid, no RSS in /metrics (several API servers), GPU memory flat: the container's
+    anonymous memory sampled on the head node (cgroup v2 memory.stat anon) is the server's own memory; flat, the
+    soak passes; rising (a host-memory leak in the container), it fails like rising GPU memory."""
+    run_dir = samples.make_run("release", tmp_path)
+    soak_without_process_memory(run_dir)
+    for host in samples.NODES:
+        node_memory_stream(run_dir, host, [150000] * 8)
+    node_container_memory(run_dir, samples.NODES[0], anon)
+    assert judge_after_probes(run_dir)["changed"] == ["capacity.soak"]
+    report = build_report(run_dir, load_profile(KIMI))
+    soak = next(f for f in report["findings"] if f["check"] == "capacity.soak")
+    assert report["verdict"] == verdict, report["verdict_reasons"]
+    assert f"evidence/memory/cgroup/{samples.NODES[0]}.csv" in soak["evidence"]
+    assert list(soak["observed"]["container_memory_growth_pct"]) == [f"cgroup:{samples.NODES[0]}"]
+    if verdict == "expand_capacity":
+        assert soak["reason"].startswith("container memory rises") and f"cgroup:{samples.NODES[0]}" in soak["reason"]
+
+
+def test_a_container_memory_line_cut_by_the_kill_is_dropped_never_read_smaller() -> None:
+    from vllm_acceptance.parsers.gpu_memory import parse_container_memory_csv
+
+    rows = parse_container_memory_csv("2026/12/06 21:43:45.425, 1000\n2026/12/06 21:43:45.637, 10\n"
+                                      "garbage\n2026/12/06 21:43:45.849, 99", "n1")
+    assert [r["bytes"] for r in rows] == [1000, 10] and {r["series"] for r in rows} == {"cgroup:n1"}
