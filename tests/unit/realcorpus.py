@@ -284,7 +284,18 @@ def _image_inspect(text: str) -> dict[str, Any]:
             "repo_digests": [str(d) for d in digested], "familiar_digests": [d.familiar for d in digested if d],
             "registry_digest": bool(inspect.repo_digests),
             "id_is_a_manifest_digest": bool(inspect.id) and digest_hex(str(inspect.id)) in
-            {digest_hex(str(d.digest)) for d in digested if d and d.digest}}
+            {digest_hex(str(d.digest)) for d in digested if d and d.digest},
+            "architecture": inspect.architecture, "created": inspect.created, "labels": inspect.labels}
+
+
+def _runtime_info(text: str) -> dict[str, Any]:
+    """`crictl info` / `crictl version` (a containerd or CRI-O node without docker, issue 42 item 5) -> the runtime
+    facts compat.state_snapshot records (parsers/container.py)."""
+    from vllm_acceptance.parsers.container import parse_runtime_info, parse_runtime_version
+    parsed = parse_runtime_version(text) if text.lstrip().startswith("Version:") else parse_runtime_info(text)
+    return {"runtimes": parsed.runtimes, "default_runtime": parsed.default_runtime,
+            "server_version": parsed.server_version, "client_version": parsed.client_version,
+            "errors": parsed.errors}
 
 
 READERS: dict[str, Callable[[str], dict[str, Any]]] = {
@@ -292,7 +303,7 @@ READERS: dict[str, Callable[[str], dict[str, Any]]] = {
     "driver_version": _driver,
     "nvidia_smi_error": _smi_error, "nccl_tests": _nccl, "ibv_devinfo": _ibv, "metrics": _metrics,
     "imex_nodes": _imex, "ss_listeners": _ss, "cgroup_container": _cgroup, "container_inspect": _container_inspect,
-    "crictl_inspect": _crictl_inspect, "image_inspect": _image_inspect,
+    "crictl_inspect": _crictl_inspect, "image_inspect": _image_inspect, "runtime_info": _runtime_info,
 }
 
 

@@ -16,6 +16,7 @@ import pytest
 from vllm_acceptance.core.findings import Consequence, Finding, Status, read_findings, write_findings
 from vllm_acceptance.core.profile import load_profile
 from vllm_acceptance.probes.after import judge_after_probes
+from vllm_acceptance.probes.load.rules import MEMORY_UNSEEN
 from vllm_acceptance.report.build import build_report
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures" / "reports"))
@@ -25,13 +26,17 @@ KIMI = Path(__file__).resolve().parents[2] / "tests/fixtures/profiles/kimi-k3-8g
 SOAK_START = samples.T0 + 3300
 
 
-def soak_without_process_memory(run_dir: Path) -> None:
-    """The load stage of a containerised server: the soak had no local pid to read memory from."""
+def soak_without_process_memory(run_dir: Path, metrics_rss_growth_pct: float | None = None) -> None:
+    """The load stage of a containerised server: the soak had no local pid to read memory from; with
+    `metrics_rss_growth_pct` its own /metrics exported its RSS (one API server), else not (several)."""
     path = run_dir / "findings" / "load.json"
     findings = read_findings(path)
+    host = {"memory_growth_pct": metrics_rss_growth_pct, "memory_samples": 0 if metrics_rss_growth_pct is None else 60,
+            "memory_source": None if metrics_rss_growth_pct is None else "rss:/metrics"}
     findings.append(Finding(
         check="capacity.soak", status=Status.INCONCLUSIVE, consequence=Consequence.EXPAND,
-        observed={"seconds": 600, "requests": 640, "errors": 0, "memory_growth_pct": None, "memory_samples": 0},
+        observed={"seconds": 600, "requests": 640, "errors": 0, **host,
+                  "not_observed": [] if metrics_rss_growth_pct is not None else [MEMORY_UNSEEN]},
         expected="no errors or hangs; memory growth <= 20.0%", evidence=[],
         configuration={"window": {"start": SOAK_START, "end": SOAK_START + 600}, "max_growth_pct": 20.0},
         rule="a steady memory rise blocks release"))
@@ -49,9 +54,25 @@ def node_memory_stream(run_dir: Path, host: str, mib: list[int]) -> None:
     (run_dir / "evidence" / "memory" / f"{host}.csv").write_text("\n".join(lines) + "\n")
 
 
-def test_soak_judged_from_node_gpu_memory_before_the_decision_flat_releases(tmp_path: Path) -> None:
+def test_soak_flat_gpu_memory_alone_never_passes_without_the_servers_own_memory(tmp_path: Path) -> None:
+    """Issue 42: a host-memory leak inside a container passed the soak, vLLM's preallocated GPU memory being
+    flat. With neither a local pid nor process_resident_memory_bytes in /metrics, the soak's memory stays
+    unobserved: flat GPU series do not make it pass."""
     run_dir = samples.make_run("release", tmp_path)
     soak_without_process_memory(run_dir)
+    for host in samples.NODES:
+        node_memory_stream(run_dir, host, [150000] * 8)
+    assert judge_after_probes(run_dir)["changed"] == []
+    report = build_report(run_dir, load_profile(KIMI))
+    soak = next(f for f in report["findings"] if f["check"] == "capacity.soak")
+    assert soak["status"] == "inconclusive" and "server's own memory" in soak["reason"]
+    assert soak["observed"]["worst_gpu"] == f"gpu0@{samples.NODES[0]}"
+    assert report["verdict"] == "incomplete" and "capacity.soak" in report["missing"]
+
+
+def test_soak_judged_from_node_gpu_memory_before_the_decision_flat_releases(tmp_path: Path) -> None:
+    run_dir = samples.make_run("release", tmp_path)
+    soak_without_process_memory(run_dir, metrics_rss_growth_pct=0.4)
     for host in samples.NODES:
         node_memory_stream(run_dir, host, [150000] * 8)
     # The report assembles: until the step after the probes has judged the series, the soak stays unknown.
@@ -89,12 +110,13 @@ def test_soak_without_any_memory_source_stays_incomplete(tmp_path: Path) -> None
 
 
 def soak_with_nothing_but_gpus_and_logs_unseen(run_dir: Path) -> None:
-    """The soak of a launched container as the load probe leaves it: no local process, no growing log."""
-    soak_without_process_memory(run_dir)
+    """The soak of a launched container as the load probe leaves it: no local process (its RSS read from its own
+    /metrics, flat), no growing log."""
+    soak_without_process_memory(run_dir, metrics_rss_growth_pct=0.4)
     path = run_dir / "findings" / "load.json"
     findings = read_findings(path)
     findings[-1].observed = {**findings[-1].observed, "log_observed": False, "comm_errors": [], "not_observed": [
-        "memory growth (under 4 memory samples)", "communication errors (the server log did not grow over the window)"]}
+        "communication errors (the server log did not grow over the window)"]}
     write_findings(path, findings)
 
 
@@ -518,3 +540,44 @@ def test_a_crash_without_oom_quotes_the_servers_own_causal_line(tmp_path: Path) 
     assert judged.reason.endswith("gb300-a01.log: ERROR 05-21 20:51:38 [core.py:489] RuntimeError: CUDA error: no "
                                   "kernel image is available for execution on the device")
     assert "evidence/serve/after-probes/gb300-a01.log" in judged.evidence
+
+
+def node_container_memory(run_dir: Path, host: str, anon: list[int], *, cut_last: bool = False) -> None:
+    """evidence/memory/cgroup/<host>.csv as the gpu_memory_sampler role fetches it (memory.stat anon, bytes)."""
+    lines = [f"{dt.datetime.fromtimestamp(SOAK_START + 10 + i * 60, dt.UTC).strftime('%Y/%m/%d %H:%M:%S.000')}, {v}"
+             for i, v in enumerate(anon)]
+    folder = run_dir / "evidence" / "memory" / "cgroup"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{host}.csv").write_text("\n".join(lines) + ("" if cut_last else "\n"))
+
+
+@pytest.mark.parametrize(("anon", "verdict"), [
+    ([2_400_000_000] * 8, "release"),
+    ([2_400_000_000 + i * 150_000_000 for i in range(8)], "expand_capacity"),
+])
+def test_the_servers_container_memory_read_on_its_node_decides_the_soak(tmp_path: Path, anon: list[int],
+                                                                       verdict: str) -> None:
+    """Issue 42 item 4: no local pid, no RSS in /metrics (several API servers), GPU memory flat: the container's
+    anonymous memory sampled on the head node (cgroup v2 memory.stat anon) is the server's own memory; flat, the
+    soak passes; rising (a host-memory leak in the container), it fails like rising GPU memory."""
+    run_dir = samples.make_run("release", tmp_path)
+    soak_without_process_memory(run_dir)
+    for host in samples.NODES:
+        node_memory_stream(run_dir, host, [150000] * 8)
+    node_container_memory(run_dir, samples.NODES[0], anon)
+    assert judge_after_probes(run_dir)["changed"] == ["capacity.soak"]
+    report = build_report(run_dir, load_profile(KIMI))
+    soak = next(f for f in report["findings"] if f["check"] == "capacity.soak")
+    assert report["verdict"] == verdict, report["verdict_reasons"]
+    assert f"evidence/memory/cgroup/{samples.NODES[0]}.csv" in soak["evidence"]
+    assert list(soak["observed"]["container_memory_growth_pct"]) == [f"cgroup:{samples.NODES[0]}"]
+    if verdict == "expand_capacity":
+        assert soak["reason"].startswith("container memory rises") and f"cgroup:{samples.NODES[0]}" in soak["reason"]
+
+
+def test_a_container_memory_line_cut_by_the_kill_is_dropped_never_read_smaller() -> None:
+    from vllm_acceptance.parsers.gpu_memory import parse_container_memory_csv
+
+    rows = parse_container_memory_csv("2026/12/06 21:43:45.425, 1000\n2026/12/06 21:43:45.637, 10\n"
+                                      "garbage\n2026/12/06 21:43:45.849, 99", "n1")
+    assert [r["bytes"] for r in rows] == [1000, 10] and {r["series"] for r in rows} == {"cgroup:n1"}

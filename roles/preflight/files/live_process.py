@@ -10,6 +10,11 @@ it with the judged image; docs/sources.md#crictl-inspect).
 A multi-node worker serves no port (`--headless`): where nothing listens, the vLLM process started with
 `--headless` is named under `headless` (its pid, argv and container), `pid` staying null, so that
 compat.image_uniform compares the images the workers run with the head's.
+On a Kubernetes node with containerd or CRI-O and no docker/podman (issue 42 item 5), the preflight runs the image
+probe inside the running server's container with the same script:
+`python3 -c "$(cat live_process.py)" exec PORT -- ARGV...` finds the process serving PORT (or the headless vLLM
+worker), its container from /proc/PID/cgroup, and runs `crictl exec CONTAINER ARGV...` (docs/sources.md#crictl-node),
+its output and exit status passed through; a process in no CRI container, or no crictl, exits 3 saying why.
 Usage: python3 -c "$(cat live_process.py)" PORT"""
 
 import json
@@ -241,5 +246,60 @@ def main(port):
             "source": f"ss -ltnpH; /proc/{pid}/cmdline, /proc/{pid}/environ, /proc/{pid}/cgroup"}
 
 
+CRI_ENGINES = ("containerd", "crio")
+
+
+def served_by(port, ss_run=subprocess.run, proc="/proc", which=shutil.which, run=subprocess.run):
+    """(pid, container, why): the process serving `port` on this node (else the headless vLLM worker) and the
+    container /proc/PID/cgroup names; pid None and why when there is none to be seen."""
+    try:
+        ss = ss_run(["ss", "-ltnpH"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return None, None, f"ss -ltnpH failed: {exc}"
+    told, lines = from_ss(ss.stdout, ss.returncode, ss.stderr, port)
+    if told["pid"] is None:
+        worker = headless_worker(proc, which, run) if not lines else None
+        if worker is None:
+            return None, None, told["reason"]
+        return worker["pid"], worker["container"], worker["container_reason"]
+    container, why = container_of(told["pid"], proc, which, run)
+    return told["pid"], container, why
+
+
+def cri_exec_argv(container, argv, which=shutil.which):
+    """(`crictl exec ID ARGV...`, None), or (None, why not): only a containerd or CRI-O container (or a bare id on a
+    node with crictl) is entered, with crictl; anything else is said, never run elsewhere."""
+    if container is None:
+        return None, "the server runs in no container"
+    engine = container.get("engine")
+    if engine not in CRI_ENGINES + (None,):
+        return None, (f"the server's container is a {engine} container: its own CLI runs the probe, not crictl")
+    if not which("crictl"):
+        return None, "crictl not on PATH"
+    return ["crictl", "exec", container["id"], *argv], None
+
+
+def exec_in_server_container(port, argv, ss_run=subprocess.run, proc="/proc", which=shutil.which,
+                             run=subprocess.run):
+    """Run `argv` in the container of the server on `port` with crictl: (rc, stdout, stderr)."""
+    pid, container, why = served_by(port, ss_run, proc, which, run)
+    if pid is None:
+        return 3, "", f"no server process to enter on port {port}: {why}\n"
+    command, why_not = cri_exec_argv(container, argv, which)
+    if command is None:
+        return 3, "", f"cannot enter the container of pid {pid}: {why_not or why}\n"
+    try:
+        done = run(command, capture_output=True, text=True)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return 3, "", f"{' '.join(command[:3])} failed: {exc}\n"
+    return done.returncode, done.stdout, done.stderr
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["exec"]:
+        rest = sys.argv[3:]
+        rc, out, err = exec_in_server_container(int(sys.argv[2]), rest[1:] if rest[:1] == ["--"] else rest)
+        sys.stdout.write(out)
+        sys.stderr.write(err)
+        sys.exit(rc)
     print(json.dumps(main(int(sys.argv[1])), indent=1, sort_keys=True))

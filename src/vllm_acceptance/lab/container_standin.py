@@ -49,6 +49,10 @@ A fault a scenario sets in STATE/fault (`oom_at_running=N`: once N requests run 
 killed and a CUDA OOM line is written to its log, as a container that died of OOM leaves it;
 `crash_at_running=N`: the same with a worker crash line) is fault injection, not a happy path. The
 rehearsal profile's cache and agent probes send one request at a time, so N = 2 is reached in the load ramp.
+`host_memory_leak_mib_per_request=N` (issue 42 item 4) starts the same real lab API server with a thread in its own
+process that keeps N MiB of touched (resident) host memory per request the server has completed (read from its own
+/metrics, as gpu_memory_standin.py's `rising` stream does), up to HOST_LEAK_CAP_MIB: a host-memory leak in the
+server's process while its GPU memory stays flat. It is read when a container starts; the server stays vLLM.
 
     docker.py --state DIR --recorded PATH --lab-python PATH [--] DOCKER-ARGS...
 """
@@ -389,6 +393,47 @@ def data_parallel_size(flags: list[str]) -> int:
     return size
 
 
+# The fault `host_memory_leak_mib_per_request=N`: the lab API server run with a leaking thread in its own process
+# (argv: N, then the api_server's own arguments). The thread reads the server's completed requests from its /metrics.
+HOST_LEAK_CAP_MIB = 3072
+LEAKY_API_SERVER = ("import runpy, sys, threading, time, urllib.request\n"
+                    f"cap = {HOST_LEAK_CAP_MIB} * 2**20\n"
+                    "per_request = int(sys.argv[1]) * 2**20\n"
+                    "sys.argv = [sys.argv[0], *sys.argv[2:]]\n"
+                    "port = sys.argv[sys.argv.index('--port') + 1] if '--port' in sys.argv else '8000'\n"
+                    "held = []\n"
+                    "def completed():\n"
+                    "    try:\n"
+                    "        with urllib.request.urlopen(f'http://127.0.0.1:{port}/metrics', timeout=2) as r:\n"
+                    "            text = r.read().decode()\n"
+                    "    except OSError:\n"
+                    "        return None\n"
+                    "    return sum(float(line.rsplit(' ', 1)[1]) for line in text.splitlines()\n"
+                    "               if line.startswith('vllm:request_success_total'))\n"
+                    "def leak():\n"
+                    "    first = None\n"
+                    "    while True:\n"
+                    "        time.sleep(0.5)\n"
+                    "        done = completed()\n"
+                    "        if done is None:\n"
+                    "            continue\n"
+                    "        first = done if first is None else first\n"
+                    "        want = min(cap, int(done - first) * per_request)\n"
+                    "        while per_request and len(held) * per_request < want:\n"
+                    "            held.append(b'Z' * per_request)   # written, so resident\n"
+                    "threading.Thread(target=leak, daemon=True).start()\n"
+                    "runpy.run_module('vllm.entrypoints.openai.api_server', run_name='__main__', alter_sys=True)\n")
+
+
+def host_leak(node: Node) -> int | None:
+    """STATE/fault `host_memory_leak_mib_per_request=N`: N, else None."""
+    path = node.state / "fault"
+    if not path.is_file():
+        return None
+    kind, _, n = path.read_text().strip().partition("=")
+    return int(n) if kind == "host_memory_leak_mib_per_request" and n.isdigit() else None
+
+
 def server_argv(node: Node, box: Path) -> list[str]:
     serve = json.loads((box / "args.json").read_text())
     mounts = json.loads((box / "mounts.json").read_text())
@@ -399,6 +444,9 @@ def server_argv(node: Node, box: Path) -> list[str]:
         # a worker node (its ranks only, no API server: vllm serve's run_headless), or a data-parallel head: vllm
         # serve fronts the engines with one API server each by default, as the image does (runtime/process.py)
         return [node.lab_python, "-c", VLLM_SERVE, resolved, *flags]
+    leak = host_leak(node)
+    if leak:
+        return [node.lab_python, "-c", LEAKY_API_SERVER, str(leak), "--model", resolved, *flags]
     return [node.lab_python, "-m", "vllm.entrypoints.openai.api_server", "--model", resolved, *flags]
 
 

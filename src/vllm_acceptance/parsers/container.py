@@ -1,5 +1,12 @@
 """Container facts: `docker|podman image inspect`, `version`/`info --format '{{json .}}'`, and the
-JSON printed by the probe run inside the actual image (or the lab interpreter)."""
+JSON printed by the probe run inside the actual image (or the lab interpreter).
+
+On a Kubernetes node with containerd or CRI-O and no docker/podman (issue 42 item 5) the preflight reads the same
+facts with crictl (roles/preflight/templates/commands.yml.j2; docs/sources.md#crictl-node): `crictl inspecti -o json
+IMAGE` (the CRI ImageStatus: `status.id`, `repoTags`, `repoDigests`; containerd's verbose `info.imageSpec`, the OCI
+image config: created, architecture, `config.Env`/`Labels`/`Entrypoint`; CRI-O prints no `info`), `crictl info`
+(the CRI runtime status and, containerd, its CRI config) and `crictl version` (text). Each parser below reads either
+shape by its content; the record's meta says which command ran."""
 
 from __future__ import annotations
 
@@ -68,6 +75,8 @@ def parse_image_inspect(text: str) -> ImageInspect:
     if not isinstance(data, dict):
         result.errors.append(f"expected an object, got {type(data).__name__}")
         return result
+    if isinstance(data.get("status"), dict) and "Id" not in data:
+        return _crictl_image(data, result)
     config = data.get("Config") if isinstance(data.get("Config"), dict) else {}
     result.id = data.get("Id") if isinstance(data.get("Id"), str) else None
     result.repo_tags = [t for t in data.get("RepoTags") or [] if isinstance(t, str)]
@@ -83,6 +92,38 @@ def parse_image_inspect(text: str) -> ImageInspect:
     result.entrypoint = [str(e) for e in entry] if isinstance(entry, list) else []
     if result.id is None:
         result.errors.append("no image Id in inspect output")
+    return result
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _crictl_image(data: dict[str, Any], result: ImageInspect) -> ImageInspect:
+    """`crictl inspecti -o json` (CRI ImageStatus): the image ID, tags and digests from `status`; created,
+    architecture, labels, environment and entrypoint from containerd's `info.imageSpec` (absent with CRI-O)."""
+    status = data["status"]
+    spec = _dict(_dict(data.get("info")).get("imageSpec"))
+    config = _dict(spec.get("config"))
+    result.id = _text(status.get("id"))
+    result.repo_tags = [t for t in status.get("repoTags") or [] if isinstance(t, str)]
+    result.repo_digests = [d for d in status.get("repoDigests") or [] if isinstance(d, str)]
+    result.created = _text(spec.get("created"))
+    result.architecture = _text(spec.get("architecture"))
+    labels = config.get("Labels")
+    result.labels = {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
+    result.env = env_list_to_dict(config.get("Env"))
+    entry = config.get("Entrypoint")
+    result.entrypoint = [str(e) for e in entry] if isinstance(entry, list) else []
+    if result.id is None:
+        result.errors.append("no status.id in the crictl inspecti output")
+    if not spec:
+        result.errors.append("no info.imageSpec (CRI-O's crictl inspecti prints none): the image's environment, "
+                             "labels and architecture are unknown")
     return result
 
 
@@ -122,6 +163,8 @@ def parse_runtime_info(text: str) -> RuntimeInfo:
         version = data.get("version") or {}
         result.server_version = version.get("Version") if isinstance(version, dict) else None
         return result
+    if isinstance(data.get("status"), dict) and "ServerVersion" not in data:
+        return _crictl_info(data, result)
     runtimes = data.get("Runtimes")
     result.runtimes = sorted(runtimes) if isinstance(runtimes, dict) else []
     result.default_runtime = data.get("DefaultRuntime")
@@ -135,7 +178,40 @@ def parse_runtime_info(text: str) -> RuntimeInfo:
     return result
 
 
+def _crictl_info(data: dict[str, Any], result: RuntimeInfo) -> RuntimeInfo:
+    """`crictl info` (CRI RuntimeStatus, verbose): containerd's CRI config names its runtimes
+    (`config.containerd.runtimes`, `defaultRuntimeName`); a RuntimeReady condition that is false is an error."""
+    containerd = _dict(_dict(data.get("config")).get("containerd"))
+    runtimes = containerd.get("runtimes")
+    result.runtimes = sorted(runtimes) if isinstance(runtimes, dict) else []
+    result.default_runtime = _text(containerd.get("defaultRuntimeName"))
+    conditions = [c for c in _dict(data.get("status")).get("conditions") or [] if isinstance(c, dict)]
+    ready = [c for c in conditions if c.get("type") == "RuntimeReady"]
+    if not ready:
+        result.errors.append("no RuntimeReady condition in crictl info")
+    elif ready[0].get("status") is not True:
+        result.errors.append(f"runtime not ready: {ready[0].get('reason') or ''} {ready[0].get('message') or ''}"
+                             .strip())
+    return result
+
+
+def parse_crictl_version(text: str) -> RuntimeInfo:
+    """`crictl version` (text: `Version:  0.1.0`, `RuntimeName:  containerd`, `RuntimeVersion:  1.4.8`,
+    `RuntimeApiVersion:  v1alpha2`): crictl's own version as the client, the runtime's as the server."""
+    result = RuntimeInfo()
+    fields = {k.strip(): v.strip() for k, sep, v in (line.partition(":") for line in text.splitlines()) if sep}
+    result.client_version = fields.get("Version") or None
+    name, version = fields.get("RuntimeName"), fields.get("RuntimeVersion")
+    result.server_version = f"{name} {version}" if name and version else version or None
+    result.default_runtime = name or None
+    if result.server_version is None:
+        result.errors.append("no RuntimeVersion in crictl version")
+    return result
+
+
 def parse_runtime_version(text: str) -> RuntimeInfo:
+    if text.lstrip().startswith("Version:"):
+        return parse_crictl_version(text)
     result = RuntimeInfo()
     data = _load_json(text, result)
     if not isinstance(data, dict):

@@ -116,6 +116,34 @@ def memory_rows(run_dir: Path, subdir: str = "evidence/memory") -> list[dict[str
     return sorted(rows, key=lambda r: r["t"])
 
 
+# The server's container memory sampled beside the GPUs (roles/gpu_memory_sampler start.yml, issue 42 item 4): one
+# line per sample, ``2026/12/06 21:43:45.425, 1000`` (UTC time, the cgroup v2 memory.stat `anon` bytes), fetched
+# to ``evidence/memory/cgroup/<host>.csv``. Rows: series ``cgroup:<host>`` (probes/load/soak.py CONTAINER_SERIES).
+CONTAINER_LABEL = "server container anonymous memory (cgroup v2 memory.stat anon)"
+CONTAINER_DIR = "evidence/memory/cgroup"
+
+
+def parse_container_memory_csv(text: str, host: str) -> list[dict[str, Any]]:
+    """Rows of a node's container memory stream; a line cut by the kill (no newline) and lines that do not
+    parse are dropped, never read as a smaller value. Nothing here raises on any input text."""
+    lines = text.split("\n")
+    lines.pop()
+    rows: list[dict[str, Any]] = []
+    for line in lines:
+        stamp, sep, value = line.rstrip("\r").rpartition(",")
+        t = parse_timestamp(stamp) if sep else None
+        if t is not None and _digits(value.strip()):
+            rows.append({"t": t, "bytes": int(value.strip()), "series": f"cgroup:{host}", "label": CONTAINER_LABEL})
+    return rows
+
+
+def container_memory_rows(run_dir: Path) -> list[dict[str, Any]]:
+    """Every node's container memory rows (``<run_dir>/evidence/memory/cgroup/*.csv``), sorted by time."""
+    rows = [r for path in sorted(RunDir(run_dir).at(CONTAINER_DIR).glob("*.csv"))
+            for r in parse_container_memory_csv(path.read_text(encoding="utf-8", errors="replace"), path.stem)]
+    return sorted(rows, key=lambda r: r["t"])
+
+
 def peaks(rows: Sequence[dict[str, Any]], start: float | None = None, end: float | None = None) -> dict[str, int]:
     """Peak bytes per series, optionally within [start, end] (a stage's window)."""
     out: dict[str, int] = {}

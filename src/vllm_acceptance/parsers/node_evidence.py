@@ -35,10 +35,12 @@ COMMANDS = {
     "driver_version": "cat /proc/driver/nvidia/version",
     "fabricmanager_active": "systemctl is-active nvidia-fabricmanager",
     "fabricmanager_version": "nv-fabricmanager --version",
-    "runtime_version": "docker|podman version --format '{{json .}}'",
-    "runtime_info": "docker|podman info --format '{{json .}}'",
-    "image_inspect": "docker|podman image inspect IMAGE",
-    "image_probe": "docker|podman run --rm --gpus all --entrypoint python3 IMAGE -c PROBE (lab: python -c PROBE)",
+    "runtime_version": "docker|podman version --format '{{json .}}' (no docker/podman: crictl version)",
+    "runtime_info": "docker|podman info --format '{{json .}}' (no docker/podman: crictl info)",
+    "image_inspect": "docker|podman image inspect IMAGE (no docker/podman: crictl inspecti -o json IMAGE)",
+    "image_probe": "docker|podman run --rm --gpus all --entrypoint python3 IMAGE -c PROBE (lab: python -c PROBE; "
+                   "attached on a node without docker/podman: crictl exec CONTAINER python3 -c PROBE in the "
+                   "running server's container)",
     "ibv_devinfo": "ibv_devinfo",
     "rdma_link": "rdma link",
     "nccl_allreduce": "all_reduce_perf -b 8M -e 8G -f 2 -g N",

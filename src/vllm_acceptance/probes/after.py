@@ -2,13 +2,15 @@
 
 Two things the load probe cannot see from the controller are fetched from the nodes only once the probes
 are done (playbooks/probes.yml): the per-GPU memory series sampled on every GPU node
-(``evidence/memory/<host>.csv``, the gpu_memory_sampler role) and the log of a server in a container or on
+(``evidence/memory/<host>.csv``, the gpu_memory_sampler role; with the server's container memory beside them,
+``evidence/memory/cgroup/<host>.csv``) and the log of a server in a container or on
 another node (``evidence/serve/after-probes/<host>.log``). This step judges them, once, into
 ``findings/load.json`` and ``stages/load.json`` (docs/checks.md ``capacity.soak``, ``capacity.crash``):
 
-- the soak of a server without a local process is judged on the per-GPU series (and one that passed on the
-  process's memory alone can fail on it), and its communication errors on the container logs: each node's
-  whole log, read after the probes, spans the soak window;
+- the soak is judged on the per-GPU series too (one that passed on the server's own memory can fail on them);
+  flat GPU series never stand in for the server's own memory (a local pid's RSS, the RSS its /metrics exports):
+  vLLM preallocates its GPU memory, so a host-memory leak leaves them flat (issue 42). Its communication errors
+  are read on the container logs: each node's whole log, read after the probes, spans the soak window;
 - a crash the probe left without a signature becomes the OOM it was when the server's own log says so.
 
 The report only assembles what the stages wrote; it does not judge these again.
@@ -23,7 +25,7 @@ from typing import Any
 from ..core.findings import Finding, Status
 from ..core.rundir import RunDir
 from ..parsers.causal import causal_line
-from ..parsers.gpu_memory import memory_rows
+from ..parsers.gpu_memory import CONTAINER_DIR, container_memory_rows, memory_rows
 from ..parsers.startup_log import scan_startup_log
 from .load.crash import OOM_MARKERS
 from .load.rules import stage_peaks
@@ -63,7 +65,7 @@ def judge_after_probes(run_dir: Path) -> dict[str, Any]:
 
 def merge_gpu_memory(run_dir: Path, details: dict[str, Any]) -> list[dict[str, Any]]:
     """Per-GPU memory sampled on the nodes joins the load stage's timeline and its per-stage peaks."""
-    rows = memory_rows(run_dir)
+    rows = sorted(memory_rows(run_dir) + container_memory_rows(run_dir), key=lambda r: r["t"])
     if not rows:
         return []
     details["memory_timeline"] = list(details.get("memory_timeline") or []) + rows
@@ -71,7 +73,9 @@ def merge_gpu_memory(run_dir: Path, details: dict[str, Any]) -> list[dict[str, A
     ready_at = serve.get("judged_at") if isinstance(serve, dict) else None
     details["memory_peaks_by_stage"] = stage_peaks(rows, ready_at, details.get("stage_bounds") or [])
     series = sorted(RunDir(run_dir).at(MEMORY_DIR).glob("*.csv"))
-    details["memory_evidence"] = [f"{MEMORY_DIR}/{p.name}" for p in series]
+    containers = sorted(RunDir(run_dir).at(CONTAINER_DIR).glob("*.csv"))
+    details["memory_evidence"] = [f"{MEMORY_DIR}/{p.name}" for p in series] + \
+        [f"{CONTAINER_DIR}/{p.name}" for p in containers]
     return rows
 
 

@@ -78,7 +78,8 @@ register("compat.image_identity", stage="preflight", consequence=REBUILD,
               "image ID, or its repo digest compared with the judged image's RepoDigests, stated not comparable "
               "when it has none), another image fails; a server on the node that runs in no container fails "
               "(the judged image is not what serves); one whose container's image cannot be read is inconclusive",
-         evidence="docker/podman image inspect; attached: live_process (container id, its image ID)",
+         evidence="docker/podman image inspect (a containerd/CRI-O node without them: crictl inspecti); attached: "
+                  "live_process (container id, its image ID)",
          source="docs/sources.md#a000, #a001: image identity: full reference and digest, pull date, the exact launch "
                 "command; #image-reference: name normalisation, RepoDigests, what a load or a mirror leaves")
 register("compat.image_uniform", stage="preflight", consequence=REBUILD,
@@ -151,7 +152,8 @@ register("compat.known_defects", stage="preflight", consequence=LIMIT,
 register("compat.state_snapshot", stage="preflight", consequence=REBUILD,
          title="State snapshot saved before any change",
          rule="every snapshot command of source 001 that applies was captured (date -u, hostname, uname -a, "
-              "nvidia-smi, docker version/info/image inspect, env | sort redacted, lsmod)",
+              "nvidia-smi, docker version/info/image inspect, env | sort redacted, lsmod; a containerd/CRI-O node "
+              "without docker/podman: crictl version/info/inspecti)",
          evidence="evidence/nodes/<host>/*",
          source="docs/sources.md#a001: save the state first, change nothing")
 
@@ -637,8 +639,13 @@ register("capacity.mixed", stage="load", consequence=EXPAND,
 register("capacity.soak", stage="load", consequence=EXPAND,
          title="Soak",
          rule="steady load for the agreed time: no steady memory rise, no restarts, no hung requests, "
-              "preemptions within the threshold, no communication (NCCL) errors in the log over the window",
-         evidence="probes/load/soak.json, records/soak.jsonl, memory samples, server log",
+              "preemptions within the threshold, no communication (NCCL) errors in the log over the window; memory "
+              "is the server's own (a local pid's RSS, process_resident_memory_bytes from its /metrics, its "
+              "container's cgroup) and each GPU's, every series judged alone, the worst deciding: any rising past "
+              "the limit fails; GPU memory alone never passes it (vLLM preallocates it, so a host-memory leak leaves "
+              "it flat): without the server's own memory the soak is inconclusive",
+         evidence="probes/load/soak.json, records/soak.jsonl, memory.jsonl (rss:vllm, rss:/metrics), the nodes' "
+                  "GPU memory series, server log",
          source="docs/sources.md#a000: stage 5, soak: a steady memory rise blocks release")
 register("capacity.crash", stage="load", consequence=EXPAND,
          title="OOM or crash under load",

@@ -543,6 +543,13 @@ def judge_mixed(rows: Sequence[dict[str, Any]], contract: int, *, evidence: Sequ
     return check.passed(**common)
 
 
+# The server's own memory: a local pid's RSS, the RSS its /metrics exports, or its container's cgroup (sampled on
+# the node, judged after the probes: probes/after.py). GPU memory alone never stands in for it.
+MEMORY_UNSEEN = ("memory growth (under 4 memory samples of the server's own memory: no local pid, no "
+                 "process_resident_memory_bytes in its /metrics (several API servers export none), no container "
+                 "cgroup read on its node)")
+
+
 def judge_soak(obs: dict[str, Any], memory_growth_limit_pct: float, max_preemptions: int, *,
                evidence: Sequence[str], configuration: dict[str, Any], request_timeout_s: float) -> Finding:
     """Errors, hangs, memory growth, restarts, preemptions and communication errors over the window."""
@@ -556,7 +563,7 @@ def judge_soak(obs: dict[str, Any], memory_growth_limit_pct: float, max_preempti
         bad.append(f"{obs['timeouts']} request(s) hung past {request_timeout_s:g} s: " + ", ".join(obs["timed_out"]))
     growth = obs.get("memory_growth_pct")
     if growth is not None and growth > memory_growth_limit_pct:
-        bad.append(f"memory grows {growth:.1f}%")
+        bad.append(f"memory grows {growth:.1f}%" + (f" ({obs['memory_source']})" if obs.get("memory_source") else ""))
     if obs.get("restarts"):
         bad.append("server restarted: " + "; ".join(obs["restarts"]))
     if obs.get("preemptions") is not None and obs["preemptions"] > max_preemptions:
@@ -570,7 +577,7 @@ def judge_soak(obs: dict[str, Any], memory_growth_limit_pct: float, max_preempti
               "action": "look for leaks, fragmentation, eviction and link errors; re-run the soak for the agreed time"}
     if bad:
         return check.fail(reason="; ".join(bad), **common)
-    unknown = [what for what, seen in (("memory growth (under 4 memory samples)", growth is not None),
+    unknown = [what for what, seen in ((MEMORY_UNSEEN, growth is not None),
                                        ("preemptions (counter absent)", obs.get("preemptions") is not None),
                                        ("restarts (no process start time)", obs.get("start_times_seen")),
                                        ("communication errors (the server log did not grow over the window)",

@@ -1,5 +1,12 @@
 """The metrics and memory sampler (Sampler) and the per-engine readings of a scrape (engine_rows,
-engine_peaks): every row tagged with the stage it was taken in."""
+engine_peaks): every row tagged with the stage it was taken in.
+
+The server's own (host) memory has two sources here, each its own series in memory.jsonl: ``rss:vllm``, the
+resident memory of a local pid and its children (a server on the controller), and ``rss:/metrics``, the
+``process_resident_memory_bytes`` the server's API process exports itself (prometheus_client's process collector;
+read with every scrape, so it is there for a server in a container or on another node). With several API servers
+/metrics is Prometheus' multiprocess collection, which has no process_* series (docs/lab.md "Data parallel"): no
+``rss:/metrics`` row then, never a guessed one."""
 
 from __future__ import annotations
 
@@ -11,6 +18,19 @@ from ...core.evidence import EvidenceStore
 from ...runtime.metrics import MetricsError, MetricsSource, Snapshot
 from ...runtime.process import rss_bytes
 from .config import LoadProbeConfig
+
+LOCAL_RSS = "rss:vllm"
+METRICS_RSS = "rss:/metrics"
+METRICS_RSS_FAMILY = "process_resident_memory_bytes"
+
+
+def metrics_rss(snap: Snapshot) -> int | None:
+    """The server's resident memory from its own /metrics (``process_resident_memory_bytes``); None where the
+    family is absent (several API servers: Prometheus multiprocess mode) or holds no positive sample."""
+    if METRICS_RSS_FAMILY not in snap.families():
+        return None
+    value = snap.value(METRICS_RSS_FAMILY)
+    return int(value) if value else None
 
 
 class Sampler(threading.Thread):
@@ -57,11 +77,13 @@ class Sampler(threading.Thread):
     def take_memory(self) -> int | None:
         rss = rss_bytes(self.cfg.server_pid) if self.cfg.server_pid else None
         if rss:
-            mem = {"t": time.time(), "bytes": rss, "series": "rss:vllm", "label": "process RSS (no GPU)",
-                   "stage": self.stage}
-            self.memory.append(mem)
-            self.store.append_jsonl("memory.jsonl", mem)
+            self.add_memory(time.time(), rss, LOCAL_RSS, "process RSS (no GPU)")
         return rss
+
+    def add_memory(self, t: float, value: int, series: str, label: str) -> None:
+        mem = {"t": t, "bytes": value, "series": series, "label": label, "stage": self.stage}
+        self.memory.append(mem)
+        self.store.append_jsonl("memory.jsonl", mem)
 
     def take(self) -> None:
         now = time.time()
@@ -83,6 +105,9 @@ class Sampler(threading.Thread):
                "decode_time_sum": snap.value("vllm:request_decode_time_seconds_sum")}
         self.samples.append(row)
         self.store.append_jsonl("samples.jsonl", row)
+        rss = metrics_rss(snap)
+        if rss:
+            self.add_memory(now, rss, METRICS_RSS, "server RSS from its /metrics (process_resident_memory_bytes)")
 
     def window(self, start: float, end: float) -> list[dict[str, Any]]:
         """Samples of a stage, including the one taken right after it ends."""
@@ -94,9 +119,16 @@ class Sampler(threading.Thread):
         slack = self.cfg.sample_interval_s * 2
         return sum(1 for t in self.failed if start <= t <= end + slack)
 
-    def memory_window(self, start: float, end: float) -> list[int]:
+    def memory_window(self, start: float, end: float, series: str | None = None) -> list[int]:
+        """Memory samples of a stage's window: one series, or every series (the crash record's timeline)."""
         slack = self.cfg.sample_interval_s * 2
-        return [m["bytes"] for m in self.memory if start <= m["t"] <= end + slack]
+        return [m["bytes"] for m in self.memory
+                if start <= m["t"] <= end + slack and (series is None or m["series"] == series)]
+
+    def memory_series(self, start: float, end: float) -> dict[str, list[int]]:
+        """Each host-memory series' samples over a stage's window (local RSS, RSS from /metrics)."""
+        names = sorted({m["series"] for m in self.memory})
+        return {name: self.memory_window(start, end, name) for name in names}
 
 
 def engine_rows(snap: Snapshot) -> dict[str, dict[str, float | None]] | None:

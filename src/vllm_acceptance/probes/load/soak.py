@@ -65,11 +65,10 @@ def stage_soak(run: LoadRun, concurrency: int) -> Finding:
     new_log = _read_from(cfg.server_log, log_from)
     scan = scan_startup_log(new_log) if new_log.strip() else None
     comm = [f"{x.number}: {x.text[:300]}" for x in (scan.nccl_errors + scan.dmabuf_errors)] if scan else []
-    mem = run.sampler.memory_window(start, end)
+    host = host_memory(run.sampler.memory_series(start, end))
     s = summarize(records)
     obs = {"seconds": round(end - start, 1), "concurrency": concurrency, "requests": s["count"],
-           "errors": s["errors"] + s["timeouts"], **hung_requests(records),
-           "memory_growth_pct": memory_growth_pct(mem), "memory_samples": len(mem),
+           "errors": s["errors"] + s["timeouts"], **hung_requests(records), **host,
            "preemptions": delta(before, after, "vllm:num_preemptions") if before and after else None,
            "restarts": restarts, "start_times_seen": bool(
                (first is not None and last is not None and last.restarted_since(first) is not None)
@@ -94,6 +93,20 @@ def _read_from(path: str | None, offset: int) -> str:
         return ""
 
 
+def host_memory(series: dict[str, list[int]]) -> dict[str, Any]:
+    """The server's own memory over the soak, each series judged alone (a local pid's RSS, the RSS from its
+    /metrics), the worst deciding: ``memory_growth_pct`` (None: no series with 4 samples), ``memory_series``
+    the growth of each, ``memory_samples`` the samples of the deciding series."""
+    growth = {name: memory_growth_pct(values) for name, values in series.items()}
+    known = {name: value for name, value in growth.items() if value is not None}
+    worst = max(known, key=lambda name: known[name]) if known else None
+    return {"memory_growth_pct": known[worst] if worst else None,
+            "memory_samples": len(series[worst]) if worst else max((len(v) for v in series.values()), default=0),
+            "memory_series": {name: {"growth_pct": growth[name], "samples": len(values)}
+                              for name, values in series.items()},
+            "memory_source": worst}
+
+
 def memory_growth_pct(series: list[int] | list[float]) -> float | None:
     """Mean of the last quarter against the first quarter of a memory series; None under 4 samples."""
     if len(series) < 4:
@@ -103,11 +116,16 @@ def memory_growth_pct(series: list[int] | list[float]) -> float | None:
     return (last - first) / first * 100 if first else None
 
 
+CONTAINER_SERIES = "cgroup:"   # a container's memory.current sampled on its node (the server's own host memory)
+
+
 def judge_soak_gpu_memory(finding: Finding, rows: list[dict[str, Any]]) -> Finding:
-    """capacity.soak judged on the per-GPU series sampled on the nodes over the soak window, the worst
-    GPU deciding: it decides a soak left inconclusive for want of process memory (a container, an
-    attached or remote server), and it can fail one that passed on the server process's memory alone
-    (host RSS stays flat while GPU memory leaks). A failed soak stays failed."""
+    """capacity.soak judged on the series sampled on the nodes over the soak window: per-GPU memory and, where
+    the run read it, the server's container memory (``cgroup:<host>`` rows), the worst series deciding. Any of
+    them rising past the limit fails the soak (GPU memory leaking while host RSS stays flat, or host memory
+    leaking while vLLM's preallocated GPU memory stays flat). Flat GPU memory alone never passes it: the
+    server's own memory (a local pid's RSS, the RSS in its /metrics, its container's cgroup) must have been
+    observed too, or the memory part stays not observed. A failed soak stays failed."""
     window = (finding.configuration or {}).get("window") or {}
     limit = (finding.configuration or {}).get("max_growth_pct")
     if finding.status not in (Status.INCONCLUSIVE, Status.PASS) or not window or limit is None:
@@ -120,11 +138,28 @@ def judge_soak_gpu_memory(finding: Finding, rows: list[dict[str, Any]]) -> Findi
     known = {k: v for k, v in growth.items() if v is not None}
     if not known:
         return finding
+    gpus = {k: v for k, v in known.items() if not k.startswith(CONTAINER_SERIES)}
+    containers = {k: v for k, v in known.items() if k.startswith(CONTAINER_SERIES)}
     worst = max(known, key=lambda k: known[k])
-    finding.observed = {**(finding.observed or {}), "gpu_memory_growth_pct": known, "worst_gpu": worst}
-    others = [u for u in (finding.observed.get("not_observed") or []) if not u.startswith("memory growth")]
-    if known[worst] <= limit and others:
-        return finding  # memory is now known, the rest still is not: never a pass
-    finding.status = Status.PASS if known[worst] <= limit else Status.FAIL
-    finding.reason = "" if finding.status == Status.PASS else f"GPU memory rises {known[worst]:.1f}% on {worst}"
+    obs = dict(finding.observed or {})
+    if gpus:
+        obs.update(gpu_memory_growth_pct=gpus, worst_gpu=max(gpus, key=lambda k: gpus[k]))
+    if containers:
+        obs.update(container_memory_growth_pct=containers)
+    host_seen = obs.get("memory_growth_pct") is not None or bool(containers)
+    unseen = list(obs.get("not_observed") or [])
+    if host_seen:
+        unseen = [u for u in unseen if not u.startswith("memory growth")]
+    elif not any(u.startswith("memory growth") for u in unseen):
+        unseen.append(rules.MEMORY_UNSEEN)
+    obs["not_observed"] = unseen
+    finding.observed = obs
+    if known[worst] > limit:
+        what = "container memory" if worst.startswith(CONTAINER_SERIES) else "GPU memory"
+        finding.status, finding.reason = Status.FAIL, f"{what} rises {known[worst]:.1f}% on {worst}"
+        return finding
+    if unseen:   # memory is known where it was sampled, the rest still is not: never a pass
+        finding.status, finding.reason = Status.INCONCLUSIVE, "not observed: " + "; ".join(unseen)
+        return finding
+    finding.status, finding.reason = Status.PASS, ""
     return finding
