@@ -18,7 +18,7 @@ from typing import Any
 from ..core.findings import Consequence, Finding, Status, read_findings
 from ..core.probes import PROBE_KINDS
 from ..core.profile import Profile
-from ..core.rundir import RunDir
+from ..core.rundir import RunDir, check_run_files
 from ..core.stage_details import StageDetails, TeardownDetails
 from ..monitoring.generate import monitoring_summary
 from ..rebuild.lineage import last_official_run, lineage_checks, load_lineage
@@ -173,6 +173,7 @@ def name_unreachable_cause(findings: list[Finding], unreachable: list[str]) -> N
 
 def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
                  signoff: dict[str, Any] | None = None) -> dict[str, Any]:
+    check_run_files(run_dir, "report", include_report=False)   # a finished run's files, edited since: refused
     run = read_json(RunDir(run_dir).run_json) or {}
     findings, errors = collect_findings(run_dir)
     findings += gpu_nodes_named(profile, run, findings)
