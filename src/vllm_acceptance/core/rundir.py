@@ -170,7 +170,10 @@ def open_run(*, project_dir: Path, reports_dir: Path, inventory: str, variables:
            "hosts": hosts, "owner": variables.get("acceptance_owner"),
            "signoff": {"deployment_engineer": variables.get("acceptance_owner"),
                        "reviewer": variables.get("acceptance_reviewer") or None},
-           "inventory_vars": redact_obj({k: v for k, v in variables.items() if k.startswith(INVENTORY_KEYS)})}
+           "inventory_vars": redact_obj({k: v for k, v in variables.items() if k.startswith(INVENTORY_KEYS)}),
+           # the frozen copy is merged: what its `extends` chain says about the official image and minimums is
+           # kept here for the report (core/profile.py chain_deviations, issue 42 item 2)
+           "recipe_deviations": list(profile.official_deviations)}
     atomic_write(RunDir(run_dir).run_json, json.dumps(redact_obj(run), indent=2, default=str) + "\n")
     record_profile(run_dir, profile)
     bind_profile(run_dir)
