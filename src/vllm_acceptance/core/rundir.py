@@ -273,9 +273,9 @@ def read_binding(run_dir: Path, *, include_report: bool = True) -> RunBinding:
     try:
         run = json.loads(RunDir(run_dir).run_json.read_text())
     except (OSError, ValueError):
-        return RunBinding(state="unbound", changed=("run.json: missing or not valid JSON",))
-    if not isinstance(run, dict):
-        return RunBinding(state="unbound", changed=("run.json: not a mapping",))
+        run = None
+    if not isinstance(run, dict):     # no readable run.json: nothing bound, nothing proven (sign refuses it)
+        return RunBinding(state="unbound")
     profile_sha = run.get(PROFILE_SHA_KEY)
     judged = run.get(JUDGED_KEY) if isinstance(run.get(JUDGED_KEY), dict) else None
     if not profile_sha and judged is None:
