@@ -329,19 +329,21 @@ def check_run_files(run_dir: Path, command: str, *, include_report: bool = True)
     return binding
 
 
-def bind_verdict(run_dir: Path) -> dict[str, Any]:
-    """Record the files the verdict judged (before report.json is written): the manifest and run.json's fields.
-    Only on a run whose profile was bound at open_run: a run opened before the binding stays unbound (its files
-    before this point cannot be proven)."""
-    path = RunDir(run_dir).run_json
-    run = json.loads(path.read_text())
+def verdict_record(run_dir: Path) -> dict[str, Any]:
+    """What the verdict judged (nothing written): the manifest and run.json's fields; {} on a run whose profile was
+    not bound at open_run (a run opened before the binding stays unbound: its files cannot be proven)."""
+    run = json.loads(RunDir(run_dir).run_json.read_text())
     if not run.get(PROFILE_SHA_KEY):
         return {}
-    run.pop(JUDGED_KEY, None)
-    record = {"manifest": files_manifest(run_dir), "run_sha256": _run_fields_sha256(run),
-              "at": dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat()}
+    return {"manifest": files_manifest(run_dir), "run_sha256": _run_fields_sha256(run),
+            "at": dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat()}
+
+
+def bind_verdict(run_dir: Path, record: dict[str, Any]) -> None:
+    """Record verdict_record's record in run.json (`judged_files`), just before report.json is written."""
+    path = RunDir(run_dir).run_json
+    run = {k: v for k, v in json.loads(path.read_text()).items() if k != JUDGED_KEY}
     atomic_write(path, json.dumps({**run, JUDGED_KEY: record}, indent=2, default=str) + "\n")
-    return record
 
 
 def bind_report(run_dir: Path) -> None:
