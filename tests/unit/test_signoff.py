@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
+from vllm_acceptance.core.profile import load_profile
 from vllm_acceptance.report import checklist, views
+from vllm_acceptance.report.build import build_report
 from vllm_acceptance.report.diff import diff_runs, render_diff_text
 from vllm_acceptance.report.render_html import compat_matrix, render_html
 from vllm_acceptance.report.reopen import reopen_status
@@ -26,14 +28,18 @@ samples = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(samples)
 
 
-def written(kind: str, root: Path) -> Path:
+def written(kind: str, root: Path, *, preset_signoff: bool = True) -> Path:
     run_dir, report = samples.build(kind, root)
+    if not preset_signoff:
+        strip_preset_signoff(run_dir)
+        report = build_report(run_dir, load_profile(run_dir / "evidence" / "profile.yml"))
     write_reports(run_dir, report)
     return run_dir
 
 
 def strip_preset_signoff(run_dir: Path) -> None:
-    """The `release` sample carries a paper sign-off in run.json; these tests sign through the record."""
+    """The `release` sample carries a paper sign-off in run.json; these tests sign through the record. Done before
+    the verdict is taken: run.json's fields are bound to the verdict (issue 42, item 7)."""
     run = json.loads((run_dir / "run.json").read_text())
     run["signoff"] = {"deployment_engineer": "A. Ivanova"}
     (run_dir / "run.json").write_text(json.dumps(run))
@@ -68,8 +74,7 @@ def test_sign_limited_takes_the_runs_limits_and_needs_one(tmp_path: Path) -> Non
     run_dir = written("limited", tmp_path)
     record = sign_run(run_dir, reviewer="L. Chen", decision="limited_observation")
     assert "max_num_seqs=48" in record["limits"] and record["override"] is False
-    release_dir = written("release", tmp_path)
-    strip_preset_signoff(release_dir)
+    release_dir = written("release", tmp_path, preset_signoff=False)
     with pytest.raises(SignRefused, match="traffic cap"):
         sign_run(release_dir, reviewer="L. Chen", decision="limited_observation")
     ok = sign_run(release_dir, reviewer="L. Chen", decision="limited_observation", limits=["max_num_seqs=32"])
@@ -104,8 +109,7 @@ def test_a_changed_report_json_breaks_the_signature(tmp_path: Path) -> None:
 # --- reopen ---------------------------------------------------------------------------------------
 
 def test_reopen_names_the_driver_change_since_the_signed_release(tmp_path: Path) -> None:
-    release = written("release", tmp_path)
-    strip_preset_signoff(release)
+    release = written("release", tmp_path, preset_signoff=False)
     first = reopen_status(release, json.loads((release / "report.json").read_text()))
     assert first["status"] == "no_baseline"
     sign_run(release, reviewer="L. Chen", decision="release")

@@ -139,11 +139,67 @@ def validate_document(data: Any, schema_name: str, source: str) -> None:
         raise ConfigError("invalid " + schema_name + ":\n  " + "\n  ".join(lines[:10]))
 
 
+# What makes a deployment the recipe's (issue 42, item 2; docs/acceptance.md "Official means the recipe's image and
+# minimums"): the image, the CUDA major inside it, the forbidden tag suffixes, the driver and vLLM minimums. A
+# profile whose value of one differs from the recipe it names (recipe/official.py regenerates it) or from the
+# official profile it extends is judged on the experimental route, never released as the recipe's deployment.
+OFFICIAL_FIELDS = ("image.reference", "image.digest", "image.cuda_major", "image.forbidden_tag_suffixes",
+                   "driver.min_branch", "driver.min_version", "vllm.min_version")
+
+
+def dotted_value(data: Any, dotted: str) -> Any:
+    node = data
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _comparable(value: Any) -> Any:
+    """YAML's 580 and "580", 0.27.1 written quoted or not: compared as text; lists item by item."""
+    if isinstance(value, list | tuple):
+        return [_comparable(v) for v in value]
+    return None if value is None else str(value).strip()
+
+
+def deviations_from(data: dict[str, Any], official: dict[str, Any], source: str) -> list[dict[str, Any]]:
+    """Each OFFICIAL_FIELDS value of `data` that differs from `official`'s: field, the profile's value, the official
+    value, where the official value comes from. A digest the official document leaves unpinned may be pinned (the
+    official image's own digest, compat.image_identity holds the image to it); every other difference counts,
+    weaker or stricter."""
+    out = []
+    for field_name in OFFICIAL_FIELDS:
+        mine, theirs = dotted_value(data, field_name), dotted_value(official, field_name)
+        if field_name == "image.digest" and theirs is None:
+            continue
+        if _comparable(mine) != _comparable(theirs):
+            out.append({"field": field_name, "profile": mine, "official": theirs, "source": source})
+    return out
+
+
+def chain_deviations(data: dict[str, Any], chain: tuple[str, ...]) -> tuple[dict[str, Any], ...]:
+    """Against the official profiles it extends (`experimental` false), the farthest first: a field changed by any
+    layer above an official profile is named once, against the farthest official value."""
+    found: dict[str, dict[str, Any]] = {}
+    for ancestor in reversed(chain):
+        path = Path(ancestor)
+        parent, _ = resolve_extends(_read_profile_file(path), path)
+        if parent.get("experimental"):
+            continue
+        for row in deviations_from(data, parent, f"official profile {path.name} ({parent.get('name')})"):
+            found.setdefault(row["field"], row)
+    return tuple(found[f] for f in OFFICIAL_FIELDS if f in found)
+
+
 @dataclass(frozen=True)
 class Profile:
     data: dict[str, Any]
     source: str
     extends: tuple[str, ...] = ()      # the files this one was layered on (nearest first), merged into `data`
+    # Where the merged profile's image and minimums differ from an official profile it extends (chain_deviations):
+    # known only where `extends` is resolved, so open_run records it in run.json for the report.
+    official_deviations: tuple[dict[str, Any], ...] = ()
 
     @cached_property
     def model(self) -> ProfileModel:
@@ -257,4 +313,5 @@ def load_profile(path: str | Path) -> Profile:
     data, chain = resolve_extends(_read_profile_file(path), path)
     where = f"profile {path}" + (f" (merged over {', '.join(chain)})" if chain else "")
     validate_document(data, "profile", where)
-    return Profile(data=data, source=str(path), extends=chain)
+    return Profile(data=data, source=str(path), extends=chain,
+                   official_deviations=chain_deviations(data, chain) if chain else ())

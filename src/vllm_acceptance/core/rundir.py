@@ -13,6 +13,7 @@ the file, the field and what is allowed. Layout of reports/<inventory>/<run-id>/
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import secrets
 from dataclasses import dataclass, field
@@ -173,9 +174,13 @@ def open_run(*, project_dir: Path, reports_dir: Path, inventory: str, variables:
            "hosts": hosts, "owner": variables.get("acceptance_owner"),
            "signoff": {"deployment_engineer": variables.get("acceptance_owner"),
                        "reviewer": variables.get("acceptance_reviewer") or None},
-           "inventory_vars": redact_obj({k: v for k, v in variables.items() if k.startswith(INVENTORY_KEYS)})}
+           "inventory_vars": redact_obj({k: v for k, v in variables.items() if k.startswith(INVENTORY_KEYS)}),
+           # the frozen copy is merged: what its `extends` chain says about the official image and minimums is
+           # kept here for the report (core/profile.py chain_deviations, issue 42 item 2)
+           "recipe_deviations": list(profile.official_deviations)}
     atomic_write(RunDir(run_dir).run_json, json.dumps(redact_obj(run), indent=2, default=str) + "\n")
     record_profile(run_dir, profile)
+    bind_profile(run_dir)
     return run_dir, profile
 
 
@@ -192,6 +197,168 @@ def record_profile(run_dir: Path, profile: Profile) -> str:
                     + yaml.safe_dump(profile.data, sort_keys=False, allow_unicode=True, width=4096))
         atomic_write(target, redact_text(text))  # a token in launch.env stays out
     return PROFILE_EVIDENCE
+
+
+# --- A run's files bound together (issue 42, item 7; docs/report.md "A run's files are bound") ----------------------
+# open_run records the frozen profile's sha256 in run.json (`profile_sha256`); the verdict (report/write.py) records
+# `judged_files`: the sha256 of every file under evidence/, findings/ and stages/ it judged (path -> sha256), of
+# run.json's own fields and of the report.json it wrote. `report`, `sign` and `diff` check them (check_run_files):
+# a file changed, removed or added since is refused, naming the file. A run opened before this binding existed
+# records neither: `report` still reads it, `sign` refuses it (its files cannot be proven to be the judged ones).
+BOUND_DIRS = ("evidence", "findings", "stages")
+PROFILE_SHA_KEY = "profile_sha256"
+JUDGED_KEY = "judged_files"
+
+
+class RunFilesChanged(ConfigError):
+    """A run's files no longer match what run.json bound (the message names each file and what to do)."""
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def files_manifest(run_dir: Path) -> dict[str, str]:
+    """path (relative to the run directory) -> sha256, for every regular file under evidence/, findings/, stages/
+    (a link is recorded by its target's content; a temporary file of an atomic write is left out)."""
+    root = Path(run_dir)
+    out: dict[str, str] = {}
+    for top in BOUND_DIRS:
+        base = root / top
+        if not base.is_dir():
+            continue
+        for path in sorted(base.rglob("*")):
+            if path.is_file() and not (path.name.startswith(".") and path.name.endswith(".tmp")):
+                out[path.relative_to(root).as_posix()] = sha256_of(path)
+    return out
+
+
+def _run_fields_sha256(run: dict[str, Any]) -> str:
+    """run.json's fields other than the binding record itself, canonical JSON."""
+    rest = {k: v for k, v in run.items() if k != JUDGED_KEY}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def bind_profile(run_dir: Path) -> str:
+    """Record the frozen profile's sha256 in run.json (open_run, right after record_profile)."""
+    digest = sha256_of(RunDir(run_dir).profile_path)
+    update_run(run_dir, **{PROFILE_SHA_KEY: digest})
+    return digest
+
+
+@dataclass(frozen=True)
+class RunBinding:
+    """What run.json binds of a run: `state` `bound` (the verdict recorded its files), `open` (only the profile,
+    before the verdict), `unbound` (a run opened before the binding existed); `changed`: one line per file that no
+    longer matches."""
+
+    state: str
+    changed: tuple[str, ...] = ()
+    profile_sha256: str | None = None
+    files: int = 0
+
+    @property
+    def intact(self) -> bool:
+        return not self.changed
+
+    def summary(self) -> dict[str, Any]:
+        return {"state": self.state, "intact": self.intact, "profile_sha256": self.profile_sha256,
+                "files": self.files, "changed": list(self.changed)}
+
+
+def read_binding(run_dir: Path, *, include_report: bool = True) -> RunBinding:
+    """The run's files against what run.json bound (nothing is written). `include_report`: also compare
+    report.json with the one the verdict wrote (sign, diff; `report` writes a new one anyway)."""
+    run_dir = Path(run_dir)
+    try:
+        run = json.loads(RunDir(run_dir).run_json.read_text())
+    except (OSError, ValueError):
+        run = None
+    if not isinstance(run, dict):     # no readable run.json: nothing bound, nothing proven (sign refuses it)
+        return RunBinding(state="unbound")
+    profile_sha = run.get(PROFILE_SHA_KEY)
+    judged = run.get(JUDGED_KEY) if isinstance(run.get(JUDGED_KEY), dict) else None
+    if not profile_sha and judged is None:
+        return RunBinding(state="unbound")
+    changed: list[str] = []
+    frozen = RunDir(run_dir).profile_path
+    if profile_sha:
+        now = sha256_of(frozen) if frozen.is_file() else None
+        if now is None:
+            changed.append(f"{PROFILE_EVIDENCE}: removed (run.json recorded sha256 {profile_sha})")
+        elif now != profile_sha:
+            changed.append(f"{PROFILE_EVIDENCE}: changed since the run was opened (sha256 {now}, run.json recorded "
+                           f"{profile_sha})")
+    if judged is None:
+        return RunBinding(state="open", changed=tuple(changed), profile_sha256=profile_sha)
+    recorded = judged.get("manifest") if isinstance(judged.get("manifest"), dict) else {}
+    current = files_manifest(run_dir)
+    for path in sorted(set(recorded) | set(current)):
+        if path not in current:
+            changed.append(f"{path}: removed since the verdict")
+        elif path not in recorded:
+            changed.append(f"{path}: added since the verdict")
+        elif current[path] != recorded[path] and not (path == PROFILE_EVIDENCE and profile_sha):
+            changed.append(f"{path}: changed since the verdict")
+    if judged.get("run_sha256") and _run_fields_sha256(run) != judged.get("run_sha256"):
+        changed.append("run.json: its fields changed since the verdict")
+    report = RunDir(run_dir).report_json
+    if include_report and judged.get("report_sha256"):
+        now_report = sha256_of(report) if report.is_file() else None
+        if now_report != judged.get("report_sha256"):
+            changed.append("report.json: " + ("removed" if now_report is None else "changed") + " since the verdict "
+                           "wrote it")
+    return RunBinding(state="bound", changed=tuple(changed), profile_sha256=profile_sha, files=len(recorded))
+
+
+def refuse_changed(run_dir: Path, binding: RunBinding, command: str) -> None:
+    """RunFilesChanged naming each file, when the run's files no longer match what run.json bound."""
+    if binding.intact:
+        return
+    raise RunFilesChanged(
+        f"{command}: refused: run {Path(run_dir)} no longer holds the files it was judged on: "
+        + "; ".join(binding.changed)
+        + ". A run's files are bound when it is opened and when its verdict is taken (run.json profile_sha256, "
+          f"{JUDGED_KEY}); re-run the acceptance (a new run) rather than editing a finished one")
+
+
+def check_run_files(run_dir: Path, command: str, *, include_report: bool = True) -> RunBinding:
+    """read_binding, refused (RunFilesChanged, exit 2) when a bound file changed."""
+    binding = read_binding(run_dir, include_report=include_report)
+    refuse_changed(run_dir, binding, command)
+    return binding
+
+
+def verdict_record(run_dir: Path) -> dict[str, Any]:
+    """What the verdict judged (nothing written): the manifest and run.json's fields; {} on a run whose profile was
+    not bound at open_run (a run opened before the binding stays unbound: its files cannot be proven)."""
+    run = json.loads(RunDir(run_dir).run_json.read_text())
+    if not run.get(PROFILE_SHA_KEY):
+        return {}
+    return {"manifest": files_manifest(run_dir), "run_sha256": _run_fields_sha256(run),
+            "at": dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat()}
+
+
+def bind_verdict(run_dir: Path, record: dict[str, Any]) -> None:
+    """Record verdict_record's record in run.json (`judged_files`), just before report.json is written."""
+    path = RunDir(run_dir).run_json
+    run = {k: v for k, v in json.loads(path.read_text()).items() if k != JUDGED_KEY}
+    atomic_write(path, json.dumps({**run, JUDGED_KEY: record}, indent=2, default=str) + "\n")
+
+
+def bind_report(run_dir: Path) -> None:
+    """Record the sha256 of the report.json the verdict wrote (after it is written)."""
+    path = RunDir(run_dir).run_json
+    run = json.loads(path.read_text())
+    judged = run.get(JUDGED_KEY)
+    if not isinstance(judged, dict):
+        return
+    judged["report_sha256"] = sha256_of(RunDir(run_dir).report_json)
+    atomic_write(path, json.dumps(run, indent=2, default=str) + "\n")
 
 
 def update_run(run_dir: Path, **fields: Any) -> None:

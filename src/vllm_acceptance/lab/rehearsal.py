@@ -822,6 +822,40 @@ def custom_image(r: Rehearsal, reports: Path) -> Outcome:
         r.ssh("gb300-a01", "docker", "rm", "-f", CONTAINER)
 
 
+# Issue 42 item 2: the issue's site profile over the rehearsal's official profile: another image name (pinned by
+# digest, so compat.image_identity passes on the profile's own image), no forbidden suffix, a driver minimum below
+# the recipe's R580. Its image and minimums are not the official profile's: never a release as it.
+SITE_CUSTOM_IMAGE = f"""\
+extends: {PROFILE}
+name: acme-rehearsal-gb300
+description: A site profile that swaps the official image and minimums (issue 42, item 2).
+image:
+  reference: ghcr.io/acme/vllm-k3:custom
+  digest: "{DIGEST}"
+  forbidden_tag_suffixes: []
+driver:
+  min_branch: 570
+"""
+
+
+def custom_image_site(r: Rehearsal, reports: Path) -> Outcome:
+    """custom-image through a site profile (issue 42, item 2): the profile itself names the other image and weaker
+    minimums, `extends:` the official one; no inventory variable overrides anything. Every check may pass: the run is
+    judged on the experimental route and never released as the official profile (report/build.py,
+    compat.lineage.release_scope), and the first reason says so."""
+    site = r.workdir / "profiles" / "acme-rehearsal-gb300.yml"
+    site.parent.mkdir(parents=True, exist_ok=True)
+    site.write_text(SITE_CUSTOM_IMAGE)
+    r.set_node("gb300-a01", "flat")
+    r.ssh("gb300-a01", "docker", "rm", "-f", CONTAINER)
+    inv = r.inventory("custom-image-site", gpu_nodes=["gb300-a01"], head="gb300-a01", profile=site,
+                      variables={"vllm_serve_mode": "launch", **NO_CACHE_RESTART})
+    try:
+        return run_accept(inv, reports)
+    finally:
+        r.ssh("gb300-a01", "docker", "rm", "-f", CONTAINER)
+
+
 def extra_limit(r: Rehearsal, reports: Path) -> Outcome:
     """`--max-num-seqs 1` added by vllm_serve_extra_args: refused at validation, before any node is touched."""
     inv = r.inventory("extra-limit", gpu_nodes=["gb300-a01"], head="gb300-a01",
@@ -897,6 +931,10 @@ PLAYS: dict[str, Play] = {
     # Issue 28: the image and the arguments that run are judged, not the variables that name them.
     "custom-image": Play("limited_observation", custom_image, ("NOT THE OFFICIAL IMAGE", "ghcr.io/acme/vllm-k3"),
                          suite=False),
+    # Issue 42 item 2: the same through a site profile (extends: the official one): never a release as official.
+    "custom-image-site": Play("limited_observation", custom_image_site,
+                              ("NOT THE RECIPE'S IMAGE AND MINIMUMS", "ghcr.io/acme/vllm-k3:custom",
+                               "driver.min_branch"), suite=False),
     "extra-limit": Play("refused", extra_limit, ("vllm_serve_extra_args", "--max-num-seqs 1"), suite=False),
     "extra-limit-attached": Play("rebuild_environment", extra_limit_attached,
                                  ("compat.actual_config.unlisted_args",), suite=False),

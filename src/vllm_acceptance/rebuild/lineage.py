@@ -179,11 +179,30 @@ def last_official_run(inventory_dir: Path, base_profile: str, *, exclude: Path |
     return best[1] if best else None
 
 
-def release_scope(document: Mapping[str, Any], checks: Mapping[str, Finding]) -> Finding:
-    """May a `release` of this run stand? Only on the image's own experimental profile, never the official one."""
+def off_recipe(name: str, deviations: list[Mapping[str, Any]]) -> str:
+    """The deviations from the recipe (or official profile) a profile names, in words (issue 42, item 2)."""
+    return (f"profile {name}'s image and minimums are not its recipe's: " + "; ".join(
+        f"{d.get('field')} {d.get('profile')!r} (official {d.get('official')!r}, {d.get('source')})"
+        for d in deviations))
+
+
+def release_scope(document: Mapping[str, Any], checks: Mapping[str, Finding],
+                  deviations: list[Mapping[str, Any]] | None = None) -> Finding:
+    """May a `release` of this run stand? Only on the image's own experimental profile, never the official one.
+    `deviations`: where the profile's image, CUDA, driver or vLLM minimums or forbidden suffixes differ from the
+    recipe or official profile it names (core/profile.py, recipe/official.py): such a profile not declared
+    experimental is never released (as the recipe's deployment or otherwise)."""
     check = catalog_get("compat.lineage.release_scope")
     name = str(document.get("name") or "")
     lineage = document.get("lineage") if isinstance(document.get("lineage"), Mapping) else None
+    if not document.get("experimental") and deviations:
+        return check.fail(None, observed={"profile": name, "experimental": False,
+                                          "recipe_deviations": [dict(d) for d in deviations]},
+                          expected="the recipe's image and minimums, or a profile declared experimental with the "
+                                   "image's lineage",
+                          reason=off_recipe(name, deviations) + ": never released as the recipe's deployment",
+                          action="run the recipe's image and minimums (drop the overrides), or declare the profile "
+                                 "experimental: true with the image's lineage (playbooks/build_image.yml writes it)")
     if not document.get("experimental"):
         if lineage:
             return check.fail(None, observed={"profile": name, "lineage": True},
@@ -217,8 +236,10 @@ def release_scope(document: Mapping[str, Any], checks: Mapping[str, Finding]) ->
 def lineage_checks(document: Mapping[str, Any], *, build: Mapping[str, Any] | None = None,
                    rebuilt: Mapping[str, Any] | None = None, rebuilt_path: str | None = None,
                    run: Mapping[str, Any] | None = None, official: Mapping[str, Any] | None = None,
-                   official_path: str | None = None, today: dt.date | None = None) -> dict[str, Finding]:
-    """Every lineage check of one experimental profile (and its run, when given)."""
+                   official_path: str | None = None, today: dt.date | None = None,
+                   deviations: list[Mapping[str, Any]] | None = None) -> dict[str, Finding]:
+    """Every lineage check of one experimental profile, or of one whose image and minimums are not its recipe's
+    (`deviations`), and of its run, when given."""
     lineage = document.get("lineage") if isinstance(document.get("lineage"), Mapping) else {}
     merged = {**(build or {}), **{k: v for k, v in (lineage or {}).items() if v not in (None, "", [])}}
     if "patches" in (build or {}) and "patches" not in merged:
@@ -228,5 +249,5 @@ def lineage_checks(document: Mapping[str, Any], *, build: Mapping[str, Any] | No
                                                           rebuilt_path=rebuilt_path)}
     if run is not None:
         checks["compat.lineage.official_diff"] = official_diff(run, official, official_path=official_path)
-    checks["compat.lineage.release_scope"] = release_scope(document, checks)
+    checks["compat.lineage.release_scope"] = release_scope(document, checks, deviations)
     return checks

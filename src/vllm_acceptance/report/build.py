@@ -18,12 +18,13 @@ from typing import Any
 from ..core.findings import Consequence, Finding, Status, read_findings
 from ..core.probes import PROBE_KINDS
 from ..core.profile import Profile
-from ..core.rundir import RunDir
+from ..core.rundir import RunDir, check_run_files
 from ..core.stage_details import StageDetails, TeardownDetails
 from ..monitoring.generate import monitoring_summary
-from ..rebuild.lineage import last_official_run, lineage_checks, load_lineage
+from ..rebuild.lineage import last_official_run, lineage_checks, load_lineage, off_recipe
 from ..rebuild.remediation.isolated import isolated_environment_record
 from ..rebuild.remediation.routes import route_for_report
+from ..recipe.official import recipe_deviations
 from ..rules.registry import get as catalog_get
 from ..rules.registry import missing
 from ..verdict import IMMEDIATE_ACTION, REOPEN_TRIGGERS, ROLLBACK_TRIGGERS, Decision, annotate, decide, traffic_gates
@@ -131,6 +132,35 @@ def experimental_route(decision: Decision, other_image: dict[str, Any] | None, f
         "(playbooks/build_image.yml, compat.lineage.*)"))
 
 
+def official_deviations(profile: Profile, run: dict[str, Any]) -> list[dict[str, Any]]:
+    """Where the profile's image, CUDA, driver or vLLM minimums or forbidden suffixes differ from the recipe it names
+    (regenerated, recipe/official.py) or from an official profile it extends (recorded in run.json by open_run, as
+    the frozen copy is merged; or known from the profile itself when it was loaded from its file)."""
+    rows: dict[str, dict[str, Any]] = {}     # one row per field: the recipe's value first, else the official profile's
+    recorded = run.get("recipe_deviations") if isinstance(run.get("recipe_deviations"), list) else []
+    for row in [*recipe_deviations(profile.data), *recorded, *profile.official_deviations]:
+        if isinstance(row, dict) and row.get("field") not in rows:
+            rows[str(row.get("field"))] = dict(row)
+    return list(rows.values())
+
+
+def off_recipe_route(decision: Decision, profile: Profile, deviations: list[dict[str, Any]],
+                     findings: list[Finding]) -> None:
+    """A profile that is not its recipe's deployment (another image, weaker or other minimums) and not declared
+    experimental is judged on the experimental route: never a release, and the first reason says so."""
+    if not deviations or profile.experimental:
+        return
+    decision.experimental = True
+    if decision.verdict == "release":
+        decision.verdict = "limited_observation"
+        decision.gates = traffic_gates(decision.verdict, findings)
+    decision.reasons.insert(0, (
+        "NOT THE RECIPE'S IMAGE AND MINIMUMS: " + off_recipe(profile.name, deviations) + f": never an acceptance "
+        f"of the recipe's deployment (recipe commit {profile.model.at('recipe.commit') or 'not recorded'}); judged "
+        "on the experimental route: release only on the image's own experimental profile with its lineage "
+        "(playbooks/build_image.yml, compat.lineage.*)"))
+
+
 def gpu_nodes_named(profile: Profile, run: dict[str, Any], findings: list[Finding]) -> list[Finding]:
     """A GPU profile judged without any GPU node (empty or misspelled gpu_nodes) is never a release:
     the preflight file alone proves nothing when it holds no node's evidence."""
@@ -173,12 +203,15 @@ def name_unreachable_cause(findings: list[Finding], unreachable: list[str]) -> N
 
 def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
                  signoff: dict[str, Any] | None = None) -> dict[str, Any]:
+    check_run_files(run_dir, "report", include_report=False)   # a finished run's files, edited since: refused
     run = read_json(RunDir(run_dir).run_json) or {}
     findings, errors = collect_findings(run_dir)
     findings += gpu_nodes_named(profile, run, findings)
     drop_dangling_evidence(run_dir, findings)
+    # A profile whose image and minimums are not its recipe's is on the experimental route too (issue 42, item 2).
+    deviations = official_deviations(profile, run)
     # A self-built image's lineage checks; its release scope is a finding the decision reads.
-    lineage = experimental_lineage(run_dir, profile, findings)
+    lineage = experimental_lineage(run_dir, profile, findings, deviations)
     findings += [f for f in lineage.values() if f.check == "compat.lineage.release_scope"]
     review = profile.model.review
     annotate(findings, owner or run.get("owner") or review.owner, int(review.period_days))
@@ -195,6 +228,7 @@ def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
     tested_on_overrides(decision, overrides, findings)
     other_image = not_official_image(profile, findings)
     experimental_route(decision, other_image, findings)
+    off_recipe_route(decision, profile, deviations, findings)
     typed = StageDetails.from_stages(stages)
     facts = typed.preflight.hosts
     environment = {**environment_summary(facts), **run.get("environment", {})} if facts else run.get("environment", {})
@@ -218,6 +252,7 @@ def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
         "lineage": profile.model.at("lineage"),
         "lineage_checks": {k: f.to_dict() for k, f in lineage.items() if k != "compat.lineage.release_scope"},
         "recipe": profile.model.at("recipe"),
+        "recipe_deviations": deviations,
         "gates": decision.gates,
         "limits": typed.load.limits,
         "slo": profile.model.at("contract.slo"),
@@ -261,11 +296,13 @@ def build_report(run_dir: Path, profile: Profile, *, owner: str | None = None,
     return report
 
 
-def experimental_lineage(run_dir: Path, profile: Profile, findings: list[Finding]) -> dict[str, Finding]:
+def experimental_lineage(run_dir: Path, profile: Profile, findings: list[Finding],
+                         deviations: list[dict[str, Any]] | None = None) -> dict[str, Finding]:
     """A self-built image's lineage checks (rebuild/lineage.py): the build's lineage.json and a rebuild's
-    reproduction.json beside its build log, and this inventory's last official-profile run."""
+    reproduction.json beside its build log, and this inventory's last official-profile run; also for a profile
+    whose image and minimums are not its recipe's (`deviations`), declared experimental or not."""
     lineage = profile.model.lineage
-    if not profile.experimental and lineage is None:
+    if not profile.experimental and lineage is None and not deviations:
         return {}
     build_dir = Path(str(lineage.build_log)).parent if lineage and lineage.build_log else None
     rebuilt_path = build_dir / "reproduction.json" if build_dir else None
@@ -275,7 +312,8 @@ def experimental_lineage(run_dir: Path, profile: Profile, findings: list[Finding
     official = read_json(RunDir(official_dir).report_json) if official_dir else None
     return lineage_checks(profile.data, build=load_lineage(build_dir / "lineage.json") if build_dir else None,
                           rebuilt=load_lineage(rebuilt_path), rebuilt_path=str(rebuilt_path) if rebuilt_path else None,
-                          run=run, official=official, official_path=str(official_dir) if official_dir else None)
+                          run=run, official=official, official_path=str(official_dir) if official_dir else None,
+                          deviations=deviations)
 
 
 def server_state(teardown: Any) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..core.rundir import RunDir
+from ..core.rundir import RunDir, check_run_files
 from ..core.stage_details import StageDetails
 from .reopen import fired_triggers
 
@@ -33,6 +33,8 @@ def load_report(path: Path) -> tuple[Path, dict[str, Any]]:
     if not file.is_file():
         raise RunNotFound(f"{path}: no report.json (give a run directory reports/<inventory>/<run-id>, "
                           "its report.json, or reports/<inventory>/latest)")
+    if RunDir(file.parent).run_json.is_file():
+        check_run_files(file.parent, "diff")   # a run whose files changed since its verdict: refused (exit 2)
     try:
         return file.parent.resolve(), json.loads(file.read_text())
     except ValueError as exc:

@@ -69,6 +69,13 @@ def render_markdown(report: dict[str, Any]) -> str:
     out = [f"# Acceptance: {report.get('inventory')} / {report.get('run_id')}", "",
            f"**Verdict: `{verdict}` — {VERDICT_TITLES.get(verdict, verdict)}**", "",
            f"**Immediate action:** {fmt(report.get('immediate_action'))}", ""]
+    off_recipe = [d for d in report.get("recipe_deviations") or [] if isinstance(d, dict)]
+    if off_recipe:
+        out += [f"> **Not the recipe's image and minimums.** Profile `{fmt(report.get('profile'))}`: " + "; ".join(
+            f"`{fmt(d.get('field'))}` {fmt(d.get('profile'))} (official {fmt(d.get('official'))}, "
+            f"{fmt(d.get('source'))})" for d in off_recipe) + ": never an acceptance of the recipe's deployment; "
+                "judged on the experimental route (release only on the image's own experimental profile, with its "
+                "lineage).", ""]
     other = report.get("official_image")
     if isinstance(other, dict):
         out += [f"> **Not the official image.** {fmt(', '.join(other.get('reference') or []))} is not profile "

@@ -17,7 +17,7 @@ from typing import Any
 import jsonschema
 
 from ..core.redact import redact_obj
-from ..core.rundir import RunDir
+from ..core.rundir import RunDir, bind_report, bind_verdict, check_run_files, verdict_record
 from .render_html import render_html
 from .render_junit import render_junit
 from .render_md import render_markdown
@@ -85,14 +85,32 @@ def write_reports(run_dir: Path, report: dict[str, Any]) -> list[Path]:
     lost = evidence_errors(run_dir, report)
     if lost:
         raise ReportInvalid("evidence paths that do not exist:\n  " + "\n  ".join(lost[:20]))
+    judged, run_files = verdict_files(run_dir)
+    report = {**report, "run_files": run_files}
     documents = {
         "report.json": json.dumps(report, indent=2, default=str, ensure_ascii=False) + "\n",
         "report.html": render_html(report),
         "report.md": render_markdown(report),
         "junit.xml": render_junit(report),
     }
+    if judged:
+        bind_verdict(run_dir, judged)    # run.json: the files this verdict judged (core/rundir.py)
     written = []
     for name, text in documents.items():
         atomic_write_text(RunDir(run_dir).report_file(name), text)
         written.append(RunDir(run_dir).report_file(name))
+    if judged:
+        bind_report(run_dir)    # run.json holds the sha256 of the report.json a reviewer signs
     return written
+
+
+def verdict_files(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The verdict is taken on these files: refuse a run whose bound files changed (core/rundir.py); the record of
+    what is judged, for run.json ({} on a run opened before the binding), and report.json's `run_files`."""
+    binding = check_run_files(run_dir, "report", include_report=False)
+    if binding.state == "unbound":
+        return {}, {**binding.summary(), "note": "opened before a run's files were bound: readable, but its files "
+                                                 "cannot be proven to be the judged ones, so it cannot be signed"}
+    record = verdict_record(run_dir)
+    return record, {"state": "bound", "intact": True, "profile_sha256": binding.profile_sha256,
+                    "files": len(record.get("manifest") or {})}

@@ -736,7 +736,10 @@ register("compat.lineage.release_scope", stage="report", consequence=LIMIT,
          title="Experimental release only on its own experimental profile",
          rule="a release of a self-built image is allowed only on its own experimental profile (a name other than "
               "its base profile), with complete lineage, a reproducible build and an exit date not passed; it is "
-              "labelled experimental and never stands for the official profile",
-         evidence="the run's profile (experimental, lineage), the lineage checks",
+              "labelled experimental and never stands for the official profile; a profile whose image, CUDA major, "
+              "forbidden tag suffixes, driver or vLLM minimums differ from its recipe's (or the official profile it "
+              "extends) and is not declared experimental fails",
+         evidence="the run's profile (experimental, lineage, recipe record), run.json recipe_deviations, the "
+                  "lineage checks",
          source="docs/acceptance.md: a self-built image is released only on its own experimental profile, never as "
                 "acceptance of the official image")
