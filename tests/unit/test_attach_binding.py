@@ -232,6 +232,9 @@ def test_the_node_script_run_as_another_user(root_listener, tmp_path: Path) -> N
     proc, port = root_listener
     hidden = as_nobody(str(port))
     assert json.loads(hidden)["pid"] is None and hidden_server(hidden)
+    # only a container named, one this node cannot inspect: no pid, never the container's name taken for one
+    boxed = json.loads(as_nobody(str(port), "", "no-such-container"))
+    assert boxed["pid"] is None and "the named container no-such-container" in boxed["reason"]
     named = as_nobody(str(port), str(proc.pid))
     data = json.loads(named)
     assert data["pid"] == proc.pid and data["pid_from"] == f"vllm_serve_pid {proc.pid}"
@@ -242,3 +245,31 @@ def test_the_node_script_run_as_another_user(root_listener, tmp_path: Path) -> N
     assert nccl.status == Status.INCONCLUSIVE and "environment is not readable" in nccl.reason
     recipe_args, _ = expected_comm_settings(load_profile(KIMI), "nvl")
     assert nccl.expected["args"] == recipe_args
+
+
+def live_command(**variables: object) -> list[str]:
+    """The live_process command of roles/preflight/templates/commands.yml.j2 as the role renders it."""
+    import jinja2
+    import yaml
+    from test_imex_channel import _jinja
+
+    env = _jinja(jinja2.FileSystemLoader(str(ROOT / "roles/preflight/templates")))
+    env.filters["int"] = int
+    env.globals["lookup"] = lambda kind, name: (ROOT / "roles/preflight/files" / name).read_text()
+    text = env.get_template("commands.yml.j2").render(
+        preflight_container_runtime="docker", preflight_pull_image=False, preflight_gpu_checks=False,
+        preflight_nvswitch=False, preflight_mnnvl=False, preflight_multinode=False, preflight_image="img@sha256:x",
+        preflight_json_format="{{json .}}", preflight_probe_timeout_s=900, preflight_driver_version_file="/v",
+        preflight_nccl_test=False, ansible_play_hosts_all=["t01"], inventory_hostname="t01",
+        preflight_profile={"hardware": {"gpus_per_node": 4}}, preflight_inputs={}, preflight_secrets=[],
+        ansible_check_mode=False, preflight_runtime_python="python3", **variables)
+    found = [c for c in yaml.safe_load(text.split("- name: inputs")[0]) if c["name"] == "live_process"]
+    assert len(found) == 1
+    return [str(a) for a in found[0]["argv"]]
+
+
+def test_the_role_hands_the_named_pid_and_container_to_the_node_script() -> None:
+    named = live_command(preflight_live_port="8000", preflight_live_pid=4242, preflight_live_container="vllm")
+    assert named[:2] == ["python3", "-c"] and named[3:] == ["8000", "4242", "vllm"]
+    plain = live_command(preflight_live_port="8000", preflight_live_pid="", preflight_live_container="")
+    assert plain[3:] == ["8000", "", ""]

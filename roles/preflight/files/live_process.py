@@ -334,4 +334,5 @@ def read_server(port, pid_hint=None, container_hint=None):
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(int(sys.argv[1]), *(a for a in sys.argv[2:4] if a)), indent=1, sort_keys=True))
+    hints = [(sys.argv[i] if len(sys.argv) > i and sys.argv[i] else None) for i in (2, 3)]   # pid, container
+    print(json.dumps(main(int(sys.argv[1]), *hints), indent=1, sort_keys=True))
