@@ -138,7 +138,7 @@ def test_a_load_balancer_in_front_cannot_bind(tmp_path: Path) -> None:
     assert head.status == Status.PASS and "gb300-a01 (pid 4242)" in head.reason
     # the URL names the other tray, where nothing listens: not bound to a01's listener
     other = location(tmp_path / "other", "http://gb300-a02:8000/v1", {"host": "gb300-a02", "addresses": ["10.20.0.12"]})
-    assert other.status == Status.INCONCLUSIVE
+    assert other.status == Status.INCONCLUSIVE and "is gb300-a02, where nothing listens on port 8000" in other.reason
     # a name that did not resolve on the controller, or a run that recorded no resolution: never a pass
     unresolved = location(tmp_path / "unresolved", "http://gb300-a01:8000/v1",
                           {"host": "gb300-a01", "addresses": [], "error": "gb300-a01 does not resolve here"})

@@ -231,6 +231,14 @@ def _bind(check: Any, here: list[NodeListen], nodes: list[NodeListen], resolved:
                                          "and each node names its addresses)")
     if not bound:
         addresses = ", ".join(observed["url_host"]["addresses"])
+        owners = [n.host for n in nodes if n.state != "here" and resolved and url_node(n, resolved)]
+        if owners:
+            return check.inconclusive(None, observed=observed, expected=expected, evidence=evidence,
+                                      reason=f"{url_host} ({addresses}) is {', '.join(owners)}, where nothing "
+                                             f"listens on port {port}; port {port} is listened on by {listening}, "
+                                             f"which {url} does not name: the server cannot be bound",
+                                      action="point vllm_base_url at the node that serves (its own address), or "
+                                             "check the port")
         return check.inconclusive(None, observed=observed, expected=expected, evidence=evidence,
                                   reason=f"{url_host} ({addresses}) is no judged node's address: port {port} is "
                                          f"listened on by {listening}, but what answers {url} is another machine "
