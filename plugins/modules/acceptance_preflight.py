@@ -165,6 +165,7 @@ try:
         read_unreachable,
         save_node_streams,
         save_unreachable,
+        save_url_resolution,
         stage_details,
         unreachable,
     )
@@ -202,6 +203,7 @@ def run_unpack(module: AcceptanceModule) -> None:
     nodes = {host: _node(module, host, answer) for host, answer in (params["nodes"] or {}).items()}
     try:
         saved = save_node_streams(Path(params["run_dir"]), nodes, params["secrets"])
+        save_url_resolution(Path(params["run_dir"]))    # attach: where the controller reaches vllm_base_url
         down = save_unreachable(Path(params["run_dir"]), {str(h): str(e) for h, e in params["unreachable"].items()},
                                 params["secrets"])
     except (OSError, ValueError) as exc:

@@ -182,9 +182,11 @@ def save_answer(run_dir: Path, host: str, answer: str) -> None:
     (base / "live_process.json").write_text(json.dumps({"cmd": ["python3"], "rc": 0, "stderr": "", "missing": False}))
 
 
-def located(run_dir: Path, answers: dict[str, str | None], url: str, mode: str = "attach") -> Finding:
-    """compat.server_location of a run on two trays, each answering `answers[host]` (None: unreachable)."""
-    from vllm_acceptance.preflight.stage import judge
+def located(run_dir: Path, answers: dict[str, str | None], url: str, mode: str = "attach",
+            resolved: dict[str, object] | None = None) -> Finding:
+    """compat.server_location of a run on two trays, each answering `answers[host]` (None: unreachable). The URL's
+    host as this controller resolves it (preflight's unpack), or as `resolved` says."""
+    from vllm_acceptance.preflight.stage import URL_EVIDENCE, judge, save_url_resolution
 
     from nodefixtures import build_evidence
 
@@ -195,6 +197,11 @@ def located(run_dir: Path, answers: dict[str, str | None], url: str, mode: str =
             save_answer(run_dir, host, answer)
     (run_dir / "run.json").write_text(json.dumps({"hosts": hosts, "inventory_vars": {
         **EXAMPLE_GB300, "vllm_serve_mode": mode, "vllm_base_url": url}}))
+    if resolved is None:
+        save_url_resolution(run_dir)
+    else:
+        (run_dir / URL_EVIDENCE).parent.mkdir(parents=True, exist_ok=True)
+        (run_dir / URL_EVIDENCE).write_text(json.dumps(resolved))
     found = [f for f in judge(run_dir, load_profile(KIMI), hosts, today=dt.date(2026, 8, 30))
              if f.check == "compat.server_location"]
     assert len(found) == 1
@@ -207,7 +214,15 @@ def captured_answer(capture: Path, port: int) -> str:
     node: dict[str, object] = {}
     exec(compile(NODE_SCRIPT, "live_process.py", "exec"), node)  # noqa: S102 - the real node script's code
     told, _ = node["from_ss"](capture.read_text(), 0, "", port)  # type: ignore[operator]
-    return json.dumps(told)
+    # as main() completes it: this machine's own addresses and network namespace (the trays are this machine)
+    return json.dumps({**told, "addresses": node["local_addresses"](), "netns": node["netns_identity"]()})  # type: ignore[operator]
+
+
+def own_address() -> str:
+    """A non-loopback address of this machine (what a tray's name resolves to in these tests)."""
+    node: dict[str, object] = {}
+    exec(compile(NODE_SCRIPT, "live_process.py", "exec"), node)  # noqa: S102 - the real node script's code
+    return next(a for a in node["local_addresses"]() if not a.startswith(("127.", "::1", "fe80")))  # type: ignore[operator]
 
 
 def test_the_real_listener_on_a_judged_node_locates_the_server(serving, tmp_path: Path) -> None:
@@ -258,13 +273,16 @@ def test_recorded_ss_captures_locate_the_server_by_port(tmp_path: Path, capture:
     answer = captured_answer(SS_CAPTURES / capture, 8001)
     # the URL the controller uses on that node itself (as the lab's localhost node): any listener on the port counts
     here = located(tmp_path, {"gb300-a01": node_answer_nobody(8001), "gb300-a02": answer}, "http://127.0.0.1:8001/v1")
-    assert here.status == Status.PASS, here.reason
     serving = here.observed["serving"][0]
     assert (serving["host"], serving["pid"], serving["process"]) == ("gb300-a02", pid, process)
-    assert ("not visible to this user" in here.reason) == (pid is None)
+    if pid is None:   # another user's process: bound to no process the run sees, never a pass (issue 42 item 3)
+        assert here.status == Status.INCONCLUSIVE and "not visible to this user" in here.reason
+        assert "vllm_serve_attach_container" in here.action and "become" in here.action
+    else:
+        assert here.status == Status.PASS, here.reason
     # a URL on the node's name: a socket bound to loopback there cannot be what answers it
     remote = located(tmp_path / "remote", {"gb300-a01": node_answer_nobody(8001), "gb300-a02": answer},
-                     "http://gb300-a02:8001/v1")
+                     "http://gb300-a02:8001/v1", resolved={"host": "gb300-a02", "addresses": [own_address()]})
     if address == "127.0.0.1":
         assert remote.status == Status.INCONCLUSIVE and "bound to loopback only" in remote.reason
     else:

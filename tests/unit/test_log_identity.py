@@ -22,9 +22,17 @@ BLOCKS_NO_VERSION = "v1-0.9-runai-streamer-ready.log"    # 70688 GPU blocks, its
 SOURCE = "the command `journalctl -u vllm.service -b --no-pager -o cat` on head-01"
 
 
+# The running processes' argv (/proc/PID/cmdline) as each log's source states its command line.
+ARGV = {LAB: ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", ".lab/models/tiny-agent",
+              "--served-model-name", "tiny-agent", "--host", "127.0.0.1", "--port", "20101", "--enable-prefix-caching",
+              "--max-model-len", "2048", "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--dtype",
+              "float32", "--enforce-eager"],
+        TP2: ["vllm", "serve", "/data/datasets/models-hf/Qwen2.5-0.5B/", "--tensor-parallel-size", "2"]}
+
+
 def judged(name: str, live: LiveIdentity):
     return check_log_identity(scan_startup_log((REAL / name).read_text(errors="replace")), live, SOURCE, "head-01",
-                              ["evidence/serve/startup.log"])
+                              ["evidence/serve/startup.log"], ARGV.get(name))
 
 
 def test_the_log_of_the_running_server_is_accepted() -> None:

@@ -15,8 +15,15 @@ probe inside the running server's container with the same script:
 `python3 -c "$(cat live_process.py)" exec PORT -- ARGV...` finds the process serving PORT (or the headless vLLM
 worker), its container from /proc/PID/cgroup, and runs `crictl exec CONTAINER ARGV...` (docs/sources.md#crictl-node),
 its output and exit status passed through; a process in no CRI container, or no crictl, exits 3 saying why.
-Usage: python3 -c "$(cat live_process.py)" PORT"""
+A listener whose pid `ss` hides (another user's process: a docker-group user attached to a root container) is
+read through the pid or the container the operator named (vllm_serve_pid, vllm_serve_attach_container), never
+guessed; `pid_from` says which. The node's own addresses (`addresses`: /proc/net/fib_trie, /proc/net/if_inet6)
+and its network namespace (`netns`: boot id and /proc/self/ns/net inode) let the controller bind the URL's host
+to this node (rules/live_server.py; issue 42 item 3).
+Usage: python3 -c "$(cat live_process.py)" PORT [PID] [CONTAINER]
+       python3 -c "$(cat live_process.py)" exec PORT -- ARGV..."""
 
+import ipaddress
 import json
 import os
 import re
@@ -213,12 +220,97 @@ def from_ss(stdout, returncode, stderr, port):
     return {"port": port, "pid": pids[0], "listeners": lines}, lines
 
 
-def main(port):
+def local_addresses(proc="/proc"):
+    """The addresses of this node's own network namespace: IPv4 from /proc/net/fib_trie (each `/32 host LOCAL`
+    leaf, the address on the `|--` line above it), IPv6 from /proc/net/if_inet6 (32 hex digits a line)."""
+    found = set()
+    try:
+        with open(f"{proc}/net/fib_trie") as handle:
+            leaf = None
+            for line in handle:
+                text = line.strip()
+                if text.startswith("|--"):
+                    leaf = text[3:].strip()
+                elif text.startswith("/32 host LOCAL") and leaf:
+                    found.add(leaf)
+    except OSError:
+        pass
+    try:
+        with open(f"{proc}/net/if_inet6") as handle:
+            for line in handle:
+                if line.split() and len(line.split()[0]) == 32:
+                    found.add(str(ipaddress.IPv6Address(int(line.split()[0], 16))))
+    except (OSError, ValueError):
+        pass
+    return sorted(found)
+
+
+def netns_identity(proc="/proc"):
+    """`<boot id>:<inode of /proc/self/ns/net>`: equal on two readers only inside one network namespace of one
+    booted machine (where 127.0.0.1 is the same listener); None when unreadable."""
+    try:
+        with open(f"{proc}/sys/kernel/random/boot_id") as handle:
+            boot = handle.read().strip()
+        return f"{boot}:{os.stat(f'{proc}/self/ns/net').st_ino}"
+    except OSError:
+        return None
+
+
+def container_pid(name, which=shutil.which, run=subprocess.run):
+    """(pid, None) of the named container's main process (`docker|podman inspect --type container`: State.Pid),
+    or (None, why)."""
+    tried = []
+    for cli in ("docker", "podman"):
+        if not which(cli):
+            tried.append(f"{cli} not on PATH")
+            continue
+        try:
+            done = run([cli, "inspect", "--type", "container", name], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError) as exc:
+            tried.append(f"{cli} inspect failed: {exc}")
+            continue
+        if done.returncode != 0:
+            tried.append(f"{cli} inspect --type container rc {done.returncode}: {done.stderr.strip()[:300]}")
+            continue
+        try:
+            data = json.loads(done.stdout)
+            data = data[0] if isinstance(data, list) and len(data) == 1 else data
+            pid = data["State"]["Pid"]
+        except (ValueError, KeyError, TypeError, IndexError):
+            tried.append(f"{cli} inspect answer names no State.Pid")
+            continue
+        if isinstance(pid, int) and pid > 0:
+            return pid, None
+        tried.append(f"{cli} says container {name} runs no process (State.Pid {pid})")
+    return None, "; ".join(tried)
+
+
+def named_pid(told, pid_hint, container_hint, which=shutil.which, run=subprocess.run):
+    """A listener ss shows without its pid: the pid the operator named, else the named container's, with
+    `pid_from` saying so; `told` unchanged (with why) when neither is given or the container is not found."""
+    if pid_hint:
+        return {**told, "pid": int(pid_hint), "pid_from": f"vllm_serve_pid {int(pid_hint)}"}
+    if container_hint:
+        pid, why = container_pid(container_hint, which, run)
+        if pid is not None:
+            return {**told, "pid": pid, "pid_from": f"vllm_serve_attach_container {container_hint} (State.Pid)"}
+        return {**told, "reason": f"{told['reason']}; the named container {container_hint}: {why}"}
+    return told
+
+
+def main(port, pid_hint=None, container_hint=None):
+    here = {"addresses": local_addresses(), "netns": netns_identity()}
+    return {**read_server(port, pid_hint, container_hint), **here}
+
+
+def read_server(port, pid_hint=None, container_hint=None):
     try:
         ss = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError) as exc:
         return {"port": port, "pid": None, "reason": f"ss -ltnpH failed: {exc}"}
     told, lines = from_ss(ss.stdout, ss.returncode, ss.stderr, port)
+    if told["pid"] is None and lines:
+        told = named_pid(told, pid_hint, container_hint)
     if told["pid"] is None:
         if not lines:      # nobody listens: a multi-node worker's headless vLLM, if one runs here
             worker = headless_worker()
@@ -226,6 +318,7 @@ def main(port):
                 told["headless"] = worker
         return told
     pid = told["pid"]
+    named = {"pid_from": told["pid_from"]} if told.get("pid_from") else {}
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
             argv = [part.decode(errors="replace") for part in handle.read().split(b"\0") if part]
@@ -241,7 +334,7 @@ def main(port):
     except OSError as exc:
         notes.append(f"environment not readable: {exc}")
     container, why = container_of(pid)
-    return {"port": port, "pid": pid, "argv": argv, "env": env, "listeners": lines, "notes": notes,
+    return {**named, "port": port, "pid": pid, "argv": argv, "env": env, "listeners": lines, "notes": notes,
             "container": container, "container_reason": why,
             "source": f"ss -ltnpH; /proc/{pid}/cmdline, /proc/{pid}/environ, /proc/{pid}/cgroup"}
 
@@ -302,4 +395,5 @@ if __name__ == "__main__":
         sys.stdout.write(out)
         sys.stderr.write(err)
         sys.exit(rc)
-    print(json.dumps(main(int(sys.argv[1])), indent=1, sort_keys=True))
+    hints = [(sys.argv[i] if len(sys.argv) > i and sys.argv[i] else None) for i in (2, 3)]   # pid, container
+    print(json.dumps(main(int(sys.argv[1]), *hints), indent=1, sort_keys=True))

@@ -130,6 +130,42 @@ def compare_launch(live: LiveProcess, planned_args: list[str], planned_env: dict
             "matches": not differs and not env}
 
 
+def hidden_server(text: str) -> str | None:
+    """Why the server listening on this node could not be read, where a `live_process` record shows a listener on
+    the port but no process (another user's: `ss` prints no `users:(...)` for it; or its /proc unreadable); None
+    where it was read, or nothing listens (issue 42 item 3)."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or data.get("pid") or not data.get("listeners"):
+        return None
+    return str(data.get("reason") or "a process listens on the port but this user sees no pid")
+
+
+def environment_unread(text: str) -> str | None:
+    """Why the running server's environment is not known, where its argv was read but /proc/PID/environ was not
+    (another user's process: `environ` is readable by its owner and root only, proc(5)); None where it was read."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not data.get("pid") or not isinstance(data.get("argv"), list):
+        return None
+    notes = [str(n) for n in data.get("notes") or [] if "environment not readable" in str(n)]
+    return notes[0] if notes and not data.get("env") else None
+
+
+def local_netns(proc: Path = Path("/proc")) -> str | None:
+    """`<boot id>:<inode of /proc/self/ns/net>` of this process, as the node script writes its own `netns`
+    (roles/preflight/files/live_process.py): equal only inside one network namespace of one booted machine."""
+    try:
+        boot = (proc / "sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot}:{(proc / 'self/ns/net').stat().st_ino}"
+    except OSError:
+        return None
+
+
 def live_launch(text: str) -> tuple[list[str], dict[str, str], str] | None:
     """argv, environment and a description of a ``live_process`` evidence record (the JSON
     :meth:`LiveProcess.to_dict` wrote); None when it holds no readable process."""

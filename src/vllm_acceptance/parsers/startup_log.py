@@ -116,6 +116,8 @@ class LogLine:
 @dataclass
 class StartupScan(Parsed):
     lines: int = 0
+    starts: int = 1                 # server starts the log holds (a journal across `Restart=`); the last is scanned
+    start_line: int = 1             # the 1-based line the scanned (last) start begins at
     version: str | None = None
     model: str | None = None
     non_default_args: dict[str, Any] | None = None
@@ -207,6 +209,7 @@ class StartupScan(Parsed):
             return [f"{i.number}: {i.text[:300]}" for i in items]
 
         return {
+            **({"starts": self.starts, "judged_from_line": self.start_line} if self.starts > 1 else {}),
             "lines": self.lines, "version": self.version, "model": self.model, "platform": self.platform,
             "non_default_args": self.non_default_args,
             "non_default_args_unreadable": (f"{self.non_default_args_line.number}: {self.non_default_args_line.text}"
@@ -269,9 +272,45 @@ def _non_default_args(text: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+# The banner each start of a vLLM API server prints once (docs/sources.md#vllm-log-starts): the logo's version line
+# (0.2x on), "vLLM API server version X" (before), "vLLM server version X, serving model M". Not the engine's
+# "Initializing ... LLM engine (vX)": a V1 server prints it again in its engine core, within one start.
+_START_BANNER = (_VERSION_PATTERNS[0], _VERSION_PATTERNS[1], _VERSION_PATTERNS[3])
+# systemd's own lines about the unit, which `journalctl -u UNIT` shows between two starts of its process:
+# "vllm.service: Scheduled restart job, restart counter is at 1.", "Stopped ...", "Starting ...", "Started ...".
+_UNIT_LINE = re.compile(r"\bsystemd\[\d+\]:\s+(?:\S+: Scheduled restart job|Stopp(?:ed|ing)\b|Start(?:ed|ing)\b|"
+                        r"\S+: (?:Main process exited|Failed with result|Deactivated|Consumed))")
+# What a start prints above its banner: the logo's other lines, its blank records, the platform detection.
+_PREAMBLE = re.compile(r"^$|[█▀▄]|Automatically detected platform|No plugins for group|plugin \S+ loaded")
+
+
+def split_starts(raw_lines: list[str]) -> list[int]:
+    """0-based index of the first line of each server start in the log: at each start banner, moved up over that
+    start's preamble, or to just below the last systemd unit line since the previous start (a journal)."""
+    banners = [i for i, raw in enumerate(raw_lines)
+               if raw.strip() and any(p.search(_split(raw, i + 1).text) for p in _START_BANNER)]
+    firsts = []
+    for n, banner in enumerate(banners):
+        floor = firsts[-1] + 1 if firsts else 0
+        unit = [i for i in range(floor, banner) if _UNIT_LINE.search(raw_lines[i])] if n else []
+        first = banner
+        if unit:
+            first = unit[-1] + 1
+        else:
+            while first > floor and _PREAMBLE.search(_split(raw_lines[first - 1], first).text.strip()):
+                first -= 1
+        firsts.append(first if n else 0)     # the first start begins at the log's first line
+    return firsts or [0]
+
+
 def scan_startup_log(text: str) -> StartupScan:
+    """The scan of the log's last server start: a log holding several (a journal of `Restart=`, `docker logs` of a
+    restarted container) is cut to the last before it is read, line numbers kept (issue 42 item 3)."""
     scan = StartupScan()
     raw_lines = _ANSI.sub("", text).replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    firsts = split_starts(raw_lines)
+    scan.starts, scan.start_line = len(firsts), firsts[-1] + 1
+    raw_lines = [""] * firsts[-1] + raw_lines[firsts[-1]:]
     scan.lines = sum(1 for line in raw_lines if line.strip())
     if scan.lines == 0:
         scan.errors.append("empty startup log")

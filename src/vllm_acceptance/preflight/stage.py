@@ -14,15 +14,18 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from ..core.evidence import atomic_write
 from ..core.findings import Finding
 from ..core.profile import Profile
 from ..core.redact import redact_obj, redact_text
 from ..core.rundir import RunDir, record_profile
+from ..parsers.live import local_netns
 from ..parsers.node_evidence import host_dir, load_node_evidence
 from ..parsers.startup_log import StartupScan, scan_startup_log
 from ..rules.compat import (
@@ -94,7 +97,8 @@ def judge(run_dir: Path, profile: Profile, hosts: list[str], *, today: dt.date |
         findings.append(check_topology(contexts, profile, plan))
         findings.extend(rule(contexts, profile) for rule in CLUSTER_FABRIC_RULES)
         findings.append(check_image_uniform(contexts))
-        findings.append(check_server_location(contexts, run_inventory_vars(Path(run_dir))))
+        findings.append(check_server_location(contexts, run_inventory_vars(Path(run_dir)),
+                                              read_url_resolution(run_dir)))
         findings.append(check_launch_args(contexts))
     return findings
 
@@ -332,3 +336,46 @@ def read_unreachable(run_dir: Path) -> dict[str, str]:
         return {}
     data = json.loads(path.read_text())
     return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+# The controller's resolution of the attached server's URL host (rules/live_server.py binds the URL to a node by it).
+URL_EVIDENCE = "evidence/preflight-url.json"
+
+
+def resolve_url_host(url: str, resolve: Any = socket.getaddrinfo) -> dict[str, Any]:
+    """The URL's host and the addresses this controller reaches it at (getaddrinfo, as the probes' connections
+    resolve it), with the controller's network namespace (a loopback address is a node only where that node shares
+    it); `error` where the name does not resolve."""
+    try:
+        host = urlsplit(url).hostname
+    except ValueError as exc:
+        return {"host": None, "addresses": [], "error": f"unreadable URL: {exc}"}
+    out: dict[str, Any] = {"host": host, "addresses": [], "controller_netns": local_netns()}
+    if not host:
+        return {**out, "error": "the URL names no host"}
+    try:
+        answers = resolve(host, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError) as exc:
+        return {**out, "error": f"{host} does not resolve here: {exc}"}
+    out["addresses"] = sorted({str(a[4][0]).split("%", 1)[0] for a in answers})
+    return out
+
+
+def save_url_resolution(run_dir: Path) -> dict[str, Any] | None:
+    """Attach mode: record where the controller reaches vllm_base_url (URL_EVIDENCE); None outside attach mode."""
+    variables = run_inventory_vars(Path(run_dir))
+    if variables.get("vllm_serve_mode") != "attach" or not variables.get("vllm_base_url"):
+        return None
+    resolved = resolve_url_host(str(variables["vllm_base_url"]))
+    atomic_write(RunDir(Path(run_dir)).at(URL_EVIDENCE), json.dumps(resolved, indent=2, sort_keys=True) + "\n")
+    return resolved
+
+
+def read_url_resolution(run_dir: Path) -> dict[str, Any] | None:
+    """What save_url_resolution recorded; None when nothing was (or it is unreadable)."""
+    path = RunDir(Path(run_dir)).at(URL_EVIDENCE)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

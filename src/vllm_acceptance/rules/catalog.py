@@ -88,7 +88,8 @@ register("compat.image_uniform", stage="preflight", consequence=REBUILD,
               "(attached: the server, a multi-node worker's headless vLLM) where it was read, else the configured "
               "image as the node inspected it; compared on content: equal image IDs (sha256: or bare hex), or one "
               "node's ID a manifest digest the other was pulled by (docker's containerd image store reports the "
-              "manifest digest as the ID), on the same architecture",
+              "manifest digest as the ID), on the same architecture; a server whose process this user cannot see "
+              "(ss shows no pid): inconclusive, never the configured image in its place",
          evidence="image inspect of every node; attached: live_process (the serving or headless container's image)",
          source="docs/sources.md#a001: one run judges one image; a re-pulled moving tag is another image; "
                 "#image-reference: image ID and manifest digest per image store")
@@ -159,12 +160,16 @@ register("compat.state_snapshot", stage="preflight", consequence=REBUILD,
 
 register("compat.server_location", stage="preflight", consequence=REBUILD,
          title="The attached server runs on a judged GPU node",
-         rule="attach mode: a process listens on vllm_base_url's port (preflight_live_port) on at least one "
-              "gpu_nodes host (ss -ltnpH there), named with its pid, on an address the URL reaches (a socket bound "
-              "to loopback serves only a loopback URL); no judged node has one: inconclusive (the "
-              "node evidence says nothing about the server, never a release); a node without an answer and none "
-              "found: missing; launch mode: not applicable",
-         evidence="evidence/nodes/<host>/live_process.txt (ss -ltnpH lines on the port, pid, /proc/PID)",
+         rule="attach mode: a process listens on vllm_base_url's port (preflight_live_port) on the gpu_nodes host "
+              "that the URL's host is (the controller's resolution of it is one of that node's own addresses; a "
+              "loopback URL only where the controller shares the node's network namespace), seen with its pid (ss "
+              "-ltnpH, else the pid or container named for vllm_head), on an address the URL reaches (a socket "
+              "bound to loopback serves only a loopback URL); a listener whose pid this user cannot see, a URL host "
+              "that is no judged node (a load balancer), an unresolved host, or no judged node listening: "
+              "inconclusive (never a release); a node without an answer and none found: missing; launch mode: not "
+              "applicable",
+         evidence="evidence/nodes/<host>/live_process.txt (ss -ltnpH lines on the port, pid, /proc/PID, the node's "
+                  "addresses), evidence/preflight-url.json (the URL host's resolution on the controller)",
          source="docs/sources.md#a000, #a001: the acceptance judges the environment the server actually runs in (issue "
                 "28 item 3)")
 
@@ -179,7 +184,9 @@ register("interconnect.rdma", stage="preflight", consequence=REBUILD,
 register("interconnect.nccl_env", stage="preflight", consequence=REBUILD,
          title="Interconnect settings of the launch",
          rule="the recipe's multi-node args/env for this interconnect are in the launched plan (all2all backend, "
-              "UCX_TLS, NCCL_*); NCCL_DMABUF_ENABLE=0 only when a startup log shows the mlx5dv_reg_dmabuf_mr error",
+              "UCX_TLS, NCCL_*); NCCL_DMABUF_ENABLE=0 only when a startup log shows the mlx5dv_reg_dmabuf_mr error; "
+              "attached: judged on the running server, inconclusive where its process or environment is not "
+              "visible to this user (never on the plan)",
          evidence="the launched command and environment, node env, startup logs",
          source="recipe: multi-node settings; docs/sources.md#a001: NCCL_DMABUF_ENABLE=0 only on the logged "
                 "mlx5dv_reg_dmabuf_mr error")
@@ -263,7 +270,8 @@ register("compat.serve", stage="serve", consequence=REBUILD,
 register("compat.startup_log", stage="serve", consequence=REBUILD,
          title="Startup log against the recipe",
          rule="version >= profile minimum, recipe options in effect, no backend fallback, no NCCL/CUDA-driver "
-              "errors, world size == the launched layout, KV cache initialised; every warning listed",
+              "errors, world size == the launched layout, KV cache initialised; every warning listed; a log holding "
+              "several starts (a journal across Restart=) is judged on its last start",
          evidence="evidence/serve/startup.log",
          source="docs/sources.md#a000, #a001: the first lines of the startup log compared with the recipe")
 register("compat.startup_log_identity", stage="serve", consequence=REBUILD,
@@ -271,8 +279,10 @@ register("compat.startup_log_identity", stage="serve", consequence=REBUILD,
          rule="attach mode, a log from vllm_serve_startup_log or vllm_serve_attach_log_command: the vLLM version it "
               "states == the server's /version, and where it states them, its GPU blocks == vllm:cache_config_info "
               "num_gpu_blocks and its max_model_len (engine config max_seq_len, else non-default args) == /v1/models; "
-              "a difference, or no version on either side: inconclusive and the log is not used (compat.startup_log "
-              "is then missing); launch mode: the run captured the log itself",
+              "and its non-default args are the running process's argv (vllm_serve_pid's /proc/PID/cmdline: a flag "
+              "with another value, or logged but not passed, is a difference naming both sides); "
+              "a difference, no version on either side, or no argv read: inconclusive and the log is not used "
+              "(compat.startup_log is then missing); launch mode: the run captured the log itself",
          evidence="evidence/serve/startup.log (used) or evidence/serve/startup-log-rejected.log, /version, "
                   "evidence/serve/v1-models.json, evidence/serve/metrics-at-ready.prom",
          source="docs/sources.md#a000, #a001: the startup log of the server under test, compared with the recipe "

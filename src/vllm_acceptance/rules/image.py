@@ -11,9 +11,10 @@ from ..core.findings import Consequence, Finding, Status
 from ..parsers.base import version_at_least
 from ..parsers.container import ImageInspect
 from ..parsers.image_ref import digest_hex, parse_reference
-from ..parsers.live import headless_container, running_container, same_running_image
+from ..parsers.live import headless_container, hidden_server, running_container, same_running_image
 from .context import ROUTE_IMAGE, ROUTE_SELF_BUILT, NodeContext, finding, why_missing
 from .image_provenance import Provenance, provenance
+from .live_server import MAKE_VISIBLE
 from .registry import missing, not_applicable
 
 # --- compat.container_cuda ------------------------------------------------------------------
@@ -109,6 +110,10 @@ def _running_container(ctx: NodeContext, judged: ImageInspect) -> dict[str, Any]
     if not record.present:
         return None
     running = running_container(record.stdout)
+    hidden = hidden_server(record.stdout)
+    if running is None and hidden:     # a listener here whose process this user cannot see (issue 42 item 3)
+        return {"matches_judged_image": None, "served_here": True, "not_visible": True,
+                "reason": f"the server listening on this node is not visible to this user ({hidden})"}
     if running is None:
         try:
             told = json.loads(record.stdout)
@@ -160,6 +165,17 @@ def _running_image_unknown(ctx: NodeContext, running: dict[str, Any], observed: 
                           f"{running['reason']}: whether it runs {ctx.image_ref} is unknown",
                    action="give the node the container runtime's CLI that knows the container (docker, podman, or "
                           "crictl for a Kubernetes pod), run as a user allowed to inspect it, and run again")
+
+
+def _server_not_visible(ctx: NodeContext, running: dict[str, Any], observed: dict[str, Any],
+                        expected: dict[str, Any], rule: str, evidence: list[str]) -> Finding:
+    """A server listens on this node but its process is another user's (`ss` shows no pid): which container, and
+    so which image, serves is unread; the configured image is never accepted in its place (issue 42 item 3)."""
+    return finding("compat.image_identity", Status.INCONCLUSIVE, ctx.host, observed=observed, expected=expected,
+                   rule=rule, evidence=evidence,
+                   reason=f"{running['reason']}: whether the serving container runs {ctx.image_ref} is unknown; "
+                          "the configured image alone is not what serves",
+                   action=MAKE_VISIBLE)
 
 
 def _other_image_runs(ctx: NodeContext, running: dict[str, Any], judged_id: str, observed: dict[str, Any],
@@ -240,6 +256,8 @@ def check_image_identity(ctx: NodeContext) -> Finding:
             return _other_image_runs(ctx, running, inspect.id, observed, expected, rule, evidence, problems)
         if running.get("host_process"):
             return _no_container_runs(ctx, running, observed, expected, rule, evidence, problems)
+        if running.get("not_visible") and not problems and found.official is not False:
+            return _server_not_visible(ctx, running, observed, expected, rule, evidence)
         if running.get("served_here") and running["matches_judged_image"] is None and not problems and \
                 found.official is True:
             return _running_image_unknown(ctx, running, observed, expected, rule, evidence)
@@ -333,6 +351,8 @@ def _image_at_work(ctx: NodeContext) -> tuple[_AtWork | None, str, str | None]:
     The running image takes the judged image's RepoDigests and architecture only where it is that image."""
     record = ctx.rec("live_process")
     judged = _judged(ctx.inspect())
+    if record.present and (hidden := hidden_server(record.stdout)):
+        return None, "the serving process (not visible to this user)", f"{hidden}; {MAKE_VISIBLE}"
     if record.present:
         for read, role in ((running_container, "the serving container"),
                            (headless_container, "the headless worker's container")):

@@ -7,13 +7,14 @@ from ..core.findings import Consequence, Finding, Status
 from ..core.profile import Profile
 from ..hardware import FabricThreshold, load_size_curves, nvlink_domain_of, profile_class
 from ..parsers.env import comm_env
-from ..parsers.live import live_launch
+from ..parsers.live import environment_unread, hidden_server, live_launch
 from ..parsers.nccl_tests import NcclPerf, detect_fabric, parse_all_reduce_perf, parse_torch_allreduce
 from ..parsers.rdma import parse_ibv_devinfo, parse_rdma_link
 from ..parsers.startup_log import StartupScan
 from .context import NodeContext, finding, gpu_profile_na, why_missing
 from .fabric import _all_reduce_log
 from .launched import LaunchedPlan, launched_plan
+from .live_server import MAKE_VISIBLE
 from .registry import missing, not_applicable
 
 
@@ -208,10 +209,39 @@ def launch_settings(ctx: NodeContext) -> tuple[list[str], dict[str, str], str, l
     return args, env, source, evidence
 
 
+def _live_unseen(ctx: NodeContext) -> Finding | None:
+    """Attach: the server listens on this node but its process, or its environment, is not visible to this user
+    (another user's: ss shows no pid, /proc/PID/environ is its owner's): what runs is unread, and the plan is never
+    judged in its place (issue 42 item 3). None where it was read, or no server listens here."""
+    if not (ctx.profile.has_gpus and ctx.multinode):
+        return None
+    live = ctx.evidence.get("live_process")
+    if not live.present:
+        return None
+    hidden = hidden_server(live.stdout)
+    why = f"the server listening here is not visible to this user ({hidden})" if hidden else None
+    unread = environment_unread(live.stdout)
+    if unread:
+        why = f"the running server's environment is not readable ({unread})"
+    if why is None:
+        return None
+    return Finding(check="interconnect.nccl_env", status=Status.INCONCLUSIVE, host=ctx.host,
+                   observed={"source": "the running server (unread)"}, expected=dict(zip(
+                       ("args", "env"), expected_comm_settings(ctx.profile, (ctx.plan or launched_plan(
+                           ctx.profile)).interconnect), strict=True)),
+                   rule="recipe multi-node args/env present on the running server", evidence=ctx.paths("live_process"),
+                   consequence=Consequence.REBUILD,
+                   reason=f"{why}: its NCCL/UCX settings are unknown, and the planned launch is not what runs",
+                   action=MAKE_VISIBLE)
+
+
 def check_nccl_env_node(ctx: NodeContext) -> Finding:
     """Judged on the launch the role was told about (inventory overrides), else the planned one."""
     if not ctx.evidence.dir_exists and ctx.profile.has_gpus and ctx.multinode:
         return missing("interconnect.nccl_env", ctx.host, why_missing(ctx))
+    unseen = _live_unseen(ctx)
+    if unseen is not None:
+        return unseen
     args, env, source, evidence = launch_settings(ctx)
     finding = check_nccl_env(env, args, ctx.profile, ctx.host, evidence, ctx.multinode, ctx.startup_scan,
                              interconnect=(ctx.plan or launched_plan(ctx.profile)).interconnect)

@@ -4,7 +4,9 @@ In attach mode the startup log comes from the operator: a file (`vllm_serve_star
 (`vllm_serve_attach_log_command`: `kubectl logs ...`, `journalctl -u ...`). It is used (compat.startup_log, the
 flags read from it, the launch triage) only when its content matches the running server: the version it states
 equals the server's `/version`, and where the log states them, its GPU block count equals `vllm:cache_config_info`
-`num_gpu_blocks` and its context length equals `/v1/models` `max_model_len`. Otherwise it is another server's (or
+`num_gpu_blocks` and its context length equals `/v1/models` `max_model_len`, and its non-default args are the running
+process's argv (serve/log_argv.py: a stale log of the same version from before a restart with other flags differs
+on a flag; issue 42 item 3). Otherwise it is another server's (or
 an unverifiable) log: a finding says so and the run goes on without it (compat.startup_log is then missing).
 """
 
@@ -20,6 +22,7 @@ from ..parsers.startup_log import StartupScan
 from ..rules import registry
 from ..runtime.client import OpenAIClient, ServerUnreachable
 from ..runtime.metrics import DirectMetrics, MetricsError, cache_config, server_root
+from .log_argv import argv_differences
 
 CHECK = "compat.startup_log_identity"
 
@@ -100,14 +103,21 @@ def differences(scan: StartupScan, live: LiveIdentity) -> tuple[list[str], list[
 
 
 def check_log_identity(scan: StartupScan, live: LiveIdentity, source: str, host: str | None,
-                       evidence: list[str]) -> Finding:
+                       evidence: list[str], process_args: list[str] | None = None) -> Finding:
     """pass: the log is this server's; else inconclusive (not this server's, or not verifiable): the log is not
-    used and the run cannot be a release on it."""
+    used and the run cannot be a release on it. `process_args`: the running process's argv (/proc/PID/cmdline),
+    compared with the log's non-default args (serve/log_argv.py); without it the log's flags are unbound."""
     check = registry.get(CHECK)
     differ, unknown = differences(scan, live)
+    argv_differ, argv_open = argv_differences(scan, process_args) if process_args is not None else ([], [])
+    differ += argv_differ
+    if process_args is None:
+        unknown.append("the running process's argv was not read (name its pid: vllm_serve_pid), so the log's "
+                       "flags are not compared with what runs")
     observed = {"source": source, "log": log_states(scan),
                 "server": {"version": live.version, "num_gpu_blocks": live.num_gpu_blocks,
-                           "max_model_len": live.max_model_len}, "server_errors": live.errors}
+                           "max_model_len": live.max_model_len}, "server_errors": live.errors,
+                "argv_not_compared": argv_open}
     if differ:
         return check.inconclusive(host, observed=observed, expected="the running server's identity",
                                   evidence=evidence,

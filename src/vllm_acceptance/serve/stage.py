@@ -91,7 +91,7 @@ def _operator_log(store: EvidenceStore, facts: ServeFacts) -> Finding:
     text = facts.startup_log or ""
     live = read_live_identity(facts.base_url, facts.api_key, facts.metrics_url)
     source = facts.startup_log_source or "the operator"
-    finding = check_log_identity(scan_startup_log(text), live, source, facts.host, [])
+    finding = check_log_identity(scan_startup_log(text), live, source, facts.host, [], facts.process_args)
     if finding.status != Status.PASS:
         finding.evidence = [store.write_text("startup-log-rejected.log", text)]
         facts.startup_log = None
