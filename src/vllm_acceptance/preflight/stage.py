@@ -21,7 +21,7 @@ from typing import Any
 from ..core.evidence import atomic_write
 from ..core.findings import Finding
 from ..core.profile import Profile
-from ..core.redact import redact_obj, redact_text
+from ..core.redact import redact_env, redact_env_list, redact_env_text, redact_obj, redact_text
 from ..core.rundir import RunDir, record_profile
 from ..parsers.node_evidence import host_dir, load_node_evidence
 from ..parsers.startup_log import StartupScan, scan_startup_log
@@ -234,17 +234,49 @@ def _inputs_from(record: StreamRecord) -> Any:
         return {"unreadable_inputs": record.stdout[:2000]}
 
 
-def _evidence_stdout(record: StreamRecord, secrets: list[str]) -> str:
-    """The env dump is sorted (stable diffs between runs) and, like every output, redacted."""
-    text = record.stdout
+def _evidence_stdout(record: StreamRecord, secrets: list[str], read: set[str] | None = None) -> str:
+    """Every output redacted; an environment by allow-list (core/redact.py redact_env: a value is kept only for a
+    variable a check reads, `read` naming the node's launch environment): the env dump (sorted, stable diffs
+    between runs), the serving process's environment, an image's Env."""
+    text, read = record.stdout, read or set()
     if record.name == "env":
-        text = "\n".join(sorted(text.splitlines())) + "\n"
+        return redact_env_text(text, read, secrets)
     if record.name == "live_process":   # the serving process's argv and environment (roles/preflight/files)
         try:
-            return json.dumps(redact_obj(json.loads(text), secrets), indent=1, sort_keys=True) + "\n"
+            data = json.loads(text)
         except ValueError:
-            pass
+            return redact_text(text, secrets)
+        if isinstance(data, dict) and isinstance(data.get("env"), dict):
+            data["env"] = redact_env(data["env"], read, secrets)
+        return json.dumps(redact_obj(data, secrets), indent=1, sort_keys=True) + "\n"
+    if record.name == "image_inspect":
+        return _image_inspect_evidence(text, read, secrets)
     return redact_text(text, secrets)
+
+
+def _image_inspect_evidence(text: str, read: set[str], secrets: list[str]) -> str:
+    """`docker|podman image inspect` with each image's Env by allow-list; the rest as it is, redacted. Text that
+    is not the inspect JSON (an error) is redacted text."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return redact_text(text, secrets)
+    for image in data if isinstance(data, list) else []:
+        for block in ("Config", "ContainerConfig"):
+            config = image.get(block) if isinstance(image, dict) else None
+            if isinstance(config, dict) and isinstance(config.get("Env"), list):
+                config["Env"] = redact_env_list(config["Env"], read, secrets)
+    return json.dumps(redact_obj(data, secrets), indent=4) + "\n"
+
+
+def _launch_env_names(records: list[StreamRecord], inputs: Any) -> set[str]:
+    """The variables the node's launch sets (its inputs' `launch_env`: the profile's and the inventory's): their
+    values are read by the checks (interconnect.nccl_env, the live-launch comparison), so evidence keeps them."""
+    for record in records:
+        if record.name == "inputs" and record.complete:
+            inputs = _inputs_from(record)
+    env = inputs.get("launch_env") if isinstance(inputs, dict) else None
+    return {str(k) for k in env} if isinstance(env, dict) else set()
 
 
 @dataclass
@@ -263,6 +295,7 @@ def save_node_stream(host_directory: Path, node: NodeStream, secrets: list[str] 
     records, finished = split_stream(node.stdout, node.marker)
     written = []
     inputs: Any = node.inputs
+    read = _launch_env_names(records, inputs)
     for record in records:
         if not _NAME.fullmatch(record.name):
             raise ValueError(f"bad evidence name {record.name!r} in the node's answer")
@@ -271,7 +304,7 @@ def save_node_stream(host_directory: Path, node: NodeStream, secrets: list[str] 
             continue
         meta = {"cmd": record.cmd, "rc": record.rc, "stderr": redact_text(record.stderr.rstrip("\n"), secrets),
                 "missing": record.missing, "timed_out": record.timed_out}
-        atomic_write(base / f"{record.name}.txt", _evidence_stdout(record, secrets))
+        atomic_write(base / f"{record.name}.txt", _evidence_stdout(record, secrets, read))
         atomic_write(base / f"{record.name}.json", json.dumps(meta, indent=2) + "\n")
         written.append(record.name)
     atomic_write(base / "inputs.txt", json.dumps(redact_obj(inputs, secrets), indent=2, default=str) + "\n")
