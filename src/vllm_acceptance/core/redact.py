@@ -95,14 +95,14 @@ _PY_FIELD = re.compile(r"(?P<k>'[A-Za-z0-9_.\-]+')(?P<sep>\s*:\s*)(?P<v>'[^'\n]*
 _JSON_ARGV = re.compile(r"(?P<k>\"-{1,2}[A-Za-z][A-Za-z0-9\-]*\")(?P<sep>\s*,\s*)(?P<v>\"(?!-)(?:[^\"\\]|\\.)*\")")
 # Authorization: Bearer xyz
 _AUTH_HEADER = re.compile(
-    r"(?P<k>[Aa]uthorization)(?P<sep>[\"']?\s*[:=]\s*[\"']?)(?P<v>(?:Bearer|Basic|Token)\s+[^\s'\"]+)")
+    r"(?P<k>[Aa]uthorization)(?P<sep>[\"']?\s*[:=]\s*[\"']?)(?P<v>(?i:Bearer|Basic|Token)\s+[^\s'\"]+)")
 # Header-like "X-Api-Key: value", "Cookie: ..." lines
 _HEADER = re.compile(r"(?P<k>(?<![A-Za-z0-9_\-])(?:X-)?[A-Za-z][A-Za-z0-9\-]*)(?P<sep>:[ \t]+)(?P<v>[^\s'\",]+)")
 # JSON "api_key": "value"
 _JSON_FIELD = re.compile(r"(?P<k>\"[A-Za-z0-9_.\-]+\")(?P<sep>\s*:\s*)(?P<v>\"(?:[^\"\\]|\\.)*\")")
 # A URL query's parameters that carry a secret whatever is_secret_name says of them (pre-signed S3/GCS URLs, Azure
 # SAS signatures, webhooks' `key=`); a secret-named parameter (`?access_token=`) is one too.
-_QUERY = re.compile(r"(?P<k>(?<=[?&])[A-Za-z0-9_.\-]+)(?P<sep>=)(?P<v>[^&#\s'\"<>\\]+)")
+_QUERY = re.compile(r"(?P<k>(?<=[?&])[A-Za-z0-9_.\-]+)(?P<sep>=)(?P<v>[^&#\s'\"<>()\\]+)")
 _QUERY_SECRETS = frozenset({"api-key", "api_key", "apikey", "token", "access_token", "id_token", "refresh_token",
                             "auth", "key", "sig", "signature", "secret", "client_secret", "password", "passwd", "pass",
                             "code", "x-amz-signature", "x-amz-credential", "x-amz-security-token",
@@ -122,7 +122,7 @@ _WEBHOOK = re.compile(r"(?P<k>https?://(?:hooks\.slack\.com/(?:services|workflow
                       r"|(?:[a-z]+\.)?discord(?:app)?\.com/api/webhooks/))(?P<v>[A-Za-z0-9/_\-]+)")
 # `Bearer <token>` anywhere (a curl line, a log): the token has a digit or a token's punctuation, so the words
 # "Bearer token" stay as they are.
-_BEARER = re.compile(r"(?P<k>\bBearer\s+)(?P<v>(?=[A-Za-z0-9\-._~+/]*[0-9\-._~+/])[A-Za-z0-9\-._~+/]{8,}=*)")
+_BEARER = re.compile(r"(?P<k>\b(?i:bearer)\s+)(?P<v>(?=[A-Za-z0-9\-._~+/]*[0-9\-._~+/])[A-Za-z0-9\-._~+/]{8,}=*)")
 # A PEM private key, whole (to its END line, or to the end of the text when cut); `\n` may be literal in JSON.
 _PEM = re.compile(r"-----BEGIN (?P<kind>[A-Z0-9 ]*)PRIVATE KEY-----.*?(?:-----END (?P=kind)PRIVATE KEY-----|\Z)",
                   re.DOTALL)
