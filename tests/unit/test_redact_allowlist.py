@@ -90,6 +90,7 @@ def test_every_planted_secret_is_masked_in_free_text(text: str, secret: str) -> 
     "image vllm/vllm-openai@sha256:" + "0123456789abcdef" * 4,
     "/usr/local/lib/python3.12/dist-packages/vllm/model_executor/layers/fused_moe/fused_moe.py:123",
     "MASTER_ADDR=10.0.0.1:29500 NCCL_IB_HCA=mlx5_0:1 PATH=/usr/local/bin:/usr/bin",
+    "env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,garbage_collection_threshold:0.6 vllm serve",
     "the server at http://head:8000/v1?model=k3 answered",
     "send the Bearer token in the Authorization header",
     "INFO 12-06 21:00:00 [loggers.py:123] Avg prompt throughput: 0.0 tokens/s",

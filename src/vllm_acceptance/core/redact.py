@@ -131,9 +131,11 @@ _BASE64 = re.compile(r"(?<![A-Za-z0-9+/_\-])[A-Za-z0-9+/_\-]{48,}={0,2}")
 _DECODED_SECRET = re.compile(r"-----BEGIN|PRIVATE KEY|client-key-data|client-certificate-data|\bclusters:|"
                              r"\busers:|\bcontexts:|apiVersion:|\btoken:|\bpassword|\"auths\"|aws_secret_access_key|"
                              r"\"private_key\"|\bsecret", re.IGNORECASE)
-# `user:pass` as the value of an environment name (MY_CREDS=user:pass); `host:port` and `a:1` are left alone.
+# `user:pass` as the value of an environment name (MY_CREDS=user:pass); `host:port`, `a:1`, `a:0.6` and a setting
+# `name:True` (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) are left alone.
 _ENV_ASSIGN = re.compile(r"(?P<k>(?<![A-Za-z0-9_.\-])[A-Z_][A-Z0-9_]*)(?P<sep>=)"
-                         r"(?P<v>[A-Za-z0-9._%+\-~]+:(?![0-9]+(?:[\s'\",&;]|$))[^\s'\",&;:/@=]+)(?=[\s'\",&;]|$)")
+                         r"(?P<v>[A-Za-z0-9._%+\-~]+:(?!(?:[0-9.]+|True|False|true|false)(?:[\s'\",&;]|$))"
+                         r"[^\s'\",&;:/@=]+)(?=[\s'\",&;]|$)")
 
 
 def redact_text(text: str, extra_secrets: list[str] | None = None) -> str:
