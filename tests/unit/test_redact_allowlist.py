@@ -234,3 +234,24 @@ def test_redact_obj_reaches_every_string_of_a_record() -> None:
     record = {"inventory_vars": {"vllm_base_url": "http://u:PLANTpw@h/v1", "vllm_env": {"MY_CREDS": "a:PLANTb"}},
               "argv": ["--hf-token", "hf_PLANTabcdefghijklmnopqrs"], "note": "Bearer PLANT0123456789"}
     assert "PLANT" not in json.dumps(redact_obj(record))
+
+
+def test_the_variables_the_run_profile_names_keep_their_values(tmp_path: Path) -> None:
+    """`env` on a node of a run whose profile sets PYTORCH_CUDA_ALLOC_CONF in its launch (kimi-k3-h200): the value
+    is kept (the profile names it), while a variable nobody names is not; without the run's profile, by name only."""
+    from vllm_acceptance.core.rundir import PROFILE_EVIDENCE
+    from vllm_acceptance.preflight.stage import save_node_streams
+
+    marker = "@@preflight-test0123456789"
+    env = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\nSITE_VAR=plainPLANT\nNCCL_DEBUG=INFO\n"
+    node = NodeStream(stdout=_framed(marker, {"env": env}), stderr="", rc=0, marker=marker, inputs={})
+    with_profile = tmp_path / "run"
+    (with_profile / PROFILE_EVIDENCE).parent.mkdir(parents=True)
+    shutil.copy(REPO / "profiles" / "kimi-k3-h200.yml", with_profile / PROFILE_EVIDENCE)
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for run, kept in ((with_profile, True), (bare, False)):
+        save_node_streams(run, {"gpu-01": node})
+        dump = (run / "evidence" / "preflight" / "gpu-01" / "env.txt").read_text().splitlines()
+        assert ("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in dump) is kept, dump
+        assert f"SITE_VAR={NOT_RECORDED}" in dump and "NCCL_DEBUG=INFO" in dump

@@ -264,8 +264,9 @@ def _redact_argv(items: list[Any]) -> list[Any]:
 # - NVIDIA_* (NVIDIA_IMEX_CHANNELS, NVIDIA_VISIBLE_DEVICES: the container toolkit's, roles/preflight commands),
 #   NV_CUDA_* and CUDA_* (parsers/container.py: the image's CUDA from CUDA_VERSION / NV_CUDA_CUDART_VERSION);
 # - HF_HUB_OFFLINE (serve/vllm_argcheck.py);
-# - and, per node, every name the launch environment sets (the profile's launch.env, its multinode env, the
-#   inventory's extra env: the `launch_env` of the node's inputs), passed as `read`.
+# - and every name the launch sets, passed as `read`: the run's profile (launch.env, site_env, each interconnect's
+#   multinode env, the DMA-BUF workaround: preflight/stage.py profile_env_names) and the inventory's override
+#   (the `launch_env` of the node's inputs).
 ENV_READ_PREFIXES = ("NCCL_", "UCX_", "NVSHMEM_", "CUDA_", "VLLM_", "GLOO_", "TORCH_NCCL", "NVIDIA_", "NV_CUDA_")
 ENV_READ_NAMES = frozenset({"HF_HUB_OFFLINE"})
 NOT_RECORDED = "<not recorded: not read by any check>"

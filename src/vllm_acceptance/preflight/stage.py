@@ -20,7 +20,7 @@ from typing import Any
 
 from ..core.evidence import atomic_write
 from ..core.findings import Finding
-from ..core.profile import Profile
+from ..core.profile import ConfigError, Profile
 from ..core.redact import redact_env, redact_env_list, redact_env_text, redact_obj, redact_text
 from ..core.rundir import RunDir, record_profile
 from ..parsers.node_evidence import host_dir, load_node_evidence
@@ -286,7 +286,8 @@ class SavedNode:
     finished: bool              # the script reached its end marker
 
 
-def save_node_stream(host_directory: Path, node: NodeStream, secrets: list[str] | None = None) -> SavedNode:
+def save_node_stream(host_directory: Path, node: NodeStream, secrets: list[str] | None = None,
+                     read: set[str] | None = None) -> SavedNode:
     """Write one answered node's evidence: `<name>.txt` (stdout) and `<name>.json` (meta: cmd, rc,
     stderr, missing, timed_out) per command, `inputs.*`, and `stream.json` (how the answer ended).
     Creating the directory is what marks the node as reached (see `unreachable`)."""
@@ -295,7 +296,7 @@ def save_node_stream(host_directory: Path, node: NodeStream, secrets: list[str] 
     records, finished = split_stream(node.stdout, node.marker)
     written = []
     inputs: Any = node.inputs
-    read = _launch_env_names(records, inputs)
+    read = _launch_env_names(records, inputs) | (read or set())
     for record in records:
         if not _NAME.fullmatch(record.name):
             raise ValueError(f"bad evidence name {record.name!r} in the node's answer")
@@ -320,13 +321,32 @@ def save_node_stream(host_directory: Path, node: NodeStream, secrets: list[str] 
 def save_node_streams(run_dir: Path, nodes: dict[str, NodeStream],
                       secrets: list[str] | None = None) -> dict[str, SavedNode]:
     """`save_node_stream` for every node that answered; a host not given here gets no directory,
-    so the judge reports it unreachable."""
+    so the judge reports it unreachable. The run's profile names the launch variables evidence keeps."""
     out = {}
+    read = run_profile_env_names(Path(run_dir))
     for host, node in nodes.items():
         if not _NAME.fullmatch(host):
             raise ValueError(f"bad host name {host!r} for an evidence directory")
-        out[host] = save_node_stream(host_dir(Path(run_dir), host), node, secrets)
+        out[host] = save_node_stream(host_dir(Path(run_dir), host), node, secrets, read)
     return out
+
+
+def profile_env_names(profile: Profile) -> set[str]:
+    """Every variable the profile's launch names (launch.env, site_env, each interconnect's multi-node env, the
+    DMA-BUF workaround): the checks read their values (interconnect.nccl_env on the plan or the running server)."""
+    launch = profile.model.launch
+    multinode = launch.multinode
+    return {str(name) for env in (launch.env, launch.site_env, multinode.rdma.env, multinode.nvlink.env,
+                                  multinode.nvl_env, multinode.dmabuf_workaround_env) for name in env}
+
+
+def run_profile_env_names(run_dir: Path) -> set[str]:
+    """profile_env_names of the run's frozen profile; none when the run has no readable one (a bare evidence
+    directory): the allow-list's own names still apply (core/redact.py)."""
+    try:
+        return profile_env_names(RunDir(run_dir).profile())
+    except (ConfigError, OSError, ValueError):
+        return set()
 
 
 def unreachable(run_dir: Path, hosts: list[str]) -> list[str]:
