@@ -122,6 +122,7 @@ def test_an_env_dump_keeps_values_only_of_the_variables_the_checks_read() -> Non
     ]) + "\n"
     kept = redact_env_text(dump, read={"PYTORCH_CUDA_ALLOC_CONF"})
     assert "PLANT" not in kept, kept
+    assert redact_text(kept) == kept   # a later pass (a finding quoting the dump) leaves the names as they are
     lines = kept.splitlines()
     assert lines == sorted(lines)
     for name in ("GH_PAT", "SLACK_WEBHOOK_URL", "PRESIGNED", "MY_CREDS", "KUBE_B64", "AN_OPAQUE_VALUE", "DEPLOY_KEY",
@@ -200,6 +201,22 @@ def test_preflight_evidence_of_a_node_holds_no_planted_secret(tmp_path: Path) ->
     assert live_env["SITE_VAR"] == NOT_RECORDED and live_env["SLACK"] == NOT_RECORDED
     inspected = parse_image_inspect((host / "image_inspect.txt").read_text())
     assert inspected.cuda_version == "12.9.1"
+
+
+def test_a_crictl_image_inspect_keeps_only_the_read_variables_of_its_env(tmp_path: Path) -> None:
+    """`crictl inspecti -o json` (containerd): the image's environment is info.imageSpec.config.Env."""
+    marker = "@@preflight-test0123456789"
+    image = {"status": {"id": "sha256:" + "ab" * 32, "repoDigests": []},
+             "info": {"imageSpec": {"config": {"Env": ["CUDA_VERSION=12.9.1", "GH_PAT=ghp_PLANTimage0123456789ab",
+                                                         "BUILD_SECRET_URL=https://u:PLANTpw@ci.invalid/x"]}}}}
+    stream = _framed(marker, {"image_inspect": json.dumps(image)})
+    host = tmp_path / "gpu-01"
+    host.mkdir()
+    save_node_stream(host, NodeStream(stdout=stream, stderr="", rc=0, marker=marker, inputs={}), [])
+    saved = json.loads((host / "image_inspect.txt").read_text())
+    assert saved["info"]["imageSpec"]["config"]["Env"] == [
+        "CUDA_VERSION=12.9.1", f"GH_PAT={NOT_RECORDED}", f"BUILD_SECRET_URL={NOT_RECORDED}"]
+    assert saved["status"]["id"] == image["status"]["id"]
 
 
 def test_redact_env_masks_a_read_variable_that_is_a_secret() -> None:

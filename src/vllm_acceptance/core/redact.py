@@ -30,6 +30,9 @@ from functools import lru_cache
 from typing import Any
 
 REDACTED = "***REDACTED***"
+# What environment evidence holds for a variable no check reads (redact_env): its name only. No value follows it,
+# so no later pass masks it as one.
+NOT_RECORDED = "<not recorded: not read by any check>"
 
 # Parts of a name that make its value a secret (HF_TOKEN, DB_PASSWORD, NCCL_AUTH_TOKEN, GITHUB_TOKEN_RO).
 _SECRET_PARTS = frozenset({"TOKEN", "SECRET", "SECRETS", "PASSWORD", "PASSWORDS", "PASSWD", "PASS", "PWD",
@@ -83,7 +86,8 @@ SECRET_NAME = _SecretName()
 # scheme://user[:password]@host : the user information, up to the last '@' before the host's '/', '?' or '#'.
 _URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^\s/?#@'\"<>\[\]{}|\\^`]+)@")
 # NAME=value (env dumps, docker -e, shell lines, query strings); the name is judged by is_secret_name.
-_ASSIGN = re.compile(r"(?P<k>(?<![A-Za-z0-9_.\-])[A-Za-z_][A-Za-z0-9_.\-]*)(?P<sep>=)(?P<v>[^\s'\",&;]+)")
+_ASSIGN = re.compile(r"(?P<k>(?<![A-Za-z0-9_.\-])[A-Za-z_][A-Za-z0-9_.\-]*)(?P<sep>=)"
+                     rf"(?P<v>(?!{re.escape(NOT_RECORDED[:14])})[^\s'\",&;]+)")
 # --api-key value / --api-key=value / --hf-token value: these flags take any value, even one that starts with '-'
 _VALUE = r"(?:'[^'\n]*'|\"[^\"\n]*\"|[^\s'\"]+)"
 _KNOWN_FLAG = re.compile(rf"(?P<k>--(?:api-key|hf-token|token|password))(?P<sep>[ =])(?P<v>{_VALUE})", re.IGNORECASE)
@@ -232,7 +236,8 @@ def redact_obj(obj: Any, extra_secrets: list[str] | None = None) -> Any:
     if isinstance(obj, dict):
         out = {}
         for key, value in obj.items():
-            if isinstance(key, str) and isinstance(value, str) and value and is_secret_name(key):
+            if (isinstance(key, str) and isinstance(value, str) and value and value != NOT_RECORDED
+                    and is_secret_name(key)):
                 out[key] = REDACTED
             else:
                 out[key] = redact_obj(value, extra_secrets)
@@ -269,7 +274,6 @@ def _redact_argv(items: list[Any]) -> list[Any]:
 #   (the `launch_env` of the node's inputs).
 ENV_READ_PREFIXES = ("NCCL_", "UCX_", "NVSHMEM_", "CUDA_", "VLLM_", "GLOO_", "TORCH_NCCL", "NVIDIA_", "NV_CUDA_")
 ENV_READ_NAMES = frozenset({"HF_HUB_OFFLINE"})
-NOT_RECORDED = "<not recorded: not read by any check>"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 

@@ -255,18 +255,23 @@ def _evidence_stdout(record: StreamRecord, secrets: list[str], read: set[str] | 
 
 
 def _image_inspect_evidence(text: str, read: set[str], secrets: list[str]) -> str:
-    """`docker|podman image inspect` with each image's Env by allow-list; the rest as it is, redacted. Text that
-    is not the inspect JSON (an error) is redacted text."""
+    """An image's inspect JSON with every `Env` list by allow-list (`docker|podman image inspect`: Config.Env,
+    ContainerConfig.Env; `crictl inspecti`: info.imageSpec.config.Env); the rest as it is, redacted. Text that is
+    not JSON (an error) is redacted text."""
     try:
         data = json.loads(text)
     except ValueError:
         return redact_text(text, secrets)
-    for image in data if isinstance(data, list) else []:
-        for block in ("Config", "ContainerConfig"):
-            config = image.get(block) if isinstance(image, dict) else None
-            if isinstance(config, dict) and isinstance(config.get("Env"), list):
-                config["Env"] = redact_env_list(config["Env"], read, secrets)
-    return json.dumps(redact_obj(data, secrets), indent=4) + "\n"
+    return json.dumps(redact_obj(_env_lists_allowed(data, read, secrets), secrets), indent=4) + "\n"
+
+
+def _env_lists_allowed(data: Any, read: set[str], secrets: list[str]) -> Any:
+    if isinstance(data, dict):
+        return {k: redact_env_list(v, read, secrets) if k == "Env" and isinstance(v, list)
+                else _env_lists_allowed(v, read, secrets) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_env_lists_allowed(v, read, secrets) for v in data]
+    return data
 
 
 def _launch_env_names(records: list[StreamRecord], inputs: Any) -> set[str]:
