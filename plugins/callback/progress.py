@@ -37,9 +37,13 @@ from pathlib import Path
 from ansible.plugins.callback.default import CallbackModule as DefaultCallbackModule
 
 try:
+    from vllm_acceptance.core.redact import redact_text
     from vllm_acceptance.progress import Progress, TaskInfo
 except ImportError as exc:  # the controller's Python lacks the package: fall back to the default output
     PROGRESS_IMPORT_ERROR: ImportError | None = exc
+
+    def redact_text(text, extra_secrets=None):  # noqa: ARG001 - the default output, as Ansible shows it
+        return text
 else:
     PROGRESS_IMPORT_ERROR = None
 
@@ -106,7 +110,7 @@ class CallbackModule(DefaultCallbackModule):
         return self._progress is not None and self._compact_playbook and self._display.verbosity < 1
 
     def _line(self, text):
-        self._display.display(text)
+        self._display.display(redact_text(text))   # a debug message may quote a URL or a log line
 
     # --- playbook events -------------------------------------------------------------------------------
     def v2_playbook_on_start(self, playbook):

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .core.profile import ConfigError
+from .core.redact import redact_obj, redact_text
 from .core.rundir import RunDir, new_run_id
 from .progress import read_events
 
@@ -218,7 +219,7 @@ def accept(inventory: str | Path, *, check: bool = False, extra_vars: Mapping[st
         lines = events_file.read_text().splitlines()
         for line in lines[seen:]:
             try:
-                on_event(json.loads(line))
+                on_event(redact_obj(json.loads(line)))
             except ValueError:
                 continue
         seen = len(lines)
@@ -228,7 +229,7 @@ def accept(inventory: str | Path, *, check: bool = False, extra_vars: Mapping[st
         if on_line is not None:
             for line in text.splitlines():
                 if line.strip():
-                    on_line(line)
+                    on_line(redact_text(line))   # every progress line as printed (core/redact.py)
         forward_events()
         return True
 
@@ -258,4 +259,4 @@ def _result(events: list[dict[str, Any]], *, check: bool, status: str, rc: int) 
         reason = failures[-1]["reason"] if failures else (None if rc == 0 else f"ansible-playbook ended with rc {rc}")
     code = exit_code_for(verdict, check=check, rc=rc, events=events)
     return AcceptResult(verdict=verdict, run_dir=run_dir, exit_code=code, check=check, status=status, rc=rc,
-                        reason=reason, report=report, events=events)
+                        reason=redact_text(reason) if reason else reason, report=report, events=redact_obj(events))

@@ -34,7 +34,7 @@ from typing import Any
 from .core.contract import launch_engines, per_engine_capacity
 from .core.probes import default_probe_names
 from .core.profile import ConfigError, Profile, load_profile
-from .core.redact import redact_obj
+from .core.redact import redact_obj, redact_text
 from .core.rundir import resolve_profile_path
 from .probes import registry as probe_registry
 from .probes.agent import turn_target
@@ -102,7 +102,9 @@ class Plan:
         return sum(s.gpu_hours for s in self.stages if s.in_total)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "total_s": round(self.total_s, 1), "total_gpu_hours": round(self.total_gpu_hours, 2)}
+        # as printed: the server URL's credentials and query secrets, any secret a note quotes, redacted
+        return redact_obj({**asdict(self), "total_s": round(self.total_s, 1),
+                           "total_gpu_hours": round(self.total_gpu_hours, 2)})
 
 
 # --- the inventory, read by Ansible itself ---------------------------------------------------------
@@ -432,7 +434,7 @@ def render_text(plan: Plan) -> str:
         lines.append(f"{'':<48}{s.basis}")
     lines.append(f"{'total':<18}{'':>9}{_hours(plan.total_s):>11}{plan.total_gpu_hours:>10.2f}")
     lines += ["", *(f"note: {n}" for n in plan.notes)]
-    return "\n".join(lines)
+    return redact_text("\n".join(lines))   # every line as `plan` and `run --check` print it (core/redact.py)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -457,10 +459,10 @@ def command(args: argparse.Namespace) -> int:
             raise ConfigError(f"--vars {args.vars!r}: a JSON object of variables is expected")
         plan = build_plan(args.inventory, args.profile, args.project_dir, overrides, args.vllm_python)
     except json.JSONDecodeError as exc:
-        print(f"cannot plan: --vars is not JSON ({exc})", file=sys.stderr)
+        print(redact_text(f"cannot plan: --vars is not JSON ({exc})"), file=sys.stderr)
         return 2
     except ConfigError as exc:
-        print(f"cannot plan: {exc}", file=sys.stderr)
+        print(redact_text(f"cannot plan: {exc}"), file=sys.stderr)
         return 2
     print(json.dumps(plan.to_dict(), indent=1) if args.json else render_text(plan))
     return 0

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vllm_acceptance.core.probes import probe_names
-from vllm_acceptance.core.redact import redact_obj
+from vllm_acceptance.core.redact import redact_obj, redact_text
 
 if TYPE_CHECKING:
     from vllm_acceptance.core.rundir import RunDir
@@ -198,7 +198,8 @@ class Progress:
 
     def say(self, text: str, stage: str | None = None) -> None:
         label = stage or self.stage or "run"
-        self.write(f"[{clock_label(self.elapsed())}] {label:<9} | {text}")
+        # every progress line redacted (core/redact.py): a reason may quote a URL, an argv or a log line
+        self.write(redact_text(f"[{clock_label(self.elapsed())}] {label:<9} | {text}"))
 
     def emit(self, event: str, **data: Any) -> None:
         record = {"time": dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),

@@ -18,9 +18,10 @@ import jsonschema
 import pytest
 
 from vllm_acceptance.core.profile import load_schema
+from vllm_acceptance.core.redact import ENV_READ_PREFIXES, NOT_RECORDED, REDACTED
 from vllm_acceptance.core.stage_details import StageDetails
 
-from support.story import PLANTED, SECRET_KEY, URL_SECRETS
+from support.story import OTHER_SECRETS, PLANTED, SECRET_KEY, URL_SECRETS
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.lab
@@ -92,13 +93,16 @@ def test_secrets_never_reach_evidence_or_reports(lab_signoff_story: dict) -> Non
         data = path.read_bytes()
         for secret in PLANTED:
             assert secret.encode() not in data, f"planted secret {secret} leaked into {path}"
-    # The env dump is evidence (preflight on the lab node): each URL there, credentials replaced, host and path kept.
-    dumps = [p.read_text() for p in written if p.name == "env.txt"]
+    # The env dump is evidence (preflight on the lab node), written by allow-list (issue 42 item 6): a variable no
+    # check reads is there by name only; a read one (VLLM_*) keeps its URL, credentials replaced, host and path kept.
+    dumps = [p.read_text().splitlines() for p in written if p.name == "env.txt"]
     assert dumps, "no env dump among the evidence"
-    for name, (_, readable) in URL_SECRETS.items():
-        if readable:
-            scheme = URL_SECRETS[name][0].split("://")[0]
-            assert any(f"{name}={scheme}://***REDACTED***@{readable}" in d for d in dumps), name
+    for name in [*URL_SECRETS, *OTHER_SECRETS]:
+        if name.startswith(ENV_READ_PREFIXES):
+            continue
+        assert any(f"{name}={NOT_RECORDED}" in d for d in dumps), name
+    assert any(f"NCCL_AUTH_CREDENTIAL={REDACTED}" in d for d in dumps)
+    assert any("VLLM_REMOTE_URL=http://***REDACTED***@remote.invalid:8000/v1" in d for d in dumps)
     # The startup log became evidence (redacted copy), accepted as this server's; our launch line in the raw log is
     # redacted too.
     assert (run_dir / "evidence" / "serve" / "startup.log").is_file()

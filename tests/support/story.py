@@ -7,6 +7,7 @@ secret-bearing variables in the environment. One whole accept.yml run serves bot
 
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 import subprocess
@@ -34,8 +35,22 @@ URL_SECRETS = {"HTTPS_PROXY": ("http://proxyPLANTEDuser:PLANTEDproxypass@proxy.i
                "DATABASE_URL": ("postgres://dbPLANTEDu:PLANTEDdbpw@db.invalid:5432/acc", "db.invalid:5432/acc"),
                "GIT_REMOTE": ("https://ghp_PLANTEDgittoken@github.com/org/repo.git", "github.com/org/repo.git"),
                "NCCL_AUTH_CREDENTIAL": ("PLANTEDcredential77", None)}
+# Issue 42 item 6: the other kinds of secret an environment holds; none is read by a check but VLLM_REMOTE_URL, so
+# the env dump names them only, and VLLM_REMOTE_URL keeps its host with its credentials masked.
+KUBECONFIG_B64 = base64.b64encode(b"apiVersion: v1\nkind: Config\nclusters:\n- cluster:\n    server: "
+                                  b"https://k8s.invalid:6443\nusers:\n- name: admin\n  user:\n    token: "
+                                  b"kubePLANTEDtoken0123456789\n").decode()
+OTHER_SECRETS = {"GH_PAT": "ghp_PLANTED0123456789abcdefghijklmnopqrst",
+                 "SLACK_WEBHOOK_URL": "https://hooks.slack.com/services/T0PLANTED/B0PLANTED/PLANTEDxyzxyzxyz",
+                 "MODEL_MIRROR": "https://b.s3.invalid/w?X-Amz-Credential=AKIAPLANTEDAAAAAAAAA"
+                                 "&X-Amz-Signature=PLANTEDsig0123",
+                 "HOOK_URL": "https://hooks.invalid/notify?api-key=PLANTEDqkey1&token=PLANTEDqtok2",
+                 "MY_CREDS": "deploy:PLANTEDpass3",
+                 "KUBECONFIG_DATA": KUBECONFIG_B64,
+                 "AWS_ACCESS_KEY_ID": "AKIAPLANTED0EXAMPLE0",
+                 "VLLM_REMOTE_URL": "http://admin:PLANTEDpass4@remote.invalid:8000/v1"}
 PLANTED = [SECRET_KEY, HF_SECRET, "proxyPLANTEDuser", "PLANTEDproxypass", "dbPLANTEDu", "PLANTEDdbpw",
-           "ghp_PLANTEDgittoken", "PLANTEDcredential77"]
+           "ghp_PLANTEDgittoken", "PLANTEDcredential77", "PLANTED", KUBECONFIG_B64[16:56]]
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -76,7 +91,8 @@ def build_story(start_server: Callable[..., Any], stop_server: Callable[[Any], N
             "acceptance_profile": str(changed_profile(root / "cpu-lab-changed.yml")), "vllm_serve_mode": "attach",
             "vllm_base_url": keyed.base_url, "vllm_serve_pid": keyed.pid,
             "vllm_serve_attach_log_command": f"cat {keyed.log_path}"},
-            env={"VLLM_API_KEY": SECRET_KEY, "HF_TOKEN": HF_SECRET, **{k: v for k, (v, _) in URL_SECRETS.items()}})
+            env={"VLLM_API_KEY": SECRET_KEY, "HF_TOKEN": HF_SECRET, **{k: v for k, (v, _) in URL_SECRETS.items()},
+                 **OTHER_SECRETS})
         keyed_log_first_line = keyed.log_path.read_text().splitlines()[0]
     finally:
         stop_server(keyed)

@@ -104,6 +104,7 @@ def wait_until(epoch: float) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Send the load; returns the meta written beside the records."""
+    from vllm_acceptance.core.redact import redact_obj
     from vllm_acceptance.load.engine.clock import now
     from vllm_acceptance.load.engine.multiprocess import run_load
     from vllm_acceptance.load.engine.records import RecordSink
@@ -129,7 +130,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "launched": launched, "start_at": args.start_at, "started": started, "finished": now(),
             "records": len(records), "ok": sum(r.status == "ok" for r in records),
             "selfcheck": [{**c, "host": host} for c in checks]}
-    meta_path(args.out).write_text(json.dumps(meta, indent=2) + "\n")
+    # the server URL may carry credentials or a query key (core/redact.py): never written as it is
+    meta_path(args.out).write_text(json.dumps(redact_obj(meta), indent=2) + "\n")
     return meta
 
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.redact import redact_obj
+from ..core.redact import redact_env, redact_obj
 
 # `LISTEN 0 2048 0.0.0.0:8000 0.0.0.0:* users:(("python3",pid=1234,fd=22),("vllm",pid=99,fd=3))`
 _SS_LINE = re.compile(r"^\s*LISTEN\s+\d+\s+\d+\s+(?P<local>\S+)\s+\S+\s*(?P<users>users:\(.*\))?\s*$")
@@ -72,14 +73,15 @@ def parse_cmdline(raw: bytes) -> list[str]:
     return redact_obj([part.decode(errors="replace") for part in raw.split(b"\0") if part])
 
 
-def parse_environ(raw: bytes) -> dict[str, str]:
-    """/proc/PID/environ, secrets redacted (a secret-named variable loses its value, others are scanned)."""
+def parse_environ(raw: bytes, read: Iterable[str] = ()) -> dict[str, str]:
+    """/proc/PID/environ by allow-list (core/redact.py redact_env): values only of the variables a check reads (and
+    of the names in `read`, the launch's own), redacted still; any other by name only."""
     env = {}
     for part in raw.split(b"\0"):
         name, sep, value = part.decode(errors="replace").partition("=")
         if sep and name:
             env[name] = value
-    return redact_obj(env)
+    return redact_env(env, read)
 
 
 def read_live_process(pid: int, proc: Path = Path("/proc")) -> LiveProcess:

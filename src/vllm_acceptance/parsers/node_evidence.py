@@ -26,7 +26,7 @@ COMMANDS = {
     "date_u": "date -u",
     "hostname": "hostname",
     "uname_a": "uname -a",
-    "env": "env | sort (secrets redacted)",
+    "env": "env (by allow-list: values only of the variables a check reads, others by name; core/redact.py)",
     "lsmod": "lsmod",
     "nvidia_smi": "nvidia-smi",
     "nvidia_smi_query": "nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total,pci.bus_id "

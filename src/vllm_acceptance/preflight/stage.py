@@ -22,8 +22,8 @@ from urllib.parse import urlsplit
 
 from ..core.evidence import atomic_write
 from ..core.findings import Finding
-from ..core.profile import Profile
-from ..core.redact import redact_obj, redact_text
+from ..core.profile import ConfigError, Profile
+from ..core.redact import redact_env, redact_env_list, redact_env_text, redact_obj, redact_text
 from ..core.rundir import RunDir, record_profile
 from ..parsers.live import local_netns
 from ..parsers.node_evidence import host_dir, load_node_evidence
@@ -238,17 +238,54 @@ def _inputs_from(record: StreamRecord) -> Any:
         return {"unreadable_inputs": record.stdout[:2000]}
 
 
-def _evidence_stdout(record: StreamRecord, secrets: list[str]) -> str:
-    """The env dump is sorted (stable diffs between runs) and, like every output, redacted."""
-    text = record.stdout
+def _evidence_stdout(record: StreamRecord, secrets: list[str], read: set[str] | None = None) -> str:
+    """Every output redacted; an environment by allow-list (core/redact.py redact_env: a value is kept only for a
+    variable a check reads, `read` naming the node's launch environment): the env dump (sorted, stable diffs
+    between runs), the serving process's environment, an image's Env."""
+    text, read = record.stdout, read or set()
     if record.name == "env":
-        text = "\n".join(sorted(text.splitlines())) + "\n"
+        return redact_env_text(text, read, secrets)
     if record.name == "live_process":   # the serving process's argv and environment (roles/preflight/files)
         try:
-            return json.dumps(redact_obj(json.loads(text), secrets), indent=1, sort_keys=True) + "\n"
+            data = json.loads(text)
         except ValueError:
-            pass
+            return redact_text(text, secrets)
+        if isinstance(data, dict) and isinstance(data.get("env"), dict):
+            data["env"] = redact_env(data["env"], read, secrets)
+        return json.dumps(redact_obj(data, secrets), indent=1, sort_keys=True) + "\n"
+    if record.name == "image_inspect":
+        return _image_inspect_evidence(text, read, secrets)
     return redact_text(text, secrets)
+
+
+def _image_inspect_evidence(text: str, read: set[str], secrets: list[str]) -> str:
+    """An image's inspect JSON with every `Env` list by allow-list (`docker|podman image inspect`: Config.Env,
+    ContainerConfig.Env; `crictl inspecti`: info.imageSpec.config.Env); the rest as it is, redacted. Text that is
+    not JSON (an error) is redacted text."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return redact_text(text, secrets)
+    return json.dumps(redact_obj(_env_lists_allowed(data, read, secrets), secrets), indent=4) + "\n"
+
+
+def _env_lists_allowed(data: Any, read: set[str], secrets: list[str]) -> Any:
+    if isinstance(data, dict):
+        return {k: redact_env_list(v, read, secrets) if k == "Env" and isinstance(v, list)
+                else _env_lists_allowed(v, read, secrets) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_env_lists_allowed(v, read, secrets) for v in data]
+    return data
+
+
+def _launch_env_names(records: list[StreamRecord], inputs: Any) -> set[str]:
+    """The variables the node's launch sets (its inputs' `launch_env`: the profile's and the inventory's): their
+    values are read by the checks (interconnect.nccl_env, the live-launch comparison), so evidence keeps them."""
+    for record in records:
+        if record.name == "inputs" and record.complete:
+            inputs = _inputs_from(record)
+    env = inputs.get("launch_env") if isinstance(inputs, dict) else None
+    return {str(k) for k in env} if isinstance(env, dict) else set()
 
 
 @dataclass
@@ -258,7 +295,8 @@ class SavedNode:
     finished: bool              # the script reached its end marker
 
 
-def save_node_stream(host_directory: Path, node: NodeStream, secrets: list[str] | None = None) -> SavedNode:
+def save_node_stream(host_directory: Path, node: NodeStream, secrets: list[str] | None = None,
+                     read: set[str] | None = None) -> SavedNode:
     """Write one answered node's evidence: `<name>.txt` (stdout) and `<name>.json` (meta: cmd, rc,
     stderr, missing, timed_out) per command, `inputs.*`, and `stream.json` (how the answer ended).
     Creating the directory is what marks the node as reached (see `unreachable`)."""
@@ -267,6 +305,7 @@ def save_node_stream(host_directory: Path, node: NodeStream, secrets: list[str] 
     records, finished = split_stream(node.stdout, node.marker)
     written = []
     inputs: Any = node.inputs
+    read = _launch_env_names(records, inputs) | (read or set())
     for record in records:
         if not _NAME.fullmatch(record.name):
             raise ValueError(f"bad evidence name {record.name!r} in the node's answer")
@@ -275,7 +314,7 @@ def save_node_stream(host_directory: Path, node: NodeStream, secrets: list[str] 
             continue
         meta = {"cmd": record.cmd, "rc": record.rc, "stderr": redact_text(record.stderr.rstrip("\n"), secrets),
                 "missing": record.missing, "timed_out": record.timed_out}
-        atomic_write(base / f"{record.name}.txt", _evidence_stdout(record, secrets))
+        atomic_write(base / f"{record.name}.txt", _evidence_stdout(record, secrets, read))
         atomic_write(base / f"{record.name}.json", json.dumps(meta, indent=2) + "\n")
         written.append(record.name)
     atomic_write(base / "inputs.txt", json.dumps(redact_obj(inputs, secrets), indent=2, default=str) + "\n")
@@ -291,13 +330,32 @@ def save_node_stream(host_directory: Path, node: NodeStream, secrets: list[str] 
 def save_node_streams(run_dir: Path, nodes: dict[str, NodeStream],
                       secrets: list[str] | None = None) -> dict[str, SavedNode]:
     """`save_node_stream` for every node that answered; a host not given here gets no directory,
-    so the judge reports it unreachable."""
+    so the judge reports it unreachable. The run's profile names the launch variables evidence keeps."""
     out = {}
+    read = run_profile_env_names(Path(run_dir))
     for host, node in nodes.items():
         if not _NAME.fullmatch(host):
             raise ValueError(f"bad host name {host!r} for an evidence directory")
-        out[host] = save_node_stream(host_dir(Path(run_dir), host), node, secrets)
+        out[host] = save_node_stream(host_dir(Path(run_dir), host), node, secrets, read)
     return out
+
+
+def profile_env_names(profile: Profile) -> set[str]:
+    """Every variable the profile's launch names (launch.env, site_env, each interconnect's multi-node env, the
+    DMA-BUF workaround): the checks read their values (interconnect.nccl_env on the plan or the running server)."""
+    launch = profile.model.launch
+    multinode = launch.multinode
+    return {str(name) for env in (launch.env, launch.site_env, multinode.rdma.env, multinode.nvlink.env,
+                                  multinode.nvl_env, multinode.dmabuf_workaround_env) for name in env}
+
+
+def run_profile_env_names(run_dir: Path) -> set[str]:
+    """profile_env_names of the run's frozen profile; none when the run has no readable one (a bare evidence
+    directory): the allow-list's own names still apply (core/redact.py)."""
+    try:
+        return profile_env_names(RunDir(run_dir).profile())
+    except (ConfigError, OSError, ValueError):
+        return set()
 
 
 def unreachable(run_dir: Path, hosts: list[str]) -> list[str]:

@@ -32,6 +32,7 @@ from typing import Any
 
 from ..core.evidence import atomic_write
 from ..core.findings import Finding, Status
+from ..core.redact import redact_obj
 from ..core.rundir import RunDir
 from ..rules.registry import get as catalog_get
 from .remediation.isolated import isolated_environment_record
@@ -258,7 +259,7 @@ def record_manual_action(record: Path, *, what: str | None, host: str | None = N
             raise DecisionInputError("--what is empty: say what was done by hand, e.g. --what 'reseated node2 PSU'")
         data["manual_actions"] = [*(actions or []), {"what": what, "host": host, "by": by,
                                                      "at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}]
-    atomic_write(file, json.dumps(data, indent=2, default=str) + "\n")
+    atomic_write(file, json.dumps(redact_obj(data), indent=2, default=str) + "\n")
     return data
 
 
@@ -421,11 +422,11 @@ def write_decision(run_dir: Path, decision: Mapping[str, Any]) -> Path:
     """remediation-decision.json beside the re-run's report; the rebuild record (when one was read) gets
     the choice too, so the record of the change says how it ended."""
     path = RunDir(Path(run_dir)).report_file(DECISION_FILE)
-    atomic_write(path, json.dumps(decision, indent=2, default=str) + "\n")
+    atomic_write(path, json.dumps(redact_obj(decision), indent=2, default=str) + "\n")
     record_path, record = load_record(Path(decision["record"])) if decision.get("record") else (None, None)
     if record_path is not None and record is not None:
         record["decision"] = {k: decision.get(k) for k in ("choice", "title", "route", "failed_checks",
                                                            "lacking_evidence", "decided_at")}
         record["decision"]["run"] = str(path)
-        atomic_write(record_path, json.dumps(record, indent=2, default=str) + "\n")
+        atomic_write(record_path, json.dumps(redact_obj(record), indent=2, default=str) + "\n")
     return path

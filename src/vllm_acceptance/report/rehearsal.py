@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from ..core.profile_model import ProfileModel
+from ..core.redact import redact_obj
 from ..core.rundir import RunDir
 from ..core.stage_details import StageDetails
 from .reopen import last_signed_acceptance
@@ -145,7 +146,9 @@ def record(plan_data: dict[str, Any], result: dict[str, Any]) -> Path:
         "ready": bool(result.get("ready")), "smoke": {**smoke, "ready_s": result.get("ready_s")},
         "error": result.get("error"), "log_tail": result.get("log_tail"),
     }
-    RunDir(target).report_file(REHEARSAL_FILE).write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    # the log tail and the error quote the server's own lines: redacted as every file a run writes
+    RunDir(target).report_file(REHEARSAL_FILE).write_text(json.dumps(redact_obj(data), indent=2, ensure_ascii=False)
+                                                          + "\n")
     if RunDir(target).report_json.is_file():
         rerender(target)
     return RunDir(target).report_file(REHEARSAL_FILE)

@@ -18,6 +18,7 @@ import yaml
 from ...core.evidence import atomic_write
 from ...core.findings import Finding, read_findings
 from ...core.profile import ConfigError, load_profile
+from ...core.redact import redact_obj
 from .capture import load_capture, save_captures
 from .entry import DEFAULT_EVIDENCE_MAX_AGE_H, entry_conditions
 from .experimental import experimental_profile
@@ -107,7 +108,8 @@ def entry(p: Params, check_mode: bool = False) -> Result:
     record = {"decision": decision.to_dict(), "route": route, "captures": captures, "recorded": recorded,
               "preflight_findings": p["preflight_findings"]}
     # Evidence on the controller, written in check mode too: the refusal is part of the record.
-    atomic_write(Path(p["run_dir"]) / f"{p['kind']}-entry.json", json.dumps(record, indent=2, default=str) + "\n")
+    atomic_write(Path(p["run_dir"]) / f"{p['kind']}-entry.json",
+                 json.dumps(redact_obj(record), indent=2, default=str) + "\n")
     if not decision.allowed:
         raise ActionError(f"refused: the {p['kind']} changes nothing until these are met: "
                           + " | ".join(decision.reasons), decision=decision.to_dict(), route=route)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ...core.evidence import atomic_write
+from ...core.redact import redact_obj
 from ...core.rundir import RunDir
 
 LEDGER_NAME = "rebuild.json"
@@ -32,7 +33,7 @@ class Ledger:
         data["untouched"] = [h for h in data.get("hosts", []) if not nodes.get(h, {}).get("steps")]
         for node in nodes.values():
             node.update(_node_summary(node.get("steps", []), str(data.get("kind"))))
-        atomic_write(self.path, json.dumps(data, indent=2, default=str) + "\n")
+        atomic_write(self.path, json.dumps(redact_obj(data), indent=2, default=str) + "\n")
 
     def start(self, kind: str, hosts: list[str], plan: Mapping[str, Any]) -> dict[str, Any]:
         data = {"kind": kind, "hosts": list(hosts), "plan": dict(plan), "nodes": {}, "failed": None,
