@@ -16,6 +16,8 @@ from ..core.findings import Consequence, Finding, Status, write_findings
 from ..core.profile import Profile
 from ..core.rundir import RunDir
 from ..parsers.causal import causal_line
+from ..parsers.live import live_launch
+from ..parsers.node_evidence import load_node_evidence
 from ..parsers.startup_log import StartupScan, scan_startup_log
 from ..rules import registry
 from ..rules.launch_triage import launch_findings
@@ -51,6 +53,7 @@ class ServeFacts:
 def judge_serve(run_dir: Path, profile: Profile, facts: ServeFacts) -> list[Finding]:
     store = EvidenceStore(run_dir, "evidence/serve", secrets=[facts.api_key] if facts.api_key else [])
     findings: list[Finding] = []
+    argv_from = _attached_argv(run_dir, facts)
     if facts.mode == "attach" and facts.startup_log is not None and facts.launch_error is None:
         findings.append(_operator_log(store, facts))
     elif facts.mode == "attach" and facts.startup_log_error:
@@ -69,6 +72,7 @@ def judge_serve(run_dir: Path, profile: Profile, facts: ServeFacts) -> list[Find
     findings.append(model_load(facts, log_ev + cmd_ev))
     details: dict[str, Any] = {"base_url": facts.base_url, "mode": facts.mode, "launch_command": facts.launch_command,
                                "ready_s": facts.ready_s, "launch_error": facts.launch_error,
+                               "process_args_from": argv_from,
                                # judged right after ready: the end of the model-load memory window
                                "judged_at": time.time()}
     if scan is not None:
@@ -83,6 +87,23 @@ def judge_serve(run_dir: Path, profile: Profile, facts: ServeFacts) -> list[Find
     RunDir(run_dir).stages_dir.mkdir(exist_ok=True)
     EvidenceStore(run_dir, "stages").write_json("serve.json", details)
     return findings
+
+
+def _attached_argv(run_dir: Path, facts: ServeFacts) -> str | None:
+    """Where the running server's argv comes from: the pid the operator named (read by the serve role), else, when
+    attached, the process the preflight found listening on the server's port on this node (its live_process
+    record: roles/preflight/files/live_process.py, read as root or the pid's own user); None when neither is read.
+    The URL is bound to that node by compat.server_location (docs/checks.md), so its argv is this server's."""
+    if facts.process_args is not None:
+        return "vllm_serve_pid (/proc/PID/cmdline)"
+    if facts.mode != "attach" or not facts.host:
+        return None
+    record = load_node_evidence(run_dir, facts.host).get("live_process")
+    live = live_launch(record.stdout) if record.present and record.rc == 0 else None
+    if live is None:
+        return None
+    facts.process_args = live[0]
+    return f"the preflight's live_process record on {facts.host}: {live[2]}"
 
 
 def _operator_log(store: EvidenceStore, facts: ServeFacts) -> Finding:
