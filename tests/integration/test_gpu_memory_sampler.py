@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
+from vllm_acceptance.lab.container_standin import docker_cgroup, join_cgroup, make_cgroup, remove_cgroup
 from vllm_acceptance.lab.nshosts import HostSpec
 from vllm_acceptance.parsers.gpu_memory import parse_memory_file
 
@@ -30,6 +31,8 @@ FAKE_BIN = REPO / "tests" / "fixtures" / "sampler" / "bin"
 GPUS = {"gpu-a": 2, "gpu-b": 4}
 NO_SMI = "no-smi"
 INTERVAL_MS = 200
+SERVER_PORT = 18766          # a server in a container's cgroup listens here on gpu-a only
+CONTAINER_ID = "5e" * 32
 
 START = """
 - name: Start
@@ -95,13 +98,46 @@ def sampled(sampler_hosts: ClusterFactory, tmp_path_factory: pytest.TempPathFact
     inventory.write_text(yaml.safe_dump(data))
     run_dir = work / "run-20261130T000000Z"
     run_dir.mkdir()
-    t_start = time.time()
-    _play(work, inventory, START, run_dir, attempt=1)
-    _play(work, inventory, START, run_dir, attempt=2)  # idempotent while it runs
-    time.sleep(2.0)
-    _play(work, inventory, STOP, run_dir)
-    t_stop = time.time()
-    return {"cluster": cluster, "run_dir": run_dir, "t_start": t_start, "t_stop": t_stop}
+    server = _server_in_a_container(cluster.host("gpu-a").netns)
+    try:
+        t_start = time.time()
+        _play(work, inventory, START, run_dir, attempt=1, gpu_memory_sampler_server_port=SERVER_PORT)
+        _play(work, inventory, START, run_dir, attempt=2, gpu_memory_sampler_server_port=SERVER_PORT)  # idempotent
+        time.sleep(2.0)
+        _play(work, inventory, STOP, run_dir, gpu_memory_sampler_server_port=SERVER_PORT)
+        t_stop = time.time()
+        rss_kib = _rss_anon_kib(server[0].pid) if server else None
+    finally:
+        if server:
+            server[0].kill()
+            server[0].wait()
+            remove_cgroup(docker_cgroup(CONTAINER_ID))
+    return {"cluster": cluster, "run_dir": run_dir, "t_start": t_start, "t_stop": t_stop, "server": bool(server),
+            "rss_kib": rss_kib}
+
+
+def _server_in_a_container(netns: str) -> tuple[subprocess.Popen[bytes], Path] | None:
+    """A process listening on SERVER_PORT inside gpu-a's network namespace, placed in a cgroup named as docker's
+    systemd driver names a container's (as lab/container_standin.py places the lab server); None where this
+    machine has no writable cgroup v2 hierarchy."""
+    path, _why = make_cgroup(docker_cgroup(CONTAINER_ID))
+    if path is None:
+        return None
+    proc = subprocess.Popen(["ip", "netns", "exec", netns, sys.executable, "-m", "http.server", str(SERVER_PORT),
+                             "--bind", "0.0.0.0"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=lambda: join_cgroup(path))
+    for _ in range(50):
+        if subprocess.run(["ip", "netns", "exec", netns, "ss", "-ltnH", f"sport = :{SERVER_PORT}"],
+                          capture_output=True, text=True, check=False).stdout.strip():
+            return proc, path
+        time.sleep(0.1)
+    proc.kill()
+    return None
+
+
+def _rss_anon_kib(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("RssAnon:")))
 
 
 def _json(path: Path) -> dict[str, Any]:
@@ -143,3 +179,20 @@ def test_node_without_nvidia_smi_reports_missing_without_failing(sampled: dict[s
     assert started["running"] is False and "exited at once" in started["error"]
     assert _json(run_dir / f"stop-{NO_SMI}.json") == {"state": "exited-early", "csv": ""}
     assert not (run_dir / "evidence" / "memory" / f"{NO_SMI}.csv").exists()
+
+
+def test_the_servers_container_memory_is_sampled_on_its_node_only(sampled: dict[str, Any]) -> None:
+    """Issue 42 item 4: the process on the server's port in a container's cgroup is sampled (memory.stat anon, or
+    on a hierarchy without the memory controller the RssAnon of its cgroup's processes); a node where nothing
+    listens on the port writes no container series."""
+    if not sampled["server"]:
+        pytest.skip("no writable cgroup v2 hierarchy on this machine: no container to sample")
+    run_dir = sampled["run_dir"]
+    csv = run_dir / "evidence" / "memory" / "cgroup" / "gpu-a.csv"
+    assert csv.is_file(), "gpu-a: no container memory CSV fetched"
+    values = [int(line.split(",")[1]) for line in csv.read_text().splitlines() if line.strip()]
+    assert len(values) >= 5, values
+    # the http.server's own anonymous memory: within a factor of the RssAnon read at the end (anon counts the
+    # cgroup's pages, RssAnon the process's; both are the one process here)
+    assert all(sampled["rss_kib"] * 1024 / 4 <= v <= sampled["rss_kib"] * 1024 * 4 for v in values), values
+    assert not (run_dir / "evidence" / "memory" / "cgroup" / "gpu-b.csv").exists()
