@@ -20,13 +20,15 @@ import yaml
 from vllm_acceptance import cli
 from vllm_acceptance.core.findings import Consequence, Status
 from vllm_acceptance.core.model_identity import argv_identity_flags, identity_overrides, names_model
-from vllm_acceptance.core.profile import ConfigError, Profile, load_profile
+from vllm_acceptance.core.profile import Profile, load_profile
 from vllm_acceptance.core.rundir import open_run
 from vllm_acceptance.parsers.startup_log import scan_startup_log
 from vllm_acceptance.rules.serve import ServerReports
 from vllm_acceptance.rules.served_model import CheckpointConfig, check_served_model
 from vllm_acceptance.serve.stage import checkpoint_config
 from vllm_acceptance.verdict import decide
+
+from support.refusal import BASE, refused
 
 REPO = Path(__file__).resolve().parents[2]
 REAL = REPO / "tests" / "fixtures" / "real" / "vllm"
@@ -215,17 +217,6 @@ def test_the_checkpoint_config_is_hashed_only_for_a_server_on_this_machine(tmp_p
 
 
 # --- the same arguments in the inventory: refused at validation ---------------------------------------------------
-
-BASE = {"acceptance_profile": "cpu-lab", "acceptance_owner": "me", "vllm_serve_mode": "launch"}
-
-
-def refused(tmp_path: Path, variables: dict, host_variables: dict | None = None) -> str:
-    with pytest.raises(ConfigError) as caught:
-        open_run(project_dir=REPO, reports_dir=tmp_path, inventory="site", hosts=["h"],
-                 variables={**BASE, **variables}, host_variables=host_variables)
-    assert not list(tmp_path.iterdir())                                      # no run was opened
-    return str(caught.value)
-
 
 @pytest.mark.parametrize(("args", "shown"), [
     (["--model", "someorg/Kimi-K3-distilled"], "--model someorg/Kimi-K3-distilled"),

@@ -11,11 +11,13 @@ import yaml
 
 from vllm_acceptance import cli
 from vllm_acceptance.core.findings import Consequence, Status
-from vllm_acceptance.core.profile import ConfigError, load_profile
+from vllm_acceptance.core.profile import load_profile
 from vllm_acceptance.core.rundir import open_run
 from vllm_acceptance.parsers.startup_log import scan_startup_log
 from vllm_acceptance.rules.serve import ServerReports, check_actual_config
 from vllm_acceptance.verdict import decide
+
+from support.refusal import BASE, refused
 
 REPO = Path(__file__).resolve().parents[2]
 REAL = REPO / "tests" / "fixtures" / "real" / "vllm"
@@ -62,17 +64,6 @@ def test_no_startup_log_is_missing_and_an_unreadable_args_line_inconclusive(tmp_
     cut = tmp_path / "cut.log"
     cut.write_text("\n".join(line for line in HEALTHY.read_text().splitlines() if "non-default args" not in line))
     assert unlisted(cut).status == Status.INCONCLUSIVE
-
-
-BASE = {"acceptance_profile": "cpu-lab", "acceptance_owner": "me", "vllm_serve_mode": "launch"}
-
-
-def refused(tmp_path: Path, variables: dict, host_variables: dict | None = None) -> str:
-    with pytest.raises(ConfigError) as caught:
-        open_run(project_dir=REPO, reports_dir=tmp_path, inventory="site", hosts=["h"],
-                 variables={**BASE, **variables}, host_variables=host_variables)
-    assert not list(tmp_path.iterdir())                                      # no run was opened
-    return str(caught.value)
 
 
 def test_extra_args_below_the_contract_are_refused_before_any_node(tmp_path: Path) -> None:

@@ -85,14 +85,19 @@ def parse_image_inspect(text: str) -> ImageInspect:
     metadata = data.get("Metadata") if isinstance(data.get("Metadata"), dict) else {}
     result.last_tag_time = metadata.get("LastTagTime") if isinstance(metadata.get("LastTagTime"), str) else None
     result.architecture = data.get("Architecture") if isinstance(data.get("Architecture"), str) else None
-    labels = config.get("Labels") or data.get("Labels") or {}
+    _config_fields(result, config, config.get("Labels") or data.get("Labels") or {})
+    if result.id is None:
+        result.errors.append("no image Id in inspect output")
+    return result
+
+
+def _config_fields(result: ImageInspect, config: dict[str, Any], labels: Any) -> None:
+    """Labels, environment and entrypoint of an image config (docker/podman `Config`, containerd's
+    `imageSpec.config`: the OCI image config's field names)."""
     result.labels = {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
     result.env = env_list_to_dict(config.get("Env"))
     entry = config.get("Entrypoint")
     result.entrypoint = [str(e) for e in entry] if isinstance(entry, list) else []
-    if result.id is None:
-        result.errors.append("no image Id in inspect output")
-    return result
 
 
 def _text(value: Any) -> str | None:
@@ -114,11 +119,7 @@ def _crictl_image(data: dict[str, Any], result: ImageInspect) -> ImageInspect:
     result.repo_digests = [d for d in status.get("repoDigests") or [] if isinstance(d, str)]
     result.created = _text(spec.get("created"))
     result.architecture = _text(spec.get("architecture"))
-    labels = config.get("Labels")
-    result.labels = {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
-    result.env = env_list_to_dict(config.get("Env"))
-    entry = config.get("Entrypoint")
-    result.entrypoint = [str(e) for e in entry] if isinstance(entry, list) else []
+    _config_fields(result, config, config.get("Labels"))
     if result.id is None:
         result.errors.append("no status.id in the crictl inspecti output")
     if not spec:
