@@ -257,6 +257,25 @@ def test_a_process_model_path_or_served_name_of_another_model_is_refused(tmp_pat
     assert (run_dir / "run.json").is_file()
 
 
+def test_the_model_variables_are_judged_only_where_the_launch_reads_them(tmp_path: Path) -> None:
+    """The lab inventory's rendered vllm_serve_model_path (the hermes model) with `-e acceptance_profile=cpu-lab-k3`:
+    attached, the variable is unused and nothing is refused (test_agent_k3_lab.py's run); launched, the process
+    runtime would load it, and it is refused."""
+    lab_path = "/srv/acceptance/playbooks/../.lab/models/tiny-agent"
+    k3 = {**BASE, "acceptance_profile": "cpu-lab-k3", "vllm_serve_model_path": lab_path}
+    run_dir, _ = open_run(project_dir=REPO, reports_dir=tmp_path / "attach", inventory="site", hosts=["h"],
+                          variables={**k3, "vllm_serve_mode": "attach", "vllm_base_url": "http://127.0.0.1:8011/v1"})
+    assert (run_dir / "run.json").is_file()
+    (tmp_path / "launch").mkdir()
+    text = refused(tmp_path / "launch", k3)
+    assert "field `vllm_serve_model_path`" in text and "tiny-agent-k3" in text
+    # a host's own attach mode frees its host variables only
+    (tmp_path / "host").mkdir()
+    text = refused(tmp_path / "host", {**BASE, "acceptance_profile": "cpu-lab-k3"},
+                   {"h": {"vllm_serve_model_path": lab_path}})
+    assert "(host h): field `vllm_serve_model_path`" in text
+
+
 def test_the_profiles_own_values_and_other_loaders_are_accepted() -> None:
     data = LAB.data
     assert identity_overrides(data, ["--dtype=float32", "--served-model-name", "tiny-agent",

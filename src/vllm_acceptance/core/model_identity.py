@@ -138,9 +138,18 @@ def identity_overrides(data: Mapping[str, Any], args: Any) -> dict[str, Any]:
     return {k: v for k, v in argv_identity_flags(args).items() if k not in stated or not _same(k, stated[k], v)}
 
 
-def identity_args_errors(data: Mapping[str, Any], variables: Mapping[str, Any], source: str) -> list[str]:
+def launches_process(data: Mapping[str, Any], variables: Mapping[str, Any]) -> bool:
+    """The run launches the profile's process runtime, the one launch that reads vllm_serve_model_path and
+    vllm_serve_served_name (roles/vllm_serve/tasks/process.yml); attached, or a container launch, they are unused."""
+    launch = data.get("launch") if isinstance(data.get("launch"), Mapping) else {}
+    return variables.get("vllm_serve_mode", "launch") != "attach" and launch.get("runtime") == "process"
+
+
+def identity_args_errors(data: Mapping[str, Any], variables: Mapping[str, Any], source: str,
+                         model_variables: bool = True) -> list[str]:
     """One line per identity argument an inventory variable adds to the launch; refused before any node is touched
-    (the serve stage would judge it compat.served_model: never a release)."""
+    (the serve stage would judge it compat.served_model: never a release). `model_variables`: the launch reads
+    vllm_serve_model_path / vllm_serve_served_name (launches_process), so another model there is refused too."""
     lines = []
     for field in ("vllm_serve_extra_args", "preflight_launch_args"):
         for key, value in identity_overrides(data, variables.get(field)).items():
@@ -149,6 +158,8 @@ def identity_args_errors(data: Mapping[str, Any], variables: Mapping[str, Any], 
                          "another model than the profile's; fix: remove it, or write profiles/<site>.yml (extends the "
                          f"profile) whose model (model.name, model.path, model.served_name) or launch.args state it "
                          "and set acceptance_profile to it")
+    if not model_variables:
+        return lines
     stated = _stated(data)
     for field, key in MODEL_VARIABLES.items():
         value = variables.get(field)

@@ -25,7 +25,7 @@ import yaml
 from .contract import extra_args_errors, launch_engines, limiting_args_errors, loadgen_errors
 from .evidence import EvidenceStore, atomic_write
 from .findings import Finding, read_findings, write_findings
-from .model_identity import identity_args_errors
+from .model_identity import identity_args_errors, launches_process
 from .profile import ConfigError, Profile, load_profile
 from .redact import redact_obj, redact_text
 from .variables import PREFIXES, validate_variables
@@ -125,7 +125,8 @@ def require_contract_served(profile: Profile, variables: dict[str, Any], host_va
     lines += limiting_args_errors(profile.data, variables, f"{source} (group_vars)", engines=engines,
                                   batched_tokens_default=batched_tokens_default)
     lines += loadgen_errors(profile.data, variables, f"{source} (group_vars)")
-    lines += identity_args_errors(profile.data, variables, f"{source} (group_vars)")
+    lines += identity_args_errors(profile.data, variables, f"{source} (group_vars)",
+                                  model_variables=launches_process(profile.data, variables))
     for host, host_vars in sorted(host_variables.items()):
         lines += extra_args_errors(profile.data, (host_vars or {}).get("vllm_serve_extra_args"),
                                    f"{source} (host {host})")
@@ -134,7 +135,8 @@ def require_contract_served(profile: Profile, variables: dict[str, Any], host_va
                                       engines=launch_engines(profile.data, {**variables, **own}),
                                       batched_tokens_default=batched_tokens_default)
         lines += loadgen_errors(profile.data, own, f"{source} (host {host})")
-        lines += identity_args_errors(profile.data, own, f"{source} (host {host})")
+        lines += identity_args_errors(profile.data, own, f"{source} (host {host})",
+                                      model_variables=launches_process(profile.data, {**variables, **own}))
     if lines:
         raise ConfigError("invalid inventory:\n  " + "\n  ".join(lines))
 
