@@ -30,8 +30,10 @@ pytestmark = pytest.mark.lab
 
 
 def attached(tmp_path: Path, server, profile: Profile) -> dict:
+    argv = [a.decode() for a in Path(f"/proc/{server.pid}/cmdline").read_bytes().split(b"\0") if a]
     facts = ServeFacts(base_url=server.base_url, host="localhost", mode="attach", metrics_url=server.metrics_url,
-                       startup_log=server.log_path.read_text(), startup_log_source=f"the file {server.log_path}")
+                       startup_log=server.log_path.read_text(), startup_log_source=f"the file {server.log_path}",
+                       process_args=argv)   # as the serve role reads it from vllm_serve_pid (the log is tied to it)
     return {f.check: f for f in judge_serve(tmp_path, profile, facts)}
 
 
