@@ -31,29 +31,21 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .core.bounds import StageBound
 from .core.contract import launch_engines, per_engine_capacity
 from .core.probes import default_probe_names
 from .core.profile import ConfigError, Profile, load_profile
 from .core.redact import redact_obj, redact_text
 from .core.rundir import resolve_profile_path
 from .probes import registry as probe_registry
-from .probes.agent import turn_target
-from .probes.cache import KINDS as CACHE_KINDS
-from .probes.load.rules import ramp_plan
-from .probes.options import ProbeOptions, setting
-from .scenarios import load_scenario
+from .probes.agent.plan import agent_plan
+from .probes.cache.plan import cache_plan
+from .probes.load.plan import load_plan
+from .probes.options import ProbeOptions
 from .serve import launch, vllm_check
 from .validate import ansible_inventory_command, group_hosts
 
 CHECKOUT = Path(__file__).resolve().parents[2]
-# The agent probe's single cases after its rate run (probes/agent/probe.py AgentProbe.run): streaming, multi_turn,
-# failed_tool_fallback, structured_output, executor_safety, multimodal, client_library; one request each at least.
-AGENT_CASES = 7
-# The mixed stream (probes/load/stages.py stage_mixed): windows of 2 x concurrency requests, with a lone repeated
-# request before the first window and after each one.
-MIXED_WINDOWS = 3
-# propose_limits (probes/load/rules.py) proposes at most two limits: fewer sessions, then a shorter context.
-MAX_PROPOSED_LIMITS = 2
 
 
 @dataclass
@@ -65,6 +57,7 @@ class Stage:
     gpu_hours: float = 0.0
     basis: str = ""
     in_total: bool = True
+    steps: list[dict[str, Any]] = field(default_factory=list)   # the ramp's steps and each one's bound
 
 
 @dataclass
@@ -212,10 +205,14 @@ def _options(profile: Profile, kind: str, site: dict[str, Any]) -> ProbeOptions:
                         overrides=dict(overrides))
 
 
+def _stage(bound: StageBound) -> Stage:
+    return Stage(bound.name, bound.what, bound.requests, float(bound.bound_s), basis=bound.basis,
+                 in_total=bound.in_total, steps=list(bound.steps))
+
+
 def stages(profile: Profile, facts: dict[str, Any], site: dict[str, Any]) -> list[Stage]:
-    """Every stage of the run in its order (accept.yml, playbooks/probes.yml), estimated (module docstring)."""
-    load_cfg = probe_registry.get("load").config(_options(profile, "load", site), {})
-    e2e = float(load_cfg.slo.get("e2e_p95_s") or 0) or float(load_cfg.request_timeout_s)
+    """Every stage of the run in its order (accept.yml, playbooks/probes.yml), each as its probe plans it
+    (probes/cache/plan.py, probes/agent/plan.py, probes/load/plan.py): this only adds them up."""
     ready = float(math.ceil(float(facts["ready_timeout_s"])))
     launched = facts["mode"] != "attach"
     probes = list(site.get("acceptance_probes") or default_probe_names())
@@ -226,114 +223,18 @@ def stages(profile: Profile, facts: dict[str, Any], site: dict[str, Any]) -> lis
     if "cache" in probes:
         restart = launched and bool(site.get("acceptance_cache_restart", True))
         engines = launch_engines(profile.data, {"vllm_parallel": facts.get("parallel") or {}})
-        out += cache_stages(_options(profile, "cache", site), e2e, ready, restart, engines)
+        out += [_stage(b) for b in cache_plan(_options(profile, "cache", site), engines, restart)]
     if "agent" in probes:
-        out.append(agent_stage(_options(profile, "agent", site), e2e))
+        out.append(_stage(agent_plan(_options(profile, "agent", site))))
     if "load" in probes:
         # playbooks/vars/probes.yml probe_relaunch: a launched single-node server is relaunched at each limit;
         # otherwise the client is driven at the limit on the server as launched.
         relaunch = launched and bool(site.get("acceptance_limit_relaunch", True)) and not facts["workers"]
-        out += load_stages(_options(profile, "load", site), e2e, ready, relaunch)
-    # A probe without its own estimate here is still shown, never costed as free (docs/plan.md).
+        cfg = probe_registry.get("load").config(_options(profile, "load", site), {})
+        out += [_stage(b) for b in load_plan(cfg, ready if relaunch else None)]
+    # A probe without its own plan is still shown, never costed as free (docs/plan.md).
     out += [Stage(name, f"the {name} probe", None, 0.0, basis="no estimate for this probe", in_total=False)
             for name in probes if name not in ("cache", "agent", "load")]
-    return out
-
-
-def cache_stages(opts: ProbeOptions, e2e: float, ready: float, restart: bool, engines: int = 1) -> list[Stage]:
-    """The protocol runs on every data-parallel engine, each session pinned to one (probes/cache/probe.py), after
-    one warm-up request per engine where the engines' gauges are not exported yet."""
-    cfg = probe_registry.get("cache").config(opts, load_scenario(str(setting(opts, "agent.scenario"))))
-    per_engine = cfg.sessions * len(CACHE_KINDS) + cfg.rounds
-    requests = engines * per_engine + (engines if engines > 1 else 0)
-    each = (f"cache.sessions {cfg.sessions} x {len(CACHE_KINDS)} kinds + {cfg.rounds} rounds, each <= e2e p95 "
-            f"{e2e:g} s")
-    out = [Stage("cache", "prefix-cache protocol, one request at a time", requests, requests * e2e,
-                 basis=each if engines == 1 else f"({each}) on each of {engines} data-parallel engines, + one "
-                                                 "warm-up request each")]
-    if restart:
-        out.append(Stage("cache_restart", "restart the launched server, hot A again", 1, ready + e2e,
-                         basis=f"launch.ready_timeout_s {ready:g} s + 1 request"))
-    return out
-
-
-def agent_stage(opts: ProbeOptions, e2e: float) -> Stage:
-    scenario = str(setting(opts, "agent.scenario"))
-    cfg = probe_registry.get("agent").config(opts, load_scenario(scenario))
-    turns = turn_target(cfg)
-    others = min(cfg.other_cases, max(5, turns // 5))
-    repeats = cfg.consistency_cases * max(1, cfg.repeats)
-    sent = turns + others + repeats
-    waves = math.ceil(sent / max(1, cfg.concurrency)) + AGENT_CASES
-    # agent.under_load: the case set (call and other cases) again with that many in flight.
-    again = turns + others if cfg.under_load > 0 else 0
-    waves += math.ceil(again / cfg.under_load) if again else 0
-    loaded = f" + the {again} cases again at agent.under_load {cfg.under_load}" if again else ""
-    return Stage("agent", f"tool calls ({scenario}): the case set{', again under load' if again else ''}, then "
-                 f"{AGENT_CASES} cases", sent + again + AGENT_CASES, waves * e2e,
-                 basis=f"{turns} distinct call cases + {others} other cases + {repeats} repeats at "
-                       f"agent.concurrency {cfg.concurrency}{loaded} + {AGENT_CASES} cases, "
-                       f"{waves} waves x e2e p95 {e2e:g} s")
-
-
-def load_stages(opts: ProbeOptions, e2e: float, ready: float, relaunch: bool) -> list[Stage]:
-    cfg = probe_registry.get("load").config(opts, {})
-    c = cfg.contract_concurrency
-    steps = ramp_steps(cfg.ramp, c, cfg.ramp_bound, cfg.requests_per_step, cfg.ramp_budget_s, e2e)
-    ramp_s = sum(s for _, _, s in steps)
-    step_c = math.ceil(max(cfg.requests_per_step, c) / c) * e2e
-    # A launch serving more than the contract gets a third request, over the served max_model_len (probes/load/rules.py)
-    wide = cfg.max_model_len > cfg.context_tokens + cfg.max_output_tokens
-    contract_n = 3 if wide else 2
-    out = [Stage("long_prompt", f"one prompt of {min(cfg.long_prompt_tokens, cfg.context_tokens)} tokens", 1, e2e,
-                 basis=f"1 request <= e2e p95 {e2e:g} s"),
-           Stage("context_contract", "at the contracted context, one token over" + (
-                 f", one over the served max_model_len {cfg.max_model_len}" if wide else ""), contract_n,
-                 contract_n * e2e, basis=f"{contract_n} requests"),
-           Stage("ramp", "concurrency " + ", ".join(str(k) for k, _, _ in steps), sum(n for _, n, _ in steps),
-                 ramp_s, basis=f"per step max(load.requests_per_step {cfg.requests_per_step}, c) requests in "
-                               f"ceil(n / c) waves x e2e p95 {e2e:g} s; past the contract while under "
-                               f"load.ramp_budget_s {cfg.ramp_budget_s:g} s")]
-    out.append(verified_limits_stage(per_step=max(cfg.requests_per_step, c), step_s=step_c,
-                                     ready=ready if relaunch else None))
-    mixed_waves = 1 + MIXED_WINDOWS * 2 + MIXED_WINDOWS
-    out.append(Stage("mixed", f"short, long, cold and repeated at concurrency {c}",
-                     1 + MIXED_WINDOWS * (2 * c + 1), mixed_waves * e2e,
-                     basis=f"{MIXED_WINDOWS} windows of 2 x {c} requests + {MIXED_WINDOWS + 1} lone repeated, "
-                           f"{mixed_waves} waves x e2e p95 {e2e:g} s"))
-    out.append(Stage("soak", f"steady load at concurrency {c} for load.soak_s", None, cfg.soak_s + e2e,
-                     basis=f"load.soak_s {cfg.soak_s:g} s + its last wave {e2e:g} s"))
-    return out
-
-
-def verified_limits_stage(per_step: int, step_s: float, ready: float | None) -> Stage:
-    """One step at each proposed limit, on the server relaunched with its flags (`ready`: its start bound) or
-    with the client driven at the limit; only when the contract does not hold, so beside the total."""
-    n = MAX_PROPOSED_LIMITS
-    if ready is None:
-        return Stage("verified_limits", f"one step at each proposed limit (at most {n}), the client driven at it; "
-                     "only when the contract does not hold", n * per_step, n * step_s,
-                     basis=f"{n} x one step at the contract {step_s:g} s; worst case, not in the total",
-                     in_total=False)
-    return Stage("verified_limits", f"relaunch at each proposed limit (at most {n}), one step each; only when "
-                 "the contract does not hold", n * per_step, n * (ready + step_s),
-                 basis=f"{n} x (launch.ready_timeout_s {ready:g} s + one step at the contract {step_s:g} s); "
-                       "worst case, not in the total", in_total=False)
-
-
-def ramp_steps(ramp: list[int], contract: int, bound: int, per_step: int, budget_s: float,
-               e2e: float) -> list[tuple[int, int, float]]:
-    """(concurrency, requests, seconds) of each ramp step that would run (probes/load/stages.py stage_ramp: a step
-    past the contract starts only while the ramp has run no longer than its budget)."""
-    out: list[tuple[int, int, float]] = []
-    elapsed = 0.0
-    for c in ramp_plan(ramp, contract, bound):
-        if c > contract and elapsed > budget_s:
-            break
-        n = max(per_step, c)
-        seconds = math.ceil(n / c) * e2e
-        out.append((c, n, seconds))
-        elapsed += seconds
     return out
 
 
