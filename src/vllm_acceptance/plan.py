@@ -31,12 +31,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .core.argv import parse_flags
 from .core.bounds import StageBound
 from .core.contract import launch_engines, per_engine_capacity
 from .core.probes import default_probe_names
 from .core.profile import ConfigError, Profile, load_profile
 from .core.redact import redact_obj, redact_text
 from .core.rundir import resolve_profile_path
+from .hardware import load_hardware_table, profile_class
 from .probes import registry as probe_registry
 from .probes.agent.plan import agent_plan
 from .probes.cache.plan import cache_plan
@@ -85,6 +87,8 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     vllm_check: dict[str, Any] | None = None      # vLLM's own checks of every node's command (serve/vllm_check.py)
     vllm_check_lines: list[str] = field(default_factory=list)
+    gpus_by_node: dict[str, int] = field(default_factory=dict)   # the GPUs the launch holds on each GPU node
+    fit: list[str] = field(default_factory=list)                 # the weights (and the contract's KV) on them
 
     @property
     def total_s(self) -> float:
@@ -238,6 +242,184 @@ def stages(profile: Profile, facts: dict[str, Any], site: dict[str, Any]) -> lis
     return out
 
 
+# --- the GPUs booked: what the launch holds ------------------------------------------------------------
+
+
+def physical_gpus_per_node(profile: Profile, facts: dict[str, Any]) -> int:
+    """A node's GPUs: the hardware class's node shape (data/hardware.yml), else the profile's
+    hardware.gpus_per_node or the inventory's vllm_gpus_per_node (0 without accelerator)."""
+    if profile.model.hardware.accelerator == "none":
+        return 0
+    row = profile_class(profile)
+    if row is not None:
+        return int(row.gpus_per_node)
+    return int(facts.get("gpus_per_node") or profile.model.hardware.gpus_per_node or 0)
+
+
+def held_gpus(argv: list[str], physical: int) -> int:
+    """The GPUs a container launch hands to its container: `--gpus all` (or a CDI `--device nvidia.com/gpu=all`)
+    every GPU of the node, `--gpus N` N, `--gpus device=0,1` the devices named; without a GPU flag the node's
+    GPUs (the node is held for the run)."""
+    held: int | None = None
+    for index, arg in enumerate(argv):
+        name, sep, value = str(arg).partition("=")
+        if name not in ("--gpus", "--device") or (not sep and index + 1 >= len(argv)):
+            continue
+        value = (value if sep else str(argv[index + 1])).strip("\"'")
+        if name == "--device":
+            if value.endswith("gpu=all"):
+                held = physical
+            elif "/gpu=" in value:
+                held = (held or 0) + 1
+            continue
+        if value == "all":
+            held = physical
+        elif value.isdigit():
+            held = int(value)
+        elif value.startswith("device="):
+            held = len([d for d in value.split("=", 1)[1].split(",") if d.strip()])
+    return physical if held is None else min(held, physical) if physical else held
+
+
+def booked_gpus(profile: Profile, facts: dict[str, Any], gpu_nodes: list[str],
+                nodes: list[NodeLaunch]) -> dict[str, int]:
+    """{gpu node: the GPUs booked there}: on a node the launch runs on, the GPUs its container holds; on any other
+    GPU node (preflight runs there; an attached deployment's nodes) every GPU of the node."""
+    physical = physical_gpus_per_node(profile, facts)
+    launched = {n.host: n for n in nodes}
+    container = str(facts["runtime"]) in ("docker", "podman")
+    return {host: held_gpus(launched[host].argv, physical) if host in launched and container else physical
+            for host in gpu_nodes}
+
+
+# --- does the model fit the GPUs booked -------------------------------------------------------------------------
+
+VLLM_DEFAULT_UTILIZATION = 0.9   # vLLM's CacheConfig.gpu_memory_utilization default (--gpu-memory-utilization)
+
+
+@dataclass
+class Fit:
+    """The model's weights against the memory of the GPUs that serve it (docs/plan.md "Does the model fit")."""
+
+    weights_gb: float
+    replicas: int               # the data-parallel engines that each hold the whole weights (no expert parallel)
+    gpus: int                   # the GPUs the serving layout uses (tensor x pipeline x data)
+    gpu_name: str
+    gpu_memory_gb: float
+    utilization: float
+    context_tokens: int
+    concurrency: int
+
+    @property
+    def needed_gb(self) -> float:
+        return self.weights_gb * self.replicas
+
+    @property
+    def usable_gb(self) -> float:
+        return self.gpus * self.gpu_memory_gb * self.utilization
+
+    @property
+    def fits(self) -> bool:
+        return self.needed_gb <= self.usable_gb
+
+    def lines(self) -> list[str]:
+        per_gpu = self.needed_gb / max(1, self.gpus)
+        usable_each = self.gpu_memory_gb * self.utilization
+        kv_tokens = self.concurrency * self.context_tokens
+        left = self.usable_gb - self.needed_gb
+        out = [f"weights: {self.weights_gb:,.0f} GB (model.weights_gb)"
+               + (f" x {self.replicas} data-parallel replicas" if self.replicas > 1 else "")
+               + f" on {self.gpus} x {self.gpu_name} ({self.gpu_memory_gb:g} GB each = "
+               f"{self.gpus * self.gpu_memory_gb:,.0f} GB; {self.usable_gb:,.0f} GB at --gpu-memory-utilization "
+               f"{self.utilization:g}): {per_gpu:,.0f} GB per GPU of {usable_each:,.0f} GB usable"]
+        if self.fits:
+            out.append(f"KV cache for the contract: {self.concurrency} sessions x {self.context_tokens:,} tokens = "
+                       f"{kv_tokens:,} tokens; the {left:,.0f} GB left after the weights hold "
+                       f"{left * 1e9 / max(1, kv_tokens) / 1024:,.1f} KiB per token; the model's KV bytes per "
+                       "token are not in the package's data: the load probe reads the capacity vLLM allocates")
+        return out
+
+
+def model_fit(profile: Profile, facts: dict[str, Any], nodes: list[NodeLaunch]) -> Fit | None:
+    """The fit of the weights on the GPUs the launch serves with; None where it cannot be computed (an attached
+    server, no accelerator, the weights or the GPU's memory not in the profile's data): the plan says so."""
+    weights = profile.model.model.weights_gb or profile.model.hardware.memory_estimate_gb
+    row = profile_class(profile)
+    if facts["mode"] == "attach" or not nodes or profile.model.hardware.accelerator == "none" or not weights \
+            or row is None or row.gpu_memory_gb is None:
+        return None
+    flags = parse_flags([*profile.model.launch.args, *(facts.get("extra_args") or [])])
+    head = parse_flags(nodes[0].argv)
+    merged = {**(profile.model.at("parallel") or {}), **(facts.get("parallel") or {})}
+
+    def size(flag: str, key: str) -> int:
+        value = head.get(flag, merged.get(key, 1))
+        try:
+            return max(1, int(value))
+        except (TypeError, ValueError):
+            return 1
+
+    tensor, pipeline = size("tensor_parallel_size", "tensor"), size("pipeline_parallel_size", "pipeline")
+    data = size("data_parallel_size", "data")
+    expert = bool(head.get("enable_expert_parallel") or merged.get("expert"))
+    try:
+        utilization = float(flags.get("gpu_memory_utilization") or VLLM_DEFAULT_UTILIZATION)
+    except (TypeError, ValueError):
+        utilization = VLLM_DEFAULT_UTILIZATION
+    contract = profile.model.contract
+    return Fit(weights_gb=float(weights), replicas=1 if expert else data, gpus=tensor * pipeline * data,
+               gpu_name=row.gpu_name, gpu_memory_gb=float(row.gpu_memory_gb), utilization=utilization,
+               context_tokens=int(contract.context_tokens) + int(contract.max_output_tokens),
+               concurrency=int(contract.concurrency))
+
+
+def _no_fit_reason(profile: Profile, facts: dict[str, Any]) -> str:
+    if facts["mode"] == "attach":
+        return "fit: not computed (attach: the deployment runs as it is)"
+    if profile.model.hardware.accelerator == "none":
+        return "fit: not computed (no accelerator)"
+    if not (profile.model.model.weights_gb or profile.model.hardware.memory_estimate_gb):
+        return "fit: not computed: the profile states no model.weights_gb (nor hardware.memory_estimate_gb)"
+    return (f"fit: not computed: hardware.class {profile.model.hardware.class_ or '(none)'} has no GPU memory in "
+            "data/hardware.yml")
+
+
+def what_fits(fit: Fit, profile: Profile, node_count: int) -> list[str]:
+    """The least nodes of this hardware that hold the weights, and the hardware of the package's data that holds
+    them on the nodes given (data/hardware.yml), at the same --gpu-memory-utilization."""
+    row = profile_class(profile)
+    out: list[str] = []
+    if row is not None and row.gpu_memory_gb:
+        per_node = row.gpus_per_node * row.gpu_memory_gb * fit.utilization
+        least = math.ceil(fit.needed_gb / per_node)
+        out.append(f"at least {least} node(s) of {row.key} ({least * row.gpus_per_node} x {row.gpu_name}, "
+                   f"{least * per_node:,.0f} GB usable) with a layout that spans them")
+    holds = [f"{r.key} ({node_count * r.gpus_per_node} x {r.gpu_name} of {r.gpu_memory_gb:g} GB, "
+             f"{node_count * r.gpus_per_node * r.gpu_memory_gb * fit.utilization:,.0f} GB usable)"
+             for r in load_hardware_table().values()
+             if r.gpu_memory_gb and (row is None or (r.key != row.key and r.vendor == row.vendor))
+             and node_count * r.gpus_per_node * r.gpu_memory_gb * fit.utilization >= fit.needed_gb]
+    if holds:
+        out.append(f"on the {node_count} node(s) given: " + ", ".join(holds))
+    return out
+
+
+def fit_refusal(fit: Fit | None, profile: Profile, node_count: int) -> str | None:
+    """Why the plan refuses (a ConfigError's message, exit 2), or None: the weights need more memory than the
+    GPUs that serve them have (the figures, and what would fit)."""
+    if fit is None or fit.fits:
+        return None
+    per_gpu = fit.needed_gb / max(1, fit.gpus)
+    usable_each = fit.gpu_memory_gb * fit.utilization
+    fixes = what_fits(fit, profile, node_count)
+    return (f"profile {profile.name}: the model does not fit: {fit.needed_gb:,.0f} GB of weights (model.weights_gb"
+            + (f" x {fit.replicas} data-parallel replicas" if fit.replicas > 1 else "")
+            + f") on {fit.gpus} x {fit.gpu_name} = {fit.gpus * fit.gpu_memory_gb:,.0f} GB "
+            f"({fit.usable_gb:,.0f} GB at --gpu-memory-utilization {fit.utilization:g}): {per_gpu:,.0f} GB per GPU "
+            f"needed, {usable_each:,.0f} GB usable of {fit.gpu_memory_gb:g} GB"
+            + (("; what fits: " + "; ".join(fixes)) if fixes else ""))
+
+
 # --- the whole plan --------------------------------------------------------------------------------
 
 
@@ -265,14 +447,19 @@ def build_plan(inventory: Path, profile_name: str | None = None, project: Path |
     profile = load_profile(path)
     facts = serve_facts(profile, inv)
     gpu_nodes = inv.hosts("gpu_nodes")
-    gpn = int(facts.get("gpus_per_node") or profile.model.hardware.gpus_per_node or 0)
-    if profile.model.hardware.accelerator == "none":
-        gpn = 0
     plan = Plan(inventory=str(inventory), profile=str(profile.model.name), profile_path=str(path),
                 mode=str(facts["mode"]), runtime=str(facts["runtime"]),
                 base_url=facts["base_url"] if facts["mode"] == "attach" else None,
-                gpu_nodes=gpu_nodes, gpus_per_node=gpn, gpus=len(gpu_nodes) * gpn)
+                gpu_nodes=gpu_nodes, gpus_per_node=physical_gpus_per_node(profile, facts), gpus=0)
     plan.nodes = node_launches(profile, facts)
+    # GPUs booked = the GPUs the launch holds on each node (`--gpus all`: every GPU of the node), not the layout's.
+    plan.gpus_by_node = booked_gpus(profile, facts, gpu_nodes, plan.nodes)
+    plan.gpus = sum(plan.gpus_by_node.values())
+    fit = model_fit(profile, facts, plan.nodes)
+    does_not_fit = fit_refusal(fit, profile, max(1, len({n.host for n in plan.nodes})))
+    if does_not_fit:
+        raise ConfigError(does_not_fit)
+    plan.fit = fit.lines() if fit is not None else [_no_fit_reason(profile, facts)]
     judged_by = vllm_python if vllm_python is not None else site.get(vllm_check.VARIABLE)
     check = vllm_check.check_launch(profile, facts, judged_by, project_dir(project))
     why_not = vllm_check.judge_python(judged_by, project_dir(project))[1] if check is None else ""
@@ -316,10 +503,21 @@ def _hours(seconds: float) -> str:
     return f"{seconds / 3600:.2f} h"
 
 
+def booked_text(plan: Plan) -> str:
+    """The GPUs booked and where they come from: each GPU node's GPUs as the launch holds them."""
+    counts = sorted(set(plan.gpus_by_node.values()))
+    if len(counts) == 1:
+        how = f"{len(plan.gpu_nodes)} gpu_nodes x {counts[0]}"
+    else:
+        how = " + ".join(f"{host} {n}" for host, n in plan.gpus_by_node.items()) or f"{len(plan.gpu_nodes)} gpu_nodes"
+    held = " (the GPUs each node's container holds)" if plan.nodes and plan.runtime in ("docker", "podman") else ""
+    return f"{how} = {plan.gpus}{held}"
+
+
 def render_text(plan: Plan) -> str:
     lines = [f"plan: inventory {plan.inventory}, profile {plan.profile} ({plan.profile_path})",
-             f"  {plan.mode} on {plan.runtime}; GPUs booked: {len(plan.gpu_nodes)} gpu_nodes x {plan.gpus_per_node}"
-             f" = {plan.gpus}", "", "launch per node:"]
+             f"  {plan.mode} on {plan.runtime}; GPUs booked: {booked_text(plan)}",
+             *(f"  {line}" for line in plan.fit), "", "launch per node:"]
     if not plan.nodes:
         lines.append(f"  (none: attached to {plan.base_url})")
     for node in plan.nodes:
