@@ -567,7 +567,68 @@ def command(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- the README's cost table, generated from the plan -----------------------------------------------------------
+
+README = CHECKOUT / "README.md"
+README_INVENTORY = "inventories/example-gb300"
+README_BEGIN = "<!-- plan-table:begin (generated: python -m vllm_acceptance.plan readme) -->"
+README_END = "<!-- plan-table:end -->"
+
+
+def readme_table(plan: Plan) -> str:
+    """The README's table of what the example inventory holds the cluster for: the plan's stages as `plan` prints
+    them (tests/unit/test_plan.py keeps the README equal to it)."""
+    lines = [f"For `{README_INVENTORY}` (`profiles/{plan.profile}.yml`, {booked_text(plan).split(' (')[0]} GPUs "
+             "booked), each figure an upper bound:", "",
+             "| stage | requests | wall | GPU-hours | bound |", "| --- | ---: | ---: | ---: | --- |"]
+    for s in plan.stages:
+        if not s.in_total:
+            continue
+        req = "-" if s.requests is None else f"{s.requests:,}"
+        lines.append(f"| {s.name}: {s.what} | {req} | {_hours(s.wall_s)} | {s.gpu_hours:.2f} | {s.basis} |")
+    lines.append(f"| **total** | | **{_hours(plan.total_s)}** | **{plan.total_gpu_hours:.2f}** | preflight (minutes) "
+                 "is not in the total |")
+    extra = [s for s in plan.stages if not s.in_total]
+    lines += ["", *(f"Beside the total, only when the contract does not hold: `{s.name}`, up to {_hours(s.wall_s)} "
+                    f"({s.gpu_hours:.2f} GPU-hours): {s.basis}." for s in extra)]
+    return "\n".join(lines)
+
+
+def render_readme(text: str, plan: Plan) -> str:
+    """README.md with its plan table rewritten from `plan`."""
+    head, _, rest = text.partition(README_BEGIN)
+    _, found, tail = rest.partition(README_END)
+    if not found:
+        raise ValueError(f"{README}: no {README_BEGIN} ... {README_END} block")
+    return f"{head}{README_BEGIN}\n{readme_table(plan)}\n{README_END}{tail}"
+
+
+def readme_plan() -> Plan:
+    """The plan the README shows: the example inventory, vLLM's own checks off (they change no figure)."""
+    return build_plan(CHECKOUT / README_INVENTORY, project=CHECKOUT, vllm_python="none")
+
+
+def readme_main(argv: list[str]) -> int:
+    """`python -m vllm_acceptance.plan readme [--check]`: rewrite README.md's plan table, or exit 1 when stale."""
+    parser = argparse.ArgumentParser(prog="python -m vllm_acceptance.plan readme")
+    parser.add_argument("--check", action="store_true", help="exit 1 when README.md's table differs from the plan")
+    args = parser.parse_args(argv)
+    text = render_readme(README.read_text(), readme_plan())
+    if README.read_text() == text:
+        return 0
+    if args.check:
+        print(f"{README}: the plan table differs from `plan`; run python -m vllm_acceptance.plan readme",
+              file=sys.stderr)
+        return 1
+    README.write_text(text)
+    print(f"wrote {README}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["readme"]:
+        return readme_main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m vllm_acceptance.plan", description=__doc__.split("\n")[0])
     add_arguments(parser)
     return command(parser.parse_args(argv))
