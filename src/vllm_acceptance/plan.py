@@ -6,17 +6,17 @@ inventory through Ansible's own `ansible-inventory` and the profile it names, an
 - the launch per node: the argv and environment the serve role would use (roles/vllm_serve), built by the
   same code (serve/launch.py for the container commands, runtime/process.py for the process runtime), the
   environment's secret-bearing values redacted;
-- every stage the run goes through, its requests and its estimated wall time and GPU-hours, from the same
-  probe settings the run uses (each probe's `config` in the probe registry, probes/registry.py) and the same ramp plan
-  (probes/load/rules.py ramp_plan); with a total.
+- the GPUs booked (the GPUs each node's container holds: `--gpus all` hands over every GPU of the node) and
+  whether the model's weights fit the GPUs that serve them (refused, with the figures and what would fit, when not);
+- every stage the run goes through, its requests and its upper-bound wall time and GPU-hours, as each probe plans
+  it (probes/load/plan.py, probes/cache/plan.py, probes/agent/plan.py, on core/bounds.py); with a total. This
+  module only adds them up.
 
-How the time is estimated (docs/plan.md): a server start (the launch, the cache probe's restart, each
-relaunch at a proposed limit) counts its whole `launch.ready_timeout_s`, the bound the run waits; a request
-counts the contract's end-to-end p95 (`contract.slo.e2e_p95_s`), so a wave of `concurrency` requests takes
-that long on a deployment that meets its contract; the soak counts `load.soak_s` plus its last wave. The
-GPU-hours of a stage are its seconds x the GPUs booked (the `gpu_nodes` hosts x GPUs per node) / 3600: the
-whole cluster is held for the whole run. Relaunches at proposed limits happen only when the contract does not
-hold: they are listed apart (worst case) and not in the total.
+How each bound is computed (docs/plan.md): a request counts TTFT + its output tokens x ITL from the contract's SLO,
+at most its timeout; a wave of requests at the concurrency one request; a server start its whole
+`launch.ready_timeout_s`. The GPU-hours of a stage are its seconds x the GPUs booked / 3600: the whole cluster is
+held for the whole run. Relaunches at proposed limits happen only when the contract does not hold: they are listed
+apart (worst case) and not in the total.
 """
 
 from __future__ import annotations
