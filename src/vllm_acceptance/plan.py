@@ -6,17 +6,17 @@ inventory through Ansible's own `ansible-inventory` and the profile it names, an
 - the launch per node: the argv and environment the serve role would use (roles/vllm_serve), built by the
   same code (serve/launch.py for the container commands, runtime/process.py for the process runtime), the
   environment's secret-bearing values redacted;
-- every stage the run goes through, its requests and its estimated wall time and GPU-hours, from the same
-  probe settings the run uses (each probe's `config` in the probe registry, probes/registry.py) and the same ramp plan
-  (probes/load/rules.py ramp_plan); with a total.
+- the GPUs booked (the GPUs each node's container holds: `--gpus all` hands over every GPU of the node) and
+  whether the model's weights fit the GPUs that serve them (refused, with the figures and what would fit, when not);
+- every stage the run goes through, its requests and its upper-bound wall time and GPU-hours, as each probe plans
+  it (probes/load/plan.py, probes/cache/plan.py, probes/agent/plan.py, on core/bounds.py); with a total. This
+  module only adds them up.
 
-How the time is estimated (docs/plan.md): a server start (the launch, the cache probe's restart, each
-relaunch at a proposed limit) counts its whole `launch.ready_timeout_s`, the bound the run waits; a request
-counts the contract's end-to-end p95 (`contract.slo.e2e_p95_s`), so a wave of `concurrency` requests takes
-that long on a deployment that meets its contract; the soak counts `load.soak_s` plus its last wave. The
-GPU-hours of a stage are its seconds x the GPUs booked (the `gpu_nodes` hosts x GPUs per node) / 3600: the
-whole cluster is held for the whole run. Relaunches at proposed limits happen only when the contract does not
-hold: they are listed apart (worst case) and not in the total.
+How each bound is computed (docs/plan.md): a request counts TTFT + its output tokens x ITL from the contract's SLO,
+at most its timeout; a wave of requests at the concurrency one request; a server start its whole
+`launch.ready_timeout_s`. The GPU-hours of a stage are its seconds x the GPUs booked / 3600: the whole cluster is
+held for the whole run. Relaunches at proposed limits happen only when the contract does not hold: they are listed
+apart (worst case) and not in the total.
 """
 
 from __future__ import annotations
@@ -31,29 +31,23 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .core.argv import parse_flags
+from .core.bounds import StageBound
 from .core.contract import launch_engines, per_engine_capacity
 from .core.probes import default_probe_names
 from .core.profile import ConfigError, Profile, load_profile
 from .core.redact import redact_obj, redact_text
 from .core.rundir import resolve_profile_path
+from .hardware import load_hardware_table, profile_class
 from .probes import registry as probe_registry
-from .probes.agent import turn_target
-from .probes.cache import KINDS as CACHE_KINDS
-from .probes.load.rules import ramp_plan
-from .probes.options import ProbeOptions, setting
-from .scenarios import load_scenario
+from .probes.agent.plan import agent_plan
+from .probes.cache.plan import cache_plan
+from .probes.load.plan import load_plan
+from .probes.options import ProbeOptions
 from .serve import launch, vllm_check
 from .validate import ansible_inventory_command, group_hosts
 
 CHECKOUT = Path(__file__).resolve().parents[2]
-# The agent probe's single cases after its rate run (probes/agent/probe.py AgentProbe.run): streaming, multi_turn,
-# failed_tool_fallback, structured_output, executor_safety, multimodal, client_library; one request each at least.
-AGENT_CASES = 7
-# The mixed stream (probes/load/stages.py stage_mixed): windows of 2 x concurrency requests, with a lone repeated
-# request before the first window and after each one.
-MIXED_WINDOWS = 3
-# propose_limits (probes/load/rules.py) proposes at most two limits: fewer sessions, then a shorter context.
-MAX_PROPOSED_LIMITS = 2
 
 
 @dataclass
@@ -65,6 +59,7 @@ class Stage:
     gpu_hours: float = 0.0
     basis: str = ""
     in_total: bool = True
+    steps: list[dict[str, Any]] = field(default_factory=list)   # the ramp's steps and each one's bound
 
 
 @dataclass
@@ -92,6 +87,8 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     vllm_check: dict[str, Any] | None = None      # vLLM's own checks of every node's command (serve/vllm_check.py)
     vllm_check_lines: list[str] = field(default_factory=list)
+    gpus_by_node: dict[str, int] = field(default_factory=dict)   # the GPUs the launch holds on each GPU node
+    fit: list[str] = field(default_factory=list)                 # the weights (and the contract's KV) on them
 
     @property
     def total_s(self) -> float:
@@ -212,10 +209,14 @@ def _options(profile: Profile, kind: str, site: dict[str, Any]) -> ProbeOptions:
                         overrides=dict(overrides))
 
 
+def _stage(bound: StageBound) -> Stage:
+    return Stage(bound.name, bound.what, bound.requests, float(bound.bound_s), basis=bound.basis,
+                 in_total=bound.in_total, steps=list(bound.steps))
+
+
 def stages(profile: Profile, facts: dict[str, Any], site: dict[str, Any]) -> list[Stage]:
-    """Every stage of the run in its order (accept.yml, playbooks/probes.yml), estimated (module docstring)."""
-    load_cfg = probe_registry.get("load").config(_options(profile, "load", site), {})
-    e2e = float(load_cfg.slo.get("e2e_p95_s") or 0) or float(load_cfg.request_timeout_s)
+    """Every stage of the run in its order (accept.yml, playbooks/probes.yml), each as its probe plans it
+    (probes/cache/plan.py, probes/agent/plan.py, probes/load/plan.py): this only adds them up."""
     ready = float(math.ceil(float(facts["ready_timeout_s"])))
     launched = facts["mode"] != "attach"
     probes = list(site.get("acceptance_probes") or default_probe_names())
@@ -226,115 +227,197 @@ def stages(profile: Profile, facts: dict[str, Any], site: dict[str, Any]) -> lis
     if "cache" in probes:
         restart = launched and bool(site.get("acceptance_cache_restart", True))
         engines = launch_engines(profile.data, {"vllm_parallel": facts.get("parallel") or {}})
-        out += cache_stages(_options(profile, "cache", site), e2e, ready, restart, engines)
+        out += [_stage(b) for b in cache_plan(_options(profile, "cache", site), engines, restart)]
     if "agent" in probes:
-        out.append(agent_stage(_options(profile, "agent", site), e2e))
+        out.append(_stage(agent_plan(_options(profile, "agent", site))))
     if "load" in probes:
         # playbooks/vars/probes.yml probe_relaunch: a launched single-node server is relaunched at each limit;
         # otherwise the client is driven at the limit on the server as launched.
         relaunch = launched and bool(site.get("acceptance_limit_relaunch", True)) and not facts["workers"]
-        out += load_stages(_options(profile, "load", site), e2e, ready, relaunch)
-    # A probe without its own estimate here is still shown, never costed as free (docs/plan.md).
+        cfg = probe_registry.get("load").config(_options(profile, "load", site), {})
+        out += [_stage(b) for b in load_plan(cfg, ready if relaunch else None)]
+    # A probe without its own plan is still shown, never costed as free (docs/plan.md).
     out += [Stage(name, f"the {name} probe", None, 0.0, basis="no estimate for this probe", in_total=False)
             for name in probes if name not in ("cache", "agent", "load")]
     return out
 
 
-def cache_stages(opts: ProbeOptions, e2e: float, ready: float, restart: bool, engines: int = 1) -> list[Stage]:
-    """The protocol runs on every data-parallel engine, each session pinned to one (probes/cache/probe.py), after
-    one warm-up request per engine where the engines' gauges are not exported yet."""
-    cfg = probe_registry.get("cache").config(opts, load_scenario(str(setting(opts, "agent.scenario"))))
-    per_engine = cfg.sessions * len(CACHE_KINDS) + cfg.rounds
-    requests = engines * per_engine + (engines if engines > 1 else 0)
-    each = (f"cache.sessions {cfg.sessions} x {len(CACHE_KINDS)} kinds + {cfg.rounds} rounds, each <= e2e p95 "
-            f"{e2e:g} s")
-    out = [Stage("cache", "prefix-cache protocol, one request at a time", requests, requests * e2e,
-                 basis=each if engines == 1 else f"({each}) on each of {engines} data-parallel engines, + one "
-                                                 "warm-up request each")]
-    if restart:
-        out.append(Stage("cache_restart", "restart the launched server, hot A again", 1, ready + e2e,
-                         basis=f"launch.ready_timeout_s {ready:g} s + 1 request"))
+# --- the GPUs booked: what the launch holds ------------------------------------------------------------
+
+
+def physical_gpus_per_node(profile: Profile, facts: dict[str, Any]) -> int:
+    """A node's GPUs: the hardware class's node shape (data/hardware.yml), else the profile's
+    hardware.gpus_per_node or the inventory's vllm_gpus_per_node (0 without accelerator)."""
+    if profile.model.hardware.accelerator == "none":
+        return 0
+    row = profile_class(profile)
+    if row is not None:
+        return int(row.gpus_per_node)
+    return int(facts.get("gpus_per_node") or profile.model.hardware.gpus_per_node or 0)
+
+
+def held_gpus(argv: list[str], physical: int) -> int:
+    """The GPUs a container launch hands to its container: `--gpus all` (or a CDI `--device nvidia.com/gpu=all`)
+    every GPU of the node, `--gpus N` N, `--gpus device=0,1` the devices named; without a GPU flag the node's
+    GPUs (the node is held for the run)."""
+    held: int | None = None
+    for index, arg in enumerate(argv):
+        name, sep, value = str(arg).partition("=")
+        if name not in ("--gpus", "--device") or (not sep and index + 1 >= len(argv)):
+            continue
+        value = (value if sep else str(argv[index + 1])).strip("\"'")
+        if name == "--device":
+            if value.endswith("gpu=all"):
+                held = physical
+            elif "/gpu=" in value:
+                held = (held or 0) + 1
+            continue
+        if value == "all":
+            held = physical
+        elif value.isdigit():
+            held = int(value)
+        elif value.startswith("device="):
+            held = len([d for d in value.split("=", 1)[1].split(",") if d.strip()])
+    return physical if held is None else min(held, physical) if physical else held
+
+
+def booked_gpus(profile: Profile, facts: dict[str, Any], gpu_nodes: list[str],
+                nodes: list[NodeLaunch]) -> dict[str, int]:
+    """{gpu node: the GPUs booked there}: on a node the launch runs on, the GPUs its container holds; on any other
+    GPU node (preflight runs there; an attached deployment's nodes) every GPU of the node."""
+    physical = physical_gpus_per_node(profile, facts)
+    launched = {n.host: n for n in nodes}
+    container = str(facts["runtime"]) in ("docker", "podman")
+    return {host: held_gpus(launched[host].argv, physical) if host in launched and container else physical
+            for host in gpu_nodes}
+
+
+# --- does the model fit the GPUs booked -------------------------------------------------------------------------
+
+VLLM_DEFAULT_UTILIZATION = 0.9   # vLLM's CacheConfig.gpu_memory_utilization default (--gpu-memory-utilization)
+
+
+@dataclass
+class Fit:
+    """The model's weights against the memory of the GPUs that serve it (docs/plan.md "Does the model fit")."""
+
+    weights_gb: float
+    replicas: int               # the data-parallel engines that each hold the whole weights (no expert parallel)
+    gpus: int                   # the GPUs the serving layout uses (tensor x pipeline x data)
+    gpu_name: str
+    gpu_memory_gb: float
+    utilization: float
+    context_tokens: int
+    concurrency: int
+
+    @property
+    def needed_gb(self) -> float:
+        return self.weights_gb * self.replicas
+
+    @property
+    def usable_gb(self) -> float:
+        return self.gpus * self.gpu_memory_gb * self.utilization
+
+    @property
+    def fits(self) -> bool:
+        return self.needed_gb <= self.usable_gb
+
+    def lines(self) -> list[str]:
+        per_gpu = self.needed_gb / max(1, self.gpus)
+        usable_each = self.gpu_memory_gb * self.utilization
+        kv_tokens = self.concurrency * self.context_tokens
+        left = self.usable_gb - self.needed_gb
+        out = [f"weights: {self.weights_gb:,.0f} GB (model.weights_gb)"
+               + (f" x {self.replicas} data-parallel replicas" if self.replicas > 1 else "")
+               + f" on {self.gpus} x {self.gpu_name} ({self.gpu_memory_gb:g} GB each = "
+               f"{self.gpus * self.gpu_memory_gb:,.0f} GB; {self.usable_gb:,.0f} GB at --gpu-memory-utilization "
+               f"{self.utilization:g}): {per_gpu:,.0f} GB per GPU of {usable_each:,.0f} GB usable"]
+        if self.fits:
+            out.append(f"KV cache for the contract: {self.concurrency} sessions x {self.context_tokens:,} tokens = "
+                       f"{kv_tokens:,} tokens; the {left:,.0f} GB left after the weights hold "
+                       f"{left * 1e9 / max(1, kv_tokens) / 1024:,.1f} KiB per token; the model's KV bytes per "
+                       "token are not in the package's data: the load probe reads the capacity vLLM allocates")
+        return out
+
+
+def model_fit(profile: Profile, facts: dict[str, Any], nodes: list[NodeLaunch]) -> Fit | None:
+    """The fit of the weights on the GPUs the launch serves with; None where it cannot be computed (an attached
+    server, no accelerator, the weights or the GPU's memory not in the profile's data): the plan says so."""
+    weights = profile.model.model.weights_gb or profile.model.hardware.memory_estimate_gb
+    row = profile_class(profile)
+    if facts["mode"] == "attach" or not nodes or profile.model.hardware.accelerator == "none" or not weights \
+            or row is None or row.gpu_memory_gb is None:
+        return None
+    flags = parse_flags([*profile.model.launch.args, *(facts.get("extra_args") or [])])
+    head = parse_flags(nodes[0].argv)
+    merged = {**(profile.model.at("parallel") or {}), **(facts.get("parallel") or {})}
+
+    def size(flag: str, key: str) -> int:
+        value = head.get(flag, merged.get(key, 1))
+        try:
+            return max(1, int(value))
+        except (TypeError, ValueError):
+            return 1
+
+    tensor, pipeline = size("tensor_parallel_size", "tensor"), size("pipeline_parallel_size", "pipeline")
+    data = size("data_parallel_size", "data")
+    expert = bool(head.get("enable_expert_parallel") or merged.get("expert"))
+    try:
+        utilization = float(flags.get("gpu_memory_utilization") or VLLM_DEFAULT_UTILIZATION)
+    except (TypeError, ValueError):
+        utilization = VLLM_DEFAULT_UTILIZATION
+    contract = profile.model.contract
+    return Fit(weights_gb=float(weights), replicas=1 if expert else data, gpus=tensor * pipeline * data,
+               gpu_name=row.gpu_name, gpu_memory_gb=float(row.gpu_memory_gb), utilization=utilization,
+               context_tokens=int(contract.context_tokens) + int(contract.max_output_tokens),
+               concurrency=int(contract.concurrency))
+
+
+def _no_fit_reason(profile: Profile, facts: dict[str, Any]) -> str:
+    if facts["mode"] == "attach":
+        return "fit: not computed (attach: the deployment runs as it is)"
+    if profile.model.hardware.accelerator == "none":
+        return "fit: not computed (no accelerator)"
+    if not (profile.model.model.weights_gb or profile.model.hardware.memory_estimate_gb):
+        return "fit: not computed: the profile states no model.weights_gb (nor hardware.memory_estimate_gb)"
+    return (f"fit: not computed: hardware.class {profile.model.hardware.class_ or '(none)'} has no GPU memory in "
+            "data/hardware.yml")
+
+
+def what_fits(fit: Fit, profile: Profile, node_count: int) -> list[str]:
+    """The least nodes of this hardware that hold the weights, and the hardware of the package's data that holds
+    them on the nodes given (data/hardware.yml), at the same --gpu-memory-utilization."""
+    row = profile_class(profile)
+    out: list[str] = []
+    if row is not None and row.gpu_memory_gb:
+        per_node = row.gpus_per_node * row.gpu_memory_gb * fit.utilization
+        least = math.ceil(fit.needed_gb / per_node)
+        out.append(f"at least {least} node(s) of {row.key} ({least * row.gpus_per_node} x {row.gpu_name}, "
+                   f"{least * per_node:,.0f} GB usable) with a layout that spans them")
+    holds = [f"{r.key} ({node_count * r.gpus_per_node} x {r.gpu_name} of {r.gpu_memory_gb:g} GB, "
+             f"{node_count * r.gpus_per_node * r.gpu_memory_gb * fit.utilization:,.0f} GB usable)"
+             for r in load_hardware_table().values()
+             if r.gpu_memory_gb and (row is None or (r.key != row.key and r.vendor == row.vendor))
+             and node_count * r.gpus_per_node * r.gpu_memory_gb * fit.utilization >= fit.needed_gb]
+    if holds:
+        out.append(f"on the {node_count} node(s) given: " + ", ".join(holds))
     return out
 
 
-def agent_stage(opts: ProbeOptions, e2e: float) -> Stage:
-    scenario = str(setting(opts, "agent.scenario"))
-    cfg = probe_registry.get("agent").config(opts, load_scenario(scenario))
-    turns = turn_target(cfg)
-    others = min(cfg.other_cases, max(5, turns // 5))
-    repeats = cfg.consistency_cases * max(1, cfg.repeats)
-    sent = turns + others + repeats
-    waves = math.ceil(sent / max(1, cfg.concurrency)) + AGENT_CASES
-    # agent.under_load: the case set (call and other cases) again with that many in flight.
-    again = turns + others if cfg.under_load > 0 else 0
-    waves += math.ceil(again / cfg.under_load) if again else 0
-    loaded = f" + the {again} cases again at agent.under_load {cfg.under_load}" if again else ""
-    return Stage("agent", f"tool calls ({scenario}): the case set{', again under load' if again else ''}, then "
-                 f"{AGENT_CASES} cases", sent + again + AGENT_CASES, waves * e2e,
-                 basis=f"{turns} distinct call cases + {others} other cases + {repeats} repeats at "
-                       f"agent.concurrency {cfg.concurrency}{loaded} + {AGENT_CASES} cases, "
-                       f"{waves} waves x e2e p95 {e2e:g} s")
-
-
-def load_stages(opts: ProbeOptions, e2e: float, ready: float, relaunch: bool) -> list[Stage]:
-    cfg = probe_registry.get("load").config(opts, {})
-    c = cfg.contract_concurrency
-    steps = ramp_steps(cfg.ramp, c, cfg.ramp_bound, cfg.requests_per_step, cfg.ramp_budget_s, e2e)
-    ramp_s = sum(s for _, _, s in steps)
-    step_c = math.ceil(max(cfg.requests_per_step, c) / c) * e2e
-    # A launch serving more than the contract gets a third request, over the served max_model_len (probes/load/rules.py)
-    wide = cfg.max_model_len > cfg.context_tokens + cfg.max_output_tokens
-    contract_n = 3 if wide else 2
-    out = [Stage("long_prompt", f"one prompt of {min(cfg.long_prompt_tokens, cfg.context_tokens)} tokens", 1, e2e,
-                 basis=f"1 request <= e2e p95 {e2e:g} s"),
-           Stage("context_contract", "at the contracted context, one token over" + (
-                 f", one over the served max_model_len {cfg.max_model_len}" if wide else ""), contract_n,
-                 contract_n * e2e, basis=f"{contract_n} requests"),
-           Stage("ramp", "concurrency " + ", ".join(str(k) for k, _, _ in steps), sum(n for _, n, _ in steps),
-                 ramp_s, basis=f"per step max(load.requests_per_step {cfg.requests_per_step}, c) requests in "
-                               f"ceil(n / c) waves x e2e p95 {e2e:g} s; past the contract while under "
-                               f"load.ramp_budget_s {cfg.ramp_budget_s:g} s")]
-    out.append(verified_limits_stage(per_step=max(cfg.requests_per_step, c), step_s=step_c,
-                                     ready=ready if relaunch else None))
-    mixed_waves = 1 + MIXED_WINDOWS * 2 + MIXED_WINDOWS
-    out.append(Stage("mixed", f"short, long, cold and repeated at concurrency {c}",
-                     1 + MIXED_WINDOWS * (2 * c + 1), mixed_waves * e2e,
-                     basis=f"{MIXED_WINDOWS} windows of 2 x {c} requests + {MIXED_WINDOWS + 1} lone repeated, "
-                           f"{mixed_waves} waves x e2e p95 {e2e:g} s"))
-    out.append(Stage("soak", f"steady load at concurrency {c} for load.soak_s", None, cfg.soak_s + e2e,
-                     basis=f"load.soak_s {cfg.soak_s:g} s + its last wave {e2e:g} s"))
-    return out
-
-
-def verified_limits_stage(per_step: int, step_s: float, ready: float | None) -> Stage:
-    """One step at each proposed limit, on the server relaunched with its flags (`ready`: its start bound) or
-    with the client driven at the limit; only when the contract does not hold, so beside the total."""
-    n = MAX_PROPOSED_LIMITS
-    if ready is None:
-        return Stage("verified_limits", f"one step at each proposed limit (at most {n}), the client driven at it; "
-                     "only when the contract does not hold", n * per_step, n * step_s,
-                     basis=f"{n} x one step at the contract {step_s:g} s; worst case, not in the total",
-                     in_total=False)
-    return Stage("verified_limits", f"relaunch at each proposed limit (at most {n}), one step each; only when "
-                 "the contract does not hold", n * per_step, n * (ready + step_s),
-                 basis=f"{n} x (launch.ready_timeout_s {ready:g} s + one step at the contract {step_s:g} s); "
-                       "worst case, not in the total", in_total=False)
-
-
-def ramp_steps(ramp: list[int], contract: int, bound: int, per_step: int, budget_s: float,
-               e2e: float) -> list[tuple[int, int, float]]:
-    """(concurrency, requests, seconds) of each ramp step that would run (probes/load/stages.py stage_ramp: a step
-    past the contract starts only while the ramp has run no longer than its budget)."""
-    out: list[tuple[int, int, float]] = []
-    elapsed = 0.0
-    for c in ramp_plan(ramp, contract, bound):
-        if c > contract and elapsed > budget_s:
-            break
-        n = max(per_step, c)
-        seconds = math.ceil(n / c) * e2e
-        out.append((c, n, seconds))
-        elapsed += seconds
-    return out
+def fit_refusal(fit: Fit | None, profile: Profile, node_count: int) -> str | None:
+    """Why the plan refuses (a ConfigError's message, exit 2), or None: the weights need more memory than the
+    GPUs that serve them have (the figures, and what would fit)."""
+    if fit is None or fit.fits:
+        return None
+    per_gpu = fit.needed_gb / max(1, fit.gpus)
+    usable_each = fit.gpu_memory_gb * fit.utilization
+    fixes = what_fits(fit, profile, node_count)
+    return (f"profile {profile.name}: the model does not fit: {fit.needed_gb:,.0f} GB of weights (model.weights_gb"
+            + (f" x {fit.replicas} data-parallel replicas" if fit.replicas > 1 else "")
+            + f") on {fit.gpus} x {fit.gpu_name} = {fit.gpus * fit.gpu_memory_gb:,.0f} GB "
+            f"({fit.usable_gb:,.0f} GB at --gpu-memory-utilization {fit.utilization:g}): {per_gpu:,.0f} GB per GPU "
+            f"needed, {usable_each:,.0f} GB usable of {fit.gpu_memory_gb:g} GB"
+            + (("; what fits: " + "; ".join(fixes)) if fixes else ""))
 
 
 # --- the whole plan --------------------------------------------------------------------------------
@@ -364,14 +447,19 @@ def build_plan(inventory: Path, profile_name: str | None = None, project: Path |
     profile = load_profile(path)
     facts = serve_facts(profile, inv)
     gpu_nodes = inv.hosts("gpu_nodes")
-    gpn = int(facts.get("gpus_per_node") or profile.model.hardware.gpus_per_node or 0)
-    if profile.model.hardware.accelerator == "none":
-        gpn = 0
     plan = Plan(inventory=str(inventory), profile=str(profile.model.name), profile_path=str(path),
                 mode=str(facts["mode"]), runtime=str(facts["runtime"]),
                 base_url=facts["base_url"] if facts["mode"] == "attach" else None,
-                gpu_nodes=gpu_nodes, gpus_per_node=gpn, gpus=len(gpu_nodes) * gpn)
+                gpu_nodes=gpu_nodes, gpus_per_node=physical_gpus_per_node(profile, facts), gpus=0)
     plan.nodes = node_launches(profile, facts)
+    # GPUs booked = the GPUs the launch holds on each node (`--gpus all`: every GPU of the node), not the layout's.
+    plan.gpus_by_node = booked_gpus(profile, facts, gpu_nodes, plan.nodes)
+    plan.gpus = sum(plan.gpus_by_node.values())
+    fit = model_fit(profile, facts, plan.nodes)
+    does_not_fit = fit_refusal(fit, profile, max(1, len({n.host for n in plan.nodes})))
+    if does_not_fit:
+        raise ConfigError(does_not_fit)
+    plan.fit = fit.lines() if fit is not None else [_no_fit_reason(profile, facts)]
     judged_by = vllm_python if vllm_python is not None else site.get(vllm_check.VARIABLE)
     check = vllm_check.check_launch(profile, facts, judged_by, project_dir(project))
     why_not = vllm_check.judge_python(judged_by, project_dir(project))[1] if check is None else ""
@@ -415,10 +503,21 @@ def _hours(seconds: float) -> str:
     return f"{seconds / 3600:.2f} h"
 
 
+def booked_text(plan: Plan) -> str:
+    """The GPUs booked and where they come from: each GPU node's GPUs as the launch holds them."""
+    counts = sorted(set(plan.gpus_by_node.values()))
+    if len(counts) == 1:
+        how = f"{len(plan.gpu_nodes)} gpu_nodes x {counts[0]}"
+    else:
+        how = " + ".join(f"{host} {n}" for host, n in plan.gpus_by_node.items()) or f"{len(plan.gpu_nodes)} gpu_nodes"
+    held = " (the GPUs each node's container holds)" if plan.nodes and plan.runtime in ("docker", "podman") else ""
+    return f"{how} = {plan.gpus}{held}"
+
+
 def render_text(plan: Plan) -> str:
     lines = [f"plan: inventory {plan.inventory}, profile {plan.profile} ({plan.profile_path})",
-             f"  {plan.mode} on {plan.runtime}; GPUs booked: {len(plan.gpu_nodes)} gpu_nodes x {plan.gpus_per_node}"
-             f" = {plan.gpus}", "", "launch per node:"]
+             f"  {plan.mode} on {plan.runtime}; GPUs booked: {booked_text(plan)}",
+             *(f"  {line}" for line in plan.fit), "", "launch per node:"]
     if not plan.nodes:
         lines.append(f"  (none: attached to {plan.base_url})")
     for node in plan.nodes:
@@ -468,7 +567,68 @@ def command(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- the README's cost table, generated from the plan -----------------------------------------------------------
+
+README = CHECKOUT / "README.md"
+README_INVENTORY = "inventories/example-gb300"
+README_BEGIN = "<!-- plan-table:begin (generated: python -m vllm_acceptance.plan readme) -->"
+README_END = "<!-- plan-table:end -->"
+
+
+def readme_table(plan: Plan) -> str:
+    """The README's table of what the example inventory holds the cluster for: the plan's stages as `plan` prints
+    them (tests/unit/test_plan.py keeps the README equal to it)."""
+    lines = [f"For `{README_INVENTORY}` (`profiles/{plan.profile}.yml`, {booked_text(plan).split(' (')[0]} GPUs "
+             "booked), each figure an upper bound:", "",
+             "| stage | requests | wall | GPU-hours | bound |", "| --- | ---: | ---: | ---: | --- |"]
+    for s in plan.stages:
+        if not s.in_total:
+            continue
+        req = "-" if s.requests is None else f"{s.requests:,}"
+        lines.append(f"| {s.name}: {s.what} | {req} | {_hours(s.wall_s)} | {s.gpu_hours:.2f} | {s.basis} |")
+    lines.append(f"| **total** | | **{_hours(plan.total_s)}** | **{plan.total_gpu_hours:.2f}** | preflight (minutes) "
+                 "is not in the total |")
+    extra = [s for s in plan.stages if not s.in_total]
+    lines += ["", *(f"Beside the total, only when the contract does not hold: `{s.name}`, up to {_hours(s.wall_s)} "
+                    f"({s.gpu_hours:.2f} GPU-hours): {s.basis}." for s in extra)]
+    return "\n".join(lines)
+
+
+def render_readme(text: str, plan: Plan) -> str:
+    """README.md with its plan table rewritten from `plan`."""
+    head, _, rest = text.partition(README_BEGIN)
+    _, found, tail = rest.partition(README_END)
+    if not found:
+        raise ValueError(f"{README}: no {README_BEGIN} ... {README_END} block")
+    return f"{head}{README_BEGIN}\n{readme_table(plan)}\n{README_END}{tail}"
+
+
+def readme_plan() -> Plan:
+    """The plan the README shows: the example inventory, vLLM's own checks off (they change no figure)."""
+    return build_plan(CHECKOUT / README_INVENTORY, project=CHECKOUT, vllm_python="none")
+
+
+def readme_main(argv: list[str]) -> int:
+    """`python -m vllm_acceptance.plan readme [--check]`: rewrite README.md's plan table, or exit 1 when stale."""
+    parser = argparse.ArgumentParser(prog="python -m vllm_acceptance.plan readme")
+    parser.add_argument("--check", action="store_true", help="exit 1 when README.md's table differs from the plan")
+    args = parser.parse_args(argv)
+    text = render_readme(README.read_text(), readme_plan())
+    if README.read_text() == text:
+        return 0
+    if args.check:
+        print(f"{README}: the plan table differs from `plan`; run python -m vllm_acceptance.plan readme",
+              file=sys.stderr)
+        return 1
+    README.write_text(text)
+    print(f"wrote {README}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["readme"]:
+        return readme_main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m vllm_acceptance.plan", description=__doc__.split("\n")[0])
     add_arguments(parser)
     return command(parser.parse_args(argv))

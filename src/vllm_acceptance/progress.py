@@ -24,7 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from vllm_acceptance.core.bounds import RampBound, ramp_bound, request_bound_s
 from vllm_acceptance.core.probes import probe_names
+from vllm_acceptance.core.profile_model import ProfileModel
 from vllm_acceptance.core.redact import redact_obj, redact_text
 
 if TYPE_CHECKING:
@@ -101,11 +103,30 @@ def stage_bounds(profile: Mapping[str, Any] | None) -> dict[str, str]:
             bounds[kind] = f"each request at most {fmt_s(float(value))} ({source})"
     step, soak = get("load.stage_timeout_s"), get("load.soak_s")
     if step is not None:
-        ramp = get("load.ramp") or []
-        bounds["load"] = (f"each step at most {fmt_s(float(step))} (load.stage_timeout_s)"
-                          + (f", {len(ramp)} ramp steps" if ramp else "")
+        ramp = load_ramp_bound(get)
+        bounds["load"] = (f"ramp {ramp.describe()} ({len(ramp.always) + len(ramp.budgeted)} steps), each at most "
+                          f"{fmt_s(max(ramp.step_s.values()))} (load.stage_timeout_s {fmt_s(float(step))} caps a "
+                          f"step), the ramp at most {fmt_s(ramp.bound_s)}"
                           + (f", soak {fmt_s(float(soak))} (load.soak_s)" if soak is not None else ""))
     return bounds
+
+
+def load_ramp_bound(get: Callable[[str], Any]) -> RampBound:
+    """The load probe's ramp and its bound as `plan` states them (core/bounds.py; probes/load/plan.py), from the
+    run's profile (a field it leaves out: the model's default, core/profile_model.py)."""
+
+    def value(dotted: str) -> Any:
+        found = get(dotted)
+        return found if found is not None else ProfileModel.default_of(dotted)
+
+    contract = int(value("contract.concurrency"))
+    max_step = value("load.max_step")
+    output = value("contract.max_output_tokens")
+    timeout = float(value("load.request_timeout_s"))
+    request_s = request_bound_s(dict(value("contract.slo") or {}), int(output), timeout)[0] if output else timeout
+    return ramp_bound([int(c) for c in value("load.ramp")], contract,
+                      int(max_step) if max_step is not None else 4 * contract, int(value("load.requests_per_step")),
+                      request_s, float(value("load.stage_timeout_s")), float(value("load.ramp_budget_s")))
 
 
 def wait_bound(attempts: int, retries: int, delay: float, waited: float, per_attempt_s: float | None) -> float | None:

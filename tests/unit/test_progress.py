@@ -40,7 +40,11 @@ def test_bounds_come_from_the_profile() -> None:
     bounds = stage_bounds(PROFILE)
     assert bounds["serve"] == "ready within 15 min (launch.ready_timeout_s)"
     assert bounds["cache"] == "each request at most 60 s (load.request_timeout_s)"
-    assert "each step at most 5 min (load.stage_timeout_s), 3 ramp steps, soak 20 s" in bounds["load"]
+    # the ramp as the load probe walks it (core/bounds.py ramp_plan: [1, 2, 4] to the default contract 4, then
+    # doubling to 4 x 4), each step at most its stage timeout
+    assert bounds["load"].startswith("ramp 1, 2, 4 then 8, 16 while under the ramp budget (5 steps), "
+                                     "each at most 5 min")
+    assert "soak 20 s" in bounds["load"]
     assert stage_bounds({**PROFILE, "cache": {"request_timeout_s": 30}})["cache"].endswith("(cache.request_timeout_s)")
 
 

@@ -74,6 +74,13 @@ def turn_target(cfg: AgentProbeConfig) -> int:
     return min(need, cfg.turn_budget)
 
 
+def case_counts(cfg: AgentProbeConfig) -> tuple[int, int]:
+    """(call-requiring cases, other cases) of the case set (rates.py case_set; probes/agent/plan.py): the turns
+    the thresholds need, and `agent.other_cases` beside them, a fifth of the calls at most (5 at the least)."""
+    calls = turn_target(cfg)
+    return calls, min(cfg.other_cases, max(5, calls // 5))
+
+
 def _finding(check: str, status: Status, layer: str | None, ev: list[str], **kw: Any) -> Finding:
     return registry.get(check).result(status, layer=layer, evidence=ev, **kw)
 

@@ -12,7 +12,7 @@ from ...core.findings import Finding, Status
 from ...runtime.client import Exchange
 from ...scenarios.cases import CALL_CLASSES, Case, build_cases, class_counts
 from .base import AgentProbeBase
-from .common import BATCH, _finding
+from .common import BATCH, _finding, case_counts
 from .rules import (
     BOUND_ASSUMPTIONS,
     CallCheck,
@@ -45,8 +45,7 @@ class RateRun(AgentProbeBase):
         """The seeded case set: as many call-requiring cases as the thresholds need (at least `agent.cases`,
         at most `agent.turn_budget`), and `agent.other_cases` of the other classes (a fifth of the calls
         at most)."""
-        calls = self.turn_target()
-        others = min(self.cfg.other_cases, max(5, calls // 5))
+        calls, others = case_counts(self.cfg)
         limit = self._context_limit()
         want = class_counts(calls, others)
         extra = 0

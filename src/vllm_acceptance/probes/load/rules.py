@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ...core.bounds import ramp_plan as ramp_plan  # the ramp the load probe runs (core/bounds.py)
 from ...core.findings import Consequence, Finding
 from ...rules import registry
 
@@ -209,19 +210,6 @@ def judge_kv_capacity(readout: KvReadout, concurrency: int, context_tokens: int,
 
 
 # --- capacity.ramp ------------------------------------------------------------------------------
-
-def ramp_plan(ramp: Sequence[int], contract: int, max_step: int) -> list[int]:
-    """The profile's steps, then doubling past the contract up to ``max_step`` (the real knee)."""
-    steps = sorted({int(c) for c in ramp if c >= 1})
-    if contract not in steps:
-        steps = sorted({*steps, contract})
-    nxt = steps[-1] * 2
-    while nxt <= max_step:
-        steps.append(nxt)
-        nxt *= 2
-    if steps[-1] < max_step and steps[-1] >= contract:
-        steps.append(max_step)
-    return steps
 
 
 def breaches(row: dict[str, Any], slo: dict[str, float], max_preemptions: int) -> list[str]:

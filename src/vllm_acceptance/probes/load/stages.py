@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx
 
+from ...core.bounds import step_requests
 from ...core.findings import Finding
 from ...load.engine import Record, RequestSpec
 from ...load.prompts import filler
@@ -119,7 +120,7 @@ def stage_context_contract(run: LoadRun) -> Finding:
 def run_step(run: LoadRun, stage: str, concurrency: int, context: int, seed0: int) -> dict[str, Any]:
     """One step at the contract's shape: the profile's share at ``context`` (+ max output), the rest short."""
     cfg = run.cfg
-    n = max(cfg.requests_per_step, concurrency)
+    n = step_requests(cfg.requests_per_step, concurrency)
     specs = [run.build(context, cfg.max_output_tokens, seed0 + i, f"{stage}-ctx")
              if contract_shaped(i, cfg.contract_share) else
              run.build(cfg.prompt_tokens, cfg.output_tokens, seed0 + i, f"{stage}-short") for i in range(n)]
@@ -199,7 +200,10 @@ def repeated_hit_ratio(run: LoadRun, probe: RequestSpec) -> float | None:
     return (hits / queries) if hits is not None and queries else None
 
 
-def stage_mixed(run: LoadRun, concurrency: int, context: int, windows: int = 3) -> Finding:
+MIXED_WINDOWS = 3   # the mixed stream's windows (probes/load/plan.py states the same)
+
+
+def stage_mixed(run: LoadRun, concurrency: int, context: int, windows: int = MIXED_WINDOWS) -> Finding:
     """Short, long, cold and repeated requests together: the repeated requests' hit ratio after each
     window (a lone repeated request, counters), and the queue window over window."""
     cfg = run.cfg
