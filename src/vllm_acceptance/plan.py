@@ -41,6 +41,7 @@ from .probes.agent import turn_target
 from .probes.cache import KINDS as CACHE_KINDS
 from .probes.load.rules import ramp_plan
 from .probes.options import ProbeOptions, setting
+from .recipe import layouts as recipe_layouts
 from .scenarios import load_scenario
 from .serve import launch, vllm_check
 from .validate import ansible_inventory_command, group_hosts
@@ -171,7 +172,12 @@ def node_launches(profile: Profile, facts: dict[str, Any]) -> list[NodeLaunch]:
     if runtime not in ("docker", "podman"):
         raise ConfigError(f"launch.runtime {runtime!r}: the serve role launches process, docker or podman")
     if facts["workers"]:
-        commands = launch.node_commands(profile, facts)
+        try:
+            commands = launch.node_commands(profile, facts)
+        except launch.LayoutRefusal as exc:        # with the layouts the profile's recipe allows on these nodes
+            recipe = profile.model.recipe
+            offered = recipe_layouts.suggestions(recipe.file, recipe.hardware, recipe.variant, exc.nodes)
+            raise ConfigError(f"{exc}\n{offered}" if offered else str(exc)) from exc
         return [_node(c.host, c.role, c.address, c.argv, c.env) for c in commands.values()]
     return [_container_launch(profile, facts)]
 
