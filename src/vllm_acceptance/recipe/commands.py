@@ -92,11 +92,11 @@ def wrote(profile: dict, where: str) -> str:
             f"({hw['gpus_per_node']} GPUs each), {sizes}: {hw['min_gpus']} GPUs")
 
 
-def _is_pd(args: argparse.Namespace) -> bool:
+def _deploy_type(args: argparse.Namespace) -> str:
     from .reader import load_bundle
 
     strategy = load_bundle(args.recipe).strategies.get(args.strategy) or {}
-    return strategy.get("deploy_type") == "pd_cluster"
+    return str(strategy.get("deploy_type") or "single_node")
 
 
 def cmd_pools(args: argparse.Namespace) -> int:
@@ -141,17 +141,22 @@ def cmd_profile(args: argparse.Namespace) -> int:
         value = getattr(args, option)
         if value is not None and value < 1:
             raise ConfigError(f"--{option.replace('_', '-')} {value}: a deployment runs on 1 node or more")
-    if args.pool is None and _is_pd(args):
+    deploy = _deploy_type(args)
+    if args.pool is None and deploy == "pd_cluster":
         return cmd_pools(args)
     if args.prefill_nodes is not None or args.decode_nodes is not None:
         raise ConfigError("--prefill-nodes / --decode-nodes: for --strategy pd_cluster only (use --nodes)")
     profile, text = _generate(args, _selection(args), args.name)
+    said = wrote(profile, str(args.out) if args.out else "standard output")
+    if args.nodes is None and deploy == "multi_node":
+        said += (" (the fewest nodes the recipe allows; --nodes N lays the strategy over N nodes, "
+                 f"`vllm-acceptance profile layouts {args.recipe} --hardware {args.hardware} --nodes N` lists them)")
     if args.out:
         args.out.write_text(text)
-        print(wrote(profile, str(args.out)))
+        print(said)
     else:
         print(text, end="")
-        print(wrote(profile, "standard output"), file=sys.stderr)
+        print(said, file=sys.stderr)
     return 0
 
 
