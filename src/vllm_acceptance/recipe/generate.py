@@ -18,8 +18,9 @@ import yaml
 
 from ..core.profile import ConfigError, validate_document
 from ..hardware import HardwareClass, hardware_class
+from .pools import deployment as resolve_any
 from .reader import RecipeBundle, load_bundle
-from .resolve import Deployment, Selection, resolve, structured_image
+from .resolve import Deployment, Selection, structured_image
 
 ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_FACTS = ROOT / "recipes" / "kimi-k3.acceptance.yml"
@@ -227,7 +228,7 @@ def relative(path: Path) -> str:
 
 def build_profile(bundle: RecipeBundle, selection: Selection, facts: Facts, name: str | None = None) -> dict[str, Any]:
     check_quotes(bundle, facts)
-    deployment = resolve(bundle, selection)
+    deployment = resolve_any(bundle, selection)
     row = hardware_row(deployment)
     image, image_source = image_of(bundle, deployment, facts)
     if image is None:

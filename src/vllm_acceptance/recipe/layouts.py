@@ -14,6 +14,7 @@ from typing import Any
 from ..core.profile import ConfigError
 from .generate import default_name, relative
 from .official import recipe_path
+from .pools import deployment as resolve_any
 from .reader import RecipeBundle, load_bundle
 from .resolve import Deployment, RecipeRefusal, Selection, resolve
 
@@ -110,12 +111,12 @@ def _layout(deployment: Deployment, command: str, name: str) -> RecipeLayout:
 def pd_layout(bundle: RecipeBundle, recipe: str, hardware: str, nodes: int, variant: str) -> RecipeLayout:
     """The pd_cluster pools on `nodes` nodes: the prefill pool at its floor, the decode pool on the rest (it
     scales out); RecipeRefusal when the two floors do not fit."""
-    prefill = resolve(bundle, Selection(hardware, "pd_cluster", variant, pool="prefill"))
-    decode_floor = resolve(bundle, Selection(hardware, "pd_cluster", variant, pool="decode"))
+    prefill = resolve_any(bundle, Selection(hardware, "pd_cluster", variant, pool="prefill"))
+    decode_floor = resolve_any(bundle, Selection(hardware, "pd_cluster", variant, pool="decode"))
     if prefill.nodes + decode_floor.nodes > nodes:
         raise RecipeRefusal(f"pd_cluster: the prefill pool needs {prefill.nodes} node(s) and the decode pool "
                             f"{decode_floor.nodes}, {prefill.nodes + decode_floor.nodes} in all, not {nodes}")
-    decode = resolve(bundle, Selection(hardware, "pd_cluster", variant, pool="decode",
+    decode = resolve_any(bundle, Selection(hardware, "pd_cluster", variant, pool="decode",
                                        nodes=nodes - prefill.nodes))
     base = Selection(hardware, "pd_cluster", variant)
     name = default_name(bundle, base)

@@ -30,11 +30,14 @@ from .resolve import (
     Selection,
     _generation_block,
     _Tokens,
+    check_supported,
     dedupe,
     enabled_features,
     floor_nodes,
+    hardware_profile,
     leave_out,
     refuse,
+    resolve,
     select_variant,
 )
 
@@ -229,3 +232,12 @@ def resolve_pool(bundle: RecipeBundle, selection: Selection, hw: dict[str, Any])
                       env={k: v for k, v in env_all.items() if k not in site_env}, site_env=site_env,
                       replaced=replaced, left_out={**left_out, **port_note}, features=tuple(features),
                       skipped_features=skipped, model_id=model_id, variant=variant, port=port)
+
+
+def deployment(bundle: RecipeBundle, selection: Selection) -> Deployment:
+    """The deployment of a selection: one pd_cluster pool (`selection.pool`), else resolve.py's."""
+    if selection.pool is None:
+        return resolve(bundle, selection)
+    hw = hardware_profile(bundle, selection)
+    check_supported(bundle, selection, hw)
+    return resolve_pool(bundle, selection, hw)

@@ -182,8 +182,8 @@ def node_count(bundle: RecipeBundle, selection: Selection, gpus_per_node: int) -
     if asked is None:
         return need, floor
     if asked < need:
-        raise refuse(selection, f"{selection.strategy} needs {floor} GPUs (strategy_min_gpus): {need} {selection.hardware} "
-                                f"nodes of {gpus_per_node} GPUs at least, not {asked}")
+        raise refuse(selection, f"{selection.strategy} needs {floor} GPUs (strategy_min_gpus): {need} "
+                                f"{selection.hardware} nodes of {gpus_per_node} GPUs at least, not {asked}")
     if asked > MAX_NODES:
         raise refuse(selection, f"the recipe's builder scales a deployment out to {MAX_NODES} nodes, not {asked}")
     return asked, floor
@@ -395,9 +395,7 @@ def resolve(bundle: RecipeBundle, selection: Selection) -> Deployment:
     hw = hardware_profile(bundle, selection)
     check_supported(bundle, selection, hw)
     if selection.pool is not None:
-        from .pools import resolve_pool
-
-        return resolve_pool(bundle, selection, hw)
+        raise ConfigError(f"pool {selection.pool}: a pd_cluster pool is resolved by recipe/pools.py deployment()")
     variant = select_variant(bundle, selection, hw)
     gpn = int(hw.get("gpu_count") or 1)
     nodes, floor = node_count(bundle, selection, gpn)
