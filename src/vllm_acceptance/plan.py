@@ -27,6 +27,7 @@ import math
 import shlex
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ from .probes.agent.plan import agent_plan
 from .probes.cache.plan import cache_plan
 from .probes.load.plan import load_plan
 from .probes.options import ProbeOptions
+from .recipe import layouts as recipe_layouts
 from .serve import launch, vllm_check
 from .validate import ansible_inventory_command, group_hosts
 
@@ -168,7 +170,13 @@ def node_launches(profile: Profile, facts: dict[str, Any]) -> list[NodeLaunch]:
     if runtime not in ("docker", "podman"):
         raise ConfigError(f"launch.runtime {runtime!r}: the serve role launches process, docker or podman")
     if facts["workers"]:
-        commands = launch.node_commands(profile, facts)
+        try:
+            commands = launch.node_commands(profile, facts)
+        except launch.LayoutRefusal as exc:        # with the layouts the profile's recipe allows on these nodes
+            recipe = profile.model.recipe
+            offered = recipe_layouts.suggestions(recipe.file, recipe.hardware, recipe.variant, exc.nodes,
+                                                 keep=holds_weights(profile))
+            raise ConfigError(f"{exc}\n{offered}" if offered else str(exc)) from exc
         return [_node(c.host, c.role, c.address, c.argv, c.env) for c in commands.values()]
     return [_container_launch(profile, facts)]
 
@@ -384,6 +392,21 @@ def _no_fit_reason(profile: Profile, facts: dict[str, Any]) -> str:
             "data/hardware.yml")
 
 
+def holds_weights(profile: Profile, utilization: float = VLLM_DEFAULT_UTILIZATION) -> Callable[[Any], bool]:
+    """Whether a recipe layout's GPUs hold the profile's weights (once per data-parallel engine unless expert
+    parallel), as model_fit judges a launch; a layout whose hardware has no memory figure is kept."""
+    weights = float(profile.model.model.weights_gb or profile.model.hardware.memory_estimate_gb or 0)
+    table = load_hardware_table()
+
+    def keep(layout: Any) -> bool:
+        row = table.get(layout.hardware)
+        if not weights or row is None or not row.gpu_memory_gb:
+            return True
+        replicas = 1 if layout.expert else max(1, layout.data)
+        return weights * replicas <= layout.gpus * row.gpu_memory_gb * utilization
+    return keep
+
+
 def what_fits(fit: Fit, profile: Profile, node_count: int) -> list[str]:
     """The least nodes of this hardware that hold the weights, and the hardware of the package's data that holds
     them on the nodes given (data/hardware.yml), at the same --gpu-memory-utilization."""
@@ -401,6 +424,12 @@ def what_fits(fit: Fit, profile: Profile, node_count: int) -> list[str]:
              and node_count * r.gpus_per_node * r.gpu_memory_gb * fit.utilization >= fit.needed_gb]
     if holds:
         out.append(f"on the {node_count} node(s) given: " + ", ".join(holds))
+    if row is not None and row.gpu_memory_gb:      # the recipe's layouts on that many nodes that hold the weights
+        recipe = profile.model.recipe
+        offered = recipe_layouts.suggestions(recipe.file, recipe.hardware, recipe.variant, least,
+                                             keep=holds_weights(profile, fit.utilization))
+        if offered:
+            out.append(offered)
     return out
 
 

@@ -129,6 +129,9 @@ def test_k3_weights_are_refused_on_one_h200_node(tmp_path: Path, capsys: pytest.
     assert f"on {gpus} x H200 = {gpus * h200.gpu_memory_gb:,.0f} GB" in text        # 8 x 141 = 1,128 GB
     assert f"{weights / gpus:,.0f} GB per GPU needed" in text
     assert "at least 2 node(s) of h200" in text and "b300 (8 x B300" in text
+    # the recipe's layouts on those 2 nodes that hold the weights, each with the command that writes its profile
+    assert "TP16 over 2 x h200 (all 16 GPUs)" in text
+    assert "--hardware h200 --strategy multi_node_tp --nodes 2" in text
     # the CLI: exit 2 with the same reason, before anything is touched
     assert cli.main(["plan", "-i", str(_one_node_with(tmp_path / "cli", "kimi-k3-h200")),
                      "--vllm-python", "none"]) == 2

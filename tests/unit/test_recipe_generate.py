@@ -83,7 +83,6 @@ def test_gb300_dep16_takes_the_strategys_gb300_moe_backend_on_four_trays() -> No
     ("h200", "multi_node_dep", "strategy_hardware.multi_node_dep.h200 is `unsupported`"),
     ("b300", "multi_node_tp_dp", "grants it only to h200, gb200, gb300"),
     ("gb300", "single_node_tp", "single_node_tp needs 8 GPUs (strategy_min_gpus) and a gb300 node has 4"),
-    ("b300", "pd_cluster", "two pools"),
 ])
 def test_the_recipes_unsupported_combination_is_refused_with_its_reason(
         hardware: str, strategy: str, reason: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -45,6 +45,25 @@ def generated_profiles(out: Path) -> dict[str, Profile]:
                 path = out / f"{hardware}-{strategy}-{variant}.yml"
                 path.write_text(text)
                 profiles[path.stem] = load_profile(path)
+    return {**profiles, **laid_out_profiles(out)}
+
+
+def laid_out_profiles(out: Path) -> dict[str, Profile]:
+    """Issue 43 item 5: every layout the recipe allows on 2 and 4 nodes of each NVIDIA hardware
+    (`from-recipe --nodes N`), and each pd_cluster pool's profile."""
+    from vllm_acceptance.recipe.layouts import layouts
+
+    profiles = {}
+    for hardware in ("h200", "b200", "b300", "gb200", "gb300"):
+        selections = [Selection(hardware, "pd_cluster", pool=pool) for pool in ("prefill", "decode")]
+        for nodes in (2, 4):
+            selections += [Selection(hardware, lay.strategy, nodes=nodes)
+                           for lay in layouts(RECIPE, hardware, nodes).allowed if not lay.pools]
+        for selection in selections:
+            _data, text = generate(RECIPE, selection)
+            path = out / f"{hardware}-{selection.strategy}-{selection.pool or f'{selection.nodes}nodes'}.yml"
+            path.write_text(text)
+            profiles[path.stem] = load_profile(path)
     return profiles
 
 

@@ -18,8 +18,9 @@ import yaml
 
 from ..core.profile import ConfigError, validate_document
 from ..hardware import HardwareClass, hardware_class
+from .pools import deployment as resolve_any
 from .reader import RecipeBundle, load_bundle
-from .resolve import Deployment, Selection, resolve, structured_image
+from .resolve import Deployment, Selection, structured_image
 
 ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_FACTS = ROOT / "recipes" / "kimi-k3.acceptance.yml"
@@ -182,6 +183,8 @@ def fit_concurrency(defaults: dict[str, Any], contract: dict[str, Any], load: di
 def launch_section(deployment: Deployment, facts: Facts) -> dict[str, Any]:
     defaults = facts.defaults.get("launch") or {}
     launch: dict[str, Any] = {key: defaults[key] for key in ("runtime", "port", "ready_timeout_s") if key in defaults}
+    if deployment.port is not None:             # a pd_cluster pool's own port (recipe/pools.py take_port)
+        launch["port"] = deployment.port[0]
     launch["args"] = [a.render() for a in deployment.args]
     launch["env"] = {k: v[0] for k, v in deployment.env.items()}
     launch["required_flags"] = list(defaults.get("required_flags") or [])
@@ -212,6 +215,7 @@ def recipe_section(bundle: RecipeBundle, deployment: Deployment, facts: Facts, n
             "checked": str(source.get("checked") or (bundle.data.get("meta") or {}).get("date_updated") or ""),
             "commit": bundle.commit, "sha256": bundle.sha256, "file": relative(bundle.path),
             "hardware": sel.hardware, "strategy": sel.strategy, "variant": sel.variant,
+            **({"pool": sel.pool} if sel.pool else {}),
             "features": list(deployment.features), "notes": notes}
 
 
@@ -224,7 +228,7 @@ def relative(path: Path) -> str:
 
 def build_profile(bundle: RecipeBundle, selection: Selection, facts: Facts, name: str | None = None) -> dict[str, Any]:
     check_quotes(bundle, facts)
-    deployment = resolve(bundle, selection)
+    deployment = resolve_any(bundle, selection)
     row = hardware_row(deployment)
     image, image_source = image_of(bundle, deployment, facts)
     if image is None:
@@ -239,10 +243,11 @@ def build_profile(bundle: RecipeBundle, selection: Selection, facts: Facts, name
     notes += [f"feature {k} left out: {v}" for k, v in deployment.skipped_features.items()]
     notes += [f"image: {image_source}"] + [n for n in (shrink, fewer) if n]
     meta = bundle.data.get("meta") or {}
+    pool = f" {selection.pool} pool" if selection.pool else ""
     profile: dict[str, Any] = {
-        "name": name or f"{meta.get('slug', 'model')}-{selection.hardware}-{selection.strategy.replace('_', '-')}",
+        "name": name or default_name(bundle, selection),
         "description": (f"{meta.get('title', deployment.model_id)} from the official recipe on {row.platform}: "
-                        f"{selection.strategy}, {deployment.nodes} node(s) x {deployment.gpus_per_node} GPUs "
+                        f"{selection.strategy}{pool}, {deployment.nodes} node(s) x {deployment.gpus_per_node} GPUs "
                         f"(generated; site values go in a profile that extends this one)"),
         "experimental": False,
         "recipe": recipe_section(bundle, deployment, facts, notes),
@@ -267,6 +272,15 @@ def build_profile(bundle: RecipeBundle, selection: Selection, facts: Facts, name
     return profile
 
 
+def default_name(bundle: RecipeBundle, selection: Selection) -> str:
+    """<slug>-<hardware>-<strategy>[-<N>nodes][-<pool>]: the node count only where `--nodes` names one."""
+    slug = (bundle.data.get("meta") or {}).get("slug", "model")
+    words = [str(slug), selection.hardware, selection.strategy.replace("_", "-")]
+    if selection.nodes is not None:
+        words.append(f"{selection.nodes}node{'s' if selection.nodes > 1 else ''}")
+    return "-".join(words + ([selection.pool] if selection.pool else []))
+
+
 def guide_value_list(facts: Facts, key: str) -> list[dict[str, Any]]:
     entries = facts.guide(key)
     return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
@@ -279,6 +293,10 @@ def command_line(bundle: RecipeBundle, selection: Selection, name: str) -> str:
         words += ["--variant", selection.variant]
     for feature in selection.features:
         words += ["--feature", feature]
+    if selection.pool:
+        words += ["--pool", selection.pool]
+    if selection.nodes is not None:
+        words += ["--nodes", str(selection.nodes)]
     return " ".join(words + ["--name", name])
 
 

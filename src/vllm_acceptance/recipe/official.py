@@ -16,10 +16,12 @@ from .resolve import Selection
 
 
 @lru_cache(maxsize=32)
-def _generated(path: str, hardware: str, strategy: str, variant: str) -> tuple[dict[str, Any] | None, str]:
-    """(the generated profile, its recipe file's sha256), or (None, why it cannot be generated)."""
+def _generated(path: str, hardware: str, strategy: str, variant: str,
+               pool: str | None = None) -> tuple[dict[str, Any] | None, str]:
+    """(the generated profile, its recipe file's sha256), or (None, why it cannot be generated); `pool`: a
+    pd_cluster pool's profile (recipe/pools.py)."""
     try:
-        profile, _ = generate(path, Selection(hardware=hardware, strategy=strategy, variant=variant))
+        profile, _ = generate(path, Selection(hardware=hardware, strategy=strategy, variant=variant, pool=pool))
         return profile, load_bundle(path).sha256
     except (ConfigError, OSError, ValueError, KeyError, TypeError) as exc:
         return None, f"{type(exc).__name__}: {exc}"
@@ -44,7 +46,8 @@ def recipe_deviations(data: dict[str, Any]) -> list[dict[str, Any]]:
                  "official": None, "source": f"{named}: recipe.hardware and recipe.strategy are needed to regenerate "
                                              "it; nothing proves the image and minimums are the recipe's"}]
     generated, sha_or_why = _generated(str(recipe_path(str(file))), str(hardware), str(strategy),
-                                       str(recipe.get("variant") or "default"))
+                                       str(recipe.get("variant") or "default"),
+                                       str(recipe["pool"]) if recipe.get("pool") else None)
     if generated is None:
         return [{"field": "recipe", "profile": str(file), "official": None,
                  "source": f"{named} cannot be regenerated here ({sha_or_why}); nothing proves the image and "

@@ -4,8 +4,10 @@ environment, each with the recipe field it came from, or the recipe's own reason
 The layering follows the recipe site's command builder at the vendored commit (recipes/vllm-project/SOURCE.yml,
 `semantics`): base_args, variant, strategy (+ its parallel flag), strategy_overrides, then hardware overrides
 (a strategy's override for the generation REPLACES the recipe's generation block; an exact-GPU one adds to it),
-then the features; a flag given twice keeps its last value (last-wins dedupe). pd_cluster (two pools, two
-commands) is refused: a profile describes one server.
+then the features; a flag given twice keeps its last value (last-wins dedupe). The node count is the recipe's
+floor (strategy_min_gpus over the taxonomy's gpu_count, the builder's nodesForStrategy) unless the selection names
+one (`--nodes`): a multi-node strategy scales out to the builder's MAX_NODES, a single-node one runs on one node.
+pd_cluster (two pools, two commands) is one profile per pool (recipe/pools.py); asked for as one server it is refused.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ LEFT_OUT_ACROSS_NODES = {
         "--headless; the launch uses vLLM's internal load balancing (the head's API server fronts every engine, "
         "the workers run --headless), so the load and the probes reach every engine through the head"),
 }
+# The builder's most nodes for one deployment, and per PD pool (command-synthesis.js MAX_NODES; SOURCE.yml).
+MAX_NODES = 16
 # The site's precision rule (command builder PRECISION_HARDWARE_CONSTRAINTS): these run on NVIDIA Blackwell only.
 _BLACKWELL_ONLY_PRECISIONS = ("nvfp4", "fp4")
 
@@ -54,6 +58,8 @@ class Selection:
     strategy: str
     variant: str = "default"
     features: tuple[str, ...] = ()        # opt-in features asked for (the recipe's default ones are always on)
+    nodes: int | None = None              # the nodes asked for (`--nodes`); None: the recipe's floor
+    pool: str | None = None               # pd_cluster: the pool this profile serves (prefill | decode)
 
 
 @dataclass
@@ -74,6 +80,7 @@ class Deployment:
     skipped_features: dict[str, str] = field(default_factory=dict)
     model_id: str = ""
     variant: dict[str, Any] = field(default_factory=dict)
+    port: tuple[int, str] | None = None     # a pool's own HTTP port (value, recipe field), set as launch.port
 
     def arg(self, flag: str) -> Arg | None:
         return next((a for a in self.args if a.flag == flag), None)
@@ -117,9 +124,11 @@ def check_supported(bundle: RecipeBundle, selection: Selection, hw: dict[str, An
     if strategy not in bundle.strategies:
         raise ConfigError(f"--strategy {strategy!r}: not a strategy of the recipe repository "
                           f"(known: {', '.join(sorted(bundle.strategies))})")
-    if bundle.strategies[strategy].get("deploy_type") == "pd_cluster":
+    if bundle.strategies[strategy].get("deploy_type") == "pd_cluster" and selection.pool is None:
         raise refuse(selection, "pd_cluster runs two pools (prefill and decode) with their own commands; "
-                                "a profile describes one server: accept each pool with its own profile")
+                                "a profile describes one server: accept each pool with its own profile "
+                                "(`vllm-acceptance profile from-recipe ... --strategy pd_cluster --out FILE` "
+                                "writes both, recipe/pools.py)")
     gate_map = (bundle.data.get("strategy_hardware") or {}).get(strategy)
     gate = keyed(gate_map, selection.hardware, str(hw.get("generation")), str(hw.get("brand", "")))
     listed = strategy in (bundle.data.get("compatible_strategies") or [])
@@ -148,16 +157,36 @@ def min_gpus(bundle: RecipeBundle, strategy: str, hw_id: str) -> int:
     return max(block(cfg), block(cfg.get(hw_id)))
 
 
+def floor_nodes(floor: int, gpus_per_node: int) -> int:
+    """Nodes needed to clear a GPU floor (the builder's nodesForStrategy)."""
+    return max(1, math.ceil(floor / max(1, gpus_per_node)))
+
+
 def node_count(bundle: RecipeBundle, selection: Selection, gpus_per_node: int) -> tuple[int, int]:
+    """(nodes, GPU floor): the nodes asked for when the recipe allows them, else the floor's nodes."""
     floor = min_gpus(bundle, selection.strategy, selection.hardware)
     deploy = bundle.strategies[selection.strategy].get("deploy_type", "single_node")
+    asked = selection.nodes
+    if asked is not None and asked < 1:
+        raise ConfigError(f"--nodes {asked}: a deployment runs on 1 node or more")
     if deploy != "multi_node":
         if floor > gpus_per_node:
             raise refuse(selection, f"{selection.strategy} needs {floor} GPUs (strategy_min_gpus) and a "
                                     f"{selection.hardware} node has {gpus_per_node} (taxonomy gpu_count): "
                                     "choose a multi-node strategy")
+        if asked not in (None, 1):
+            raise refuse(selection, f"{selection.strategy} is a single-node strategy (deploy_type {deploy}): it runs "
+                                    f"on 1 node, not {asked}")
         return 1, floor
-    return max(1, math.ceil(floor / gpus_per_node)), floor
+    need = floor_nodes(floor, gpus_per_node)
+    if asked is None:
+        return need, floor
+    if asked < need:
+        raise refuse(selection, f"{selection.strategy} needs {floor} GPUs (strategy_min_gpus): {need} "
+                                f"{selection.hardware} nodes of {gpus_per_node} GPUs at least, not {asked}")
+    if asked > MAX_NODES:
+        raise refuse(selection, f"the recipe's builder scales a deployment out to {MAX_NODES} nodes, not {asked}")
+    return asked, floor
 
 
 def select_variant(bundle: RecipeBundle, selection: Selection, hw: dict[str, Any]) -> dict[str, Any]:
@@ -365,6 +394,8 @@ def resolve(bundle: RecipeBundle, selection: Selection) -> Deployment:
     """The deployment the recipe gives for this selection, or ConfigError with the recipe's reason."""
     hw = hardware_profile(bundle, selection)
     check_supported(bundle, selection, hw)
+    if selection.pool is not None:
+        raise ConfigError(f"pool {selection.pool}: a pd_cluster pool is resolved by recipe/pools.py deployment()")
     variant = select_variant(bundle, selection, hw)
     gpn = int(hw.get("gpu_count") or 1)
     nodes, floor = node_count(bundle, selection, gpn)

@@ -103,6 +103,16 @@ def _int(value: Any, name: str) -> int:
     return number
 
 
+class LayoutRefusal(ConfigError):
+    """The profile's parallel layout does not fit the nodes given (`nodes` of `gpus_per_node` GPUs): the plan offers
+    the layouts the profile's recipe allows there (plan.py, recipe/layouts.py suggestions)."""
+
+    def __init__(self, message: str, nodes: int, gpus_per_node: int) -> None:
+        super().__init__(message)
+        self.nodes = nodes
+        self.gpus_per_node = gpus_per_node
+
+
 def layout(profile: Profile, facts: dict[str, Any]) -> Layout:
     """The parallel layout (profile `parallel`, overridable by the inventory's `parallel`), checked
     against the node count and the GPUs per node (the inventory's `gpus_per_node`, vllm_gpus_per_node,
@@ -116,21 +126,24 @@ def layout(profile: Profile, facts: dict[str, Any]) -> Layout:
                  nodes=nodes, gpus_per_node=gpn)
     min_nodes = int(profile.model.hardware.min_nodes)
     if nodes < min_nodes:
-        raise ConfigError(f"{nodes} node(s) in vllm_head + vllm_workers, profile hardware.min_nodes is {min_nodes}")
+        raise LayoutRefusal(f"{nodes} node(s) in vllm_head + vllm_workers, profile hardware.min_nodes is {min_nodes}",
+                            nodes, gpn)
     if lay.kind == "dp":
         if lay.data % nodes:
-            raise ConfigError(f"parallel.data {lay.data} does not divide over {nodes} nodes")
+            raise LayoutRefusal(f"parallel.data {lay.data} does not divide over {nodes} nodes", nodes, gpn)
         per_node = lay.tensor * lay.pipeline * lay.dp_local
     else:
         if lay.world % nodes:
-            raise ConfigError(f"tensor x pipeline = {lay.world} does not divide over {nodes} nodes")
+            raise LayoutRefusal(f"tensor x pipeline = {lay.world} does not divide over {nodes} nodes", nodes, gpn)
         per_node = lay.world // nodes
     if per_node > gpn:
-        raise ConfigError(f"layout tensor={lay.tensor} pipeline={lay.pipeline} data={lay.data} needs {per_node} GPUs "
-                          f"per node on {nodes} node(s); the nodes have {gpn} (add nodes or change the layout)")
+        raise LayoutRefusal(f"layout tensor={lay.tensor} pipeline={lay.pipeline} data={lay.data} needs {per_node} GPUs "
+                            f"per node on {nodes} node(s); the nodes have {gpn} (add nodes or change the layout)",
+                            nodes, gpn)
     if lay.kind == "replica" and per_node != gpn:
-        raise ConfigError(f"a replica across nodes must fill each node: {per_node} of {gpn} GPUs per node used "
-                          "(change the layout, or set vllm_gpus_per_node to the GPUs each node is meant to use)")
+        raise LayoutRefusal(f"a replica across nodes must fill each node: {per_node} of {gpn} GPUs per node used "
+                            f"(use a layout over all {nodes * gpn} GPUs of the {nodes} nodes; a lower "
+                            "vllm_gpus_per_node leaves the other GPUs idle, still booked)", nodes, gpn)
     return lay
 
 
