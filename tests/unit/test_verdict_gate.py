@@ -39,8 +39,8 @@ def test_the_playbook_fails_unless_the_inventory_accepts_the_verdict(tmp_path: P
     args = ["-e", json.dumps({"acceptance_fail_on": fail_on})] if fail_on is not None else []
     code, out = _gate(tmp_path, {"verdict": verdict, "report": REPORT}, *args)
     assert code == rc, out[-3000:]
-    said = f"verdict {verdict} fails this run (acceptance_fail_on: " \
-           f"{', '.join(fail_on) if fail_on is not None else 'every verdict but release, the default'}): report {REPORT}"
+    listed = ", ".join(fail_on) if fail_on is not None else "every verdict but release, the default"
+    said = f"verdict {verdict} fails this run (acceptance_fail_on: {listed}): report {REPORT}"
     assert (said in out) is (rc != 0), out[-3000:]
 
 
