@@ -202,7 +202,11 @@ def test_sign_refuses_every_decision_on_a_run_the_report_says_cannot_be_signed(t
     """An incomplete run's report says "Incomplete: no decision can be signed" (issue 43 item 6): before, the least
     permissive decision (rebuild_environment) was recorded on it all the same. No decision, override or not."""
     run_dir = written("incomplete", tmp_path)
-    assert "no decision can be signed" in (run_dir / "report.html").read_text()
+    html = (run_dir / "report.html").read_text()
+    assert "no decision can be signed" in html
+    # and the report offers no sign command for it
+    assert 'id="sign-command"' not in html and 'id="cannot-sign">Cannot be signed:' in html
+    assert "**Cannot be signed:**" in (run_dir / "report.md").read_text()
     for override in (None, "launch event"):
         with pytest.raises(SignRefused, match="is incomplete: its report says no decision can be signed"):
             sign_run(run_dir, reviewer="L. Chen (SRE)", decision=decision, limits=["max_num_seqs=8"],
