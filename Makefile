@@ -15,8 +15,10 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 .PHONY: rehearsal demo test test-full lint unit sysdeps venv lab-venv lab-model lab-up lab-down clean
 
 ## demo: set everything up on a fresh machine, run the acceptance on the lab inventory, print the verdict
+## (any verdict: acceptance_fail_on [] turns off accept.yml's CI gate, README "Exit codes"; a run with no verdict fails)
 demo: venv lab-venv lab-model
-	@set -o pipefail; $(VENV)/bin/ansible-playbook -i inventories/lab accept.yml | tee .lab/demo.log
+	@set -o pipefail; $(VENV)/bin/ansible-playbook -i inventories/lab accept.yml -e '{"acceptance_fail_on": []}' \
+		| tee .lab/demo.log
 	@echo; echo "verdict: $$($(VENV)/bin/python -c 'import json;print(json.load(open("reports/lab/latest/report.json"))["verdict"])')"
 	@echo "report:  $(CURDIR)/reports/lab/latest/report.html"
 

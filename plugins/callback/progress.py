@@ -82,6 +82,28 @@ def _message_of(res):
     return value if isinstance(value, str) else json.dumps(value, indent=2, default=str)
 
 
+def _check_mode():
+    try:
+        from ansible import context
+
+        return bool(context.CLIARGS.get("check"))
+    except Exception:  # noqa: BLE001 - no CLI arguments (a test's Progress): not check mode
+        return False
+
+
+def _count_ignored_unreachable(stats, unreachable):
+    """The recap counts a host that was unreachable as such. Ansible counts a task under `ignore_unreachable` (the
+    preflight's reach task, so a run with every node down still reaches its report) as ok and ignored
+    (ansible/plugins/strategy/__init__.py), and the recap showed unreachable=0 for a node that was down
+    (issue 43 item 6): each such task moves from ok and ignored to unreachable."""
+    for host, count in unreachable.items():
+        for key, change in (("dark", count), ("ok", -count), ("ignored", -count)):
+            counts = getattr(stats, key, None)
+            if isinstance(counts, dict):
+                counts[host] = max(0, counts.get(host, 0) + change)
+    unreachable.clear()
+
+
 def _task_info(task, name=None):
     role = getattr(task, "_role", None)
     try:
@@ -101,6 +123,7 @@ class CallbackModule(DefaultCallbackModule):
         super().__init__()
         self._progress = None
         self._compact_playbook = _chosen_explicitly()
+        self._unreachable_ignored = {}   # host -> tasks it was unreachable on under ignore_unreachable (the recap)
         if PROGRESS_IMPORT_ERROR is not None:
             self._display.warning(f"progress callback: vllm_acceptance is not importable ({PROGRESS_IMPORT_ERROR}); "
                                   "showing the default output")
@@ -118,7 +141,8 @@ class CallbackModule(DefaultCallbackModule):
         self._compact_playbook = self._compact_playbook or name in ACCEPTANCE_PLAYBOOKS
         if PROGRESS_IMPORT_ERROR is None and self._progress is None:
             events = os.environ.get("VLLM_ACCEPTANCE_EVENTS")
-            self._progress = Progress(write=self._line, events_path=Path(events) if events else None)
+            self._progress = Progress(write=self._line, events_path=Path(events) if events else None,
+                                      check=_check_mode())
         if not self._compact():
             super().v2_playbook_on_start(playbook)
 
@@ -162,6 +186,7 @@ class CallbackModule(DefaultCallbackModule):
         if self._progress is not None:
             failed = sorted(h for h in stats.processed if stats.failures.get(h) or stats.dark.get(h))
             self._progress.end(failed)
+        _count_ignored_unreachable(stats, self._unreachable_ignored)
         super().v2_playbook_on_stats(stats)  # the recap, one line per host, in the compact output too
 
     # --- runner events ---------------------------------------------------------------------------------
@@ -195,11 +220,18 @@ class CallbackModule(DefaultCallbackModule):
             self._progress.failed(result.host.get_name(), _task_info(result.task, result.task_name), result.result,
                                   ignored=ignore_errors)
         if self._compact():
-            self._handle_warnings_and_exception(result)
+            # The failure line above says why, every line of the message (progress.failure_detail): Ansible's own
+            # error block would say it again (issue 43 item 6). A module that crashed keeps it (its traceback).
+            self._handle_warnings(result.result)
+            if result.result.get("module_stderr") or result.result.get("module_stdout"):
+                self._handle_warnings_and_exception(result)
         else:
             super().v2_runner_on_failed(result, ignore_errors)
 
     def v2_runner_on_unreachable(self, result):
+        if getattr(result.task, "ignore_unreachable", False):
+            host = result.host.get_name()
+            self._unreachable_ignored[host] = self._unreachable_ignored.get(host, 0) + 1
         if self._progress is not None:
             self._progress.failed(result.host.get_name(), _task_info(result.task, result.task_name), result.result,
                                   unreachable=True)

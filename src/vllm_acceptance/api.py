@@ -204,6 +204,9 @@ def accept(inventory: str | Path, *, check: bool = False, extra_vars: Mapping[st
     reports = Path(reports_dir).resolve() if reports_dir else (
         Path.cwd() / "reports" if _is_collection(project) else project / "reports")
     variables: dict[str, Any] = {"acceptance_reports_dir": str(reports), **(extra_vars or {})}
+    # The exit code says the verdict (EXIT_CODES): accept.yml's verdict gate for plain ansible-playbook
+    # (playbooks/verdict_gate.yml, acceptance_fail_on) is off here, so a verdict never reads as a failed run.
+    variables["acceptance_fail_on"] = []
     if not check:
         variables.setdefault("acceptance_run_id", new_run_id())
 
@@ -248,6 +251,8 @@ def accept(inventory: str | Path, *, check: bool = False, extra_vars: Mapping[st
 def _result(events: list[dict[str, Any]], *, check: bool, status: str, rc: int) -> AcceptResult:
     run_dirs = [e["run_dir"] for e in events if e.get("event") == "run" and e.get("run_dir")]
     run_dir = Path(run_dirs[-1]) if run_dirs else None
+    if check and run_dir is not None and not run_dir.exists():
+        run_dir = None                       # the check run's scratch directory, removed at its end: nothing kept
     verdict, report = None, None
     if run_dir is not None and RunDir(run_dir).report_json.is_file() and not check:
         data = json.loads(RunDir(run_dir).report_json.read_text())

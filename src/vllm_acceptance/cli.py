@@ -436,12 +436,18 @@ def parse_extra_vars(items: list[str]) -> dict[str, object]:
 def cmd_run(args: argparse.Namespace) -> int:
     from .api import accept
 
+    printed: list[str] = []
+
+    def show(line: str) -> None:
+        printed.append(line)
+        print(line, flush=True)
+
     result = accept(args.inventory, check=args.check, extra_vars=parse_extra_vars(args.extra_vars),
-                    playbook=args.playbook, project_dir=args.project_dir, reports_dir=args.reports_dir,
-                    on_line=lambda line: print(line, flush=True))
-    print(f"verdict: {result.verdict or ('none (check mode)' if result.check else 'none')}")
-    print(f"run: {result.run_dir or '-'}")
-    if result.reason:
+                    playbook=args.playbook, project_dir=args.project_dir, reports_dir=args.reports_dir, on_line=show)
+    # The summary agrees with the run's last line and repeats nothing it said (issue 43 item 6).
+    print(f"verdict: {result.verdict or ('none (check mode: nothing was measured)' if result.check else 'none')}")
+    print(f"run: {result.run_dir or ('none (check mode keeps nothing)' if result.check else '-')}")
+    if result.reason and result.exit_code != 0 and not any(result.reason in line for line in printed):
         print(f"why: {result.reason}")
     print(f"exit: {result.exit_code}")
     if args.json:

@@ -44,6 +44,9 @@ ROLE_STAGES = {"preflight": "preflight", "vllm_serve": "serve"}
 FILE_STAGES = {"validate": "validate", "preflight": "preflight", "serve": "serve", "probes": "probes",
                "report": "report", "loadgen": "load", "monitoring": "monitoring", "rebuild": "rebuild",
                "rollback": "rollback", "rebuild_node": "rebuild", "build_image": "build_image"}
+# The last play of accept.yml (playbooks/verdict_gate.yml): its failure is the verdict's gate for CI, not a stage that
+# broke; the run's final line says it (issue 43 items 2 and 6).
+GATE_TASK = "Fail the run on a verdict the inventory does not accept (acceptance_fail_on)"
 _PROBE_IN_NAME = re.compile(r"\bprobe\b[^:]*:\s*(" + "|".join(map(re.escape, PROBES)) + r")\b", re.IGNORECASE)
 _WAITED_ON = re.compile(r"(/[A-Za-z0-9_./-]*[A-Za-z0-9_])")
 
@@ -174,6 +177,19 @@ def failure_reason(result: Mapping[str, Any]) -> str:
     return "failed without a message (run with -v for the full result)"
 
 
+def failure_detail(result: Mapping[str, Any], limit: int = 20) -> list[str]:
+    """The lines of a module's message after the one failure_reason shows (every error of a refused inventory, say):
+    printed once under the failure line, since the compact output no longer repeats Ansible's own error block."""
+    text = str(result.get("msg") or "")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    first = failure_reason(result)
+    rest = [line for line in lines if line not in ("invalid inventory:", "invalid profile:")]
+    if rest and first.startswith(rest[0][:50]):
+        rest = rest[1:]
+    return [line if len(line) <= 300 else line[:297] + "..." for line in rest[:limit]] + (
+        [f"... {len(rest) - limit} more lines (run with -v for the full result)"] if len(rest) > limit else [])
+
+
 def count_statuses(findings: Any) -> dict[str, int]:
     counts: dict[str, int] = {}
     for item in findings if isinstance(findings, list) else []:
@@ -205,6 +221,8 @@ class Progress:
     bounds: dict[str, str] = field(default_factory=dict)
     verdict: str | None = None
     report: str | None = None
+    check: bool = False                      # --check: nothing is measured, no verdict; the scratch dir is removed
+    gate: str | None = None                  # the verdict gate's message when it failed the playbook
     failures: list[dict[str, Any]] = field(default_factory=list)
     _seen: dict[str, tuple[float, int]] = field(default_factory=dict)
     _pending: list[dict[str, Any]] = field(default_factory=list)
@@ -230,7 +248,7 @@ class Progress:
             _append(self.events_path, line)
         if self.run_dir is None:
             self._pending.append(record)
-        else:
+        elif not self.check:                 # a check run's scratch directory is removed at its end: nothing kept
             _append(_events_file(self.run_dir), line)
 
     # --- run directory ----------------------------------------------------------------------------------
@@ -243,7 +261,7 @@ class Progress:
             profile = _read_profile(self.run_dir)
         self.bounds = stage_bounds(profile)
         pending, self._pending = self._pending, []
-        for record in pending:
+        for record in pending if not self.check else []:
             _append(_events_file(self.run_dir), json.dumps(record, default=str))
         self.emit("run", run_dir=str(self.run_dir), profile=(profile or {}).get("name"))
 
@@ -292,10 +310,13 @@ class Progress:
                             else None)
             self.say(f"run {result.get('run_id')}: profile {(result.get('profile') or {}).get('name')}, "
                      f"evidence in {result['run_dir']}")
-        if module == "acceptance_report" and result.get("verdict"):
+        if module == "acceptance_report" and result.get("verdict") and self.check:
+            self.say("no verdict in check mode: nothing was measured")
+            self.emit("verdict", verdict=None, check=True)
+        elif module == "acceptance_report" and result.get("verdict"):
             self.verdict, self.report = str(result["verdict"]), result.get("report")
-            reasons = result.get("reasons") or []
-            self.say(f"verdict {self.verdict}" + (f": {first_line(reasons[0])}" if reasons else "")
+            reasons = [str(r) for r in result.get("reasons") or []]
+            self.say(f"verdict {self.verdict}" + (f": {verdict_line(reasons)}" if reasons else "")
                      + (f" - report {self.report}" if self.report else ""))
             self.emit("verdict", verdict=self.verdict, report=self.report, reasons=reasons[:5])
         self.scan_findings()
@@ -303,9 +324,15 @@ class Progress:
     def failed(self, host: str, task: TaskInfo, result: Mapping[str, Any], ignored: bool = False,
                unreachable: bool = False) -> None:
         reason = failure_reason(result)
+        record = {"host": host, "task": task.name, "reason": reason, "unreachable": unreachable, "ignored": ignored}
+        if task.name == GATE_TASK and not ignored:
+            self.gate = reason               # said once, as the run's final line (end)
+            self.emit("gate", host=host, task=task.name, reason=reason)
+            return
         kind = "unreachable" if unreachable else ("failed (ignored)" if ignored else "failed")
         self.say(f"{kind} on {host}: {task.name}: {reason}")
-        record = {"host": host, "task": task.name, "reason": reason, "unreachable": unreachable, "ignored": ignored}
+        for line in failure_detail(result) if not ignored else []:
+            self.write(redact_text(f"{'':>18}{line}"))
         if not ignored:
             self.failures.append({**record, "stage": self.stage})
         self.emit("failed", **record)
@@ -332,16 +359,28 @@ class Progress:
             self.say(f"done in {fmt_s(took)}")
             self.emit("stage_end", took_s=round(took, 3))
         total = fmt_s(self.elapsed())
-        if failed_hosts and self.failures:
-            why = self.failures[-1]
-            self.say(f"stopped after {total} in stage {why['stage'] or 'run'}: {why['reason']}", stage="end")
+        if self.gate:
+            self.say(f"finished in {total}: {self.gate}", stage="end")
+        elif failed_hosts and self.failures:
+            why = self.failures[-1]           # its reason is the failure line above: named, not repeated
+            self.say(f"stopped after {total} in stage {why['stage'] or 'run'}: {why['task']} failed on {why['host']} "
+                     "(why: above)", stage="end")
+        elif self.check:
+            self.say(f"finished in {total}: check mode, no verdict (nothing was measured)", stage="end")
         elif self.verdict:
             self.say(f"finished in {total}: verdict {self.verdict}", stage="end")
         else:
             self.say(f"finished in {total}", stage="end")
-        self.emit("end", verdict=self.verdict, report=self.report, failed_hosts=failed_hosts,
+        self.emit("end", verdict=self.verdict, report=self.report, failed_hosts=failed_hosts, gate=self.gate,
                   run_dir=str(self.run_dir) if self.run_dir else None)
         self.stage = None        # ansible-playbook A.yml B.yml: the next playbook goes on in the same run
+
+
+def verdict_line(reasons: list[str]) -> str:
+    """The verdict's first reason, and what else is certain or unverified beside it (verdict.py's "also failed: ",
+    "also unverified: "), each cut to one line."""
+    extra = [first_line(r, 200) for r in reasons[1:] if r.startswith(("also failed: ", "also unverified: "))]
+    return "; ".join([first_line(reasons[0], 300), *extra])
 
 
 def _append(path: Path, line: str) -> None:

@@ -17,6 +17,9 @@ from .core.probes import probe_families
 from .rules.registry import warn_blocks
 
 RELEASE_SCOPE = "compat.lineage.release_scope"
+# The reasons that add to the first one: what else is certain or unverified beside the deciding cause.
+ALSO_FAILED = "also failed: "
+ALSO_UNVERIFIED = "also unverified: "
 
 IMMEDIATE_ACTION = {
     "release": "Allow the planned traffic at the contracted profile; enable the generated monitoring.",
@@ -93,7 +96,7 @@ def decide(findings: list[Finding], *, experimental: bool = False,
         verdict = "rebuild_environment"
         reasons.append("compatibility or configuration out of profile: " + ", ".join(_ids(rebuild)))
         if unknown or unreachable_hosts:
-            reasons.append("also unverified: " + ", ".join(_ids(unknown) + unreachable_hosts))
+            reasons.append(ALSO_UNVERIFIED + ", ".join(_ids(unknown) + unreachable_hosts))
     elif unknown or unreachable_hosts:
         verdict = "incomplete"
         if unreachable_hosts:
@@ -101,11 +104,15 @@ def decide(findings: list[Finding], *, experimental: bool = False,
             reasons += unreachable_reasons(unreachable_hosts, unreachable_errors or {})
         if unknown:
             reasons.append("missing or inconclusive evidence: " + ", ".join(_ids(unknown)))
-        reasons += [f"{f.check}: {f.reason}" for f in crashed if f.reason]
+        reasons += [f"{f.check}: {one_line(f.reason)}" for f in crashed if f.reason]
+        # What already failed is certain whatever the missing evidence shows (a soak's memory rise, a failed agent
+        # check): named as rebuild_environment names what is also unverified (issue 43 item 6).
+        if failing:
+            reasons.append(ALSO_FAILED + ", ".join(_ids(failing)))
     elif expand:
         verdict = "expand_capacity"
         reasons.append("capacity limits at nominal load: " + ", ".join(_ids(expand)))
-        reasons += [f"{f.check}: {f.reason}" for f in oom if f.reason]
+        reasons += [f"{f.check}: {one_line(f.reason)}" for f in oom if f.reason]
     elif limit or warned or agent_blocked:
         verdict = "limited_observation"
         if limit:
@@ -123,7 +130,7 @@ def decide(findings: list[Finding], *, experimental: bool = False,
 
     if advisory:
         reasons.append("warnings that do not block release: "
-                       + "; ".join(f"{f.check}: {f.reason}" if f.reason else f.check for f in advisory))
+                       + "; ".join(f"{f.check}: {one_line(f.reason)}" if f.reason else f.check for f in advisory))
     if not_reached:
         reasons.append(("not reached because vLLM did not start: " if launch_failed else
                         "not reached because the server died under load: ") + ", ".join(_ids(not_reached)))
@@ -147,8 +154,15 @@ def decide(findings: list[Finding], *, experimental: bool = False,
 
 def unreachable_reasons(hosts: list[str], errors: dict[str, str]) -> list[str]:
     """One line per unreachable node: its connection error and what was not collected from it."""
-    return [f"{host} unreachable ({errors.get(host) or 'no connection error recorded'}): none of its preflight "
-            "checks ran, and nothing was launched or sampled on it" for host in sorted(hosts)]
+    return [f"{host} unreachable ({one_line(errors.get(host)) or 'no connection error recorded'}): none of its "
+            "preflight checks ran, and nothing was launched or sampled on it" for host in sorted(hosts)]
+
+
+def one_line(text: str | None) -> str:
+    """A message as one line of a reason: ssh's connection errors carry the CR LF of its terminal output
+    (`Warning: Permanently added ...\r\nuser@host: Permission denied`), which a list of reasons would otherwise
+    print as a literal `\r\n` (issue 43 item 6). The evidence keeps the error as it was."""
+    return " ".join(part.strip() for part in str(text or "").splitlines() if part.strip())
 
 
 def not_reached_after_launch(finding: Finding) -> bool:

@@ -128,7 +128,11 @@ def test_a_real_playbook_run_shows_stages_waits_findings_and_why(tmp_path: Path)
     assert "waiting for /health:" in out and "(attempt 2 of 5, localhost)" in out
     assert "FAILED - RETRYING" not in out and "TASK [" not in out
     assert "failed on localhost: Stop for a reason: the server exited before it was ready: CUDA error" in out
-    assert "stopped after" in out and "in stage serve: the server exited before it was ready" in out
+    # Said once (issue 43 item 6): the failure line and the message's other lines under it; the last line names the
+    # task, Ansible's own error block does not repeat the message.
+    assert out.count("the server exited before it was ready") == 1 and out.count("second line") == 1, out
+    assert "[ERROR]" not in out + proc.stderr
+    assert "stopped after" in out and "in stage serve: Stop for a reason failed on localhost (why: above)" in out
     events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
     assert [e["event"] for e in events] == [json.loads(x)["event"] for x in
                                             (tmp_path / "copy.jsonl").read_text().splitlines()]
@@ -181,3 +185,58 @@ def test_the_checkouts_default_is_progress_for_accept_yml_only(tmp_path: Path) -
     for out in (compact, default):
         assert "PLAY RECAP" in out and "failed=0" in out
     assert len(compact.splitlines()) < len(default.splitlines())
+
+
+# --- issue 43 item 6: one final line, said once ------------------------------------------------------------------
+
+def _opened(tmp_path: Path, **kwargs: object) -> tuple[Progress, list[str]]:
+    lines: list[str] = []
+    progress = Progress(write=lines.append, clock=lambda: 0.0, **kwargs)  # type: ignore[arg-type]
+    progress.task_start(TaskInfo("Open", action="acceptance_run"))
+    progress.ok("localhost", TaskInfo("Open", action="acceptance_run"),
+                {"run_dir": str(tmp_path / "run"), "run_id": "r1", "profile": PROFILE})
+    progress.task_start(TaskInfo("Decide", action="acceptance_report"))
+    return progress, lines
+
+
+def test_check_mode_claims_no_verdict_and_keeps_nothing_in_its_scratch_directory(tmp_path: Path) -> None:
+    """Before: "verdict incomplete" and "finished: verdict incomplete", then the CLI's "verdict: none (check mode)";
+    and events.jsonl written into the check run's scratch directory (which is removed at its end)."""
+    progress, lines = _opened(tmp_path, check=True)
+    progress.ok("localhost", TaskInfo("Decide", action="acceptance_report"),
+                {"verdict": "incomplete", "reasons": ["check mode: nothing was measured"]})
+    progress.end([])
+    text = "\n".join(lines)
+    assert "verdict incomplete" not in text and progress.verdict is None
+    assert lines[-1].endswith("end       | finished in 0 s: check mode, no verdict (nothing was measured)")
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_verdict_gate_is_the_runs_one_final_line(tmp_path: Path) -> None:
+    from vllm_acceptance.progress import GATE_TASK
+
+    progress, lines = _opened(tmp_path)
+    progress.ok("localhost", TaskInfo("Decide", action="acceptance_report"),
+                {"verdict": "incomplete", "report": "/r/report.html", "reasons": ["missing or inconclusive evidence: "
+                                                                                  "cache.reuse", "also failed: "
+                                                                                  "capacity.soak"]})
+    gate = "verdict incomplete fails this run (acceptance_fail_on: every verdict but release, the default): report " \
+           "/r/report.html"
+    progress.failed("localhost", TaskInfo(GATE_TASK, action="ansible.builtin.fail"), {"msg": gate})
+    progress.end(["localhost"])
+    assert "verdict incomplete: missing or inconclusive evidence: cache.reuse; also failed: capacity.soak" in lines[-3]
+    assert lines[-1].endswith(f"end       | finished in 0 s: {gate}")
+    assert sum(gate in line for line in lines) == 1 and not any("failed on" in line for line in lines)
+
+
+def test_a_refusal_is_said_once_with_every_line_of_it(tmp_path: Path) -> None:
+    lines: list[str] = []
+    progress = Progress(write=lines.append, clock=lambda: 0.0)
+    progress.task_start(TaskInfo("Open the run directory", action="acceptance_run"))
+    progress.failed("localhost", TaskInfo("Open the run directory", action="acceptance_run"),
+                    {"msg": "invalid inventory:\n  acceptence_owner: did you mean `acceptance_owner`?\n"
+                            "  vllm_serve_port: 'eighty' is not an integer"})
+    progress.end(["localhost"])
+    text = "\n".join(lines)
+    assert text.count("did you mean `acceptance_owner`") == 1 and text.count("'eighty' is not an integer") == 1
+    assert "stopped after 0 s in stage validate: Open the run directory failed on localhost (why: above)" in lines[-1]

@@ -195,3 +195,20 @@ def test_matrix_groups_alike_nodes_and_puts_deviations_first() -> None:
     assert matrix["deviations"][0]["host"] == "n07" and len(matrix["rows"]) == 10
     html = render_html({"verdict": "rebuild_environment", "hosts": hosts, "findings": findings, "run_id": "r"})
     assert "9 nodes alike" in html and "Full grid: every node (10 rows)" in html
+
+
+@pytest.mark.parametrize("decision", ["rebuild_environment", "expand_capacity", "release"])
+def test_sign_refuses_every_decision_on_a_run_the_report_says_cannot_be_signed(tmp_path: Path, decision: str) -> None:
+    """An incomplete run's report says "Incomplete: no decision can be signed" (issue 43 item 6): before, the least
+    permissive decision (rebuild_environment) was recorded on it all the same. No decision, override or not."""
+    run_dir = written("incomplete", tmp_path)
+    html = (run_dir / "report.html").read_text()
+    assert "no decision can be signed" in html
+    # and the report offers no sign command for it
+    assert 'id="sign-command"' not in html and 'id="cannot-sign">Cannot be signed:' in html
+    assert "**Cannot be signed:**" in (run_dir / "report.md").read_text()
+    for override in (None, "launch event"):
+        with pytest.raises(SignRefused, match="is incomplete: its report says no decision can be signed"):
+            sign_run(run_dir, reviewer="L. Chen (SRE)", decision=decision, limits=["max_num_seqs=8"],
+                     override_reason=override)
+    assert not (run_dir / "signoff.json").exists()

@@ -195,3 +195,13 @@ def test_the_run_module_fails_with_the_same_redacted_message(tmp_path: Path) -> 
     assert result.get("failed") and "field `vllm_base_url`" in result["msg"]
     assert "ftp://***REDACTED***@head-01:8000/v1" in result["msg"] and "PLANTEDpw" not in result["msg"]
     assert not (tmp_path / "reports").exists()     # refused before any run directory is opened
+
+
+def test_acceptance_fail_on_is_declared_and_its_verdicts_checked() -> None:
+    """accept.yml's verdict gate (issue 43 item 2): a list of verdicts; a misspelt name or verdict is refused."""
+    validate_inventory_vars({**BASE, "acceptance_fail_on": ["rebuild_environment", "incomplete"]}, "inventory lab",
+                            REPO)
+    validate_inventory_vars({**BASE, "acceptance_fail_on": []}, "inventory lab", REPO)
+    assert "did you mean `acceptance_fail_on`?" in _error({"acceptance_fial_on": ["incomplete"]})
+    assert "acceptance_fail_on" in _error({"acceptance_fail_on": ["incompete"]})
+    assert "acceptance_fail_on" in _error({"acceptance_fail_on": "incomplete"})

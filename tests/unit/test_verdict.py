@@ -95,3 +95,31 @@ def test_a_classified_launch_failure_decides_without_the_stages_it_prevented() -
     assert any("not reached" in r for r in d.reasons)
     # ...but a node without evidence still leaves the decision open.
     assert decide(capacity + [f("compat.driver_branch", "missing", host="n2")]).verdict == "incomplete"
+
+
+# --- issue 43 item 6: complete verdict lines ------------------------------------------------------------------
+
+def test_an_incomplete_verdict_names_the_failures_already_confirmed() -> None:
+    """A soak's memory rise and a failed agent check are certain whatever the missing evidence shows: the incomplete
+    verdict names them, as rebuild_environment names what is also unverified (before: only the missing evidence)."""
+    d = decide(GOOD + [f("capacity.soak", "fail", Consequence.EXPAND), f("cache.reuse", "missing"),
+                       f("agent.separation", "fail", Consequence.BLOCK_AGENT)])
+    assert d.verdict == "incomplete"
+    assert d.reasons[0] == "missing or inconclusive evidence: cache.reuse"
+    assert "also failed: agent.separation, capacity.soak" in d.reasons
+    clean = decide(GOOD + [f("cache.reuse", "missing")])       # nothing failed: nothing more is claimed
+    assert not any(r.startswith("also failed") for r in clean.reasons)
+
+
+# A real unreachable message of Ansible's ssh connection, as the packer plugin's issue quotes it
+# (hashicorp/packer-plugin-ansible#53, docs/sources.md "Ansible's unreachable messages"): ssh's lines end in CR LF.
+SSH_ERROR = ("Failed to connect to the host via ssh: Warning: Permanently added '[127.0.0.1]:38133' (RSA) to the list "
+             "of known hosts.\r\nsign_and_send_pubkey: no mutual signature supported\r\nadmin@127.0.0.1: Permission "
+             "denied (publickey).")
+
+
+def test_an_unreachable_nodes_error_is_one_line_of_the_reasons() -> None:
+    d = decide(GOOD, unreachable_hosts=["n9"], unreachable_errors={"n9": SSH_ERROR})
+    line = next(r for r in d.reasons if r.startswith("n9 unreachable"))
+    assert "\r" not in line and "\n" not in line and "\\r\\n" not in repr(d.reasons)
+    assert "known hosts. sign_and_send_pubkey: no mutual signature supported admin@127.0.0.1: Permission denied" in line

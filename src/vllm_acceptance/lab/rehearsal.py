@@ -508,6 +508,13 @@ class Outcome:
     def reasons(self) -> list[str]:
         return list((self.report or {}).get("verdict_reasons") or [])
 
+    @property
+    def gated(self) -> bool:
+        """The playbook failed at accept.yml's verdict gate only (playbooks/verdict_gate.yml): its exit status is
+        non-zero for every verdict but release (acceptance_fail_on's default), which is the run working, not a run
+        that broke. A run that reached no verdict fails too, and is not gated."""
+        return self.rc != 0 and self.verdict is not None and f"verdict {self.verdict} fails this run" in self.output
+
     def finding(self, check: str, host: str | None = None) -> dict[str, Any]:
         for f in (self.report or {}).get("findings", []):
             if f["check"] == check and (host is None or f.get("host") == host):
@@ -943,6 +950,8 @@ PLAYS: dict[str, Play] = {
 
 
 def verdict_of(outcome: Outcome) -> str:
+    """The scenario's verdict from its report; the exit status is non-zero for every verdict but release (the
+    verdict gate, Outcome.gated), so it says "refused" only where no report was written."""
     if outcome.report is None and outcome.rc != 0:
         return "refused"
     return outcome.verdict or "no report"
@@ -961,7 +970,8 @@ def judge(name: str, outcome: Outcome) -> dict[str, Any]:
         text = "\n".join(reasons)
     lacking = [r for r in play.reasons if r not in text]
     return {"verdict": verdict, "expected": play.expected, "ok": verdict == play.expected and not lacking,
-            "reasons": reasons, "lacking_reasons": lacking, "wall_s": outcome.wall_s}
+            "reasons": reasons, "lacking_reasons": lacking, "wall_s": outcome.wall_s, "rc": outcome.rc,
+            "gated": outcome.gated}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -212,6 +212,9 @@ def first_screen(report: dict[str, Any]) -> list[str]:
             out.append(f"> **OVERRIDE** of the verdict {signed.get('verdict')}: {signed.get('override_reason')}")
         if not signed.get("report_intact"):
             out.append("> **report.json changed after signing**: this signature no longer covers it; sign again.")
+    elif report.get("verdict") == "incomplete":
+        out.append("**Cannot be signed:** the verdict is incomplete; collect the missing evidence and re-run "
+                   "(`vllm-acceptance sign` refuses every decision on this run).")
     else:
         out.append(f"**Not signed yet.** `{sign_command(report)}` (the reviewer is an SRE or platform lead, not the "
                    "person who ran the acceptance; run it from the directory holding `reports/`)")

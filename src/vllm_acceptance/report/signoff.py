@@ -113,14 +113,21 @@ def build_signoff(run_dir: Path, report: dict[str, Any], *, reviewer: str, decis
                           "reviewed the run (not the person who ran the acceptance)")
     if decision not in DECISIONS:
         raise SignRefused(f"--decision {decision!r}: one of {', '.join(DECISIONS)}")
+    if verdict == "incomplete":
+        # The report says so ("Incomplete: no decision can be signed", verdict.py IMMEDIATE_ACTION): no decision,
+        # however strict, is recorded on evidence that is missing (issue 43 item 6).
+        missing = ", ".join(str(m) for m in (report.get("missing") or [])[:8])
+        raise SignRefused(f"run {Path(run_dir).name} is incomplete: its report says no decision can be signed"
+                          + (f" (missing: {missing}{', ...' if len(report.get('missing') or []) > 8 else ''})"
+                             if missing else "")
+                          + "; collect the missing evidence, re-run the acceptance and sign the new run")
     engineer = deployment_engineer or (report.get("signoff") or {}).get("deployment_engineer")
     if engineer and engineer.strip().lower() == reviewer.lower():
         raise SignRefused(f"--reviewer {reviewer!r} ran this acceptance (deployment engineer): the review is by "
                           "another person (an SRE or platform lead)")
     override = bool(override_reason and override_reason.strip())
     if more_permissive(decision, verdict) and not override:
-        instead = f"sign {verdict!r} or a stricter decision" if verdict in DECISIONS else \
-            "collect the missing evidence and re-run, or sign a decision that lets no traffic through"
+        instead = f"sign {verdict!r} or a stricter decision"
         raise SignRefused(f"decision {decision!r} lets more traffic through than the run's verdict {verdict!r}; "
                           f"{instead}, or give --override-reason (recorded and shown in red)")
     limits = [x.strip() for x in limits or [] if x.strip()]
