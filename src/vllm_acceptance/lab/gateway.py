@@ -43,6 +43,17 @@ so the agent probe can be shown to find the defect and to name the layer that ca
                                the gateway (counting the answered one): a defect that appears only under
                                concurrency; requests served one or two at a time pass untouched.
 
+* `swap_tool_name`          -- every non-streamed tool call's function name replaced by `--swap-to`
+                               (default `create_ticket`, the ops pack's write tool), arguments kept: a
+                               gateway that maps tool names wrongly; a write tool the case never
+                               asked for is called. Streamed answers pass untouched.
+* `perturb_free_text`       -- in every non-streamed tool call, the string values under the
+                               `--text-keys` argument names (default `title,evidence,description,summary,
+                               reason,message,note`, at any depth) get ` (v N)` appended, N counting the
+                               answers: free text that differs between repeats, as a GPU server that is
+                               not batch-invariant can produce; keys, enums, ids untouched. Healthy for
+                               consistency (no alarm); as a reference it disagrees on arguments only.
+
 `/metrics`, `/tokenize`, `/v1/models`, `/health` and everything else pass untouched.
 
     python -m vllm_acceptance.lab.gateway --upstream http://127.0.0.1:8011/v1 --port 8091 --mode M
@@ -65,7 +76,12 @@ from typing import Any
 
 MODES = ("passthrough", "markup_in_content", "drop_stream_tool_calls", "reasoning_into_content",
          "change_arg_types", "drop_field", "markup_one_in_five", "stall_nth", "shift_stream_index", "stamp_system",
-         "strip_images", "replace_system", "drop_tool_results", "change_arg_types_under_load", "drop_rank_header")
+         "strip_images", "replace_system", "drop_tool_results", "change_arg_types_under_load", "drop_rank_header",
+         "swap_tool_name", "perturb_free_text")
+# Non-streamed-only answer rewrites (streamed answers pass these modes untouched).
+PLAIN_ONLY = ("swap_tool_name", "perturb_free_text")
+DEFAULT_SWAP_TO = "create_ticket"
+DEFAULT_TEXT_KEYS = ("title", "evidence", "description", "summary", "reason", "message", "note")
 # The modes that rewrite requests only and leave the answers alone.
 REQUEST_ONLY = ("stall_nth", "stamp_system", "strip_images", "replace_system", "drop_tool_results", "drop_rank_header")
 RANK_HEADER = "x-data-parallel-rank"   # vLLM's OpenAI server pins a request to this data-parallel rank
@@ -110,6 +126,17 @@ def change_arguments(arguments: str) -> str:
         return json.dumps(change_value_types(json.loads(arguments)))
     except ValueError:
         return arguments  # not JSON to begin with: leave the model's own defect visible
+
+
+def perturb_text(value: Any, keys: tuple[str, ...], mark: str, key: str = "") -> Any:
+    """String values under the free-text `keys` (at any depth) with `mark` appended; everything else kept."""
+    if isinstance(value, dict):
+        return {k: perturb_text(v, keys, mark, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [perturb_text(v, keys, mark, key) for v in value]
+    if isinstance(value, str) and key in keys:
+        return value + mark
+    return value
 
 
 def drop_path(obj: Any, path: str) -> int:
@@ -160,6 +187,8 @@ class Corruptor:
     chat_requests: int = 0
     in_flight: int = 0  # chat completions the gateway is serving now
     min_in_flight: int = 3  # change_arg_types_under_load: corrupt only at this many in flight or more
+    swap_to: str = DEFAULT_SWAP_TO  # swap_tool_name: the name every call gets
+    text_keys: tuple[str, ...] = DEFAULT_TEXT_KEYS  # perturb_free_text: the argument names of free text
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -253,7 +282,30 @@ class Corruptor:
                 for call in message.get("tool_calls") or []:
                     fn = call.get("function") or {}
                     fn["arguments"] = change_arguments(fn.get("arguments") or "")
+            elif self.mode in PLAIN_ONLY:
+                self._plain_only(message)
         return body
+
+    def _plain_only(self, message: Json) -> None:
+        """swap_tool_name / perturb_free_text on one non-streamed message."""
+        calls = message.get("tool_calls") or []
+        if not calls:
+            return
+        self.tool_responses += 1
+        for call in calls:
+            fn = call.get("function") or {}
+            if self.mode == "swap_tool_name":
+                self.corrupted += fn.get("name") != self.swap_to
+                fn["name"] = self.swap_to
+                continue
+            try:
+                args = json.loads(fn.get("arguments") or "")
+            except ValueError:
+                continue
+            changed = perturb_text(args, self.text_keys, f" (v {self.tool_responses})")
+            if changed != args:
+                self.corrupted += 1
+                fn["arguments"] = json.dumps(changed)
 
     def stream(self) -> StreamRewriter:
         return StreamRewriter(self)
@@ -278,7 +330,7 @@ class StreamRewriter:
         if self.mode == "drop_field":
             drop_path(chunk, self.corruptor.drop_field)
             return chunk
-        if self.mode in REQUEST_ONLY:
+        if self.mode in (*REQUEST_ONLY, *PLAIN_ONLY):
             return chunk
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta")
@@ -483,6 +535,9 @@ def main(argv: list[str] | None = None) -> int:
                                                    "requests chosen, counted from 1 (comma-separated, e.g. 2,5; "
                                                    "stamp_system, replace_system: 0 = all)")
     parser.add_argument("--stall-s", type=float, default=3600.0, help="stall_nth: how long each is held")
+    parser.add_argument("--swap-to", default=DEFAULT_SWAP_TO, help="swap_tool_name: the name every call gets")
+    parser.add_argument("--text-keys", default=",".join(DEFAULT_TEXT_KEYS),
+                        help="perturb_free_text: comma-separated argument names whose string values are free text")
     parser.add_argument("--min-in-flight", type=int, default=3,
                         help="change_arg_types_under_load: corrupt only answers completing with this many chat "
                              "completions in flight or more")
@@ -498,7 +553,9 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve(args.upstream, args.host, args.port,
                           Corruptor(args.mode, drop_field=args.drop_field, every=args.every, nth=nth,
-                                    stall_s=args.stall_s, min_in_flight=args.min_in_flight)))
+                                    stall_s=args.stall_s, min_in_flight=args.min_in_flight,
+                                    swap_to=args.swap_to,
+                                    text_keys=tuple(k for k in args.text_keys.split(",") if k))))
     return 0
 
 
