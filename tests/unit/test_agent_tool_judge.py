@@ -290,3 +290,58 @@ def test_the_case_set_in_vendor_verifier_terms() -> None:
     assert m["tool_call_f1"] == pytest.approx(2 * 2 / (2 * 2 + 1 + 1))
     # schema accuracy: count_successful_tool_call / count_finish_reason_tool_calls (s3's node breaks the pattern)
     assert (m["count_finish_reason_tool_calls"], m["count_successful_tool_call"]) == (3, 2)
+
+
+def test_gateway_refuse_after_nth_lets_the_first_n_through() -> None:
+    refuse = Corruptor("refuse_after_nth", nth=(2,))
+    seen = []
+    for _ in range(4):
+        refuse.stall_this()  # counts the chat completion, as the proxy does first
+        seen.append(refuse.refuse_this())
+    assert seen == [False, False, True, True]
+    assert not Corruptor("passthrough").refuse_this()
+
+
+def test_a_wrong_tool_the_direct_server_does_not_call_is_the_gateways(tmp_path) -> None:
+    class Direct:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def chat(self, body: dict) -> Exchange:
+            args = STATUS if self.name == "get_node_status" else TICKET
+            return Exchange(request=body, status=200, body=answer((self.name, args)))
+
+    choices, cases = _choices(300, {7: "create_ticket"})
+    for name, layer in (("get_node_status", "gateway"), ("create_ticket", "model")):
+        p = AgentProbe(None, AgentProbeConfig(model="m", scenario=OPS), EvidenceStore(tmp_path / name),
+                       direct=Direct(name))
+        finding = p._judge_tool_choice(choices, cases, [])
+        assert (finding.status, finding.layer) == (Status.FAIL, layer), finding.reason
+
+
+# --- item 5: the verifier's bounds as the K3 profile's defaults -------------------------------------------
+
+def test_the_k3_profiles_carry_the_verifiers_bounds_each_with_its_source(tmp_path) -> None:
+    from pathlib import Path
+
+    import yaml
+
+    from vllm_acceptance.core.profile import ConfigError
+    from vllm_acceptance.recipe.generate import generate, load_facts
+    from vllm_acceptance.recipe.resolve import Selection
+
+    root = Path(__file__).resolve().parents[2]
+    recipe = root / "recipes" / "vllm-project" / "Kimi-K3.yaml"
+    profile, _ = generate(recipe, Selection("gb300", "multi_node_tp"), name="kimi-k3")
+    assert profile["thresholds"]["reference_agreement_min"] == 0.73  # K2-thinking's bound, not the 0.80 default
+    assert profile["thresholds"]["reference_min_cases"] == 36
+    notes = [n for n in profile["recipe"]["notes"] if n.startswith("thresholds.")]
+    assert {n.split(" ")[0] for n in notes} == {"thresholds.reference_agreement_min", "thresholds.reference_min_cases",
+                                                "thresholds.schema_accuracy_min"}
+    assert all("K2-Vendor-Verifier" in n and "docs/sources.md#" in n for n in notes)
+    facts = yaml.safe_load(load_facts().path.read_text())
+    facts["verifier"]["thresholds"]["reference_min_cases"] = {"value": 2}  # no source: refused
+    bad = tmp_path / "facts.yml"
+    bad.write_text(yaml.safe_dump(facts))
+    with pytest.raises(ConfigError, match="verifier.thresholds.reference_min_cases"):
+        generate(recipe, Selection("gb300", "multi_node_tp"), name="kimi-k3", facts_path=bad)

@@ -53,6 +53,9 @@ so the agent probe can be shown to find the defect and to name the layer that ca
                                answers: free text that differs between repeats, as a GPU server that is
                                not batch-invariant can produce; keys, enums, ids untouched. Healthy for
                                consistency (no alarm); as a reference it disagrees on arguments only.
+* `refuse_after_nth`        -- the first `--nth` chat completions (one number) are forwarded untouched,
+                               every later one is answered HTTP 503 without reaching the server: an
+                               endpoint (a reference with a quota) that answers a few cases only.
 
 `/metrics`, `/tokenize`, `/v1/models`, `/health` and everything else pass untouched.
 
@@ -77,10 +80,11 @@ from typing import Any
 MODES = ("passthrough", "markup_in_content", "drop_stream_tool_calls", "reasoning_into_content",
          "change_arg_types", "drop_field", "markup_one_in_five", "stall_nth", "shift_stream_index", "stamp_system",
          "strip_images", "replace_system", "drop_tool_results", "change_arg_types_under_load", "drop_rank_header",
-         "swap_tool_name", "perturb_free_text")
+         "swap_tool_name", "perturb_free_text", "refuse_after_nth")
 # Non-streamed-only answer rewrites (streamed answers pass these modes untouched).
 PLAIN_ONLY = ("swap_tool_name", "perturb_free_text")
 DEFAULT_SWAP_TO = "create_ticket"
+ANSWERS_KEPT = ("refuse_after_nth",)  # modes that leave every answer they let through untouched
 DEFAULT_TEXT_KEYS = ("title", "evidence", "description", "summary", "reason", "message", "note")
 # The modes that rewrite requests only and leave the answers alone.
 REQUEST_ONLY = ("stall_nth", "stamp_system", "strip_images", "replace_system", "drop_tool_results", "drop_rank_header")
@@ -194,6 +198,12 @@ class Corruptor:
         if self.mode not in MODES:
             raise ValueError(f"mode {self.mode!r}: choose one of {', '.join(MODES)}")
 
+    def refuse_this(self) -> bool:
+        """refuse_after_nth: True for a chat completion past the first `nth[0]` (counted by stall_this)."""
+        hit = self.mode == "refuse_after_nth" and self.chat_requests > self.nth[0]
+        self.corrupted += hit
+        return hit
+
     def stall_this(self) -> bool:
         """Count one chat completion request; stall_nth: True when it is one of the chosen."""
         self.chat_requests += 1
@@ -264,7 +274,7 @@ class Corruptor:
         if self.mode == "drop_field":
             drop_path(body, self.drop_field)
             return body
-        if self.mode in (*REQUEST_ONLY, "shift_stream_index"):
+        if self.mode in (*REQUEST_ONLY, "shift_stream_index", *ANSWERS_KEPT):
             return body
         if self.mode == "change_arg_types_under_load" and self.in_flight < self.min_in_flight:
             return body
@@ -330,7 +340,7 @@ class StreamRewriter:
         if self.mode == "drop_field":
             drop_path(chunk, self.corruptor.drop_field)
             return chunk
-        if self.mode in (*REQUEST_ONLY, *PLAIN_ONLY):
+        if self.mode in (*REQUEST_ONLY, *PLAIN_ONLY, *ANSWERS_KEPT):
             return chunk
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta")
@@ -449,6 +459,9 @@ def make_app(upstream: str, corruptor: Corruptor) -> Any:
         stall = chat and corruptor.stall_this()
         if chat:
             data = corruptor.rewrite_request(data)
+        if chat and corruptor.refuse_this():
+            return web.json_response({"error": {"message": "quota exhausted (refuse_after_nth)", "code": 503}},
+                                     status=503)
         if stall:
             how = "streamed: after its first chunk" if streamed else "no byte"
             print(f"stalling chat request #{corruptor.chat_requests} ({how}) for {corruptor.stall_s:g} s", flush=True)
@@ -531,7 +544,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drop-field", default=DEFAULT_DROP_FIELD,
                         help="dotted path removed in drop_field mode (`*` = every item)")
     parser.add_argument("--every", type=int, default=5, help="markup_one_in_five: corrupt every Nth tool response")
-    parser.add_argument("--nth", default="1", help="stall_nth / stamp_system / replace_system: the chat completion "
+    parser.add_argument("--nth", default="1", help="stall_nth / stamp_system / replace_system / refuse_after_nth "
+                                                   "(the answered count): the chat completion "
                                                    "requests chosen, counted from 1 (comma-separated, e.g. 2,5; "
                                                    "stamp_system, replace_system: 0 = all)")
     parser.add_argument("--stall-s", type=float, default=3600.0, help="stall_nth: how long each is held")

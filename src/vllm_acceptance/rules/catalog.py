@@ -590,7 +590,8 @@ register("agent.tool_choice", stage="agent", consequence=AGENT,
               "the set asks"),
          evidence="probes/agent/cases.json",
          source=("issue 44: a call of another tool, a write included, was counted as a miss; Kimi-Vendor-Verifier "
-                 "tests/k3_features/test_tool_choice.py (auto / none / required) (docs/sources.md#kimi-vendor-verifier)"))
+                 "tests/k3_features/test_tool_choice.py (auto / none / required) "
+                 "(docs/sources.md#kimi-vendor-verifier)"))
 register("agent.reference_arguments", stage="agent", consequence=AGENT,
          title="Tool-call arguments agree with the reference",
          rule=("with a reference endpoint, on the cases both sides call: arguments compared per value by the "

@@ -33,7 +33,6 @@ from .rules import (
     verifier_measures,
 )
 
-
 # The verifier's public request settings, reported beside its measures (docs/sources.md#k2-vendor-verifier):
 # the probe keeps its own sampling (agent.temperature); these say what the verifier's numbers were taken with.
 VERIFIER_SETTINGS = {
@@ -437,8 +436,7 @@ class RateRun(AgentProbeBase):
         if reasons:
             layer = "parser" if broken and not severe and read_verdict != "fail" and all(
                 v.startswith("tool_choice") for c in broken for v in c.violations) else "model"
-            why = self._wrong_tool_direct([c.case for c in [*severe, *read]], cases) \
-                if (severe or read) and self.direct is not None else ""
+            why = self._wrong_tool_direct([*severe, *read], cases) if severe or read else ""
             if why.startswith(GATEWAY_REASON.split("(")[0]) and "cleanly" in why:
                 layer = "gateway"
             return _finding("agent.tool_choice", Status.FAIL, layer, evs, observed=observed, expected=expected,
@@ -457,15 +455,18 @@ class RateRun(AgentProbeBase):
                                f"{read_rate.bound:.4f}), {len(severe)} with a write tool not expected, "
                                f"{len(broken)} breaking tool_choice")
 
-    def _wrong_tool_direct(self, names: list[str], cases: dict[str, Case]) -> str:
-        """With --direct-url: the cases that called a wrong tool sent to the direct server (10 at most); when
-        it calls only the expected tools on every one, the names changed between it and the client."""
-        sample = [cases[n] for n in names if n in cases][:10]
-        if not sample:
+    def _wrong_tool_direct(self, wrong: list[ToolChoiceJudgement], cases: dict[str, Case]) -> str:
+        """With --direct-url: the cases that called a wrong tool sent to the direct server (10 at most); when the
+        direct server avoids those wrong tools on most of them (greedy decoding repeats a model's own wrong
+        choice), the names changed between it and the client (the gateway); otherwise the model chose them."""
+        sample = [c for c in wrong if c.case in cases][:10]
+        if not sample or self.direct is None:
             return ""
-        direct = self._judge_all(self.direct, sample, self.cfg.concurrency) if self.direct else []
-        again = [judge_tool_choice(j.case, j.cls, cases[j.case].expect, cases[j.case].tool_choice, j.check.names,
-                                   self.write_tools) for j, ex in direct if ex.ok]
-        if again and len(again) == len(sample) and not any(c.wrong or c.violations for c in again):
-            return GATEWAY_REASON.format(detail=f"the {len(sample)} cases sent to it call only expected tools")
-        return "the direct server calls the same wrong tools: not the gateway"
+        direct = self._judge_all(self.direct, [cases[c.case] for c in sample], self.cfg.concurrency)
+        again = {j.case: set(j.check.names) for j, ex in direct if ex.ok}
+        avoided = [c.case for c in sample if c.case in again and not set(c.wrong) & again[c.case]]
+        if len(avoided) * 2 > len(sample):
+            return GATEWAY_REASON.format(detail=f"{len(avoided)} of the {len(sample)} cases sent to it call none "
+                                                "of the wrong tools")
+        return (f"the direct server calls the same wrong tools on {len(sample) - len(avoided)} of {len(sample)} "
+                "cases: not the gateway")
