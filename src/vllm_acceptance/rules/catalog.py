@@ -500,9 +500,11 @@ register("agent.schema_accuracy", stage="agent", consequence=AGENT,
          source="recipe: Kimi Vendor Verifier schema accuracy; docs/sources.md#a003: rates of schema-valid calls")
 register("agent.trigger_consistency", stage="agent", consequence=AGENT,
          title="Consistent tool triggering",
-         rule=("repeated runs of the same case trigger the same call (agent.consistency_cases x agent.repeats; "
-              "repeats never enter a rate); the irrelevance cases (no tool fits) abstain: the 95 % lower bound "
-              "of abstentions >= thresholds.tool_abstain_min"),
+         rule=("repeated runs of the same case trigger the same call structure: tools, argument keys, enum / id / "
+              "boolean values (agent.consistency_cases x agent.repeats; repeats never enter a rate); free text and "
+              "numbers that differ are reported, not failed (vLLM is not batch-invariant by default, "
+              "docs/sources.md#vllm-batch-invariance); the irrelevance cases (no tool fits) abstain: the 95 % lower "
+              "bound of abstentions >= thresholds.tool_abstain_min"),
          evidence="probes/agent/<case>/*",
          source="docs/sources.md#a003: repeated runs: rates of schema-valid calls and of consistent triggering")
 register("agent.separation", stage="agent", consequence=AGENT,
