@@ -272,6 +272,14 @@ def test_gateway_swap_tool_name_and_perturb_free_text_rewrite_only_what_they_say
     assert args[0]["title"] != args[1]["title"] != TICKET["title"]
     assert all({**a, "title": TICKET["title"]} == TICKET for a in args)  # ids, enums, nested node untouched
     assert one["choices"][0]["message"]["tool_calls"][0] == body["choices"][0]["message"]["tool_calls"][0]
+    # --nth 2: the first answer to a request body is the server's own, a re-sent one (a repeat) is worded anew
+    repeats = Corruptor("perturb_free_text", nth=(2,))
+    titles = []
+    for data in (b'{"messages": 1}', b'{"messages": 2}', b'{"messages": 1}', b'{"messages": 1}'):
+        repeats.rewrite_request(data)
+        out = repeats.rewrite_body(body)
+        titles.append(json.loads(out["choices"][0]["message"]["tool_calls"][1]["function"]["arguments"])["title"])
+    assert titles[0] == titles[1] == TICKET["title"] and len({TICKET["title"], titles[2], titles[3]}) == 3
     chunk = {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"name": "x"}}]}}]}
     assert Corruptor("swap_tool_name").stream().rewrite(chunk) == chunk  # streams pass untouched
 

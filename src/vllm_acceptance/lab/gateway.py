@@ -47,12 +47,15 @@ so the agent probe can be shown to find the defect and to name the layer that ca
                                (default `create_ticket`, the ops pack's write tool), arguments kept: a
                                gateway that maps tool names wrongly; a write tool the case never
                                asked for is called. Streamed answers pass untouched.
-* `perturb_free_text`       -- in every non-streamed tool call, the string values under the
-                               `--text-keys` argument names (default `title,evidence,description,summary,
-                               reason,message,note`, at any depth) get ` (v N)` appended, N counting the
-                               answers: free text that differs between repeats, as a GPU server that is
-                               not batch-invariant can produce; keys, enums, ids untouched. Healthy for
-                               consistency (no alarm); as a reference it disagrees on arguments only.
+* `perturb_free_text`       -- in non-streamed tool calls, the string values under the `--text-keys`
+                               argument names (default `title,evidence,description,summary,reason,message,
+                               note`, at any depth) get ` (v N)` appended, N counting the answers; keys,
+                               enums, ids untouched. `--nth K`: only answers to a request body the gateway
+                               sees for the K-th time or later (default 1: every answer). With `--nth 2`
+                               the first answer to every request is the server's own and a re-sent request
+                               (a repeat) is worded differently: what a GPU server that is not
+                               batch-invariant can do (healthy: no alarm); with the default, as a
+                               reference it disagrees on arguments only.
 * `refuse_after_nth`        -- the first `--nth` chat completions (one number) are forwarded untouched,
                                every later one is answered HTTP 503 without reaching the server: an
                                endpoint (a reference with a quota) that answers a few cases only.
@@ -69,7 +72,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import contextvars
 import copy
+import hashlib
 import json
 import sys
 import time
@@ -85,6 +90,9 @@ MODES = ("passthrough", "markup_in_content", "drop_stream_tool_calls", "reasonin
 PLAIN_ONLY = ("swap_tool_name", "perturb_free_text")
 DEFAULT_SWAP_TO = "create_ticket"
 ANSWERS_KEPT = ("refuse_after_nth",)  # modes that leave every answer they let through untouched
+# perturb_free_text: how often the gateway has seen the body of the request being served (task-local: the proxy
+# serves each request in its own task, rewrite_request and rewrite_body run in it).
+_SIGHTING: contextvars.ContextVar[int] = contextvars.ContextVar("sighting", default=1)
 DEFAULT_TEXT_KEYS = ("title", "evidence", "description", "summary", "reason", "message", "note")
 # The modes that rewrite requests only and leave the answers alone.
 REQUEST_ONLY = ("stall_nth", "stamp_system", "strip_images", "replace_system", "drop_tool_results", "drop_rank_header")
@@ -193,6 +201,7 @@ class Corruptor:
     min_in_flight: int = 3  # change_arg_types_under_load: corrupt only at this many in flight or more
     swap_to: str = DEFAULT_SWAP_TO  # swap_tool_name: the name every call gets
     text_keys: tuple[str, ...] = DEFAULT_TEXT_KEYS  # perturb_free_text: the argument names of free text
+    sightings: dict[str, int] = field(default_factory=dict)  # perturb_free_text: request body hash -> times seen
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -237,6 +246,11 @@ class Corruptor:
     def rewrite_request(self, data: bytes) -> bytes:
         """stamp_system: a timestamp in front of the system message of the chosen requests (counted by
         stall_this, which runs first); replace_system: that system message replaced by GATEWAY_SYSTEM."""
+        if self.mode == "perturb_free_text":
+            key = hashlib.sha256(data).hexdigest()
+            self.sightings[key] = self.sightings.get(key, 0) + 1
+            _SIGHTING.set(self.sightings[key])
+            return data
         if self.mode == "strip_images":
             return self._strip_images(data)
         if self.mode == "drop_tool_results":
@@ -307,6 +321,8 @@ class Corruptor:
             if self.mode == "swap_tool_name":
                 self.corrupted += fn.get("name") != self.swap_to
                 fn["name"] = self.swap_to
+                continue
+            if _SIGHTING.get() < self.nth[0]:
                 continue
             try:
                 args = json.loads(fn.get("arguments") or "")
