@@ -124,7 +124,7 @@ def test_passthrough_gateway_raises_no_alarm(lab_server, gateway, tmp_path: Path
     assert rc == 0 and result["status"] == "pass"
     # Everything passes; the image case is not applicable on the text-only lab profile (and says so).
     # (Nor are the case set under load and against a reference, neither asked for here.)
-    not_asked = ("agent.multimodal", "agent.under_load", "agent.reference_agreement")
+    not_asked = ("agent.multimodal", "agent.under_load", "agent.reference_agreement", "agent.reference_arguments")
     assert {f.status for f in findings if f.check not in not_asked} == {Status.PASS}, failing(findings)
     assert {f.status for f in findings if f.check in not_asked} == {Status.NOT_APPLICABLE}
     assert {"agent.gateway", "agent.client_library", "agent.tool_call"} <= {f.check for f in findings}

@@ -246,6 +246,20 @@ class Thresholds(Section):
     reference_agreement_min: Share = Field(0.80, description=(
         "agent.reference_agreement: the tool-call F1 on triggering against agent_reference_url "
         "must reach it (default 0.80, the K2-0905 threshold of Moonshot's K2-Vendor-Verifier)"))
+    reference_min_cases: PosInt = Field(36, description=(
+        "agent.reference_agreement / agent.reference_arguments: cases answered by both the deployment and the "
+        "reference before any reference result counts; fewer is inconclusive, with the count (default 36: one "
+        "case then moves the F1 by less than the 2.8-point margin between K2-Vendor-Verifier's lowest official "
+        "run and its bound)"))
+    reference_argument_min: Share = Field(0.9, description=(
+        "agent.reference_arguments: the share of the cases both sides call whose arguments agree "
+        "(enums and ids exact, numbers as numbers, free text after collapsing whitespace; default 0.9)"))
+    wrong_tool_rate: Share = Field(0.01, description=(
+        "agent.tool_choice: the 95 % upper bound of the share of call cases answered with a read tool the case "
+        "does not expect must stay <= it (default 0.01)"))
+    wrong_write_tool_rate: Share = Field(0.0, description=(
+        "agent.tool_choice: the same for a write tool (scenario pack write_tools) the case does not expect; "
+        "0 (the default) fails on any one: a wrong write acts"))
     cache_hit_tolerance_blocks: NonNegInt = 1
 
 

@@ -43,6 +43,23 @@ so the agent probe can be shown to find the defect and to name the layer that ca
                                the gateway (counting the answered one): a defect that appears only under
                                concurrency; requests served one or two at a time pass untouched.
 
+* `swap_tool_name`          -- every non-streamed tool call's function name replaced by `--swap-to`
+                               (default `create_ticket`, the ops pack's write tool), arguments kept: a
+                               gateway that maps tool names wrongly; a write tool the case never
+                               asked for is called. Streamed answers pass untouched.
+* `perturb_free_text`       -- in non-streamed tool calls, the string values under the `--text-keys`
+                               argument names (default `title,evidence,description,summary,reason,message,
+                               note`, at any depth) get ` (v N)` appended, N counting the answers; keys,
+                               enums, ids untouched. `--nth K`: only answers to a request body the gateway
+                               sees for the K-th time or later (default 1: every answer). With `--nth 2`
+                               the first answer to every request is the server's own and a re-sent request
+                               (a repeat) is worded differently: what a GPU server that is not
+                               batch-invariant can do (healthy: no alarm); with the default, as a
+                               reference it disagrees on arguments only.
+* `refuse_after_nth`        -- the first `--nth` chat completions (one number) are forwarded untouched,
+                               every later one is answered HTTP 503 without reaching the server: an
+                               endpoint (a reference with a quota) that answers a few cases only.
+
 `/metrics`, `/tokenize`, `/v1/models`, `/health` and everything else pass untouched.
 
     python -m vllm_acceptance.lab.gateway --upstream http://127.0.0.1:8011/v1 --port 8091 --mode M
@@ -55,7 +72,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import contextvars
 import copy
+import hashlib
 import json
 import sys
 import time
@@ -65,7 +84,16 @@ from typing import Any
 
 MODES = ("passthrough", "markup_in_content", "drop_stream_tool_calls", "reasoning_into_content",
          "change_arg_types", "drop_field", "markup_one_in_five", "stall_nth", "shift_stream_index", "stamp_system",
-         "strip_images", "replace_system", "drop_tool_results", "change_arg_types_under_load", "drop_rank_header")
+         "strip_images", "replace_system", "drop_tool_results", "change_arg_types_under_load", "drop_rank_header",
+         "swap_tool_name", "perturb_free_text", "refuse_after_nth")
+# Non-streamed-only answer rewrites (streamed answers pass these modes untouched).
+PLAIN_ONLY = ("swap_tool_name", "perturb_free_text")
+DEFAULT_SWAP_TO = "create_ticket"
+ANSWERS_KEPT = ("refuse_after_nth",)  # modes that leave every answer they let through untouched
+# perturb_free_text: how often the gateway has seen the body of the request being served (task-local: the proxy
+# serves each request in its own task, rewrite_request and rewrite_body run in it).
+_SIGHTING: contextvars.ContextVar[int] = contextvars.ContextVar("sighting", default=1)
+DEFAULT_TEXT_KEYS = ("title", "evidence", "description", "summary", "reason", "message", "note")
 # The modes that rewrite requests only and leave the answers alone.
 REQUEST_ONLY = ("stall_nth", "stamp_system", "strip_images", "replace_system", "drop_tool_results", "drop_rank_header")
 RANK_HEADER = "x-data-parallel-rank"   # vLLM's OpenAI server pins a request to this data-parallel rank
@@ -110,6 +138,17 @@ def change_arguments(arguments: str) -> str:
         return json.dumps(change_value_types(json.loads(arguments)))
     except ValueError:
         return arguments  # not JSON to begin with: leave the model's own defect visible
+
+
+def perturb_text(value: Any, keys: tuple[str, ...], mark: str, key: str = "") -> Any:
+    """String values under the free-text `keys` (at any depth) with `mark` appended; everything else kept."""
+    if isinstance(value, dict):
+        return {k: perturb_text(v, keys, mark, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [perturb_text(v, keys, mark, key) for v in value]
+    if isinstance(value, str) and key in keys:
+        return value + mark
+    return value
 
 
 def drop_path(obj: Any, path: str) -> int:
@@ -160,10 +199,19 @@ class Corruptor:
     chat_requests: int = 0
     in_flight: int = 0  # chat completions the gateway is serving now
     min_in_flight: int = 3  # change_arg_types_under_load: corrupt only at this many in flight or more
+    swap_to: str = DEFAULT_SWAP_TO  # swap_tool_name: the name every call gets
+    text_keys: tuple[str, ...] = DEFAULT_TEXT_KEYS  # perturb_free_text: the argument names of free text
+    sightings: dict[str, int] = field(default_factory=dict)  # perturb_free_text: request body hash -> times seen
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode {self.mode!r}: choose one of {', '.join(MODES)}")
+
+    def refuse_this(self) -> bool:
+        """refuse_after_nth: True for a chat completion past the first `nth[0]` (counted by stall_this)."""
+        hit = self.mode == "refuse_after_nth" and self.chat_requests > self.nth[0]
+        self.corrupted += hit
+        return hit
 
     def stall_this(self) -> bool:
         """Count one chat completion request; stall_nth: True when it is one of the chosen."""
@@ -198,6 +246,11 @@ class Corruptor:
     def rewrite_request(self, data: bytes) -> bytes:
         """stamp_system: a timestamp in front of the system message of the chosen requests (counted by
         stall_this, which runs first); replace_system: that system message replaced by GATEWAY_SYSTEM."""
+        if self.mode == "perturb_free_text":
+            key = hashlib.sha256(data).hexdigest()
+            self.sightings[key] = self.sightings.get(key, 0) + 1
+            _SIGHTING.set(self.sightings[key])
+            return data
         if self.mode == "strip_images":
             return self._strip_images(data)
         if self.mode == "drop_tool_results":
@@ -235,7 +288,7 @@ class Corruptor:
         if self.mode == "drop_field":
             drop_path(body, self.drop_field)
             return body
-        if self.mode in (*REQUEST_ONLY, "shift_stream_index"):
+        if self.mode in (*REQUEST_ONLY, "shift_stream_index", *ANSWERS_KEPT):
             return body
         if self.mode == "change_arg_types_under_load" and self.in_flight < self.min_in_flight:
             return body
@@ -253,7 +306,32 @@ class Corruptor:
                 for call in message.get("tool_calls") or []:
                     fn = call.get("function") or {}
                     fn["arguments"] = change_arguments(fn.get("arguments") or "")
+            elif self.mode in PLAIN_ONLY:
+                self._plain_only(message)
         return body
+
+    def _plain_only(self, message: Json) -> None:
+        """swap_tool_name / perturb_free_text on one non-streamed message."""
+        calls = message.get("tool_calls") or []
+        if not calls:
+            return
+        self.tool_responses += 1
+        for call in calls:
+            fn = call.get("function") or {}
+            if self.mode == "swap_tool_name":
+                self.corrupted += fn.get("name") != self.swap_to
+                fn["name"] = self.swap_to
+                continue
+            if _SIGHTING.get() < self.nth[0]:
+                continue
+            try:
+                args = json.loads(fn.get("arguments") or "")
+            except ValueError:
+                continue
+            changed = perturb_text(args, self.text_keys, f" (v {self.tool_responses})")
+            if changed != args:
+                self.corrupted += 1
+                fn["arguments"] = json.dumps(changed)
 
     def stream(self) -> StreamRewriter:
         return StreamRewriter(self)
@@ -278,7 +356,7 @@ class StreamRewriter:
         if self.mode == "drop_field":
             drop_path(chunk, self.corruptor.drop_field)
             return chunk
-        if self.mode in REQUEST_ONLY:
+        if self.mode in (*REQUEST_ONLY, *PLAIN_ONLY, *ANSWERS_KEPT):
             return chunk
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta")
@@ -397,6 +475,9 @@ def make_app(upstream: str, corruptor: Corruptor) -> Any:
         stall = chat and corruptor.stall_this()
         if chat:
             data = corruptor.rewrite_request(data)
+        if chat and corruptor.refuse_this():
+            return web.json_response({"error": {"message": "quota exhausted (refuse_after_nth)", "code": 503}},
+                                     status=503)
         if stall:
             how = "streamed: after its first chunk" if streamed else "no byte"
             print(f"stalling chat request #{corruptor.chat_requests} ({how}) for {corruptor.stall_s:g} s", flush=True)
@@ -479,10 +560,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drop-field", default=DEFAULT_DROP_FIELD,
                         help="dotted path removed in drop_field mode (`*` = every item)")
     parser.add_argument("--every", type=int, default=5, help="markup_one_in_five: corrupt every Nth tool response")
-    parser.add_argument("--nth", default="1", help="stall_nth / stamp_system / replace_system: the chat completion "
+    parser.add_argument("--nth", default="1", help="stall_nth / stamp_system / replace_system / refuse_after_nth "
+                                                   "(the answered count): the chat completion "
                                                    "requests chosen, counted from 1 (comma-separated, e.g. 2,5; "
                                                    "stamp_system, replace_system: 0 = all)")
     parser.add_argument("--stall-s", type=float, default=3600.0, help="stall_nth: how long each is held")
+    parser.add_argument("--swap-to", default=DEFAULT_SWAP_TO, help="swap_tool_name: the name every call gets")
+    parser.add_argument("--text-keys", default=",".join(DEFAULT_TEXT_KEYS),
+                        help="perturb_free_text: comma-separated argument names whose string values are free text")
     parser.add_argument("--min-in-flight", type=int, default=3,
                         help="change_arg_types_under_load: corrupt only answers completing with this many chat "
                              "completions in flight or more")
@@ -498,7 +583,9 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve(args.upstream, args.host, args.port,
                           Corruptor(args.mode, drop_field=args.drop_field, every=args.every, nth=nth,
-                                    stall_s=args.stall_s, min_in_flight=args.min_in_flight)))
+                                    stall_s=args.stall_s, min_in_flight=args.min_in_flight,
+                                    swap_to=args.swap_to,
+                                    text_keys=tuple(k for k in args.text_keys.split(",") if k))))
     return 0
 
 

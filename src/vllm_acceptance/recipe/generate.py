@@ -44,6 +44,17 @@ class Facts:
     def defaults(self) -> dict[str, Any]:
         return dict(self.data.get("defaults") or {})
 
+    def verifier(self, section: str) -> dict[str, tuple[Any, str]]:
+        """The vendor verifier's bounds for one profile section (`verifier.<section>`): {field: (value, source)};
+        an entry without both a value and a source is refused (every bound names where it comes from)."""
+        out: dict[str, tuple[Any, str]] = {}
+        for key, entry in ((self.data.get("verifier") or {}).get(section) or {}).items():
+            if not isinstance(entry, dict) or "value" not in entry or not str(entry.get("source") or "").strip():
+                raise ConfigError(f"acceptance facts {self.path}: field `verifier.{section}.{key}` needs a value and "
+                                  "a source, e.g. {value: 0.73, source: \"K2-Vendor-Verifier README ...\"}")
+            out[key] = (entry["value"], str(entry["source"]))
+        return out
+
 
 def load_facts(path: str | Path | None = None) -> Facts:
     path = Path(path) if path else DEFAULT_FACTS
@@ -242,6 +253,9 @@ def build_profile(bundle: RecipeBundle, selection: Selection, facts: Facts, name
     notes = [str(n["value"]) for n in guide_value_list(facts, "notes")] + [str(n) for n in facts.outside("notes") or []]
     notes += [f"feature {k} left out: {v}" for k, v in deployment.skipped_features.items()]
     notes += [f"image: {image_source}"] + [n for n in (shrink, fewer) if n]
+    bounds = facts.verifier("thresholds")
+    notes += [f"thresholds.{key} {value}: {source}" for key, (value, source) in bounds.items()]
+    thresholds = {**(defaults.get("thresholds") or {}), **{key: value for key, (value, _) in bounds.items()}}
     meta = bundle.data.get("meta") or {}
     pool = f" {selection.pool} pool" if selection.pool else ""
     profile: dict[str, Any] = {
@@ -263,7 +277,8 @@ def build_profile(bundle: RecipeBundle, selection: Selection, facts: Facts, name
         "parallel": deployment.parallel,
         "launch": launch_section(deployment, facts),
         "contract": contract,
-        **{key: defaults[key] for key in ("thresholds", "cache") if key in defaults},
+        **({"thresholds": thresholds} if thresholds else {}),
+        **{key: defaults[key] for key in ("cache",) if key in defaults},
         "agent": agent,
         "load": load,
         **{key: defaults[key] for key in ("loadgen", "review", "remediation") if key in defaults},

@@ -500,9 +500,11 @@ register("agent.schema_accuracy", stage="agent", consequence=AGENT,
          source="recipe: Kimi Vendor Verifier schema accuracy; docs/sources.md#a003: rates of schema-valid calls")
 register("agent.trigger_consistency", stage="agent", consequence=AGENT,
          title="Consistent tool triggering",
-         rule=("repeated runs of the same case trigger the same call (agent.consistency_cases x agent.repeats; "
-              "repeats never enter a rate); the irrelevance cases (no tool fits) abstain: the 95 % lower bound "
-              "of abstentions >= thresholds.tool_abstain_min"),
+         rule=("repeated runs of the same case trigger the same call structure: tools, argument keys, enum / id / "
+              "boolean values (agent.consistency_cases x agent.repeats; repeats never enter a rate); free text and "
+              "numbers that differ are reported, not failed (vLLM is not batch-invariant by default, "
+              "docs/sources.md#vllm-batch-invariance); the irrelevance cases (no tool fits) abstain: the 95 % lower "
+              "bound of abstentions >= thresholds.tool_abstain_min"),
          evidence="probes/agent/<case>/*",
          source="docs/sources.md#a003: repeated runs: rates of schema-valid calls and of consistent triggering")
 register("agent.separation", stage="agent", consequence=AGENT,
@@ -574,11 +576,33 @@ register("agent.reference_agreement", stage="agent", consequence=AGENT,
          title="Tool calls agree with the reference",
          rule=("with a reference endpoint (agent_reference_url / --reference-url), the case set sent to it too: "
               "tool-call F1 on triggering (the reference's calls are the positive class) >= "
-              "thresholds.reference_agreement_min (default 0.80); argument agreement per case reported; "
-              "no reference: not_applicable, never pass"),
+              "thresholds.reference_agreement_min (default 0.80), once both sides answered >= "
+              "thresholds.reference_min_cases cases (fewer: inconclusive, with the count); arguments: "
+              "agent.reference_arguments; no reference: not_applicable, never pass"),
          evidence="probes/agent/reference.json",
          source=("Moonshot K2-Vendor-Verifier: tool-call F1 against the official API, thresholds F1 >= 80 % for "
                  "K2-0905 and >= 73 % for K2-thinking (docs/sources.md#k2-vendor-verifier)"))
+register("agent.tool_choice", stage="agent", consequence=AGENT,
+         title="The expected tool called, tool_choice honoured",
+         rule=("per case of the case set: a call of a tool the case does not expect is a wrong tool (single, "
+              "parallel: the called names a subset of the expected set; irrelevance: a write call); wrong read "
+              "tools: 95 % upper bound of their share of call cases <= thresholds.wrong_tool_rate; wrong write "
+              "tools (the pack's write_tools) severe: share <= thresholds.wrong_write_tool_rate, 0 by default (any "
+              "one fails); tool_choice required / none / named honoured; a parallel tool called more often than "
+              "the set asks"),
+         evidence="probes/agent/cases.json",
+         source=("issue 44: a call of another tool, a write included, was counted as a miss; Kimi-Vendor-Verifier "
+                 "tests/k3_features/test_tool_choice.py (auto / none / required) "
+                 "(docs/sources.md#kimi-vendor-verifier)"))
+register("agent.reference_arguments", stage="agent", consequence=AGENT,
+         title="Tool-call arguments agree with the reference",
+         rule=("with a reference endpoint, on the cases both sides call: arguments compared per value by the "
+              "tool's schema (enum, id, boolean exact; numbers as numbers; free text after collapsing whitespace; "
+              "no semantic equality); the agreeing share >= thresholds.reference_argument_min, once both sides "
+              "answered >= thresholds.reference_min_cases cases (fewer: inconclusive, with the count)"),
+         evidence="probes/agent/reference.json",
+         source=("issue 44: argument agreement per case was recorded and never judged; K2-Vendor-Verifier compares "
+                 "a vendor with the official API request by request (docs/sources.md#k2-vendor-verifier)"))
 register("agent.timeouts", stage="agent", consequence=AGENT,
          title="Hung agent requests",
          rule="a request without a complete answer within agent.request_timeout_s decides nothing; it is named",

@@ -65,6 +65,10 @@ class AgentProbeConfig:
     reference_model: str | None = None  # the reference endpoint's model name (agent.reference_agreement)
     reference_min: float = 0.80  # tool-call F1 on triggering vs the reference (K2-Vendor-Verifier, K2-0905)
     under_load: int = 0  # the case set sent again with this many requests in flight (agent.under_load)
+    wrong_tool_rate: float = 0.01  # agent.tool_choice: calls of a read tool the case does not expect (95 % bound)
+    wrong_write_tool_rate: float = 0.0  # agent.tool_choice: a write tool the case does not expect (0: any one fails)
+    reference_min_cases: int = 36  # cases both answer before any reference result counts (agent.reference_*)
+    reference_argument_min: float = 0.9  # agent.reference_arguments: share of both-call cases whose arguments agree
 
 
 def turn_target(cfg: AgentProbeConfig) -> int:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 from ...core.findings import Finding, Status
 from ...rules import registry
 from .base import AgentProbeBase
 from .common import GATEWAY_REASON
 from .rules import (
+    ARGUMENT_COMPARISON,
     call_signature,
     class_rates,
     reference_agreement,
@@ -89,6 +91,7 @@ class Comparisons(AgentProbeBase):
         cases = [c for c in self.cases if c.id in mine]
         ref = self._judge_all(self.reference, cases, self.cfg.concurrency, self.cfg.reference_model)
         rows = []
+        tools = {c.id: self.tools_of(c) for c in cases}
         for j, ex in ref:
             ours = mine[j.case]
             rows.append({"case": j.case, "class": j.cls, "reference_status": ex.status,
@@ -96,16 +99,20 @@ class Comparisons(AgentProbeBase):
                          "calls": call_signature(ours["response"]) if ours["status"] == 200 else None,
                          "reference_response": ex.body, "reference_request": ex.request})
         ev = [self.store.write_json("reference.json", {"model": self.cfg.reference_model, "cases": rows})]
-        agreement = reference_agreement(rows)
+        agreement = reference_agreement([{**r, "tools": tools.get(r["case"])} for r in rows],
+                                        self.cfg.reference_min_cases)
         self.rates["reference"] = agreement
+        self._reference_result = (agreement, ev)
         observed = {k: v for k, v in agreement.items() if k != "disagreeing"} | {
             "disagreeing": agreement["disagreeing"][:20]}
         thr = self.cfg.reference_min
         expected = f"tool-call F1 on triggering >= {thr:g} (the reference's calls are the positive class)"
         rule = ("F1 = 2TP / (2TP + FP + FN) over the cases both answered; TP: both call, FP: only the deployment, "
-                "FN: only the reference; argument agreement: same names and parsed arguments where both call")
-        if agreement["answered"] == 0 or agreement["f1"] is None:
+                "FN: only the reference; judged once both sides answered >= thresholds.reference_min_cases cases "
+                "(below it: inconclusive, with the count); arguments: agent.reference_arguments")
+        if agreement["answered"] == 0 or agreement["f1"] is None or not agreement["conclusive"]:
             why = ("the reference answered no case" if agreement["answered"] == 0 else
+                   few_cases(agreement) if not agreement["conclusive"] else
                    "neither side called a tool on any case: F1 has no positive class")
             return check.inconclusive(None, reason=why, expected=expected, evidence=ev, observed=observed,
                                       rule=rule, action="check the reference URL, model and key")
@@ -119,3 +126,43 @@ class Comparisons(AgentProbeBase):
                           reason=reason + f" < {thr:g}",
                           action="the deployment triggers tools unlike the reference: compare the chat template, "
                                  "the tool parser and the weights with the reference's")
+
+    def reference_arguments(self) -> Finding:
+        """The arguments of the cases both the deployment and the reference call, compared per value under
+        rules.ARGUMENT_COMPARISON; the share that agrees must reach thresholds.reference_argument_min. Needs
+        agent.reference_agreement's run (it sends nothing of its own)."""
+        check = registry.get("agent.reference_arguments")
+        result = getattr(self, "_reference_result", None)
+        if self.reference is None or result is None:
+            return check.result(Status.NOT_APPLICABLE, reason="no reference given (agent_reference_url / "
+                                "--reference-url): nothing to compare with", action="none, or give a reference")
+        agreement, ev = result
+        thr = self.cfg.reference_argument_min
+        observed = {k: agreement[k] for k in ("answered", "min_cases", "tp", "arguments_agree",
+                                              "argument_agreement")} | {
+            "disagreeing": [d for d in agreement["disagreeing"] if "differences" in d][:20]}
+        expected = (f"arguments agree on >= {thr:g} of the cases both call, over >= {agreement['min_cases']} cases "
+                    "both answered")
+        rule = ARGUMENT_COMPARISON
+        if not agreement["conclusive"] or not agreement["tp"]:
+            why = few_cases(agreement) if not agreement["conclusive"] else "no case where both sides call a tool"
+            return check.inconclusive(None, reason=why, expected=expected, evidence=ev, observed=observed,
+                                      rule=rule, action="check the reference URL, model and key; send more cases")
+        share = agreement["argument_agreement"]
+        reason = (f"arguments agree on {agreement['arguments_agree']} of {agreement['tp']} cases both call "
+                  f"({share:.3f})")
+        if share >= thr:
+            return check.passed(evidence=ev, observed=observed, expected=expected, rule=rule, reason=reason)
+        first = next((d for d in agreement["disagreeing"] if "differences" in d), {})
+        return check.fail(layer="model", evidence=ev, observed=observed, expected=expected, rule=rule,
+                          reason=reason + f" < {thr:g}; e.g. {first.get('case')}: "
+                                          f"{'; '.join(first.get('differences') or [])[:200]}",
+                          action="the deployment calls the same tools with other arguments than the reference: "
+                                 "compare the chat template, the tool parser and the weights with the reference's")
+
+
+def few_cases(agreement: dict[str, Any]) -> str:
+    """Why a reference result does not count yet: fewer cases answered by both sides than the minimum."""
+    return (f"only {agreement['answered']} case(s) answered by both the deployment and the reference, fewer than "
+            f"the {agreement['min_cases']} a reference result needs (thresholds.reference_min_cases): one case "
+            "would move the F1 by more than the verifier's margin")

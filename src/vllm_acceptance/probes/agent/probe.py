@@ -40,6 +40,7 @@ class AgentProbe(RateRun, ConversationChecks, InterfaceChecks, Comparisons):
             findings.append(self.gateway_compare())
         findings.append(self.under_load())
         findings.append(self.reference_agreement())
+        findings.append(self.reference_arguments())
         findings = [self._judge_hangs(f) for f in findings]
         if self.hung:
             findings.append(self._timeouts(findings))

@@ -12,20 +12,38 @@ from ...core.findings import Finding, Status
 from ...runtime.client import Exchange
 from ...scenarios.cases import CALL_CLASSES, Case, build_cases, class_counts
 from .base import AgentProbeBase
-from .common import BATCH, _finding, case_counts
+from .common import BATCH, GATEWAY_REASON, _finding, case_counts
 from .rules import (
     BOUND_ASSUMPTIONS,
+    CONSISTENCY_RULE,
     CallCheck,
     CaseJudgement,
     Rate,
+    ToolChoiceJudgement,
     call_signature,
+    call_structure,
+    calls_differences,
     check_tool_call,
     class_rates,
     finish_of,
     judge_case,
+    judge_tool_choice,
     rate_lower_bound,
     turns_to_resolve,
+    verifier_measures,
 )
+
+# The verifier's public request settings, reported beside its measures (docs/sources.md#k2-vendor-verifier):
+# the probe keeps its own sampling (agent.temperature); these say what the verifier's numbers were taken with.
+VERIFIER_SETTINGS = {
+    "k2_vendor_verifier": {"requests": 4000, "compared_with": "the official Moonshot API", "concurrency_default": 5,
+                           "k2_thinking": {"temperature": 1.0, "max_tokens": 64000, "tool_call_f1_min": 0.73},
+                           "k2_0905": {"temperature": 0.6, "tool_call_f1_min": 0.80}},
+    "kimi_vendor_verifier_k3": {"temperature": 1.0, "top_p": 0.95,
+                                "tool_call_json_schema": "every case's arguments validate (jsonschema), streamed "
+                                                         "and non-streamed, --reruns 3",
+                                "tool_choice": ["auto", "none", "required"]},
+}
 
 
 class RateRun(AgentProbeBase):
@@ -149,6 +167,7 @@ class RateRun(AgentProbeBase):
         cases = self.cases = self.case_set()
         exchanges = self.send_cases(cases)
         judged: list[CaseJudgement] = []
+        choices: list[ToolChoiceJudgement] = []
         rows, hung_ev, bad_ev, failed = [], [], [], []
         for case, ex in zip(cases, exchanges, strict=False):
             if ex.timed_out:  # judged apart (_judge_hangs); not a format error of the answered cases
@@ -157,6 +176,9 @@ class RateRun(AgentProbeBase):
             j = judge_case(case.id, case.cls, case.expect, case.schema, ex.status, ex.body if ex.ok else None,
                            self.tools_of(case), ex.error)
             judged.append(j)
+            if ex.ok:
+                choices.append(judge_tool_choice(case.id, case.cls, case.expect, case.tool_choice, j.check.names,
+                                                 self.write_tools))
             if case.cls in CALL_CLASSES:
                 self.required_bodies.append(ex.body if ex.ok else None)
             self.collect_calls(case.id, ex.body, group=case.id)
@@ -204,6 +226,7 @@ class RateRun(AgentProbeBase):
             "repeats": {"cases": len(repeats), "consistent": consistent, "runs_each": self.cfg.repeats,
                         "evidence": ev_rep},
             "assumptions": BOUND_ASSUMPTIONS, "context": self.context_fit,
+            "vendor_verifier": {**verifier_measures(judged), "settings": VERIFIER_SETTINGS},
             "resolution": self._resolution(len(fmt_cases)),
             "retry": {"policy": f"re-send the same request, up to {self.cfg.retry_attempts} time(s), validate",
                       "errors": len(retries), "recovered": recovered},
@@ -214,23 +237,31 @@ class RateRun(AgentProbeBase):
         out = [self._judge_format(fmt, checks, retries, evs), self._judge_accuracy(
             acc, evs, Counter(la for j in errors for la, _ in j.problems).most_common(1)[0][0] if errors else None)]
         out.append(self._judge_trigger(repeats, abstain, evs + [ev_rep]))
+        out.append(self._judge_tool_choice(choices, {c.id: c for c in cases}, [ev_cases]))
         out.append(self._judge_separation(sep_rate, [j.separation for j in judged], retries, evs))
         return out
 
     def repeat_sample(self, cases: list[Case]) -> tuple[list[dict[str, Any]], str]:
         """The first `agent.consistency_cases` single cases, each sent `agent.repeats` times: consistent when
-        every run gives the same calls (names and parsed arguments)."""
+        every run gives the same call structure (rules.CONSISTENCY_RULE: tools, argument keys, enum / id /
+        boolean values); free text and numbers that differ are reported (`free_text_differences`), not failed."""
         sample = [c for c in cases if c.cls == "single"][:self.cfg.consistency_cases]
         jobs = [(c, r) for c in sample for r in range(max(1, self.cfg.repeats))]
         with ThreadPoolExecutor(max_workers=max(1, self.cfg.concurrency)) as pool:
             got = list(pool.map(self.client.chat, [self._case_body(job[0]) for job in jobs]))
         out = []
         for case in sample:
-            runs = [(ex, check_tool_call(ex.body if ex.ok else None, self.tools_of(case)))
+            tools = self.tools_of(case)
+            runs = [(ex, check_tool_call(ex.body if ex.ok else None, tools))
                     for (c, _), ex in zip(jobs, got, strict=True) if c is case and not ex.timed_out]
-            sigs = [json.dumps(call_signature(ex.body), sort_keys=True) for ex, _ in runs]
+            sigs = [call_structure(call_signature(ex.body), tools) for ex, _ in runs]
+            full = [call_signature(ex.body) for ex, _ in runs]
+            # the values the structure leaves out (free text, numbers) that differ between runs: reported only
+            loose = sorted({d for other in full[1:] for part in calls_differences(full[0], other, tools)
+                            for d in part}) if len(set(sigs)) == 1 else []
             out.append({"case": case.id, "runs": len(runs), "consistent": len(set(sigs)) == 1 and bool(runs),
                         "signatures": Counter(sigs).most_common(3), "checks": [c for _, c in runs],
+                        "structures": sigs, "free_text_differences": loose[:10],
                         "triggered": [bool(c.tool_calls) for _, c in runs],
                         "responses": [ex.body for ex, _ in runs]})
         ev = self.store.write_json("repeats.json", [{k: v for k, v in r.items() if k != "checks"} for r in out])
@@ -342,18 +373,20 @@ class RateRun(AgentProbeBase):
                            f"{abstain.bound:.3f} < {abstain.threshold:g} (more irrelevance cases needed)")
         layer = None
         if status in (Status.FAIL, Status.WARN) and checks:
-            sigs = [json.dumps(call_signature(b), sort_keys=True) for r in runs for b in r["responses"]]
+            sigs = [sig for r in runs for sig in r["structures"]]
             base = self._trigger_layer(checks, sigs, triggered) if (odd or not triggered) else "model"
             layer, why, _ = self._attribute(base, "tool")
             reasons.append(why)
         return _finding("agent.trigger_consistency", status, layer, evs, reason="; ".join(x for x in reasons if x),
                         observed={"consistency": self.rates.get("trigger_consistency"), "repeated_cases": len(runs),
                                   "runs_each": self.cfg.repeats, "inconsistent": [r["case"] for r in odd][:10],
+                                  "free_text_varied": [{"case": r["case"], "differences": r["free_text_differences"]}
+                                                       for r in runs if r.get("free_text_differences")][:10],
                                   "abstain": abstain.to_dict()},
                         expected=f"every repeated case gives the same call; irrelevance cases abstain "
                                  f"(95 % lower bound >= {abstain.threshold:g})",
-                        rule="consistency over repeats of the same case (never a rate); abstention over distinct "
-                             "irrelevance cases (a rate, judged on its bound)",
+                        rule="consistency over repeats of the same case (never a rate): " + CONSISTENCY_RULE
+                             + "; abstention over distinct irrelevance cases (a rate, judged on its bound)",
                         action="pin temperature / review the prompt; inconsistent triggering needs a retry policy; "
                                "calls where no tool fits: review the tool descriptions and the system prompt")
 
@@ -364,3 +397,75 @@ class RateRun(AgentProbeBase):
             "agent.separation", rate, retries, leaked[0][0] if leaked else None, evs,
             {"problems": leaked[:10]}, "no tool-call or reasoning markup in content",
             "check the --tool-call-parser / --reasoning-parser names and the gateway")
+
+    def _judge_tool_choice(self, choices: list[ToolChoiceJudgement], cases: dict[str, Case],
+                           evs: list[str]) -> Finding:
+        """agent.tool_choice: calls of a tool the case does not expect (a write tool: severe, its own bound,
+        0 by default: any one fails), the request's tool_choice honoured, parallel calls judged as a set."""
+        scope = [c for c in choices if c.cls in (*CALL_CLASSES, "irrelevance")]
+        calls = [c for c in scope if c.cls in CALL_CLASSES]
+        read = [c for c in calls if c.wrong and not c.severe]
+        severe = [c for c in scope if c.severe]
+        broken = [c for c in choices if c.violations]
+        read_rate = Rate("wrong_tool_rate", len(read), len(calls), self.cfg.wrong_tool_rate)
+        write_rate = Rate("wrong_write_tool_rate", len(severe), len(scope), self.cfg.wrong_write_tool_rate)
+        write_verdict = (("fail" if severe else "pass") if self.cfg.wrong_write_tool_rate <= 0
+                         else write_rate.verdict())
+        observed = {"wrong_tool": read_rate.to_dict(), "wrong_write_tool": write_rate.to_dict(),
+                    "write_tools": sorted(self.write_tools), "tool_choice_violations": len(broken),
+                    "cases": [c.to_dict() for c in [*severe, *broken, *read][:20]]}
+        expected = (f"calls only of the tools a case expects (read tools: 95 % upper bound <= "
+                    f"{self.cfg.wrong_tool_rate:g}; write tools: "
+                    + ("none" if self.cfg.wrong_write_tool_rate <= 0 else f"<= {self.cfg.wrong_write_tool_rate:g}")
+                    + "); tool_choice required / none / named honoured; a parallel answer a set of expected tools")
+        rule = ("per case: called names against the case's expected tools (single, parallel: a set) and its "
+                "tool_choice; irrelevance: a write call is wrong; multi_turn: any offered tool")
+        reasons = []
+        if write_verdict == "fail":
+            reasons.append(f"severe: {len(severe)} case(s) called a write tool they do not expect: " + ", ".join(
+                f"{c.case} ({', '.join(c.severe)})" for c in severe[:5]))
+        if broken:
+            reasons.append(f"{len(broken)} case(s) break tool_choice or the parallel set: " + ", ".join(
+                f"{c.case} ({c.violations[0]})" for c in broken[:5]))
+        read_verdict = read_rate.verdict() if calls else "unresolved"
+        if read_verdict == "fail":
+            reasons.append(f"{len(read)} of {len(calls)} call cases called a tool they do not expect "
+                           f"({read_rate.value:.3f} > {self.cfg.wrong_tool_rate:g}): " + ", ".join(
+                               f"{c.case} ({', '.join(c.wrong)})" for c in read[:5]))
+        if reasons:
+            layer = "parser" if broken and not severe and read_verdict != "fail" and all(
+                v.startswith("tool_choice") for c in broken for v in c.violations) else "model"
+            why = self._wrong_tool_direct([*severe, *read], cases) if severe or read else ""
+            if why.startswith(GATEWAY_REASON.split("(")[0]) and "cleanly" in why:
+                layer = "gateway"
+            return _finding("agent.tool_choice", Status.FAIL, layer, evs, observed=observed, expected=expected,
+                            rule=rule, reason="; ".join(x for x in (*reasons, why) if x),
+                            action="a wrong tool, a write above all, acts on the user's behalf: compare the tool "
+                                   "descriptions, the chat template and the tool parser; any gateway mapping names")
+        if read_verdict != "pass" or (self.cfg.wrong_write_tool_rate > 0 and write_verdict != "pass"):
+            return _finding("agent.tool_choice", Status.INCONCLUSIVE, None, evs, observed=observed,
+                            expected=expected, rule=rule,
+                            reason=(f"unresolved: {len(read)} of {len(calls)} call cases with a wrong tool, 95 % "
+                                    f"upper bound {read_rate.bound:.4f} > {self.cfg.wrong_tool_rate:g}"
+                                    if calls else "no call case answered: no tool choice to judge"),
+                            action="raise agent.cases / agent.turn_budget")
+        return _finding("agent.tool_choice", Status.PASS, None, evs, observed=observed, expected=expected, rule=rule,
+                        reason=f"{len(calls)} call cases: {len(read)} with another read tool (95 % upper bound "
+                               f"{read_rate.bound:.4f}), {len(severe)} with a write tool not expected, "
+                               f"{len(broken)} breaking tool_choice")
+
+    def _wrong_tool_direct(self, wrong: list[ToolChoiceJudgement], cases: dict[str, Case]) -> str:
+        """With --direct-url: the cases that called a wrong tool sent to the direct server (10 at most); when the
+        direct server avoids those wrong tools on most of them (greedy decoding repeats a model's own wrong
+        choice), the names changed between it and the client (the gateway); otherwise the model chose them."""
+        sample = [c for c in wrong if c.case in cases][:10]
+        if not sample or self.direct is None:
+            return ""
+        direct = self._judge_all(self.direct, [cases[c.case] for c in sample], self.cfg.concurrency)
+        again = {j.case: set(j.check.names) for j, ex in direct if ex.ok}
+        avoided = [c.case for c in sample if c.case in again and not set(c.wrong) & again[c.case]]
+        if len(avoided) * 2 > len(sample):
+            return GATEWAY_REASON.format(detail=f"{len(avoided)} of the {len(sample)} cases sent to it call none "
+                                                "of the wrong tools")
+        return (f"the direct server calls the same wrong tools on {len(sample) - len(avoided)} of {len(sample)} "
+                "cases: not the gateway")

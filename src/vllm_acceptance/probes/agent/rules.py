@@ -608,18 +608,235 @@ def class_rates(judged: list[CaseJudgement]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def reference_agreement(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def reference_agreement(rows: list[dict[str, Any]], min_cases: int = 1) -> dict[str, Any]:
     """Tool-call F1 on triggering against a reference (the reference's calls are the positive class), as
-    Moonshot's K2-Vendor-Verifier judges a vendor; argument agreement per case where both call. Rows:
-    {"case", "reference_status", "reference_calls", "calls"} (calls: call_signature lists, None unanswered)."""
+    Moonshot's K2-Vendor-Verifier judges a vendor; argument agreement per case where both call, under
+    ARGUMENT_COMPARISON (each row's `tools`: the schemas the case offered). Rows: {"case", "reference_status",
+    "reference_calls", "calls", "tools"?} (calls: call_signature lists, None unanswered). `conclusive`: at least
+    `min_cases` cases answered by both sides (below it no reference result counts)."""
     both = [r for r in rows if r["reference_status"] == 200 and r["calls"] is not None]
     tp = sum(1 for r in both if r["reference_calls"] and r["calls"])
     fp = sum(1 for r in both if not r["reference_calls"] and r["calls"])
     fn = sum(1 for r in both if r["reference_calls"] and not r["calls"])
-    agree = [r for r in both if r["reference_calls"] and r["calls"] and r["reference_calls"] == r["calls"]]
+    compared = []
+    for r in both:
+        if r["reference_calls"] and r["calls"]:
+            hard, text = calls_differences(r["reference_calls"], r["calls"], r.get("tools") or [])
+            compared.append({"case": r["case"], "agree": not hard and not text, "differences": (hard + text)[:5],
+                             "reference": r["reference_calls"], "deployment": r["calls"]})
+    agree = [c for c in compared if c["agree"]]
     f1 = 2 * tp / (2 * tp + fp + fn) if (tp + fp + fn) else None
     disagreeing = [{"case": r["case"], "reference": r["reference_calls"], "deployment": r["calls"]}
-                   for r in both if r["reference_calls"] != r["calls"]]
-    return {"cases": len(rows), "answered": len(both), "tp": tp, "fp": fp, "fn": fn, "f1": f1,
+                   for r in both if bool(r["reference_calls"]) != bool(r["calls"])]
+    disagreeing += [{k: c[k] for k in ("case", "reference", "deployment", "differences")}
+                    for c in compared if not c["agree"]]
+    return {"cases": len(rows), "answered": len(both), "min_cases": min_cases, "conclusive": len(both) >= min_cases,
+            "tp": tp, "fp": fp, "fn": fn, "f1": f1,
             "arguments_agree": len(agree), "argument_agreement": len(agree) / tp if tp else None,
-            "disagreeing": disagreeing}
+            "comparison": ARGUMENT_COMPARISON, "disagreeing": disagreeing}
+
+
+# --- tool choice (agent.tool_choice; docs/checks.md) ------------------------------------------------
+
+@dataclass
+class ToolChoiceJudgement:
+    """One case's tool choice: calls of tools the case does not expect (`wrong`; `severe` when such a
+    tool writes), and the request's `tool_choice` not honoured (`violations`). `missing`: expected tools not
+    called (a parallel set called in part), reported, never a wrong tool."""
+
+    case: str
+    cls: str
+    wrong: list[str] = field(default_factory=list)
+    severe: list[str] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"case": self.case, "class": self.cls, "wrong": self.wrong, "severe": self.severe,
+                "violations": self.violations, "missing": self.missing}
+
+
+def named_choice(tool_choice: Any) -> str | None:
+    """The function a named `tool_choice` forces ({"type": "function", "function": {"name": N}}), else None."""
+    if isinstance(tool_choice, dict):
+        fn = tool_choice.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
+        return str(name) if name else None
+    return None
+
+
+def judge_tool_choice(case: str, cls: str, expect: list[str], tool_choice: Any, names: list[Any],
+                      write_tools: Iterable[str]) -> ToolChoiceJudgement:
+    """The tools a case's answer called against what the case expects and what `tool_choice` allows.
+
+    single / parallel: every called name must be one the case expects; a parallel answer is judged as a set
+    (a call of a tool outside the expected set is wrong; an expected tool left out is `missing`, and a tool
+    called twice is reported as a violation of the set). irrelevance: no tool fits, so a call of a write tool
+    is a wrong call (a read call stays with the abstention rate). multi_turn: any offered tool may follow a
+    tool result. `tool_choice` (any class): "required" -> at least one call; "none" -> no call; named -> every
+    call is that function (the OpenAI chat completions contract; docs/sources.md#kimi-vendor-verifier)."""
+    writes = set(write_tools)
+    called = [str(n) for n in names]
+    out = ToolChoiceJudgement(case, cls)
+    if cls in ("single", "parallel"):
+        out.wrong = [n for n in called if n not in expect]
+        out.missing = [n for n in expect if n not in called] if called else []
+        if cls == "parallel":
+            twice = sorted({n for n in called if called.count(n) > 1 and expect.count(n) < called.count(n)})
+            out.violations += [f"parallel set: {n} called more than the case asks" for n in twice]
+    elif cls == "irrelevance":
+        out.wrong = [n for n in called if n in writes]
+    out.severe = [n for n in out.wrong if n in writes]
+    forced = named_choice(tool_choice)
+    if tool_choice == "required" and not called:
+        out.violations.append("tool_choice required: no tool called")
+    elif tool_choice == "none" and called:
+        out.violations.append(f"tool_choice none: called {', '.join(called)}")
+    elif forced and (not called or any(n != forced for n in called)):
+        out.violations.append(f"tool_choice names {forced}: called {', '.join(called) or 'nothing'}")
+    return out
+
+
+# --- argument comparison (agent.reference_arguments, agent.trigger_consistency) ---------------------
+
+ID_KEY = re.compile(r"(^|_)(id|ids|key|uuid)$", re.IGNORECASE)
+ARGUMENT_COMPARISON = (
+    "arguments compared per value by its schema: enum values, ids (a key named id / *_id / *_key, or a string "
+    "with a pattern or format) and booleans exact; numbers as numbers (1 == 1.0); free text (any other string) "
+    "after collapsing whitespace; objects key by key, arrays item by item; semantic equality (two phrasings of "
+    "one meaning) is left out: a different phrasing is a different argument")
+
+
+def value_role(schema: dict[str, Any] | None, key: str = "") -> str:
+    """How a value is compared: 'exact' (enum, id, boolean), 'number', 'text' (free text), 'object', 'array',
+    'any' (no schema: compared exactly)."""
+    schema = schema if isinstance(schema, dict) else {}
+    kind = schema.get("type")
+    if "enum" in schema or "const" in schema or kind == "boolean":
+        return "exact"
+    if kind in ("integer", "number"):
+        return "number"
+    if kind == "object" or "properties" in schema:
+        return "object"
+    if kind == "array":
+        return "array"
+    if kind == "string":
+        return "exact" if (ID_KEY.search(key) or "pattern" in schema or "format" in schema) else "text"
+    return "any"
+
+
+def _norm_text(value: str) -> str:
+    return " ".join(value.split())
+
+
+def argument_differences(a: Any, b: Any, schema: dict[str, Any] | None, path: str = "",
+                         key: str = "") -> tuple[list[str], list[str]]:
+    """(hard, text): where two argument values differ under ARGUMENT_COMPARISON. `hard`: tool structure, keys,
+    enum / id / boolean / number values; `text`: free-text values that differ after whitespace is collapsed."""
+    role = value_role(schema, key)
+    here = path or "/"
+    if role == "object" or (role == "any" and isinstance(a, dict)):
+        if not isinstance(a, dict) or not isinstance(b, dict):
+            return [f"{here}: {type(a).__name__} vs {type(b).__name__}"], []
+        props = (schema or {}).get("properties") or {}
+        hard: list[str] = []
+        text: list[str] = []
+        if set(a) != set(b):
+            hard.append(f"{here}: keys {sorted(a)} vs {sorted(b)}")
+        for k in sorted(set(a) & set(b)):
+            h, t = argument_differences(a[k], b[k], props.get(k), f"{path}/{k}", k)
+            hard += h
+            text += t
+        return hard, text
+    if role == "array" or (role == "any" and isinstance(a, list)):
+        if not isinstance(a, list) or not isinstance(b, list):
+            return [f"{here}: {type(a).__name__} vs {type(b).__name__}"], []
+        if len(a) != len(b):
+            return [f"{here}: {len(a)} items vs {len(b)}"], []
+        hard, text = [], []
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            h, t = argument_differences(x, y, (schema or {}).get("items"), f"{path}/{i}", key)
+            hard += h
+            text += t
+        return hard, text
+    if role == "number":
+        same = (isinstance(a, int | float) and isinstance(b, int | float) and not isinstance(a, bool)
+                and not isinstance(b, bool) and float(a) == float(b))
+        return ([] if same else [f"{here}: {a!r} vs {b!r}"]), []
+    if role == "text" and isinstance(a, str) and isinstance(b, str):
+        return [], ([] if _norm_text(a) == _norm_text(b) else [f"{here}: {a!r:.80} vs {b!r:.80}"])
+    return ([] if a == b and type(a) is type(b) else [f"{here}: {a!r:.80} vs {b!r:.80}"]), []
+
+
+def calls_differences(a: list[tuple[str, Any]] | None, b: list[tuple[str, Any]] | None,
+                      tools: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+    """Two answers' calls (call_signature lists) compared under ARGUMENT_COMPARISON: the tool names as a set
+    in order of their names (parallel calls are a set), then each call's arguments by the tool's schema."""
+    schemas = tool_schemas(tools)
+    a, b = sorted(a or [], key=lambda c: str(c[0])), sorted(b or [], key=lambda c: str(c[0]))
+    names_a, names_b = [c[0] for c in a], [c[0] for c in b]
+    if names_a != names_b:
+        return [f"tools {names_a} vs {names_b}"], []
+    hard, text = [], []
+    for i, ((name, x), (_, y)) in enumerate(zip(a, b, strict=True)):
+        h, t = argument_differences(x, y, schemas.get(str(name)), f"{name}[{i}]")
+        hard += h
+        text += t
+    return hard, text
+
+
+# --- the vendor verifier's measures (docs/sources.md#k2-vendor-verifier) ----------------------------
+
+def verifier_measures(judged: list[CaseJudgement]) -> dict[str, Any]:
+    """The case set's results in K2-Vendor-Verifier terms: ToolCall-Trigger F1 with the case set's own
+    expectation as the positive class (single and parallel cases must call, irrelevance cases must not;
+    the verifier takes the official API's finish_reason instead), and ToolCall-Schema Accuracy
+    (count_successful_tool_call / count_finish_reason_tool_calls)."""
+    scored = [j for j in judged if j.cls in ("single", "parallel", "irrelevance") and j.status == 200]
+    tp = sum(1 for j in scored if j.cls != "irrelevance" and j.check.finish_reason == "tool_calls")
+    fn = sum(1 for j in scored if j.cls != "irrelevance" and j.check.finish_reason != "tool_calls")
+    fp = sum(1 for j in scored if j.cls == "irrelevance" and j.check.finish_reason == "tool_calls")
+    tn = sum(1 for j in scored if j.cls == "irrelevance" and j.check.finish_reason != "tool_calls")
+    by_finish = [j for j in judged if j.check.finish_reason == "tool_calls" and j.cls != "structured"]
+    ok = [j for j in by_finish if not j.check.problems]
+    precision = tp / (tp + fp) if tp + fp else None
+    recall = tp / (tp + fn) if tp + fn else None
+    f1 = 2 * tp / (2 * tp + fp + fn) if tp + fp + fn else None
+    return {"positive_class": "the case set's expectation (single, parallel: call; irrelevance: no call)",
+            "tp": tp, "fp": fp, "fn": fn, "tn": tn, "tool_call_precision": precision, "tool_call_recall": recall,
+            "tool_call_f1": f1, "count_finish_reason_tool_calls": len(by_finish),
+            "count_successful_tool_call": len(ok),
+            "schema_accuracy": len(ok) / len(by_finish) if by_finish else None}
+
+
+# --- consistency over repeats (agent.trigger_consistency) ---------------------------------------------
+
+CONSISTENCY_RULE = (
+    "repeats of one case compared on the call's structure: the tools called (a set), each call's argument keys, "
+    "and its enum, id and boolean values; numbers and free text are compared loosely: a difference is reported, "
+    "never failed. Why: GPU serving is not batch-invariant by default (vLLM docs 'Batch Invariance', "
+    "docs/sources.md#vllm-batch-invariance): the same greedy request batched with different neighbours can take "
+    "another token where two are near-tied, which rewrites a phrase or a digit but does not turn a correct call "
+    "into another tool, another key set or another enum / id without the model being unsure of the call itself")
+
+
+def _structure(value: Any, schema: dict[str, Any] | None, key: str = "") -> Any:
+    role = value_role(schema, key)
+    if isinstance(value, dict) and role in ("object", "any"):
+        props = (schema or {}).get("properties") or {}
+        return {k: _structure(v, props.get(k), k) for k, v in sorted(value.items())}
+    if isinstance(value, list) and role in ("array", "any"):
+        return [_structure(v, (schema or {}).get("items"), key) for v in value]
+    if role == "number" and isinstance(value, int | float) and not isinstance(value, bool):
+        return "<number>"
+    if role == "text" and isinstance(value, str):
+        return "<text>"
+    return value
+
+
+def call_structure(signature: list[tuple[str, Any]], tools: list[dict[str, Any]]) -> str:
+    """The part of an answer's calls that repeats must share (CONSISTENCY_RULE), as a comparable string."""
+    schemas = tool_schemas(tools)
+    calls = sorted(((str(name), _structure(args, schemas.get(str(name)))) for name, args in signature),
+                   key=lambda c: json.dumps(c, sort_keys=True))
+    return json.dumps(calls, sort_keys=True)

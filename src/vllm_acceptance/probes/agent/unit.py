@@ -36,7 +36,11 @@ def config(opts: ProbeOptions, scenario: dict[str, Any]) -> AgentProbeConfig:
         consistency_cases=int(setting(opts, "agent.consistency_cases")),
         under_load=int(setting(opts, "agent.under_load") or 0),
         abstain_min=float(setting(opts, "thresholds.tool_abstain_min")),
-        reference_min=float(setting(opts, "thresholds.reference_agreement_min")))
+        reference_min=float(setting(opts, "thresholds.reference_agreement_min")),
+        wrong_tool_rate=float(setting(opts, "thresholds.wrong_tool_rate")),
+        wrong_write_tool_rate=float(setting(opts, "thresholds.wrong_write_tool_rate")),
+        reference_min_cases=int(setting(opts, "thresholds.reference_min_cases")),
+        reference_argument_min=float(setting(opts, "thresholds.reference_argument_min")))
 
 
 def run(opts: ProbeOptions, client: OpenAIClient, store: EvidenceStore,
