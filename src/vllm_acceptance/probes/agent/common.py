@@ -17,7 +17,8 @@ from .rules import (
     turns_to_resolve,
 )
 
-REPEATED = ("agent.tool_call", "agent.trigger_consistency", "agent.separation", "agent.schema_accuracy")
+REPEATED = ("agent.tool_call", "agent.trigger_consistency", "agent.separation", "agent.schema_accuracy",
+            "agent.stream_tool_calls")
 BATCH = 64  # turns sent per round of the rate run; the run stops early once every rate is decided
 
 
@@ -65,6 +66,7 @@ class AgentProbeConfig:
     reference_model: str | None = None  # the reference endpoint's model name (agent.reference_agreement)
     reference_min: float = 0.80  # tool-call F1 on triggering vs the reference (K2-Vendor-Verifier, K2-0905)
     under_load: int = 0  # the case set sent again with this many requests in flight (agent.under_load)
+    stream_cases: int | None = None  # call cases also sent streamed in every pass (None: all; agent.stream_cases)
 
 
 def turn_target(cfg: AgentProbeConfig) -> int:
