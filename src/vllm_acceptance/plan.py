@@ -265,14 +265,18 @@ def agent_stage(opts: ProbeOptions, e2e: float) -> Stage:
     repeats = cfg.consistency_cases * max(1, cfg.repeats)
     sent = turns + others + repeats
     waves = math.ceil(sent / max(1, cfg.concurrency)) + AGENT_CASES
+    # agent.stream_tool_calls: the first agent.stream_cases call cases (all: null) streamed too, alone and under load.
+    twins = turns if cfg.stream_cases is None else min(cfg.stream_cases, turns)
+    sent += twins
+    waves += math.ceil(twins / max(1, cfg.concurrency))
     # agent.under_load: the case set (call and other cases) again with that many in flight.
-    again = turns + others if cfg.under_load > 0 else 0
+    again = turns + others + twins if cfg.under_load > 0 else 0
     waves += math.ceil(again / cfg.under_load) if again else 0
-    loaded = f" + the {again} cases again at agent.under_load {cfg.under_load}" if again else ""
+    loaded = f" + the {again} cases and twins again at agent.under_load {cfg.under_load}" if again else ""
     return Stage("agent", f"tool calls ({scenario}): the case set{', again under load' if again else ''}, then "
                  f"{AGENT_CASES} cases", sent + again + AGENT_CASES, waves * e2e,
-                 basis=f"{turns} distinct call cases + {others} other cases + {repeats} repeats at "
-                       f"agent.concurrency {cfg.concurrency}{loaded} + {AGENT_CASES} cases, "
+                 basis=f"{turns} distinct call cases + {others} other cases + {repeats} repeats + {twins} streamed "
+                       f"twins at agent.concurrency {cfg.concurrency}{loaded} + {AGENT_CASES} cases, "
                        f"{waves} waves x e2e p95 {e2e:g} s")
 
 

@@ -67,12 +67,14 @@ def test_flagship_cost_table_derives_from_the_profile(flagship: planmod.Plan) ->
         math.log(0.05) / math.log(1 - profile["thresholds"]["tool_format_error_rate"]))))
     others = min(agent.get("other_cases", 60), max(5, turns // 5))
     sent = turns + others + 10 * agent["repeats"]
+    # agent.stream_tool_calls: the call cases (agent.stream_cases, default every one) streamed too, in every pass.
+    twins = turns if agent.get("stream_cases") is None else min(agent["stream_cases"], turns)
     # agent.under_load (the flagship sets the contract's concurrency): the case set once more, that many in flight.
     loaded = agent.get("under_load", 0)
-    again = turns + others if loaded else 0
-    assert loaded == contract and stage["agent"].requests == sent + again + planmod.AGENT_CASES
-    assert stage["agent"].wall_s == (math.ceil(sent / agent["concurrency"]) + math.ceil(again / loaded)
-                                     + planmod.AGENT_CASES) * e2e
+    again = turns + others + twins if loaded else 0
+    assert loaded == contract and stage["agent"].requests == sent + twins + again + planmod.AGENT_CASES
+    assert stage["agent"].wall_s == (math.ceil(sent / agent["concurrency"]) + math.ceil(twins / agent["concurrency"])
+                                     + math.ceil(again / loaded) + planmod.AGENT_CASES) * e2e
     # Relaunches at proposed limits are a worst case beside the total, never in it.
     # A launched single-node server is relaunched at each (at most two) limit; across nodes the client is driven
     # at the limit on the server as launched (playbooks/vars/probes.yml probe_relaunch).

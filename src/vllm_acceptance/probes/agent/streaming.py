@@ -165,8 +165,11 @@ class StreamTwins(AgentProbeBase):
             return self._broken(broken, judged, passes, alone_bodies, ev, observed, expected, rule)
         compared = sum(j["compared"] for j in judged.values())
         if not compared:
-            return _finding(CHECK, Status.INCONCLUSIVE, None, ev, observed=observed, expected=expected, rule=rule,
-                            reason="no streamed twin to compare: no non-streamed twin called a tool",
+            # As agent.executor_safety: call cases answered without a call already fail agent.tool_call (agents stay
+            # blocked); a stream has no twin call to be judged against. Never a pass.
+            return _finding(CHECK, Status.NOT_APPLICABLE, None, ev, observed=observed, expected=expected, rule=rule,
+                            reason="no streamed twin to compare: none of their non-streamed twins called a tool "
+                                   "(see agent.tool_call)",
                             action="fix tool calling first (agent.tool_call)")
         not_measured = "" if "under_load" in passes else (
             "; under load not measured (agent.under_load 0: see agent.under_load)")
