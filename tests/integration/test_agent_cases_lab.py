@@ -44,6 +44,9 @@ def test_healthy_under_load_and_its_own_reference(lab_server, tmp_path: Path) ->
     kept = json.loads((tmp_path / "reference.json").read_text())["cases"]
     assert kept and all(c["reference_response"] for c in kept)
     assert result["details"]["rates"]["under_load"]["classes"]["single"]["cases"] >= 12
+    # The streamed twins (agent.stream_tool_calls), alone and mixed into the under-load pass, carried their calls.
+    stream = by["agent.stream_tool_calls"]
+    assert stream.status == Status.PASS and stream.observed["under_load"]["compared"] >= 1, stream.reason
 
 
 def test_a_gateway_that_corrupts_only_under_concurrency(lab_server, gateway, tmp_path: Path) -> None:  # noqa: F811

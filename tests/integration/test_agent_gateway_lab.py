@@ -90,10 +90,11 @@ def failing(findings: list[Finding]) -> dict[str, str | None]:
 MARKUP_CHECKS = ("agent.tool_call", "agent.schema_accuracy", "agent.trigger_consistency", "agent.separation",
                  "agent.stream_consistency", "agent.stream_structure", "agent.multi_turn",
                  "agent.tool_failure_fallback")
-STREAM_CHECKS = ("agent.stream_consistency", "agent.stream_structure")
+STREAM_CHECKS = ("agent.stream_consistency", "agent.stream_structure", "agent.stream_tool_calls")
 ARGUMENT_CHECKS = ("agent.tool_call", "agent.schema_accuracy", "agent.tool_failure_fallback")
 FEW_TURNS = ("--set", "thresholds.tool_format_error_rate=0.2", "--set", "thresholds.schema_accuracy_min=0.8",
-             "--set", "agent.cases=1")  # the case set as small as the 0.2 threshold allows (14 call cases)
+             "--set", "agent.cases=1",  # the case set as small as the 0.2 threshold allows (14 call cases)
+             "--set", "agent.stream_cases=4")  # 4 of them streamed too (agent.stream_tool_calls), in every pass
 
 # (mode, through --direct-url?, {failing check: layer}) -- nothing else may fail.
 CASES = [

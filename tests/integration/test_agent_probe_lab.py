@@ -133,7 +133,8 @@ def test_a_write_key_written_anew_by_a_sampling_model_runs_the_write_twice(lab_s
     are valid tickets. One request at a time: on vLLM's CPU backend a seeded request that chunked prefill
     splits stops the engine ("CPU Generator does not use offset"); alone, a lab prompt is never split."""
     rc, result = run_agent(lab_server, tmp_path, "--set", "agent.temperature=1.0", "--set", "agent.turn_budget=40",
-                           "--set", "agent.seed=2", "--set", "agent.concurrency=1")
+                           "--set", "agent.seed=2", "--set", "agent.concurrency=1",
+                           "--set", "agent.stream_cases=4")  # one at a time: few streamed twins
     safety = next(f for f in result["findings"] if f["check"] == "agent.executor_safety")
     assert rc == 1 and safety["status"] == "fail" and safety["layer"] == "retry", safety
     assert "the key came from the model, not from the client" in safety["reason"]

@@ -126,7 +126,8 @@ def test_hung_requests_during_the_agent_probe_are_named_and_never_pass(lab_serve
     try:
         began = time.time()
         proc = subprocess.run(cli("agent", "--base-url", url, "--out", str(out), "--set",
-                                  "agent.request_timeout_s=20"), cwd=REPO, capture_output=True, text=True,
+                                  "agent.request_timeout_s=20", "--set", "agent.stream_cases=4"), cwd=REPO,
+                              capture_output=True, text=True,
                               timeout=900)
         seconds = time.time() - began
     finally:

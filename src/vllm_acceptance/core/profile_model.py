@@ -309,6 +309,10 @@ class Agent(Section):
         "agent.under_load: the case set sent again with this many requests in flight (the "
         "contracted concurrency); 0: not measured, the check not_applicable (--under-load N "
         "overrides)"))
+    stream_cases: Annotated[PosInt | None, NULL] = Field(None, description=(
+        "agent.stream_tool_calls: how many of the case set's call cases are also sent streamed, the "
+        "same request beside its non-streamed send, alone and in the under-load pass (mixed); "
+        "default null: every call case"))
     case_tools: Literal["sample", "pack"] = Field("sample", description=(
         "which tools a case offers: sample (default: the pack's tools and its "
         "case_set.extra_tools, each case the tools it needs and a random share of the others) or "

@@ -42,6 +42,12 @@ so the agent probe can be shown to find the defect and to name the layer that ca
                                `--min-in-flight` (default 3) or more chat completions are in flight at
                                the gateway (counting the answered one): a defect that appears only under
                                concurrency; requests served one or two at a time pass untouched.
+* `empty_stream_tool_calls_under_load` -- a streamed answer whose first tool-call delta arrives while
+                               `--min-in-flight` (default 3) or more chat completions are in flight gets
+                               every tool-call delta emptied (`tool_calls: []`, finish_reason kept): the
+                               kimi_k2 streaming parser's failure under concurrent load (vllm-project/vllm
+                               #54701, docs/sources.md#stream-under-load). Non-streamed answers, and
+                               streams served one or two at a time, pass untouched.
 
 * `swap_tool_name`          -- every non-streamed tool call's function name replaced by `--swap-to`
                                (default `create_ticket`, the ops pack's write tool), arguments kept: a
@@ -85,7 +91,7 @@ from typing import Any
 MODES = ("passthrough", "markup_in_content", "drop_stream_tool_calls", "reasoning_into_content",
          "change_arg_types", "drop_field", "markup_one_in_five", "stall_nth", "shift_stream_index", "stamp_system",
          "strip_images", "replace_system", "drop_tool_results", "change_arg_types_under_load", "drop_rank_header",
-         "swap_tool_name", "perturb_free_text", "refuse_after_nth")
+         "swap_tool_name", "perturb_free_text", "refuse_after_nth", "empty_stream_tool_calls_under_load")
 # Non-streamed-only answer rewrites (streamed answers pass these modes untouched).
 PLAIN_ONLY = ("swap_tool_name", "perturb_free_text")
 DEFAULT_SWAP_TO = "create_ticket"
@@ -292,6 +298,8 @@ class Corruptor:
             return body
         if self.mode == "change_arg_types_under_load" and self.in_flight < self.min_in_flight:
             return body
+        if self.mode == "empty_stream_tool_calls_under_load":
+            return body  # streams only
         has_calls = any((c.get("message") or {}).get("tool_calls") for c in choices)
         markup = self.mode == "markup_in_content" or (
             self.mode == "markup_one_in_five" and has_calls and self._count_tool_response())
@@ -346,6 +354,7 @@ class StreamRewriter:
     markup: bool | None = None  # decided at the first tool-call delta
     seen_reasoning: bool = False
     injected: bool = False
+    emptied: bool | None = None  # empty_stream_tool_calls_under_load: decided at the first tool-call delta
 
     @property
     def mode(self) -> str:
@@ -377,7 +386,19 @@ class StreamRewriter:
                 self._types_delta(choice, delta)
             elif self.mode == "reasoning_into_content":
                 self._reasoning_delta(choice, delta)
+            elif self.mode == "empty_stream_tool_calls_under_load":
+                self._empty_delta(delta)
         return chunk
+
+    def _empty_delta(self, delta: Json) -> None:
+        """Every tool-call delta of this stream emptied when its first arrived under load (counting this one)."""
+        if not delta.get("tool_calls"):
+            return
+        if self.emptied is None:
+            self.emptied = self.corruptor.in_flight >= self.corruptor.min_in_flight
+            self.corruptor.corrupted += self.emptied
+        if self.emptied:
+            delta["tool_calls"] = []
 
     def _collect(self, delta: Json) -> None:
         for call in delta.pop("tool_calls", None) or []:
@@ -570,7 +591,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="perturb_free_text: comma-separated argument names whose string values are free text")
     parser.add_argument("--min-in-flight", type=int, default=3,
                         help="change_arg_types_under_load: corrupt only answers completing with this many chat "
-                             "completions in flight or more")
+                             "completions in flight or more; empty_stream_tool_calls_under_load: empty only streams "
+                             "whose first tool-call delta arrives with this many in flight or more")
     args = parser.parse_args(argv)
     if args.every < 1:
         parser.error("--every must be >= 1")

@@ -524,6 +524,20 @@ register("agent.stream_structure", stage="agent", consequence=AGENT,
               "and never change",
          evidence="probes/agent/cases/*-stream-streamed.json (raw stream)",
          source="docs/sources.md#a003: the call index consistent; streaming and non-streaming give the same structure")
+register("agent.stream_tool_calls", stage="agent", consequence=AGENT,
+         title="Streamed tool calls whole in every pass",
+         rule=("the case set's call cases (agent.stream_cases; default every one) sent streamed beside their "
+              "non-streamed send, the same request, alone (agent.concurrency) and in the under-load pass "
+              "(agent.under_load, streamed and non-streamed mixed): a stream whose non-streamed twin calls a tool "
+              "carries those calls whole; empty or partial tool_calls (a call lost, no name, arguments cut) fail, "
+              "on the parser, or on the gateway when the direct server (--direct-url) streams the same pass whole "
+              "at the same concurrency; without a direct server the attribution is stated open; argument values "
+              "are not compared"),
+         evidence="probes/agent/stream-twins.json, cases/*-stream-twin-*.json (raw streams), "
+                  "stream-twins-direct-*.json",
+         source="vllm-project/vllm#54701 (kimi_k2 streamed tool_calls empty under concurrent load), vllm#53246 (K3 "
+                "streaming empty tool calls on 0.28.0), sgl-project/sglang#34604 (kimi_k3 parser failures in "
+                "production) (docs/sources.md#stream-under-load)")
 register("agent.multi_turn", stage="agent", consequence=AGENT,
          title="Multi-turn order kept",
          rule="user -> assistant tool call -> tool result -> assistant, roles and order kept",

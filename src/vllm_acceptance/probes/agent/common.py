@@ -17,7 +17,8 @@ from .rules import (
     turns_to_resolve,
 )
 
-REPEATED = ("agent.tool_call", "agent.trigger_consistency", "agent.separation", "agent.schema_accuracy")
+REPEATED = ("agent.tool_call", "agent.trigger_consistency", "agent.separation", "agent.schema_accuracy",
+            "agent.stream_tool_calls")
 BATCH = 64  # turns sent per round of the rate run; the run stops early once every rate is decided
 
 
@@ -69,6 +70,7 @@ class AgentProbeConfig:
     wrong_write_tool_rate: float = 0.0  # agent.tool_choice: a write tool the case does not expect (0: any one fails)
     reference_min_cases: int = 36  # cases both answer before any reference result counts (agent.reference_*)
     reference_argument_min: float = 0.9  # agent.reference_arguments: share of both-call cases whose arguments agree
+    stream_cases: int | None = None  # call cases also sent streamed in every pass (None: all; agent.stream_cases)
 
 
 def turn_target(cfg: AgentProbeConfig) -> int:

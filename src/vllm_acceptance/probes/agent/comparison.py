@@ -7,7 +7,6 @@ from typing import Any
 
 from ...core.findings import Finding, Status
 from ...rules import registry
-from .base import AgentProbeBase
 from .common import GATEWAY_REASON
 from .rules import (
     ARGUMENT_COMPARISON,
@@ -15,9 +14,10 @@ from .rules import (
     class_rates,
     reference_agreement,
 )
+from .streaming import StreamTwins
 
 
-class Comparisons(AgentProbeBase):
+class Comparisons(StreamTwins):
     """The case set again: under the contracted concurrency, and against a reference endpoint."""
 
     def under_load(self) -> Finding:
@@ -35,7 +35,7 @@ class Comparisons(AgentProbeBase):
         if not cases:
             return check.inconclusive(None, reason="no case was answered alone: nothing to compare",
                                       expected="the case set answered alone first", action="see agent.tool_call")
-        loaded = self._judge_all(self.client, cases, n)
+        loaded = self.send_under_load(cases, n)  # mixed with the streamed twins (agent.stream_tool_calls)
         rows = [{**j.to_dict(), "request": ex.request, "response": ex.body, "error": ex.error,
                  "alone_ok": alone[j.case]["ok"]} for j, ex in loaded]
         ev = [self.store.write_json("cases-under-load.json", {"concurrency": n, "cases": rows})]

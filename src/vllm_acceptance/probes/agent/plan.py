@@ -41,15 +41,19 @@ def agent_plan(opts: ProbeOptions, under_load: int | None = None) -> StageBound:
     repeats = cfg.consistency_cases * max(1, cfg.repeats)
     single = single_requests(cfg.scenario, cfg.images)
     one = sum(single.values())
-    again = calls + others if loaded > 0 else 0
-    n_waves = (batch_waves(calls + others, cfg.concurrency) + waves(repeats, cfg.concurrency) + one
-               + (waves(again, loaded) if again else 0))
+    # agent.stream_tool_calls (streaming.py): the first agent.stream_cases call cases (all: null) streamed too,
+    # alone at agent.concurrency and mixed into the under-load pass.
+    twins = calls if cfg.stream_cases is None else min(cfg.stream_cases, calls)
+    again = calls + others + twins if loaded > 0 else 0
+    n_waves = (batch_waves(calls + others, cfg.concurrency) + waves(repeats, cfg.concurrency)
+               + waves(twins, cfg.concurrency) + one + (waves(again, loaded) if again else 0))
     one_s, how = request_bound_s(dict(setting(opts, "contract.slo") or {}), cfg.max_tokens, request_timeout_s(opts))
-    sent = calls + others + repeats + one + again
-    under = f" + the {again} cases again at agent.under_load {loaded}" if again else ""
+    sent = calls + others + repeats + twins + one + again
+    under = f" + the {again} cases and streamed twins again at agent.under_load {loaded}" if again else ""
     return StageBound(
         "agent", f"tool calls ({scenario}): the case set{', again under load' if again else ''}, then {one} "
         "single-case requests", sent, n_waves * one_s,
-        f"{calls} call cases + {others} other cases (rounds of {BATCH}) + {repeats} repeats at agent.concurrency "
+        f"{calls} call cases + {others} other cases (rounds of {BATCH}) + {repeats} repeats + {twins} streamed twins "
+        f"at agent.concurrency "
         f"{cfg.concurrency}{under} + {one} single-case requests one at a time: {n_waves} waves x {one_s:g} s "
         f"({how}); a format error's retries (agent.retry_attempts, only where calls fail) are not counted")

@@ -39,6 +39,7 @@ class AgentProbe(RateRun, ConversationChecks, InterfaceChecks, Comparisons):
         if self.direct is not None:
             findings.append(self.gateway_compare())
         findings.append(self.under_load())
+        findings.append(self.stream_twins())
         findings.append(self.reference_agreement())
         findings.append(self.reference_arguments())
         findings = [self._judge_hangs(f) for f in findings]

@@ -840,3 +840,37 @@ def call_structure(signature: list[tuple[str, Any]], tools: list[dict[str, Any]]
     calls = sorted(((str(name), _structure(args, schemas.get(str(name)))) for name, args in signature),
                    key=lambda c: json.dumps(c, sort_keys=True))
     return json.dumps(calls, sort_keys=True)
+
+
+# --- streamed twins (agent.stream_tool_calls) -----------------------------------------------------------
+
+def stream_twin_problems(plain: dict[str, Any] | None, streamed: dict[str, Any] | None) -> list[str]:
+    """A streamed answer (assembled from its deltas) against its non-streamed twin, the same request. Where the
+    twin calls a tool, the stream must carry as many calls, each with its name and arguments that parse as
+    JSON: an empty `tool_calls` (vLLM #54701: every tool-call delta empty, finish_reason still tool_calls) or a
+    partial one (a call lost, a call without its name, arguments cut) is a problem. Argument values that differ
+    are not judged here: concurrent GPU serving is not batch-invariant (repeats judge consistency)."""
+    want = message_of(plain).get("tool_calls") or []
+    if not want:
+        return []
+    message = message_of(streamed)
+    got = message.get("tool_calls") or []
+    finish = finish_of(streamed)
+    if not got:
+        leaked = markup_in(message.get("content"))
+        where = f"; tool-call markup ({', '.join(leaked)}) in the streamed content" if leaked else ""
+        return [f"empty tool_calls in the stream (finish_reason {finish!r}), its non-streamed twin calls "
+                f"{len(want)}{where}"]
+    problems = []
+    if len(got) < len(want):
+        problems.append(f"partial tool_calls in the stream: {len(got)} of the twin's {len(want)} calls")
+    for i, call in enumerate(got):
+        fn = call.get("function") or {}
+        if not fn.get("name"):
+            problems.append(f"partial tool_calls in the stream: call {i} has no name")
+        try:
+            json.loads(fn.get("arguments") or "")
+        except (ValueError, TypeError):
+            problems.append(f"partial tool_calls in the stream: call {i} ({fn.get('name')!r}) arguments are not "
+                            f"whole JSON: {fn.get('arguments')!r:.80}")
+    return problems

@@ -35,6 +35,7 @@ def config(opts: ProbeOptions, scenario: dict[str, Any]) -> AgentProbeConfig:
         case_tools=str(setting(opts, "agent.case_tools")),
         consistency_cases=int(setting(opts, "agent.consistency_cases")),
         under_load=int(setting(opts, "agent.under_load") or 0),
+        stream_cases=None if setting(opts, "agent.stream_cases") is None else int(setting(opts, "agent.stream_cases")),
         abstain_min=float(setting(opts, "thresholds.tool_abstain_min")),
         reference_min=float(setting(opts, "thresholds.reference_agreement_min")),
         wrong_tool_rate=float(setting(opts, "thresholds.wrong_tool_rate")),
