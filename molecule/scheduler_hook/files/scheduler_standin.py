@@ -62,7 +62,8 @@ def scontrol(cluster: dict, args: list[str]) -> int:
         state = opts.get("state", "").lower()
         if state == "drain":
             if not opts.get("reason"):
-                return fail("scontrol: error: You must specify a reason when DOWNING or DRAINING a node. Request denied")
+                return fail("scontrol: error: You must specify a reason when DOWNING or DRAINING a node. "
+                            "Request denied")
             node.update(drain=True, reason=opts["reason"])
         elif state == "resume":
             node.update(drain=False, reason="")
@@ -115,8 +116,8 @@ def kubectl(cluster: dict, args: list[str]) -> int:
             daemons = [p["name"] for p in node["pods"] if p["daemonset"]]
             if daemons and "--ignore-daemonsets" not in args:
                 save(cluster)
-                return fail(f"error: unable to drain node \"{name}\" due to error: cannot delete DaemonSet-managed Pods "
-                            f"(use --ignore-daemonsets to ignore): {', '.join(daemons)}")
+                return fail(f"error: unable to drain node \"{name}\" due to error: cannot delete DaemonSet-managed "
+                            f"Pods (use --ignore-daemonsets to ignore): {', '.join(daemons)}")
             for pod in [p for p in node["pods"] if not p["daemonset"]]:
                 print(f"evicting pod {pod['name']}")
                 print(f"pod/{pod['name'].split('/')[1]} evicted")
