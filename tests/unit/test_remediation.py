@@ -454,6 +454,18 @@ def test_capture_records_cut_the_framed_answer(tmp_path: Path) -> None:
     assert records[2]["stderr"] == "the node's answer never reached this command"
 
 
+def test_capture_records_redact_a_secret_in_a_command_as_in_its_answer() -> None:
+    """A site's check with a credential in its arguments (node_state_extra_commands): the record keeps the command
+    with the value redacted, as its answer (found by molecule/node_state)."""
+    marker = "@@node-state-" + "x" * 24
+    stream = (f"{marker} begin extra_site [\"curl\"]\nok key=site-secret-4711\n\n{marker} end extra_site 0 \n\n"
+              f"{marker} done extra_site\n{marker} fin\n")
+    argv = ["curl", "-H", "X-Key: site-secret-4711", "https://health.example/api"]
+    [record] = rem.capture_records(stream, marker, [{"name": "extra_site", "argv": argv}], ["site-secret-4711"])
+    assert record["rc"] == 0 and record["cmd"][0] == "curl" and record["cmd"][-1] == argv[-1]
+    assert "site-secret-4711" not in json.dumps(record)
+
+
 # --- the module's actions (plugins/modules/acceptance_remediation.py calls rebuild/remediation/actions.py) ---------
 
 

@@ -41,7 +41,9 @@ def capture_records(stream: str, marker: str, commands: list[Mapping[str, Any]],
         name = str(command.get("name"))
         record = by_name.get(name)
         out.append({
-            "name": name, "cmd": list(command.get("argv") or []), "image": command.get("image"),
+            # the command too: a site's own check may carry a credential in its arguments (node_state_extra_commands)
+            "name": name, "cmd": [redact_text(str(a), secrets) for a in command.get("argv") or []],
+            "image": command.get("image"),
             "rc": record.rc if record else None,
             "stdout": redact_text(record.stdout, secrets) if record else "",
             "stderr": redact_text(record.stderr, secrets) if record else "the node's answer never reached this command",
