@@ -10,9 +10,9 @@ short_description: Validate the acceptance inputs and open a run directory
 description:
   - Validates the inventory's C(acceptance_*)/C(vllm_*) variables and the selected profile against the
     JSON Schemas shipped in the vllm_acceptance package, before any node is touched.
-  - Runs the gate every entry point runs (src/vllm_acceptance/gate.py): the inventory's YAML, every variable's name
+  - Runs the gate every entry point runs (src/vllm_acceptance/gate.py) - the inventory's YAML, every variable's name
     and type, the profile, the inventory's shape, placeholders left in, and the plan (what C(vllm-acceptance plan)
-    refuses is refused here, with the same message), before any node is touched.
+    refuses is refused here, with the same message) - before any node is touched.
   - Creates C(reports/<inventory>/<run-id>/) with C(run.json). A run never writes into another run's directory.
 options:
   project_dir:
@@ -60,7 +60,7 @@ options:
     type: str
   names:
     description:
-      - Every variable name each host has (C(localhost) the controller's), product or not: a name whose prefix is
+      - Every variable name each host has (C(localhost) the controller's), product or not. A name whose prefix is
         close to the product's (C(acceptence_owner)) is refused with the name meant (the gate, gate.py).
     type: dict
     default: {}

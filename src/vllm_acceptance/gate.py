@@ -79,7 +79,7 @@ def read_inputs(inventory: Path, overrides: Mapping[str, Any] | None = None) -> 
     `overrides` (-e) outrank every host's variables and the controller's."""
     path = Path(inventory)
     if not path.exists():
-        raise ConfigError(f"-i {inventory}: no such inventory file or directory (give inventories/<site>)")
+        raise ConfigError(f"inventory {inventory}: no such file or directory (pass -i inventories/<site>)")
     check_inventory_yaml(path.resolve())
     site, hosts, groups = read_inventory(path)
     extra = dict(overrides or {})
@@ -112,7 +112,7 @@ def check(inputs: Inputs, project: Path | None = None, profile: str | None = Non
 def _check(inputs: Inputs, project: Path | None, profile: str | None, vllm_python: str | None) -> Gated:
     project_dir = project_dir_for(project)
     source = inputs.source
-    if not inputs.groups.get("all"):
+    if "all" in inputs.groups and not inputs.groups["all"]:
         raise ConfigError(f"{source} holds no host: it lists none (or Ansible could not read it: see its warnings); "
                           "list the GPU nodes under all.children.gpu_nodes.hosts, then run again")
     variables, templated = _names_and_product(inputs.site)

@@ -8,10 +8,12 @@ import importlib.util
 import json
 import re
 import shlex
+import shutil
 from importlib.metadata import version
 from pathlib import Path
 
 import pytest
+from support.examples import fill_placeholders
 
 from vllm_acceptance import __version__, cli
 from vllm_acceptance.api import EXIT_CODES
@@ -42,7 +44,16 @@ def test_validate_takes_what_the_inventory_takes_and_reads_its_vars(tmp_path: Pa
     assert json.loads(capsys.readouterr().out)["profile_path"] == str(REPO / "profiles" / "kimi-k3.yml")
     assert cli.main(["validate", "--profile", str(REPO / "profiles" / "cpu-lab.yml")]) == 0  # or a path
     capsys.readouterr()
-    assert cli.main(["validate", "-i", str(REPO / "inventories" / "example-gb300"), "--project", str(REPO)]) == 0
+    # the example as shipped holds placeholders: refused, naming each and the fix (gate.py, issue 43)
+    assert cli.main(["validate", "-i", str(REPO / "inventories" / "example-gb300"), "--project", str(REPO)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "field `vllm_image_digest` (group_vars) is the example's placeholder" in err
+    assert "field `vllm_serve_multinode_env`: the launch across 2 nodes needs GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME" \
+        in err
+    site = tmp_path / "copy"
+    shutil.copytree(REPO / "inventories" / "example-gb300", site)
+    fill_placeholders(site / "group_vars" / "all.yml")
+    assert cli.main(["validate", "-i", str(site), "--project", str(REPO)]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["profile"] == "kimi-k3" and out["variables_checked"] >= 5    # acceptance_profile came from group_vars
     # a wrong inventory variable is refused, naming the field (exit 2), as accept.yml's validate stage refuses it
