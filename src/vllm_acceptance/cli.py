@@ -351,7 +351,7 @@ def version_text() -> str:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from .gate import validate     # the gate every entry point runs (gate.py)
+    from .gate import validate  # the gate every entry point runs (gate.py)
 
     print(json.dumps(validate(args.profile, args.inventory, args.project, args.vllm_python).to_dict()))
     return 0
@@ -487,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "run":
             return cmd_run(args)
         if args.command == "plan":
-            from .gate import print_plan     # the gate, then its plan (gate.py)
+            from .gate import print_plan  # the gate, then its plan (gate.py)
 
             return print_plan(args)
         if args.command == "sign":

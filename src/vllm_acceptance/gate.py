@@ -28,10 +28,10 @@ from typing import Any
 
 from .core.inventory_yaml import check_inventory_yaml
 from .core.profile import ConfigError, Profile, load_profile
+from .core.redact import redact_text
 from .core.rundir import require_contract_served, validate_inventory_vars
 from .core.variables import is_product_variable
 from .hardware import vllm_batched_tokens_default
-from .core.redact import redact_text
 from .plan import Inventory, Plan, build_plan, render_text
 from .validate import (
     Validated,

@@ -175,8 +175,7 @@ def test_the_healthy_example_copies_pass_the_gate(tmp_path: Path, example: str, 
     assert proc.returncode == 0, proc.stderr[-3000:]
     plan = _cli("plan", "-i", str(inv))
     assert plan.returncode == 0, plan.stderr[-3000:]
-    assert f"{len(yaml.safe_load((inv / 'hosts.yml').read_text())['all']['children']['gpu_nodes']['hosts'])} gpu_nodes" \
-        in plan.stdout
+    assert plan.stdout.startswith(f"plan: inventory {inv}"), plan.stdout[:500]
     assert not (tmp_path / "ssh-calls.txt").exists()
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from support.examples import fill_placeholders
 
 REPO = Path(__file__).resolve().parents[2]

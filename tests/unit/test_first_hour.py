@@ -13,13 +13,14 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
-from support.examples import fill_placeholders
 
 from vllm_acceptance import __version__, cli
 from vllm_acceptance.api import EXIT_CODES
 from vllm_acceptance.report import views
 from vllm_acceptance.report.render_md import cell, render_markdown
 from vllm_acceptance.report.write import write_reports
+
+from support.examples import fill_placeholders
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLES_PATH = REPO / "tests" / "fixtures" / "reports" / "samples.py"

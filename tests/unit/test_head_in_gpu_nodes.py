@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 import yaml
 
-from support.examples import fill_placeholders
-
 from vllm_acceptance import cli
 from vllm_acceptance.core.profile import ConfigError, load_profile
 from vllm_acceptance.core.rundir import open_run, require_head_in_gpu_nodes
+
+from support.examples import fill_placeholders
 
 REPO = Path(__file__).resolve().parents[2]
 GPU = {"gb300-a01": {"ansible_host": "10.40.1.11"}, "gb300-a02": {"ansible_host": "10.40.1.12"}}
