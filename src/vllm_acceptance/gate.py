@@ -134,7 +134,8 @@ def _check(inputs: Inputs, project: Path | None, profile: str | None, vllm_pytho
     try:        # whatever `plan` refuses (plan.py, serve/launch.py layout, vLLM's own checks) is refused here
         planned = build_plan(_plan_inventory(inputs), str(loaded.source), project_dir, None, vllm_python)
     except ConfigError as exc:
-        raise ConfigError(f"{source}: the plan refuses it: {exc}") from exc
+        said = str(exc).removeprefix(f"{source}: ")
+        raise ConfigError(f"{source}: the plan refuses it: {said}") from exc
     return Gated(profile=loaded, plan=planned, variables_checked=len(product), templated=templated)
 
 

@@ -24,7 +24,8 @@ def inputs(site: dict[str, Any] | None = None, trays: dict[str, str] = TRAYS, **
     site = {**SITE, **(site or {})}
     names = list(trays)
     return Inputs(source="inventory /site", site=site,
-                  hostvars={h: {**site, "ansible_host": a, **(host if h == names[0] else {})} for h, a in trays.items()},
+                  hostvars={h: {**site, "ansible_host": a, **(host if h == names[0] else {})}
+                            for h, a in trays.items()},
                   groups={"all": ["localhost", *names], "gpu_nodes": names, "vllm_head": names[:1],
                           "vllm_workers": names[1:]})
 
