@@ -10,6 +10,9 @@ short_description: Validate the acceptance inputs and open a run directory
 description:
   - Validates the inventory's C(acceptance_*)/C(vllm_*) variables and the selected profile against the
     JSON Schemas shipped in the vllm_acceptance package, before any node is touched.
+  - Runs the gate every entry point runs (src/vllm_acceptance/gate.py) - the inventory's YAML, every variable's name
+    and type, the profile, the inventory's shape, placeholders left in, and the plan (what C(vllm-acceptance plan)
+    refuses is refused here, with the same message) - before any node is touched.
   - Creates C(reports/<inventory>/<run-id>/) with C(run.json). A run never writes into another run's directory.
 options:
   project_dir:
@@ -50,6 +53,17 @@ options:
       - In launch mode (the host's C(vllm_serve_mode)) a host of these groups that is not in C(hosts) (the
         C(gpu_nodes)) is refused before any node is touched, naming the host, the groups and the fix.
     type: dict
+  inventory_source:
+    description:
+      - The inventory as given to ansible-playbook (C(ansible_inventory_sources)); the gate's messages name it, as
+        C(vllm-acceptance validate -i) does, and its YAML files are checked (file, line) before anything else.
+    type: str
+  names:
+    description:
+      - Every variable name each host has (C(localhost) the controller's), product or not. A name whose prefix is
+        close to the product's (C(acceptence_owner)) is refused with the name meant (the gate, gate.py).
+    type: dict
+    default: {}
   run_id:
     description: A run id; default is a UTC timestamp plus a random suffix.
     type: str
@@ -121,53 +135,50 @@ from pathlib import Path
 from ansible_collections.vllm.acceptance.plugins.module_utils.acceptance_base import AcceptanceModule
 
 try:
+    from vllm_acceptance.core.inventory_yaml import check_inventory_yaml
     from vllm_acceptance.core.probes import default_probe_names
-    from vllm_acceptance.core.profile import load_profile
-    from vllm_acceptance.core.rundir import (
-        RunDir,
-        open_run,
-        record_profile,
-        require_gpu_nodes,
-        require_head_in_gpu_nodes,
-        resolve_profile_path,
-        validate_inventory_vars,
-    )
+    from vllm_acceptance.core.rundir import RunDir, open_run, record_profile
+    from vllm_acceptance.gate import Inputs, check
     from vllm_acceptance.hardware import vllm_batched_tokens_default
-    from vllm_acceptance.serve.launch import facts_from_hostvars
-    from vllm_acceptance.validate import launch_check
 except ImportError:
     IMPORT_ERROR = traceback.format_exc()
 else:
     IMPORT_ERROR = None
 
 
-def judge_launch(params: dict, project: Path) -> tuple[dict | None, list]:
-    """vLLM's own checks of every node's command (validate.py launch_check): ConfigError quoting vLLM."""
-    launch = params.get("launch")
-    if launch is None:
-        return None, []
-    validate_inventory_vars(params["variables"], f"inventory {params['inventory']}", project,
-                            params["host_variables"])
-    profile = load_profile(resolve_profile_path(str(params["variables"]["acceptance_profile"]), project))
-    facts = None
-    if launch.get("head"):
-        facts = facts_from_hostvars(profile, str(launch["head"]), [str(w) for w in launch.get("workers") or []],
-                                    {str(h): dict(v or {}) for h, v in (launch.get("hostvars") or {}).items()})
-    return launch_check(profile, facts, launch.get("python") or None, project,
-                        f"inventory {params['inventory']} ({profile.name})")
+def gate_inputs(params: dict) -> Inputs:
+    """The inventory as this play resolved it, in the gate's terms (gate.py Inputs): the controller's variables,
+    each host's (its product variables, its other names, the launch hosts' addresses), the groups."""
+    names = {str(h): [str(n) for n in (v or [])] for h, v in (params.get("names") or {}).items()}
+    launch = (params.get("launch") or {}).get("hostvars") or {}
+    hosts = set(params["host_variables"]) | set(launch) | (set(names) - {"localhost"})
+    hostvars = {h: {**dict.fromkeys(names.get(h, [])), **(params["host_variables"].get(h) or {}),
+                    **(launch.get(h) or {})} for h in hosts}
+    groups = {**{str(k): [str(h) for h in v or []] for k, v in (params.get("groups") or {}).items()},
+              "gpu_nodes": [str(h) for h in params["hosts"]]}
+    source = params.get("inventory_source") or params["inventory"]
+    return Inputs(source=f"inventory {source}", site={**dict.fromkeys(names.get("localhost", [])),
+                                                      **params["variables"]},
+                  hostvars=hostvars, groups=groups)
+
+
+def run_gate(params: dict, project: Path) -> tuple:
+    """The gate (gate.py check), its YAML check first; (vLLM's judgement of every node's command, its lines)."""
+    for source in str(params.get("inventory_source") or "").split(","):
+        if source.strip() and Path(source.strip()).exists():
+            check_inventory_yaml(Path(source.strip()))
+    launch = params.get("launch") or {}
+    gated = check(gate_inputs(params), project, None, launch.get("python") or None)
+    return gated.plan.vllm_check, gated.plan.vllm_check_lines
 
 
 def check_mode_run(module: AcceptanceModule, project: Path, judged: tuple) -> None:
-    """Validate as a real run does, in a scratch directory (reports/ is left untouched) that holds the
-    frozen profile, so that the read-only stages judge exactly as they would."""
-    params = module.params
-    validate_inventory_vars(params["variables"], f"inventory {params['inventory']}", project,
-                            params["host_variables"])
-    profile = load_profile(resolve_profile_path(str(params["variables"]["acceptance_profile"]), project))
-    require_gpu_nodes(profile, params["hosts"], f"inventory {params['inventory']}")
-    if params["groups"] is not None:
-        require_head_in_gpu_nodes(profile, {**params["groups"], "gpu_nodes": params["hosts"]}, params["variables"],
-                                  params["host_variables"], f"inventory {params['inventory']}")
+    """Check mode: the gate passed; a scratch directory (reports/ is left untouched) holds the frozen profile, so
+    that the read-only stages judge exactly as they would."""
+    from vllm_acceptance.core.profile import load_profile
+    from vllm_acceptance.core.rundir import resolve_profile_path
+
+    profile = load_profile(resolve_profile_path(str(module.params["variables"]["acceptance_profile"]), project))
     scratch = Path(tempfile.mkdtemp(prefix="vllm-acceptance-check-"))
     frozen = scratch / record_profile(scratch, profile)
     module.exit_json(changed=False, run_dir=str(scratch), run_id="check-mode", profile=profile.data,
@@ -181,6 +192,8 @@ def main() -> None:
             "project_dir": {"type": "path", "required": True},
             "reports_dir": {"type": "path", "required": True},
             "inventory": {"type": "str", "required": True},
+            "inventory_source": {"type": "str"},
+            "names": {"type": "dict", "default": {}},
             "variables": {"type": "dict", "required": True},
             "host_variables": {"type": "dict", "default": {}},
             "hosts": {"type": "list", "elements": "str", "default": []},
@@ -192,7 +205,7 @@ def main() -> None:
     )
     params = module.params
     project = Path(params["project_dir"]).resolve()
-    judged = module.guard(judge_launch, params, project)
+    judged = module.guard(run_gate, params, project)
     if module.check_mode:
         module.guard(check_mode_run, module, project, judged)
     run_dir, profile = module.guard(open_run, project_dir=project, reports_dir=Path(params["reports_dir"]),

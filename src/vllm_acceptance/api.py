@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .core.inventory_yaml import check_inventory_yaml
+from .core.inventory_yaml import inventory_yaml_files as _inventory_yaml_files  # noqa: F401 - kept importable
 from .core.profile import ConfigError
 from .core.redact import redact_obj, redact_text
 from .core.rundir import RunDir, new_run_id
@@ -94,43 +96,6 @@ def default_project_dir(inventory: str | Path | None = None) -> Path:
     raise ConfigError("no project here: run from a checkout of vllm-acceptance (the directory holding accept.yml, "
                       "or below it), keep the inventory inside one, or pass --project DIR (a checkout or an installed "
                       "collection, e.g. ~/.ansible/collections/ansible_collections/vllm/acceptance)")
-
-
-# Files of an inventory that Ansible reads as YAML: its host files, group_vars/ and host_vars/ (files or folders).
-_YAML_SUFFIXES = (".yml", ".yaml", ".json")
-
-
-def _inventory_yaml_files(inventory: Path) -> list[Path]:
-    base = inventory if inventory.is_dir() else inventory.parent
-    files = [inventory] if inventory.is_file() and inventory.suffix in _YAML_SUFFIXES else []
-    if inventory.is_dir():
-        files += sorted(p for p in inventory.iterdir() if p.is_file() and p.suffix in _YAML_SUFFIXES)
-    for vars_dir in (base / "group_vars", base / "host_vars"):
-        if vars_dir.is_dir():
-            files += sorted(p for p in vars_dir.rglob("*") if p.is_file() and not p.name.startswith(".")
-                            and (p.suffix in _YAML_SUFFIXES or not p.suffix))
-    return files
-
-
-def check_inventory_yaml(inventory: Path) -> None:
-    """Refuse an inventory whose YAML does not parse, naming the file, line and column, before Ansible reads it:
-    Ansible warns and goes on without a broken host file, and a broken group_vars file stops it without a file
-    name (issue 30, 2). Tags Ansible knows (!unsafe, !vault) are accepted as they are."""
-    import yaml
-
-    class Loader(yaml.SafeLoader):
-        pass
-
-    Loader.add_multi_constructor("!", lambda loader, suffix, node: None)
-    for path in _inventory_yaml_files(inventory):
-        try:
-            yaml.load(path.read_text(errors="replace"), Loader=Loader)  # noqa: S506 - SafeLoader, tags ignored
-        except yaml.MarkedYAMLError as exc:
-            mark = exc.problem_mark or exc.context_mark
-            where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            what = ": ".join(str(x) for x in (exc.context, exc.problem) if x)
-            raise ConfigError(f"inventory {path}{where}: YAML error: {what}; fix the YAML there "
-                              "(nothing was run, no node was touched)") from exc
 
 
 def _is_collection(project: Path) -> bool:

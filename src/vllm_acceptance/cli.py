@@ -127,7 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--port", type=int)
     run = sub.add_parser("run", help="the whole acceptance (ansible-runner), with progress; exit code per verdict")
     run.add_argument("-i", "--inventory", required=True, type=Path, help="inventory file or directory")
-    run.add_argument("--check", action="store_true", help="read-only dry run (what would be launched and probed)")
+    run.add_argument("--check", action="store_true",
+                     help="check mode: the inputs gated as `validate` and `plan` gate them (refused: exit 2), the "
+                          "plan shown, then preflight's read-only commands on every node (SSH: driver, CUDA, "
+                          "runtime, image inspect); nothing is started there (no container run, image pull, "
+                          "all-reduce or vLLM: those checks are reported as not run in check mode); no verdict, "
+                          "exit 0 (docs/plan.md)")
     run.add_argument("-e", "--extra-vars", action="append", default=[], metavar="KEY=VALUE|@FILE|JSON",
                      help="extra variables, as ansible-playbook -e takes them (repeatable)")
     run.add_argument("--playbook", help="playbook path or FQCN (default accept.yml / vllm.acceptance.accept)")
@@ -346,7 +351,7 @@ def version_text() -> str:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from .validate import validate
+    from .gate import validate  # the gate every entry point runs (gate.py)
 
     print(json.dumps(validate(args.profile, args.inventory, args.project, args.vllm_python).to_dict()))
     return 0
@@ -436,6 +441,8 @@ def parse_extra_vars(items: list[str]) -> dict[str, object]:
 def cmd_run(args: argparse.Namespace) -> int:
     from .api import accept
 
+    # The gate (gate.py) runs in accept.yml's validate play, on localhost, before any node: a refusal is exit 2 with
+    # its message in the progress lines (and an inventory's YAML error is refused by accept() before Ansible starts).
     printed: list[str] = []
 
     def show(line: str) -> None:
@@ -473,9 +480,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "run":
             return cmd_run(args)
         if args.command == "plan":
-            from .plan import command as cmd_plan
+            from .gate import print_plan  # the gate, then its plan (gate.py)
 
-            return cmd_plan(args)
+            return print_plan(args)
         if args.command == "sign":
             return cmd_sign(args)
         if args.command == "remediation-decision":

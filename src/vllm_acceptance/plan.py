@@ -459,12 +459,14 @@ def project_dir(given: Path | None = None) -> Path:
     return Path.cwd() if (Path.cwd() / "accept.yml").is_file() else CHECKOUT
 
 
-def build_plan(inventory: Path, profile_name: str | None = None, project: Path | None = None,
+def build_plan(inventory: Path | Inventory, profile_name: str | None = None, project: Path | None = None,
                overrides: dict[str, Any] | None = None, vllm_python: str | None = None) -> Plan:
-    """The plan of `inventory`; `overrides` outrank every host's variables, as `ansible-playbook -e` does.
+    """The plan of `inventory` (a path read by ansible-inventory, or an Inventory already resolved: the gate's,
+    gate.py); `overrides` outrank every host's variables, as `ansible-playbook -e` does.
     Every node's command is judged by vLLM itself (serve/vllm_check.py, with `vllm_python`, else the inventory's
     acceptance_vllm_check_python, else the lab venv): what vLLM refuses is a ConfigError quoting vLLM."""
-    inv = read_inventory(inventory)
+    inv = inventory if isinstance(inventory, Inventory) else read_inventory(inventory)
+    inventory = Path(inv.source)
     for host_vars in inv.hostvars.values():
         host_vars.update(overrides or {})
     site = inv.site_vars()

@@ -8,6 +8,7 @@ import importlib.util
 import json
 import re
 import shlex
+import shutil
 from importlib.metadata import version
 from pathlib import Path
 
@@ -18,6 +19,8 @@ from vllm_acceptance.api import EXIT_CODES
 from vllm_acceptance.report import views
 from vllm_acceptance.report.render_md import cell, render_markdown
 from vllm_acceptance.report.write import write_reports
+
+from support.examples import fill_placeholders
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLES_PATH = REPO / "tests" / "fixtures" / "reports" / "samples.py"
@@ -42,7 +45,16 @@ def test_validate_takes_what_the_inventory_takes_and_reads_its_vars(tmp_path: Pa
     assert json.loads(capsys.readouterr().out)["profile_path"] == str(REPO / "profiles" / "kimi-k3.yml")
     assert cli.main(["validate", "--profile", str(REPO / "profiles" / "cpu-lab.yml")]) == 0  # or a path
     capsys.readouterr()
-    assert cli.main(["validate", "-i", str(REPO / "inventories" / "example-gb300"), "--project", str(REPO)]) == 0
+    # the example as shipped holds placeholders: refused, naming each and the fix (gate.py, issue 43)
+    assert cli.main(["validate", "-i", str(REPO / "inventories" / "example-gb300"), "--project", str(REPO)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "field `vllm_image_digest` (group_vars) is the example's placeholder" in err
+    assert "field `vllm_serve_multinode_env`: the launch across 2 nodes needs GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME" \
+        in err
+    site = tmp_path / "copy"
+    shutil.copytree(REPO / "inventories" / "example-gb300", site)
+    fill_placeholders(site / "group_vars" / "all.yml")
+    assert cli.main(["validate", "-i", str(site), "--project", str(REPO)]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["profile"] == "kimi-k3" and out["variables_checked"] >= 5    # acceptance_profile came from group_vars
     # a wrong inventory variable is refused, naming the field (exit 2), as accept.yml's validate stage refuses it

@@ -20,6 +20,8 @@ from vllm_acceptance import cli
 from vllm_acceptance.core.profile import ConfigError, load_profile
 from vllm_acceptance.core.rundir import open_run, require_head_in_gpu_nodes
 
+from support.examples import fill_placeholders
+
 REPO = Path(__file__).resolve().parents[2]
 GPU = {"gb300-a01": {"ansible_host": "10.40.1.11"}, "gb300-a02": {"ansible_host": "10.40.1.12"}}
 
@@ -28,7 +30,7 @@ def inventory(root: Path, *, head: str, workers: list[str], gpu_nodes: list[str]
               head_vars: dict[str, Any] | None = None) -> Path:
     """The example GB300 inventory (its group_vars) with these groups; `bastion` is a host that is no GPU node."""
     shutil.copytree(REPO / "inventories" / "example-gb300" / "group_vars", root / "group_vars")
-    group_vars = root / "group_vars" / "all.yml"
+    group_vars = fill_placeholders(root / "group_vars" / "all.yml")
     text = group_vars.read_text().replace("vllm_serve_mode: launch", f"vllm_serve_mode: {mode}")
     if mode == "attach":
         text += "vllm_base_url: http://10.40.1.11:8000/v1\n"

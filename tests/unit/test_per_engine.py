@@ -128,7 +128,8 @@ def test_raising_max_num_batched_tokens_is_accepted_at_validation(tmp_path: Path
 def test_validate_cli_accepts_the_per_engine_sequences(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     inv = tmp_path / "inv"
     (inv / "group_vars").mkdir(parents=True)
-    (inv / "hosts.yml").write_text("all:\n  children:\n    gpu_nodes:\n      hosts: {t01: {}, t02: {}}\n")
+    (inv / "hosts.yml").write_text("all:\n  children:\n    gpu_nodes:\n      hosts: {t01: {}, t02: {}}\n"
+                                   "    vllm_head:\n      hosts: {t01: {}}\n")     # the plan needs the head (gate.py)
     site = {**BASE, "acceptance_profile": "kimi-k3-gb300-dep16", "acceptance_vllm_check_python": "none",
             "vllm_serve_extra_args": ["--max-num-seqs", "32", "--max-num-batched-tokens", "32768"]}
     (inv / "group_vars" / "all.yml").write_text(yaml.safe_dump(site))

@@ -146,12 +146,20 @@ def test_extends_refuses_a_missing_parent_and_a_cycle(tmp_path: Path) -> None:
         load_profile(tmp_path / "c.yml")
 
 
-def test_the_example_inventories_launch_the_recipes_layouts() -> None:
+def test_the_example_inventories_launch_the_recipes_layouts(tmp_path: Path) -> None:
     """inventories/example-gb300: two 4-GPU GB300 trays, one TP8 replica across them over multi-node NVLink;
-    inventories/example-b300: one 8-GPU node, TP8 inside it. Both validate as copied."""
+    inventories/example-b300: one 8-GPU node, TP8 inside it. Copied, the placeholder digest is refused (gate.py,
+    issue 43); with the site's digest the copy validates."""
+    import shutil
+
     from vllm_acceptance.plan import build_plan
 
-    assert main(["validate", "-i", str(ROOT / "inventories" / "example-b300"), "--project", str(ROOT)]) == 0
+    site = tmp_path / "b300"
+    shutil.copytree(ROOT / "inventories" / "example-b300", site)
+    assert main(["validate", "-i", str(site), "--project", str(ROOT), "--vllm-python", "none"]) == 2
+    group_vars = site / "group_vars" / "all.yml"
+    group_vars.write_text(group_vars.read_text().replace("sha256:" + "0" * 64, "sha256:" + "5" * 64))
+    assert main(["validate", "-i", str(site), "--project", str(ROOT)]) == 0
     trays = build_plan(ROOT / "inventories" / "example-gb300").nodes
     assert [n.role for n in trays] == ["head", "worker"]
     for rank, node in enumerate(trays):

@@ -127,6 +127,40 @@ def unknown_variable_errors(names: list[str], declared: Mapping[str, Declared], 
     return errors
 
 
+def misspelt_prefix(name: str) -> str | None:
+    """The product prefix a variable's name nearly starts with (`acceptence_owner` -> `acceptance_`): such a name
+    is not a product variable, so Ansible and every check above would ignore it (issue 43, 1). The name's leading
+    words, as many as the prefix has, compared with the prefix (difflib ratio >= 0.85)."""
+    if is_product_variable(name):
+        return None
+    for prefix in PREFIXES:
+        words = prefix.count("_")
+        parts = name.split("_")
+        if len(parts) <= words:
+            continue
+        head = "_".join(parts[:words]) + "_"
+        if head != prefix and difflib.SequenceMatcher(None, head, prefix).ratio() >= 0.85:
+            return prefix
+    return None
+
+
+def prefix_typo_errors(names: list[str], declared: Mapping[str, Declared], source: str,
+                       unchecked: set[str]) -> list[str]:
+    """A variable whose prefix is misspelt (misspelt_prefix): refused with the declared name it was meant to be."""
+    errors = []
+    for name in sorted(set(names) - unchecked):
+        prefix = misspelt_prefix(name)
+        if prefix is None:
+            continue
+        meant = prefix + name.split("_", prefix.count("_"))[-1]
+        guess = meant if meant in declared else closest(meant, sorted(declared))
+        hint = f"did you mean `{guess}`?" if guess else f"the product's prefix is `{prefix}`."
+        errors.append(f"{source}: unknown variable `{name}`: {hint} Its prefix is close to the product's "
+                      f"`{prefix}`, so as written it would be ignored; if it belongs to something else, list it in "
+                      f"{UNCHECKED}")
+    return errors
+
+
 def _is_int(value: Any) -> bool:
     return (isinstance(value, int) and not isinstance(value, bool)) or (
         isinstance(value, str) and value.strip().lstrip("-").isdigit())
@@ -231,6 +265,7 @@ def check_variables(variables: Mapping[str, Any], source: str, project_dir: Path
     declared = declared_variables(project_dir)
     unchecked = {str(n) for n in (relevant.get(UNCHECKED) or []) if isinstance(relevant.get(UNCHECKED), list)}
     errors = unknown_variable_errors(list(relevant), declared, source, unchecked)
+    errors += prefix_typo_errors([str(k) for k in variables], declared, source, unchecked)
     known = {k: v for k, v in relevant.items() if k in declared}
     schema_errors = validate_errors(known, "inventory", source, partial=not schema)
     if schema and attach_without_url(known):
