@@ -16,6 +16,8 @@ from pathlib import Path
 
 import yaml
 
+from support.examples import fill_placeholders
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -38,6 +40,7 @@ def test_four_trays_refused_with_a_sixteen_gpu_layout_that_then_plans(tmp_path: 
         hosts["all"]["children"]["gpu_nodes"]["hosts"][tray] = {"ansible_host": f"10.40.1.{10 + int(tray[-1])}"}
         hosts["all"]["children"]["vllm_workers"]["hosts"][tray] = None
     (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts, sort_keys=False))
+    fill_placeholders(inventory / "group_vars" / "all.yml")   # the site's digest and interface (gate.py)
 
     refused = cli("plan", "-i", str(inventory), "--vllm-python", "none", cwd=project)
     assert refused.returncode == 2, refused.stdout + refused.stderr

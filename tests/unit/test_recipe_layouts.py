@@ -21,6 +21,8 @@ from vllm_acceptance.recipe.official import recipe_deviations
 from vllm_acceptance.recipe.resolve import RecipeRefusal, Selection
 from vllm_acceptance.serve.launch import node_commands
 
+from support.examples import fill_placeholders
+
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "vllm-project" / "Kimi-K3.yaml"
 DIGEST = "sha256:" + "1" * 64
@@ -105,6 +107,7 @@ def _four_trays(tmp_path: Path) -> Path:
         groups["gpu_nodes"]["hosts"][tray] = {"ansible_host": f"10.40.1.{10 + int(tray[-1])}"}
         groups["vllm_workers"]["hosts"][tray] = None
     (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts, sort_keys=False))
+    fill_placeholders(inventory / "group_vars" / "all.yml")   # the site's digest and interface (gate.py)
     return inventory
 
 
