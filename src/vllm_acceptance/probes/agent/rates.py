@@ -10,6 +10,7 @@ from typing import Any
 
 from ...core.findings import Finding, Status
 from ...runtime.client import Exchange
+from ...scenarios.case_packs import pack_cases
 from ...scenarios.cases import CALL_CLASSES, Case, build_cases, choice_cases, class_counts
 from .base import AgentProbeBase
 from .common import BATCH, GATEWAY_REASON, _finding, case_counts
@@ -83,6 +84,8 @@ class RateRun(AgentProbeBase):
                 out.append(case)
         # one case per tool_choice besides auto (required, named, none): agent.tool_choice judges each every run
         out += self._fit(choice_cases(self.cfg.scenario, self.cfg.case_seed, self.system, self.cfg.case_tools), limit)
+        if self.cfg.case_pack:  # agent.case_pack: the vendored pack's requests, as call cases
+            out += self._fit(pack_cases(self.cfg.case_pack), limit)
         self.context_fit = {"prompt_token_limit": limit, "max_tokens": self.cfg.max_tokens,
                                  "trimmed": sum(1 for c in built if c not in fitted)}
         return out
