@@ -83,6 +83,8 @@ class _Server:
                               {t["function"]["name"] for t in body["tools"]})]
         elif choice == "none":
             names = [body["tools"][0]["function"]["name"]] if self.fault == "none" else []
+            if self.fault == "markup":  # a model that writes a call anyway: vLLM runs no parser, so it is text
+                return self._answer([], content='<tool_call>{"name": "get_node_status", "arguments": {}}</tool_call>')
         elif choice == "required" and self.fault == "required":
             names = []
         return self._answer(names, content=None if names else "Done.")
@@ -111,3 +113,13 @@ def test_a_server_breaking_one_tool_choice_case_fails_agent_tool_choice(tmp_path
         return
     assert finding.status == Status.FAIL, finding.reason
     assert f"choice-{case_kind}-" in finding.reason and "tool_choice" in finding.reason
+
+
+def test_call_markup_in_content_under_tool_choice_none_is_no_parser_leak_and_honours_none(tmp_path) -> None:
+    probe = AgentProbe(_Server("markup", tmp_path / "cases"), AgentProbeConfig(model="m", scenario=OPS, concurrency=4),
+                       EvidenceStore(tmp_path / "run"))
+    findings = {f.check: f for f in probe.required_tool_calls()}
+    assert findings["agent.tool_choice"].status == Status.PASS, findings["agent.tool_choice"].reason
+    assert findings["agent.separation"].status == Status.PASS, findings["agent.separation"].reason
+    row = next(r for r in probe.case_rows if r["id"].startswith("choice-none-"))
+    assert row["misses"] and "markup" in row["misses"][0]  # reported with the case: it did not abstain
