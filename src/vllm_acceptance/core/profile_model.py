@@ -313,6 +313,10 @@ class Agent(Section):
         "agent.stream_tool_calls: how many of the case set's call cases are also sent streamed, the "
         "same request beside its non-streamed send, alone and in the under-load pass (mixed); "
         "default null: every call case"))
+    case_pack: Annotated[Literal["kimi-vendor-verifier"] | None, NULL] = Field(None, description=(
+        "a vendored, licensed case pack added to the case set as call cases (scenarios/packs/): "
+        "kimi-vendor-verifier (29 of Moonshot's Kimi-Vendor-Verifier tool-call JSON schema cases, MIT, "
+        "sent as the verifier sends them: tool_choice required, strict, its prompt); default null: none"))
     case_tools: Literal["sample", "pack"] = Field("sample", description=(
         "which tools a case offers: sample (default: the pack's tools and its "
         "case_set.extra_tools, each case the tools it needs and a random share of the others) or "

@@ -12,6 +12,11 @@ varies the context length (earlier turns, a notes block), and builds five classe
 * ``irrelevance`` -- no tool fits; no call may be made (tool_choice auto);
 * ``structured``  -- the pack's structured task under ``response_format`` json_schema, phrased anew.
 
+Beside the set, `choice_cases` writes one seeded case per `tool_choice` the OpenAI chat completions contract
+defines besides auto (TOOL_CHOICES): "required" and a named function (single cases: the asked tool expected),
+and "none" (an irrelevance case asking for a tool by name: no call may be made), so agent.tool_choice
+(probes/agent/rules.py judge_tool_choice) judges each on every run.
+
 The same (pack, seed) gives the same cases in the same order, and a longer set starts with the shorter
 one (the probe can extend it). Every body is distinct (checked): a repeated body is skipped.
 """
@@ -31,6 +36,7 @@ import jsonschema
 
 CLASSES = ("single", "parallel", "multi_turn", "irrelevance", "structured")
 CALL_CLASSES = ("single", "parallel")
+TOOL_CHOICES = ("required", "named", "none")  # choice_cases: one case each, beside the case set
 OFFERS = ("sample", "pack")  # a tool call is required: the format-error rate's denominator
 
 PHRASINGS = (
@@ -69,7 +75,7 @@ class Case:
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]]
     expect: list[str] = field(default_factory=list)  # tool names expected (none: no call may be made)
-    tool_choice: str = "auto"
+    tool_choice: Any = "auto"  # "auto", "required", "none" or {"type": "function", "function": {"name": N}}
     response_format: dict[str, Any] | None = None
     schema: dict[str, Any] | None = None  # structured: the schema the content must follow
     context_turns: int = 0
@@ -321,3 +327,26 @@ def build_cases(pack: dict[str, Any], calls: int, others: int, seed: int = 0,
     Each class has its own seeded stream, so a larger set starts with the smaller one, class by class."""
     gen = CaseSet(pack, seed, system, offer)
     return [case for cls, n in class_counts(calls, others).items() for case in gen.take(cls, n)]
+
+
+def choice_cases(pack: dict[str, Any], seed: int = 0, system: str | None = None, offer: str = "sample") -> list[Case]:
+    """One case per TOOL_CHOICES kind, from its own seeded stream (the case set's streams are untouched):
+    "required" and named (class single, the asked tool expected; named forces that tool among the offered ones),
+    "none" (class irrelevance: the request asks for a tool by name, yet no call may be made). The contract:
+    docs/sources.md#tool-choice-contract."""
+    gen = CaseSet(pack, seed, system, offer)
+    rng = random.Random(f"{seed}:tool_choice")
+    out = []
+    for n, kind in enumerate(TOOL_CHOICES, start=1):
+        msgs, turns, notes = gen._context(rng)
+        tool = rng.choice(gen.tools)
+        name = tool["function"]["name"]
+        msgs.append({"role": "user", "content": _ask(tool, arguments_for(tool, rng), rng)})
+        if kind == "none":
+            msgs[-1]["content"] += " If you cannot use tools right now, just tell me what you would do."
+        choice: Any = {"type": "function", "function": {"name": name}} if kind == "named" else kind
+        out.append(Case(f"choice-{kind}-{n:04d}", "irrelevance" if kind == "none" else "single", msgs,
+                        gen._offer([tool], rng), [] if kind == "none" else [name], tool_choice=choice,
+                        context_turns=turns, note_lines=notes, fixed_tools=offer == "pack",
+                        turn_messages=max(1, len(gen.history)) if gen.history else 2))
+    return out

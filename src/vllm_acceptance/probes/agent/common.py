@@ -71,6 +71,7 @@ class AgentProbeConfig:
     reference_min_cases: int = 36  # cases both answer before any reference result counts (agent.reference_*)
     reference_argument_min: float = 0.9  # agent.reference_arguments: share of both-call cases whose arguments agree
     stream_cases: int | None = None  # call cases also sent streamed in every pass (None: all; agent.stream_cases)
+    case_pack: str | None = None  # a vendored case pack added to the case set (agent.case_pack; case_packs.py)
 
 
 def turn_target(cfg: AgentProbeConfig) -> int:

@@ -8,6 +8,8 @@ from typing import Any
 
 from ...core.bounds import StageBound, request_bound_s, waves
 from ...scenarios import load_scenario
+from ...scenarios.case_packs import pack_cases
+from ...scenarios.cases import TOOL_CHOICES
 from ..options import ProbeOptions, request_timeout_s, setting
 from .common import BATCH, case_counts
 from .unit import config
@@ -38,6 +40,9 @@ def agent_plan(opts: ProbeOptions, under_load: int | None = None) -> StageBound:
     cfg = config(opts, load_scenario(scenario))
     loaded = int(under_load if under_load is not None else cfg.under_load)
     calls, others = case_counts(cfg)
+    # rates.py case_set adds choice_cases: required and named are call cases, none an other case
+    calls, others = calls + len(TOOL_CHOICES) - 1, others + 1
+    calls += len(pack_cases(cfg.case_pack)) if cfg.case_pack else 0  # agent.case_pack: call cases too
     repeats = cfg.consistency_cases * max(1, cfg.repeats)
     single = single_requests(cfg.scenario, cfg.images)
     one = sum(single.values())

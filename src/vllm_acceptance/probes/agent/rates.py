@@ -10,7 +10,8 @@ from typing import Any
 
 from ...core.findings import Finding, Status
 from ...runtime.client import Exchange
-from ...scenarios.cases import CALL_CLASSES, Case, build_cases, class_counts
+from ...scenarios.case_packs import pack_cases
+from ...scenarios.cases import CALL_CLASSES, Case, build_cases, choice_cases, class_counts
 from .base import AgentProbeBase
 from .common import BATCH, GATEWAY_REASON, _finding, case_counts
 from .rules import (
@@ -81,6 +82,10 @@ class RateRun(AgentProbeBase):
             if taken[case.cls] < want.get(case.cls, 0):
                 taken[case.cls] += 1
                 out.append(case)
+        # one case per tool_choice besides auto (required, named, none): agent.tool_choice judges each every run
+        out += self._fit(choice_cases(self.cfg.scenario, self.cfg.case_seed, self.system, self.cfg.case_tools), limit)
+        if self.cfg.case_pack:  # agent.case_pack: the vendored pack's requests, as call cases
+            out += self._fit(pack_cases(self.cfg.case_pack), limit)
         self.context_fit = {"prompt_token_limit": limit, "max_tokens": self.cfg.max_tokens,
                                  "trimmed": sum(1 for c in built if c not in fitted)}
         return out
@@ -175,6 +180,10 @@ class RateRun(AgentProbeBase):
                 continue
             j = judge_case(case.id, case.cls, case.expect, case.schema, ex.status, ex.body if ex.ok else None,
                            self.tools_of(case), ex.error)
+            if case.tool_choice == "none" and j.separation:
+                # tool_choice none: vLLM runs no tool parser (chat_completion/serving.py), so a model that writes
+                # call markup anyway leaves it in content by design: reported with the case, not a parser leak
+                j.separation = [p for p in j.separation if not p[1].startswith("tool-call markup")]
             judged.append(j)
             if ex.ok:
                 choices.append(judge_tool_choice(case.id, case.cls, case.expect, case.tool_choice, j.check.names,

@@ -36,6 +36,7 @@ def config(opts: ProbeOptions, scenario: dict[str, Any]) -> AgentProbeConfig:
         consistency_cases=int(setting(opts, "agent.consistency_cases")),
         under_load=int(setting(opts, "agent.under_load") or 0),
         stream_cases=None if setting(opts, "agent.stream_cases") is None else int(setting(opts, "agent.stream_cases")),
+        case_pack=setting(opts, "agent.case_pack") or None,
         abstain_min=float(setting(opts, "thresholds.tool_abstain_min")),
         reference_min=float(setting(opts, "thresholds.reference_agreement_min")),
         wrong_tool_rate=float(setting(opts, "thresholds.wrong_tool_rate")),
