@@ -18,6 +18,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from support.gateway import gateway  # noqa: E402,F401 - fixture re-exported
 from support.hosts import ns_hosts, ns_hosts_session  # noqa: E402,F401 - fixtures re-exported
 
 REPO = Path(__file__).resolve().parents[1]

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_agent_gateway_lab import FEW_TURNS, GATEWAY, REPO, failing, gateway  # noqa: F401 - gateway is a fixture
+from test_agent_gateway_lab import FEW_TURNS, GATEWAY, REPO, failing
 
 from vllm_acceptance.core.findings import Finding, Status
 

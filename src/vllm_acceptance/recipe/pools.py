@@ -22,7 +22,6 @@ from typing import Any
 from ..core.profile import ConfigError
 from .reader import RecipeBundle
 from .resolve import (
-    _PARALLEL_KEYS,
     MAX_NODES,
     RENDEZVOUS_FLAGS,
     Arg,
@@ -30,6 +29,7 @@ from .resolve import (
     Selection,
     _generation_block,
     _Tokens,
+    assemble,
     check_supported,
     dedupe,
     enabled_features,
@@ -218,20 +218,9 @@ def resolve_pool(bundle: RecipeBundle, selection: Selection, hw: dict[str, Any])
     args, left_out = leave_out(args, nodes)
     args, port, port_note = take_port(args)
     env_all = pool_env(bundle, selection, hw, variant, role, override, nodes)
-    site_env = {k: v for k, v in env_all.items() if v[0].startswith("$")}
-    parallel: dict[str, Any] = {"tensor": 1, "pipeline": 1, "data": 1,
-                                "expert": any(a.flag == "--enable-expert-parallel" for a in args)}
-    for arg in args:
-        if arg.flag in _PARALLEL_KEYS and arg.value is not None:
-            parallel[_PARALLEL_KEYS[arg.flag]] = int(arg.value)
-    model_id = str(variant.get("model_id") or (bundle.data.get("model") or {}).get("model_id") or "")
-    return Deployment(selection=selection, brand=str(hw.get("brand", "")), generation=str(hw.get("generation")),
-                      gpus_per_node=gpn, nodes=nodes,
-                      min_gpus=max(floor, parallel["tensor"] * parallel["pipeline"] * parallel["data"]),
-                      parallel=parallel, args=args,
-                      env={k: v for k, v in env_all.items() if k not in site_env}, site_env=site_env,
-                      replaced=replaced, left_out={**left_out, **port_note}, features=tuple(features),
-                      skipped_features=skipped, model_id=model_id, variant=variant, port=port)
+    return assemble(bundle, selection, hw, variant, (gpn, nodes, floor), args,
+                    {"env": env_all, "replaced": replaced, "left_out": {**left_out, **port_note},
+                     "features": features, "skipped": skipped}, port=port)
 
 
 def deployment(bundle: RecipeBundle, selection: Selection) -> Deployment:

@@ -403,6 +403,19 @@ def resolve(bundle: RecipeBundle, selection: Selection) -> Deployment:
     args, replaced = build_args(bundle, selection, hw, variant, nodes, features)
     args, left_out = leave_out(args, nodes)
     env_all = build_env(bundle, selection, hw, variant)
+    return assemble(bundle, selection, hw, variant, (gpn, nodes, floor), args,
+                    {"env": env_all, "replaced": replaced, "left_out": left_out, "features": features,
+                     "skipped": skipped})
+
+
+def assemble(bundle: RecipeBundle, selection: Selection, hw: dict[str, Any], variant: dict[str, Any],
+             shape: tuple[int, int, int], args: list[Any], parts: dict[str, Any],
+             port: tuple[int, str] | None = None) -> Deployment:
+    """The Deployment of resolved args and env (resolve() here, a pd_cluster pool in pools.py): the parallel
+    sizes read from the args, the env the site must set (a `$` value) kept apart. `shape`: (GPUs per node,
+    nodes, the recipe's GPU floor); `parts`: env, replaced, left_out, features, skipped."""
+    gpn, nodes, floor = shape
+    env_all: dict[str, Any] = parts["env"]
     site_env = {k: v for k, v in env_all.items() if v[0].startswith("$")}
     parallel: dict[str, Any] = {"tensor": 1, "pipeline": 1, "data": 1,
                                 "expert": any(a.flag == "--enable-expert-parallel" for a in args)}
@@ -415,8 +428,8 @@ def resolve(bundle: RecipeBundle, selection: Selection) -> Deployment:
                       min_gpus=max(floor, parallel["tensor"] * parallel["pipeline"] * parallel["data"]),
                       parallel=parallel, args=args,
                       env={k: v for k, v in env_all.items() if k not in site_env}, site_env=site_env,
-                      replaced=replaced, left_out=left_out, features=tuple(features), skipped_features=skipped,
-                      model_id=model_id, variant=variant)
+                      replaced=parts["replaced"], left_out=parts["left_out"], features=tuple(parts["features"]),
+                      skipped_features=parts["skipped"], model_id=model_id, variant=variant, port=port)
 
 
 def structured_image(bundle: RecipeBundle, deployment: Deployment) -> tuple[str, str] | None:
