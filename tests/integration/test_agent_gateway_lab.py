@@ -46,9 +46,11 @@ def failing(findings: list[Finding]) -> dict[str, str | None]:
     return {f.check: f.layer for f in findings if f.status == Status.FAIL}
 
 
+# agent.tool_choice too: the case set's `required` and named cases get no tool_calls when the call is moved into
+# content (re-sent to a direct server, they honour it: the gateway).
 MARKUP_CHECKS = ("agent.tool_call", "agent.schema_accuracy", "agent.trigger_consistency", "agent.separation",
                  "agent.stream_consistency", "agent.stream_structure", "agent.multi_turn",
-                 "agent.tool_failure_fallback")
+                 "agent.tool_failure_fallback", "agent.tool_choice")
 STREAM_CHECKS = ("agent.stream_consistency", "agent.stream_structure", "agent.stream_tool_calls")
 ARGUMENT_CHECKS = ("agent.tool_call", "agent.schema_accuracy", "agent.tool_failure_fallback")
 FEW_TURNS = ("--set", "thresholds.tool_format_error_rate=0.2", "--set", "thresholds.schema_accuracy_min=0.8",

@@ -19,6 +19,7 @@ from vllm_acceptance.core.profile import load_profile
 from vllm_acceptance.lab import build_model as bm
 from vllm_acceptance.probes.agent.rules import check_separation
 from vllm_acceptance.scenarios import load_scenario
+from vllm_acceptance.scenarios.cases import TOOL_CHOICES
 
 from support.accept import run_accept
 
@@ -132,8 +133,9 @@ def test_every_agent_check_through_the_kimi_k3_parsers(k3_accept_run: Path) -> N
     # The K3 lab model answers every case of the set; its canned call is another tool than most cases ask for:
     # reported per case (misses), not a format error (lab-only: agent.case_tools pack in cpu-lab-k3.yml).
     agent = load_profile(LAB_PROFILE_K3).model.agent
-    assert rates["distinct_bodies"] == rates["cases"] == agent.cases + agent.other_cases
-    assert rates["triggered"] == agent.cases
+    # ... plus one case per tool_choice kind (scenarios/cases.py choice_cases): `required` and named trigger.
+    assert rates["distinct_bodies"] == rates["cases"] == agent.cases + agent.other_cases + len(TOOL_CHOICES)
+    assert rates["triggered"] == agent.cases + 2
     assert any("called get_node_status" in m for m in rates["misses"])
     # With the profile's reasoning parser, the assembled stream carries the non-streamed reasoning too.
     stream = found["agent.stream_consistency"]

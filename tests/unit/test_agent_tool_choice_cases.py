@@ -123,3 +123,17 @@ def test_call_markup_in_content_under_tool_choice_none_is_no_parser_leak_and_hon
     assert findings["agent.separation"].status == Status.PASS, findings["agent.separation"].reason
     row = next(r for r in probe.case_rows if r["id"].startswith("choice-none-"))
     assert row["misses"] and "markup" in row["misses"][0]  # reported with the case: it did not abstain
+
+
+@pytest.mark.parametrize(("direct_fault", "layer"), [(None, "gateway"), ("required", "parser")])
+def test_a_broken_tool_choice_is_the_gateways_when_the_direct_server_honours_it(tmp_path, direct_fault,
+                                                                               layer) -> None:
+    """The `required` case answered with text through the client's URL, re-sent to the direct server (--direct-url):
+    honoured there, the answer changed on the way (the gateway); broken there too, the server's parser."""
+    probe = AgentProbe(_Server("required", tmp_path / "cases"), AgentProbeConfig(model="m", scenario=OPS,
+                                                                                concurrency=4),
+                       EvidenceStore(tmp_path / "run"), direct=_Server(direct_fault, tmp_path / "direct"))
+    finding = {f.check: f for f in probe.required_tool_calls()}["agent.tool_choice"]
+    assert finding.status == Status.FAIL, finding.reason
+    assert finding.layer == layer, finding.reason
+    assert "sent to it" in finding.reason if layer == "gateway" else "not the gateway" in finding.reason

@@ -444,7 +444,8 @@ class RateRun(AgentProbeBase):
         if reasons:
             layer = "parser" if broken and not severe and read_verdict != "fail" and all(
                 v.startswith("tool_choice") for c in broken for v in c.violations) else "model"
-            why = self._wrong_tool_direct([*severe, *read], cases) if severe or read else ""
+            why = (self._wrong_tool_direct([*severe, *read], cases) if severe or read
+                   else self._violations_direct(broken, cases))
             if why.startswith(GATEWAY_REASON.split("(")[0]) and "cleanly" in why:
                 layer = "gateway"
             return _finding("agent.tool_choice", Status.FAIL, layer, evs, observed=observed, expected=expected,
@@ -462,6 +463,23 @@ class RateRun(AgentProbeBase):
                         reason=f"{len(calls)} call cases: {len(read)} with another read tool (95 % upper bound "
                                f"{read_rate.bound:.4f}), {len(severe)} with a write tool not expected, "
                                f"{len(broken)} breaking tool_choice")
+
+    def _violations_direct(self, broken: list[ToolChoiceJudgement], cases: dict[str, Case]) -> str:
+        """With --direct-url: the cases whose answer broke their tool_choice (or the parallel set) sent to the
+        direct server (10 at most); when it honours most of them, the answer changed between it and the client
+        (the gateway: e.g. a call moved into content); otherwise the server's parser or model broke them."""
+        sample = [c for c in broken if c.case in cases][:10]
+        if not sample or self.direct is None:
+            return ""
+        direct = self._judge_all(self.direct, [cases[c.case] for c in sample], self.cfg.concurrency)
+        kept = [j.case for j, ex in direct if ex.ok and not judge_tool_choice(
+            j.case, cases[j.case].cls, cases[j.case].expect, cases[j.case].tool_choice, j.check.names,
+            self.write_tools).violations]
+        if len(kept) * 2 > len(sample):
+            return GATEWAY_REASON.format(detail=f"{len(kept)} of the {len(sample)} cases sent to it honour their "
+                                                "tool_choice")
+        return (f"the direct server breaks tool_choice on {len(sample) - len(kept)} of {len(sample)} cases too: "
+                "not the gateway")
 
     def _wrong_tool_direct(self, wrong: list[ToolChoiceJudgement], cases: dict[str, Case]) -> str:
         """With --direct-url: the cases that called a wrong tool sent to the direct server (10 at most); when the
