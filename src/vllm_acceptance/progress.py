@@ -162,16 +162,25 @@ def clock_label(seconds: float) -> str:
 
 def first_line(text: Any, limit: int = 300) -> str:
     """The one line that says why: the first non-empty line of a module's msg (or its stderr)."""
+    header = ""
     for line in str(text or "").splitlines():
         line = line.strip()
-        if line and line not in ("invalid inventory:", "invalid profile:"):
+        if line in ("invalid inventory:", "invalid profile:"):
+            header = header or line + " "          # kept in front of the refusal it introduces (gate.py)
+        elif line:
+            line = header + line
             return line if len(line) <= limit else line[: limit - 3] + "..."
     return ""
 
 
+# A refusal's line carries its field and its fix whole (gate.py messages run to a few hundred characters); only a
+# module's crash output is cut.
+REASON_LIMIT = 1200
+
+
 def failure_reason(result: Mapping[str, Any]) -> str:
     for key in ("msg", "stderr", "reason", "exception"):
-        line = first_line(result.get(key))
+        line = first_line(result.get(key), REASON_LIMIT)
         if line:
             return line
     return "failed without a message (run with -v for the full result)"
@@ -184,9 +193,9 @@ def failure_detail(result: Mapping[str, Any], limit: int = 20) -> list[str]:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     first = failure_reason(result)
     rest = [line for line in lines if line not in ("invalid inventory:", "invalid profile:")]
-    if rest and first.startswith(rest[0][:50]):
+    if rest and rest[0][:50] in first:
         rest = rest[1:]
-    return [line if len(line) <= 300 else line[:297] + "..." for line in rest[:limit]] + (
+    return [line if len(line) <= REASON_LIMIT else line[:REASON_LIMIT - 3] + "..." for line in rest[:limit]] + (
         [f"... {len(rest) - limit} more lines (run with -v for the full result)"] if len(rest) > limit else [])
 
 
