@@ -129,7 +129,10 @@ def test_every_agent_check_through_the_kimi_k3_parsers(k3_accept_run: Path) -> N
     assert set(statuses.values()) == {"pass", "not_applicable"}, statuses
     rates = json.loads((k3_accept_run / "stages" / "agent.json").read_text())["rates"]
     assert rates["schema_accuracy"] == 1.0 and rates["format_error_rate"] == 0.0
-    assert rates["finish_tool_calls"] >= rates["runs"] >= 59  # the K3 lab profile's 5 % threshold resolved
+    # the K3 lab profile's 5 % threshold resolved; every run ends with finish_reason tool_calls but the named
+    # tool_choice case's, which vLLM ends with "stop" as OpenAI's API does (vllm/entrypoints/openai/
+    # chat_completion/serving.py: "tool_calls" for auto or required, "stop" for named tool calls)
+    assert rates["finish_tool_calls"] + 1 >= rates["runs"] >= 59
     # The K3 lab model answers every case of the set; its canned call is another tool than most cases ask for:
     # reported per case (misses), not a format error (lab-only: agent.case_tools pack in cpu-lab-k3.yml).
     agent = load_profile(LAB_PROFILE_K3).model.agent

@@ -86,12 +86,18 @@ def test_plan_prints_no_planted_secret(planted: dict) -> None:
 def test_run_check_prints_and_writes_no_planted_secret(planted: dict) -> None:
     """`run --check` (preflight on the node for real, the attach read refused): its output, and every file of its
     run directory (the node's env dump, run.json with the inventory's variables, events, findings)."""
-    done = _cli(planted, "run", "-i", str(planted["inventory"]), "--project-dir", str(REPO), "--reports-dir",
-                str(planted["root"] / "reports"), "--check")
+    scratch = planted["root"] / "tmp"
+    scratch.mkdir(exist_ok=True)
+    # A dry run removes its scratch directory at the end (playbooks/verdict_gate.yml); kept here to read every file
+    # it wrote (acceptance_keep_check_dir), under this test's own TMPDIR.
+    done = subprocess.run([*CLI, "run", "-i", str(planted["inventory"]), "--project-dir", str(REPO), "--reports-dir",
+                           str(planted["root"] / "reports"), "--check", "-e", "{acceptance_keep_check_dir: true}"],
+                          cwd=planted["root"], env={**planted["env"], "TMPDIR": str(scratch)}, capture_output=True,
+                          text=True, timeout=900, check=False)
     shown = done.stdout + done.stderr
-    run_line = re.search(r"^run: (\S+)$", done.stdout, re.MULTILINE)
-    assert run_line and run_line.group(1) != "-", shown[-3000:]
-    run_dir = Path(run_line.group(1))
+    kept = sorted(scratch.glob("vllm-acceptance-check-*"))
+    assert len(kept) == 1, shown[-3000:]
+    run_dir = kept[0]
     try:
         assert not LEAK.search(shown), (LEAK.search(shown), shown[-3000:])
         assert "127.0.0.1" in shown
