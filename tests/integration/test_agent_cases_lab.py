@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_agent_gateway_lab import FEW_TURNS, failing, gateway, probe  # noqa: F401 - gateway is a fixture
+from test_agent_gateway_lab import FEW_TURNS, failing, probe
 
 from vllm_acceptance.core.findings import Status
 
