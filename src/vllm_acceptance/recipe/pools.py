@@ -23,7 +23,6 @@ from ..core.profile import ConfigError
 from .reader import RecipeBundle
 from .resolve import (
     MAX_NODES,
-    RENDEZVOUS_FLAGS,
     Arg,
     Deployment,
     Selection,
@@ -31,8 +30,8 @@ from .resolve import (
     _Tokens,
     assemble,
     check_supported,
-    dedupe,
     enabled_features,
+    feature_args,
     floor_nodes,
     hardware_profile,
     leave_out,
@@ -154,16 +153,7 @@ def pool_args(bundle: RecipeBundle, selection: Selection, hw: dict[str, Any], va
     tokens.add(override.get("vllm_args"), f"strategy_overrides.{name}.{pool}")
     for values, where in _hardware_layers(bundle, selection, hw, variant, override, "extra_args"):
         tokens.add(values, where)
-    generation, brand = str(hw.get("generation")), str(hw.get("brand", ""))
-    for feature in features:
-        feat = (bundle.data.get("features") or {}).get(feature) or {}
-        block = _generation_block(feat.get("hardware_overrides"), selection.hardware, generation, brand)
-        if block and (block[1] or {}).get("args") is not None:
-            tokens.add(block[1]["args"], f"features.{feature}.hardware_overrides.{block[0]}")
-        else:
-            tokens.add(feat.get("args"), f"features.{feature}")
-    kept, replaced = dedupe(tokens.units())
-    return [a for a in kept if a.flag not in RENDEZVOUS_FLAGS], replaced
+    return feature_args(tokens, bundle, selection, hw, features)
 
 
 def pool_env(bundle: RecipeBundle, selection: Selection, hw: dict[str, Any], variant: dict[str, Any],

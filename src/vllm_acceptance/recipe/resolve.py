@@ -358,6 +358,13 @@ def build_args(bundle: RecipeBundle, selection: Selection, hw: dict[str, Any], v
     tokens.add(so.get("vllm_args"), f"strategy_overrides.{selection.strategy}")
     for values, source in _hardware_layers(bundle, selection, hw, variant, "extra_args"):
         tokens.add(values, source)
+    return feature_args(tokens, bundle, selection, hw, features)
+
+
+def feature_args(tokens: _Tokens, bundle: RecipeBundle, selection: Selection, hw: dict[str, Any],
+                 features: list[str]) -> tuple[list[Arg], dict[str, list[str]]]:
+    """The enabled features' args (a generation's hardware override first) added last, then the args deduplicated
+    without the rendezvous flags the launch sets itself: the end of build_args here and of a pool's args (pools.py)."""
     generation, brand = str(hw.get("generation")), str(hw.get("brand", ""))
     for name in features:
         feat = (bundle.data.get("features") or {}).get(name) or {}
