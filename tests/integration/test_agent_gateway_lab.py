@@ -30,10 +30,10 @@ REPO = Path(__file__).resolve().parents[2]
 GATEWAY = "the direct server (--direct-url) answers the same request cleanly"
 
 
-def probe(base_url: str, model: str, out: Path, *extra: str) -> tuple[int, dict, list[Finding]]:
+def probe(base_url: str, model: str, out: Path, *extra: str, timeout_s: int = 240) -> tuple[int, dict, list[Finding]]:
     proc = subprocess.run([sys.executable, "-m", "vllm_acceptance.cli", "probe", "agent", "--base-url", base_url,
                            "--model", model, "--out", str(out), *extra],
-                          cwd=REPO, capture_output=True, text=True, timeout=240)
+                          cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
     assert (out / "result.json").is_file(), proc.stdout + proc.stderr
     result = json.loads((out / "result.json").read_text())
     findings = [Finding.from_dict(f) for f in result["findings"]]

@@ -16,12 +16,11 @@ flight here) and mixed into the under-load pass (4 in flight): their streams los
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from test_agent_gateway_lab import FEW_TURNS, GATEWAY, REPO, failing
+from test_agent_gateway_lab import FEW_TURNS, GATEWAY, failing
+from test_agent_gateway_lab import probe as gateway_probe
 
 from vllm_acceptance.core.findings import Finding, Status
 
@@ -31,16 +30,9 @@ FAULT = ("empty_stream_tool_calls_under_load", "--min-in-flight", "3")
 
 
 def probe(base_url: str, model: str, out: Path, *extra: str) -> tuple[int, dict, list[Finding]]:
-    """The real CLI, as test_agent_gateway_lab.probe, with room for the under-load pass and its direct re-send on a
-    busy 2-core runner (the set, its repeats and both passes took over 240 s there)."""
-    proc = subprocess.run([sys.executable, "-m", "vllm_acceptance.cli", "probe", "agent", "--base-url", base_url,
-                           "--model", model, "--out", str(out), *extra],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert (out / "result.json").is_file(), proc.stdout + proc.stderr
-    result = json.loads((out / "result.json").read_text())
-    findings = [Finding.from_dict(f) for f in result["findings"]]
-    assert all(f.layer for f in findings if f.status == Status.FAIL), [f.check for f in findings if not f.layer]
-    return proc.returncode, result, findings
+    """test_agent_gateway_lab.probe with room for the under-load pass and its direct re-send on a busy 2-core
+    runner (the set, its repeats and both passes took over 240 s there)."""
+    return gateway_probe(base_url, model, out, *extra, timeout_s=600)
 
 
 def _stream_finding(findings):
