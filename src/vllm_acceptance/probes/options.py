@@ -39,6 +39,10 @@ class ProbeOptions:
     reference_model: str | None = None
     reference_api_key: str | None = None
     under_load: int = 0  # agent: the case set sent again while this many other requests are in flight
+    # A deployment of several pools (P/D): pool name (`prefill`, `decode`) -> its instances, each
+    # {"base_url": ..., "metrics_url": ...}; `base_url` above is the entry point users call (the router).
+    # Set by the serve stage's record (docs/profiles.md); empty for one engine.
+    pools: dict[str, list[dict[str, str]]] = field(default_factory=dict)
 
 
 def probe_secrets(opts: ProbeOptions) -> list[str]:
