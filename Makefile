@@ -25,7 +25,9 @@ demo: venv lab-venv lab-model
 ## test: set up and run the whole suite (ruff, ansible-lint, pytest with the real lab vLLM)
 ## The unit tests run on every core (pytest-xdist: no lab server, no host, no fixed port among them); the integration
 ## tests run one at a time (they share the session's lab servers and judge latency on the same 2 cores).
-test: sysdeps venv lab-venv lab-model lint
+## The two environments install side by side (-j3: the controller's venv and lint beside the lab venv and its models).
+test: sysdeps
+	@$(MAKE) --no-print-directory -j3 --output-sync=target venv lab-venv lab-model lint
 	$(VENV)/bin/pytest -ra -n auto --durations=20 tests/unit $(PYTEST_ARGS)
 	$(VENV)/bin/pytest -ra --durations=60 tests/integration $(PYTEST_ARGS)
 
