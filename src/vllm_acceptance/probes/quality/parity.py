@@ -18,11 +18,13 @@ identical).
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 WINDOW = 6   # tokens of text shown on each side of a first divergence
+_SPECIAL = re.compile(r"^(<\|[^|<>]{1,40}\|>|</?s>|<eos>)$")
 
 
 @dataclass(frozen=True)
@@ -138,7 +140,12 @@ def compare(reference: Answer, test: Answer) -> Divergence:
 
 
 def _as_chars(answer: Answer) -> Answer:
-    text = "".join(answer.texts)
+    """The answer as characters; a token answer's end-of-sequence token (`<|im_end|>`, `</s>`: in the tokens, not
+    in the content vLLM returns) left out when the answer stopped on it."""
+    texts = answer.texts
+    if answer.unit != "char" and answer.finish_reason == "stop" and texts and _SPECIAL.match(texts[-1]):
+        texts = texts[:-1]
+    text = "".join(texts)
     return Answer(tuple(text), tuple(text), "char", answer.finish_reason)
 
 
