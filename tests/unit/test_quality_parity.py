@@ -291,3 +291,14 @@ def test_without_path_checks_that_apply_the_check_is_not_applicable(tmp_path: Pa
     findings, _ = run_quality_probe(opts(tmp_path, pools={"decode": [{"base_url": "http://d/v1"}]}), None,
                                     EvidenceStore(tmp_path), {}, checks=[])
     assert {f.check: f.status for f in findings}["quality.parity"] == Status.MISSING
+
+
+def test_the_plan_counts_three_sends_of_the_prompt_set(tmp_path: Path) -> None:
+    from vllm_acceptance.probes.quality.plan import quality_plan
+    from vllm_acceptance.scenarios import load_scenario
+
+    o = opts(tmp_path, overrides={"quality.concurrency": 4})
+    bound = quality_plan(o, load_scenario("ops-agent"))
+    # 6 short + long + tool call + multi-turn; one at a time, then twice in waves of 4
+    assert bound.name == "quality" and bound.requests == 27
+    assert "9 prompts one at a time + 2 x 3 waves" in bound.basis and bound.bound_s > 0

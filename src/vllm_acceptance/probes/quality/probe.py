@@ -187,7 +187,9 @@ def _parity(opts: ProbeOptions, cfg: QualityProbeConfig, client: OpenAIClient, s
     parity.evidence.append(comparison)
     findings.extend([ref_finding, parity])
     summary = {"requests": 3 * len(prompts), "prompts": names, "status": parity.status.value,
-               "per_prompt": {p: not (s.answer is None) for p, s in test.by_prompt().items()}}
+               "per_prompt": {p: {"answered": s.answer is not None, "streamed": s.streamed, "error": s.error,
+                                  "identical": ((parity.observed or {}).get("prompts") or {}).get(p, {}).get(
+                                      "identical")} for p, s in test.by_prompt().items()}}
     details.update({"parity": parity.status.value, "prompts": len(prompts),
                     "batch_invariant": (parity.observed or {}).get("batch_invariant")})
     return summary, details
