@@ -302,3 +302,18 @@ def test_the_plan_counts_three_sends_of_the_prompt_set(tmp_path: Path) -> None:
     # 6 short + long + tool call + multi-turn; one at a time, then twice in waves of 4
     assert bound.name == "quality" and bound.requests == 27
     assert "9 prompts one at a time + 2 x 3 waves" in bound.basis and bound.bound_s > 0
+
+
+def test_a_reference_that_is_the_path_under_test_proves_nothing(tmp_path: Path) -> None:
+    o = opts(tmp_path, reference_url="http://127.0.0.1:1/v1/")
+    findings, _ = run_quality_probe(o, None, EvidenceStore(tmp_path), {}, checks=[])
+    assert {f.check: f.status for f in findings if f.check != "quality.path_checks"} == {
+        "quality.reference": Status.INCONCLUSIVE, "quality.parity": Status.INCONCLUSIVE}
+
+
+def test_a_reference_that_does_not_answer_is_inconclusive_never_a_pass(tmp_path: Path) -> None:
+    o = opts(tmp_path, reference_url="http://127.0.0.1:9/v1")   # nothing listens on the discard port here
+    findings, details = run_quality_probe(o, None, EvidenceStore(tmp_path), {}, checks=[])
+    by = {f.check: f for f in findings}
+    assert by["quality.reference"].status == Status.INCONCLUSIVE and "does not answer" in by["quality.reference"].reason
+    assert by["quality.parity"].status == Status.INCONCLUSIVE and details["reference"] == "http://127.0.0.1:9/v1"

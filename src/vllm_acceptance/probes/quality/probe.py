@@ -159,6 +159,9 @@ def _parity(opts: ProbeOptions, cfg: QualityProbeConfig, client: OpenAIClient, s
         return None, details
     shown = redact_text(url)
     details.update({"reference": shown, "reference_from": origin})
+    if url.strip().rstrip("/") == opts.base_url.strip().rstrip("/"):
+        findings.extend(rules.same_path(shown, cfg.path))
+        return None, details
     api_key = opts.reference_api_key if opts.reference_url else opts.api_key
     reference = OpenAIClient(url, api_key=api_key, timeout_s=request_timeout_s(opts))
     try:

@@ -55,6 +55,16 @@ def unreachable(url_shown: str, error: str, label: str) -> list[Finding]:
                                    reason=f"nothing compared: {why}")]
 
 
+def same_path(url_shown: str, label: str) -> list[Finding]:
+    """The reference is the path under test itself: comparing it with itself proves nothing (inconclusive)."""
+    why = (f"the reference path {url_shown} is the path under test (--base-url): give quality_reference_url the "
+           "same weights served the accepted way, another endpoint")
+    return [registry.get(REFERENCE).inconclusive(observed={"reference": url_shown, "path": label},
+                                                 expected=EXPECTED_REFERENCE, reason=why),
+            registry.get(PARITY).inconclusive(observed={"path": label}, expected=EXPECTED_PARITY,
+                                              reason=f"nothing compared: {why}")]
+
+
 def judge_reference(prompts: Sequence[str], reference: PassResult, floor: PassResult, *, label: str,
                     evidence: list[str]) -> Finding:
     """quality.reference: the reference answered every prompt on both of its passes."""
