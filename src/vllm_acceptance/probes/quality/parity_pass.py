@@ -30,6 +30,7 @@ class Sent:
     answer: Answer | None
     error: str | None = None
     streamed: bool = False
+    prompt_tokens: int | None = None   # the server's usage: how long the prompt was (the long one: the contract's)
 
 
 @dataclass
@@ -49,7 +50,11 @@ def _one(client: OpenAIClient, prompt: Prompt, body: dict[str, Any], stream: boo
         why = ex.error or f"HTTP {ex.status}: {str(ex.raw)[:300]}"
         return Sent(prompt.name, None, why, stream)
     answer = answer_of_stream(ex.chunks) if stream else answer_of(ex.body)
-    return Sent(prompt.name, answer, None if answer else "the answer holds no choice", stream)
+    usage = next((c.get("usage") for c in reversed(ex.chunks) if c.get("usage")), None) if stream else (
+        (ex.body or {}).get("usage") if isinstance(ex.body, dict) else None)
+    tokens = (usage or {}).get("prompt_tokens")
+    return Sent(prompt.name, answer, None if answer else "the answer holds no choice", stream,
+                tokens if isinstance(tokens, int) else None)
 
 
 def send_pass(name: str, client: OpenAIClient, prompts: list[Prompt], *, model: str, max_tokens: int, seed: int,
@@ -59,7 +64,8 @@ def send_pass(name: str, client: OpenAIClient, prompts: list[Prompt], *, model: 
     result = PassResult(name, client.base_url)
 
     def record(sent: Sent) -> None:
-        row: dict[str, Any] = {"pass": name, "prompt": sent.prompt, "streamed": sent.streamed, "error": sent.error}
+        row: dict[str, Any] = {"pass": name, "prompt": sent.prompt, "streamed": sent.streamed, "error": sent.error,
+                               "prompt_tokens": sent.prompt_tokens}
         if sent.answer is not None:
             row.update({"unit": sent.answer.unit, "tokens": list(sent.answer.tokens), "sha256_16": sent.answer.digest,
                         "text": "".join(sent.answer.texts), "finish_reason": sent.answer.finish_reason})

@@ -54,14 +54,16 @@ class Prompt:
         return body
 
 
-def long_words(target_tokens: int, seed: int) -> str:
+def long_words(target_tokens: int, seed: int, words_per_token: float = 0.75) -> str:
     """Seeded filler of about `target_tokens` tokens (one common English word plus its space is about one token
-    in a BPE vocabulary, a little more in a small one: the set stays below the target)."""
+    in a BPE vocabulary, a little more in a small one: at 0.75 words a token the set stays below the target;
+    probe.py sizes it with the reference's /tokenize where it has one)."""
     rng = random.Random(seed)
-    return " ".join(rng.choice(_WORDS) for _ in range(max(1, int(target_tokens * 0.75))))
+    return " ".join(rng.choice(_WORDS) for _ in range(max(1, int(target_tokens * words_per_token))))
 
 
-def prompt_set(scenario: dict[str, Any], *, short: int, long_tokens: int, seed: int) -> list[Prompt]:
+def prompt_set(scenario: dict[str, Any], *, short: int, long_tokens: int, seed: int,
+               words_per_token: float = 0.75) -> list[Prompt]:
     """The set, in order: `short` seeded questions, one long prompt (long_tokens > 0), the multi-turn and tool-call
     prompts of the scenario pack (when it has them)."""
     rng = random.Random(seed)
@@ -69,7 +71,7 @@ def prompt_set(scenario: dict[str, Any], *, short: int, long_tokens: int, seed: 
     questions += [rng.choice(_QUESTIONS) + f" (variant {i})" for i in range(short - len(questions))]
     out = [Prompt(f"short-{i + 1}", "short", [{"role": "user", "content": q}]) for i, q in enumerate(questions)]
     if long_tokens > 0:
-        filler = long_words(max(1, long_tokens - _TEMPLATE_TOKENS), seed)
+        filler = long_words(max(1, long_tokens - _TEMPLATE_TOKENS), seed, words_per_token)
         out.append(Prompt("long-1", "long", [{"role": "user", "content": (
             "Here is a log of words. Read it, then say which word appears first and write one sentence about it.\n"
             + filler)}]))

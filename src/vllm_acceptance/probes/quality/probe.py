@@ -148,6 +148,25 @@ def _stopped(check: Any, exc: Exception, store: EvidenceStore) -> Finding:
     return rules.path_check_missing(name, f"{type(exc).__name__}: {exc}", [ev])
 
 
+def sized_prompts(reference: OpenAIClient, cfg: QualityProbeConfig, scenario: dict[str, Any]) -> list[Any]:
+    """The prompt set, its long prompt sized to quality.long_prompt_tokens with the reference's /tokenize (the
+    same weights: the same tokenizer); without /tokenize, the set as built (below the target)."""
+    prompts = prompt_set(scenario, short=cfg.short_prompts, long_tokens=cfg.long_prompt_tokens, seed=cfg.seed)
+    long = next((p for p in prompts if p.kind == "long"), None)
+    measured = reference.tokenize(cfg.model, long.messages) if long else None
+    if not long or not measured:
+        return prompts
+    ratio = 0.75 * cfg.long_prompt_tokens / len(measured) * 0.98
+    for _ in range(3):   # at most the target: shrink while the template's share makes it overshoot
+        sized = prompt_set(scenario, short=cfg.short_prompts, long_tokens=cfg.long_prompt_tokens, seed=cfg.seed,
+                           words_per_token=ratio)
+        tokens = reference.tokenize(cfg.model, next(p for p in sized if p.kind == "long").messages)
+        if tokens and len(tokens) <= cfg.long_prompt_tokens:
+            return sized
+        ratio *= 0.95
+    return prompts
+
+
 def _parity(opts: ProbeOptions, cfg: QualityProbeConfig, client: OpenAIClient, store: EvidenceStore,
             scenario: dict[str, Any], findings: list[Finding]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     """The parity pass and its two findings; (the summary the path checks get, or None when it did not run)."""
@@ -170,7 +189,7 @@ def _parity(opts: ProbeOptions, cfg: QualityProbeConfig, client: OpenAIClient, s
         except ServerUnreachable as exc:
             findings.extend(rules.unreachable(shown, str(exc), cfg.path))
             return None, details
-        prompts = prompt_set(scenario, short=cfg.short_prompts, long_tokens=cfg.long_prompt_tokens, seed=cfg.seed)
+        prompts = sized_prompts(reference, cfg, scenario)
         names = [p.name for p in prompts]
         store.write_json("prompts.json", [{"name": p.name, "kind": p.kind, "messages": p.messages,
                                            "tools": [t.get("function", {}).get("name") for t in p.tools]}
