@@ -53,14 +53,16 @@ options:
       - Agent - a reference endpoint's OpenAI base URL (the vendor's API, an accepted deployment); the case set is
         sent to it too and judged as C(agent.reference_agreement). Without it that check is C(not_applicable).
       - A malformed URL fails the task naming the field; credentials in it (C(https://user:token@host/v1)) are
-        redacted in evidence and messages, and Ansible hides the value in its own output. Agent only.
+        redacted in evidence and messages, and Ansible hides the value in its own output. Agent and quality only.
+      - Quality - the reference path of the same weights (inventory C(quality_reference_url)); the seeded prompt set
+        is compared with it token by token (C(quality.parity)).
     type: str
   reference_model:
-    description: Agent - the reference's model name (default O(model)).
+    description: Agent, quality - the reference's model name (default O(model)).
     type: str
   reference_api_key:
-    description: Agent - the reference's API key (playbooks read it from the environment variable named by
-      C(agent_reference_api_key_env)); never written to evidence.
+    description: Agent, quality - the reference's API key (playbooks read it from the environment variable named by
+      C(agent_reference_api_key_env) or C(quality_reference_api_key_env)); never written to evidence.
     type: str
   server_pid:
     description: Server pid; tells an exited server from a hung one; the lab RSS memory series (load).
@@ -230,13 +232,14 @@ def main() -> None:
     )
     p = module.params
     reference = {k: p[k] for k in ("reference_url", "reference_model", "reference_api_key") if p[k]}
-    if reference and p["kind"] != "agent":
-        module.fail_json(msg=f"reference_url, reference_model and reference_api_key are the agent probe's only "
-                             f"(kind is {p['kind']}): drop them for this probe")
+    if reference and p["kind"] not in ("agent", "quality"):
+        module.fail_json(msg=f"reference_url, reference_model and reference_api_key are the agent and quality "
+                             f"probes' only (kind is {p['kind']}): drop them for this probe")
+    variable = f"{'quality' if p['kind'] == 'quality' else 'agent'}_reference_url"
     if reference and not p["reference_url"]:
-        module.fail_json(msg="reference_model or reference_api_key given without reference_url: set reference_url "
-                             "(inventory agent_reference_url) to the reference's OpenAI base URL, or drop them")
-    module.guard(check_reference_url, p["reference_url"], "reference_url (inventory agent_reference_url)",
+        module.fail_json(msg=f"reference_model or reference_api_key given without reference_url: set reference_url "
+                             f"(inventory {variable}) to the reference's OpenAI base URL, or drop them")
+    module.guard(check_reference_url, p["reference_url"], f"reference_url (inventory {variable})",
                  p["reference_api_key"])
     if module.check_mode:
         module.exit_json(changed=False, status="skipped", msg=f"check mode: the {p['kind']} probe sends no traffic")

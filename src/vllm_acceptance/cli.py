@@ -46,6 +46,13 @@ def _add_probe(sub: argparse._SubParsersAction, kind: str, help_text: str) -> No
                        help="environment variable holding the reference's API key")
         p.add_argument("--under-load", type=int, default=0, metavar="N",
                        help="also send the case set while N other requests are held in flight (agent.under_load)")
+    if kind == "quality":
+        p.add_argument("--reference-url", help="the reference path (inventory quality_reference_url): the same weights "
+                                               "served the accepted way; default for a P/D deployment: a prefill "
+                                               "instance called directly")
+        p.add_argument("--reference-model", help="the reference's model name (default: --model)")
+        p.add_argument("--reference-api-key-env", default="VLLM_QUALITY_REFERENCE_API_KEY",
+                       help="environment variable holding the reference's API key")
     if kind in ("load", "cache"):
         p.add_argument("--server-pid", type=int, help="the server's pid: tells an exited server from a hung one "
                                                       "(load: its RSS is the lab memory series)")

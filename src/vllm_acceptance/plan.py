@@ -45,6 +45,7 @@ from .probes.agent.plan import agent_plan
 from .probes.cache.plan import cache_plan
 from .probes.load.plan import load_plan
 from .probes.options import ProbeOptions
+from .probes.quality.plan import quality_plan
 from .recipe import layouts as recipe_layouts
 from .serve import launch, vllm_check
 from .validate import ansible_inventory_command, group_hosts
@@ -244,9 +245,11 @@ def stages(profile: Profile, facts: dict[str, Any], site: dict[str, Any]) -> lis
         relaunch = launched and bool(site.get("acceptance_limit_relaunch", True)) and not facts["workers"]
         cfg = probe_registry.get("load").config(_options(profile, "load", site), {})
         out += [_stage(b) for b in load_plan(cfg, ready if relaunch else None)]
+    if "quality" in probes:
+        out.append(_stage(quality_plan(_options(profile, "quality", site))))
     # A probe without its own plan is still shown, never costed as free (docs/plan.md).
     out += [Stage(name, f"the {name} probe", None, 0.0, basis="no estimate for this probe", in_total=False)
-            for name in probes if name not in ("cache", "agent", "load")]
+            for name in probes if name not in ("cache", "agent", "load", "quality")]
     return out
 
 

@@ -107,6 +107,11 @@ def test_module_takes_the_reference_for_the_agent_probe_only(tmp_path: Path) -> 
     assert bad.get("failed") and "reference_url (inventory agent_reference_url)" in bad["msg"]
     assert "s3cretPass99" not in out
     other, _ = run_module({**common, "kind": "cache", "reference_url": "https://api.example.com/v1"}, tmp_path)
-    assert other.get("failed") and "agent probe's only (kind is cache)" in other["msg"]
+    assert other.get("failed") and "agent and quality probes' only (kind is cache)" in other["msg"]
+    # the quality probe takes its reference path the same way (inventory quality_reference_url)
+    quality, _ = run_module({**common, "kind": "quality", "reference_url": "https://ref.example.com/v1"}, tmp_path)
+    assert not quality.get("failed") and quality["status"] == "skipped"
+    bad, out = run_module({**common, "kind": "quality", "reference_url": "ftp://ref.example.com/v1"}, tmp_path)
+    assert bad.get("failed") and "reference_url (inventory quality_reference_url)" in bad["msg"]
     alone, _ = run_module({**common, "kind": "agent", "reference_model": "ref"}, tmp_path)
     assert alone.get("failed") and "without reference_url" in alone["msg"]

@@ -141,7 +141,7 @@ def test_client_library_keeps_raw_fields_and_refuses_a_body_without_finish_reaso
 
 
 def test_unknown_mode_and_bad_cli_are_refused() -> None:
-    assert len(MODES) == len(set(MODES)) == 19
+    assert len(MODES) == len(set(MODES)) == 20
     with pytest.raises(ValueError, match="choose one of"):
         Corruptor("eat_everything")
     with pytest.raises(SystemExit):

@@ -44,7 +44,7 @@ def test_a_declared_probe_without_its_folder_is_named(monkeypatch: pytest.Monkey
                                                                "a probe with no folder")))
     with pytest.raises(KeyError, match="no folder probes/warp/"):
         registry.get("warp")
-    with pytest.raises(KeyError, match="unknown .*cache, agent, load, metrics, warp"):
+    with pytest.raises(KeyError, match="unknown .*cache, agent, load, metrics, quality, warp"):
         registry.get("nope")
 
 

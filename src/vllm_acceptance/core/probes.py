@@ -50,6 +50,12 @@ PROBE_KINDS: tuple[ProbeKind, ...] = (
     ProbeKind("metrics", "capacity", "limited_observation", "capacity.alert_series",
               "the server exports every series the generated alerts and dashboard read", required=False,
               probe_check="capacity.metrics_probe"),
+    # Output parity against a reference path (docs/acceptance.md "Output parity"): opt-in, named in
+    # acceptance_probes where the deployment has a path that changes the arithmetic (P/D pools, speculative
+    # decoding, fp8 KV, DCP, a new image) or a quality_reference_url is given. Last: its greedy pass is short and
+    # the path checks around it (probes/quality/hooks.py) read counters the other probes have moved.
+    ProbeKind("quality", "quality", "rebuild_environment", "quality.parity",
+              "output parity: seeded greedy prompts compared token by token with a reference path", required=False),
 )
 
 

@@ -328,6 +328,39 @@ class Agent(Section):
         " time is reported by name and is never a pass (default: load.request_timeout_s)"))
 
 
+# The paths the quality probe compares (docs/acceptance.md "Output parity"): what differs between them is only
+# which URL is the reference (quality_reference_url, or a prefill instance of a P/D deployment) and this label.
+QualityPath = Literal["reference", "pd_vs_aggregated", "spec_on_vs_off", "fp8_vs_bf16_kv", "dcp_on_vs_off",
+                      "new_vs_accepted_image"]
+
+
+class Quality(Section):
+    path: QualityPath = Field("reference", description=(
+        "quality.parity: which comparison the report names: reference (the deployment against "
+        "quality_reference_url), pd_vs_aggregated (the P/D entry point against the aggregated path: "
+        "quality_reference_url, else a prefill instance called directly), spec_on_vs_off, fp8_vs_bf16_kv, "
+        "dcp_on_vs_off, new_vs_accepted_image (each: quality_reference_url serves the same weights the accepted "
+        "way)"))
+    short_prompts: PosInt = Field(6, description=(
+        "short questions of the seeded prompt set (besides one long, one multi-turn, one tool-call prompt)"))
+    long_prompt_tokens: Annotated[NonNegInt | None, NULL] = Field(None, description=(
+        "the long prompt's size in tokens; default null: contract.context_tokens (the contract's whole "
+        "context); 0: no long prompt"))
+    max_tokens: PosInt = Field(32, description=(
+        "tokens generated per prompt, greedy (temperature 0): the positions compared"))
+    seed: int = Field(0, description="the prompt set's seed and the seed sent with every request (default 0)")
+    concurrency: PosInt = Field(8, description=(
+        "prompts in flight at once in the reference's second pass and the path under test's pass (the "
+        "reference's first pass sends them one at a time): the batch the noise floor is measured under"))
+    margin: Share = Field(0.1, description=(
+        "quality.parity where the reference does not reproduce itself (not batch-invariant): the share of "
+        "prompts identical and the mean prefix agreement of the path under test may fall below the reference's "
+        "own floor by at most this (default 0.1)"))
+    request_timeout_s: PosNum | None = Field(None, description=(
+        "per-request timeout (seconds) of the quality probe; a request without an answer in time is named and "
+        "is never a pass (default: load.request_timeout_s)"))
+
+
 class Load(Section):
     ramp: Annotated[list[PosInt], Field(min_length=1)]
     requests_per_step: PosInt = 8
@@ -398,6 +431,9 @@ class ProfileModel(Section):
     cache: Cache
     agent: Agent
     load: Load
+    quality: Quality = Field(Quality(), description=(
+        "the quality probe (opt-in, acceptance_probes: quality): output parity against a reference path "
+        "(docs/acceptance.md \"Output parity\")"))
     loadgen: Loadgen = Field(Loadgen(), description=(
         "the load generator's self-check and sizing: a step whose client exceeds a limit is "
         "inconclusive ('load generator saturated')"))

@@ -21,6 +21,13 @@ MODEL_VAR = "agent_reference_model"
 KEY_ENV_VAR = "agent_reference_api_key_env"
 DEFAULT_KEY_ENV = "VLLM_REFERENCE_API_KEY"   # the CLI's --reference-api-key-env default (cli.py)
 VARIABLES = (URL_VAR, MODEL_VAR, KEY_ENV_VAR)
+# The quality probe's reference path (docs/acceptance.md "Output parity", docs/checks.md quality.parity): the same
+# three variables, its own names; the key again from the environment variable named, never a variable's value.
+QUALITY_URL_VAR = "quality_reference_url"
+QUALITY_MODEL_VAR = "quality_reference_model"
+QUALITY_KEY_ENV_VAR = "quality_reference_api_key_env"
+QUALITY_DEFAULT_KEY_ENV = "VLLM_QUALITY_REFERENCE_API_KEY"
+QUALITY_VARIABLES = (QUALITY_URL_VAR, QUALITY_MODEL_VAR, QUALITY_KEY_ENV_VAR)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _FIX = "e.g. agent_reference_url: https://api.example.com/v1 (http or https, a host, the OpenAI base path)"
 
@@ -82,22 +89,30 @@ def check_reference_url(url: str | None, field: str, api_key: str | None = None)
 
 
 def inventory_errors(variables: Mapping[str, Any], source: str) -> list[str]:
-    """The agent_reference_* variables (core/variables.py check_variables): a malformed URL, a key variable that is
-    not an environment name, a model or key without a URL. Types are the schema's (inventory.schema.json)."""
+    """The agent_reference_* and quality_reference_* variables (core/variables.py check_variables): a malformed URL,
+    a key variable that is not an environment name, a model or key without a URL. Types are the schema's
+    (inventory.schema.json)."""
+    return (_reference_errors(variables, source, URL_VAR, MODEL_VAR, KEY_ENV_VAR, DEFAULT_KEY_ENV)
+            + _reference_errors(variables, source, QUALITY_URL_VAR, QUALITY_MODEL_VAR, QUALITY_KEY_ENV_VAR,
+                                QUALITY_DEFAULT_KEY_ENV))
+
+
+def _reference_errors(variables: Mapping[str, Any], source: str, url_var: str, model_var: str,
+                      key_var: str, default_env: str) -> list[str]:
     errors: list[str] = []
-    url = variables.get(URL_VAR)
+    url = variables.get(url_var)
     if isinstance(url, str):
-        error = url_error(url, URL_VAR)
+        error = url_error(url, url_var)
         if error:
             errors.append(f"{source}: {error}")
-    env = variables.get(KEY_ENV_VAR)
+    env = variables.get(key_var)
     if isinstance(env, str) and not _ENV_NAME.match(env):
         # its value is not shown: a key pasted here by mistake stays out of the message
-        errors.append(f"{source}: field `{KEY_ENV_VAR}`: is not an environment variable name (letters, digits, _); "
-                      f"name the variable that holds the key, e.g. {KEY_ENV_VAR}: {DEFAULT_KEY_ENV} (never the key "
+        errors.append(f"{source}: field `{key_var}`: is not an environment variable name (letters, digits, _); "
+                      f"name the variable that holds the key, e.g. {key_var}: {default_env} (never the key "
                       "itself: it would be written in the inventory)")
-    for name in (MODEL_VAR, KEY_ENV_VAR):
+    for name in (model_var, key_var):
         if variables.get(name) not in (None, "") and url in (None, ""):
-            errors.append(f"{source}: field `{name}` is set but `{URL_VAR}` is not: set {URL_VAR} to the reference's "
+            errors.append(f"{source}: field `{name}` is set but `{url_var}` is not: set {url_var} to the reference's "
                           f"OpenAI base URL, or remove {name}")
     return errors

@@ -35,6 +35,7 @@ PREFIXES: tuple[str, ...] = (
     "acceptance_", "vllm_", "prometheus_", "preflight_", "rebuild_", "rollback_", "loadgen_", "monitoring_",
     "build_image_", "isolated_env_", "gpu_memory_sampler_", "node_state_", "driver_upgrade_", "scheduler_hook_",
     "agent_reference_",   # the agent probe's reference endpoint only (core/reference.py), not every agent_* name
+    "quality_reference_",   # the quality probe's reference path (core/reference.py QUALITY_VARIABLES)
 )
 UNCHECKED = "acceptance_unchecked_vars"
 

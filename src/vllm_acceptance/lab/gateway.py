@@ -66,6 +66,15 @@ so the agent probe can be shown to find the defect and to name the layer that ca
                                every later one is answered HTTP 503 without reaching the server: an
                                endpoint (a reference with a quota) that answers a few cases only.
 
+* `corrupt_after_tokens`      -- every answer's tokens after the `--after-tokens` N-th (default 4) replaced by
+                               the N-th one repeated, in every field that carries them: `token_ids`
+                               (vLLM's return_token_ids), `logprobs.content`, the text (`content`, rebuilt
+                               from the tokens' texts where logprobs carry them, else cut after N
+                               whitespace-separated words and filled with the repeated word) and tool-call
+                               arguments past that share of the answer, both streamed (per chunk, counting
+                               tokens across chunks) and not: a path that produces garbage after N tokens
+                               (garbled P/D output, vllm-project/vllm#52627; docs/checks.md quality.parity).
+
 `/metrics`, `/tokenize`, `/v1/models`, `/health` and everything else pass untouched.
 
     python -m vllm_acceptance.lab.gateway --upstream http://127.0.0.1:8011/v1 --port 8091 --mode M
@@ -91,7 +100,8 @@ from typing import Any
 MODES = ("passthrough", "markup_in_content", "drop_stream_tool_calls", "reasoning_into_content",
          "change_arg_types", "drop_field", "markup_one_in_five", "stall_nth", "shift_stream_index", "stamp_system",
          "strip_images", "replace_system", "drop_tool_results", "change_arg_types_under_load", "drop_rank_header",
-         "swap_tool_name", "perturb_free_text", "refuse_after_nth", "empty_stream_tool_calls_under_load")
+         "swap_tool_name", "perturb_free_text", "refuse_after_nth", "empty_stream_tool_calls_under_load",
+         "corrupt_after_tokens")
 # Non-streamed-only answer rewrites (streamed answers pass these modes untouched).
 PLAIN_ONLY = ("swap_tool_name", "perturb_free_text")
 DEFAULT_SWAP_TO = "create_ticket"
@@ -208,6 +218,7 @@ class Corruptor:
     swap_to: str = DEFAULT_SWAP_TO  # swap_tool_name: the name every call gets
     text_keys: tuple[str, ...] = DEFAULT_TEXT_KEYS  # perturb_free_text: the argument names of free text
     sightings: dict[str, int] = field(default_factory=dict)  # perturb_free_text: request body hash -> times seen
+    after_tokens: int = 4  # corrupt_after_tokens: the tokens kept before the corruption
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -300,6 +311,10 @@ class Corruptor:
             return body
         if self.mode == "empty_stream_tool_calls_under_load":
             return body  # streams only
+        if self.mode == "corrupt_after_tokens":
+            for choice in choices:
+                self.corrupted += corrupt_choice(choice, self.after_tokens)
+            return body
         has_calls = any((c.get("message") or {}).get("tool_calls") for c in choices)
         markup = self.mode == "markup_in_content" or (
             self.mode == "markup_one_in_five" and has_calls and self._count_tool_response())
@@ -355,6 +370,8 @@ class StreamRewriter:
     seen_reasoning: bool = False
     injected: bool = False
     emptied: bool | None = None  # empty_stream_tool_calls_under_load: decided at the first tool-call delta
+    tokens: dict[int, int] = field(default_factory=dict)  # corrupt_after_tokens: tokens seen per choice index
+    nth_token: dict[int, tuple[Any, Json | None, str]] = field(default_factory=dict)  # ... its N-th (id, entry, text)
 
     @property
     def mode(self) -> str:
@@ -388,7 +405,44 @@ class StreamRewriter:
                 self._reasoning_delta(choice, delta)
             elif self.mode == "empty_stream_tool_calls_under_load":
                 self._empty_delta(delta)
+            elif self.mode == "corrupt_after_tokens":
+                self._corrupt_delta(choice, delta)
         return chunk
+
+    def _corrupt_delta(self, choice: Json, delta: Json) -> None:
+        """corrupt_after_tokens on one chunk: its tokens counted after those of the earlier chunks."""
+        index = choice.get("index", 0)
+        seen = self.tokens.get(index, 0)
+        ids = choice.get("token_ids")
+        entries = (choice.get("logprobs") or {}).get("content")
+        count = len(ids) if isinstance(ids, list) else len(entries) if isinstance(entries, list) else int(
+            bool(delta.get("content") or delta.get("tool_calls")))
+        if count == 0:
+            return
+        keep = max(0, self.corruptor.after_tokens - seen)
+        self.tokens[index] = seen + count
+        if keep >= count:
+            if keep == count or seen + count == self.corruptor.after_tokens:
+                self.nth_token[index] = _last_token(ids, entries, delta)
+            return
+        if index not in self.nth_token:   # the N-th token is in this chunk
+            self.nth_token[index] = _nth_in(ids, entries, delta, keep)
+        nth_id, nth_entry, nth_text = self.nth_token[index]
+        self.corruptor.corrupted += seen <= self.corruptor.after_tokens
+        if isinstance(ids, list):
+            choice["token_ids"] = ids[:keep] + [nth_id] * (count - keep)
+        if isinstance(entries, list):
+            kept = entries[:keep]
+            choice["logprobs"]["content"] = kept + [copy.deepcopy(nth_entry or {"token": nth_text})
+                                                    for _ in range(count - keep)]
+            if delta.get("content") is not None:
+                delta["content"] = "".join(str(e.get("token", "")) for e in kept) + nth_text * (count - keep)
+        elif delta.get("content"):
+            delta["content"] = (delta["content"] if keep else "") + nth_text * (count - keep)
+        for call in delta.get("tool_calls") or []:
+            fn = call.get("function") or {}
+            if fn.get("arguments"):
+                fn["arguments"] = _garble(fn["arguments"], 0)
 
     def _empty_delta(self, delta: Json) -> None:
         """Every tool-call delta of this stream emptied when its first arrived under load (counting this one)."""
@@ -443,6 +497,59 @@ class StreamRewriter:
             self.injected = True
             delta["reasoning_content"] = STAND_IN_REASONING
             delta["content"] = STAND_IN_REASONING + (delta.get("content") or "")
+
+
+# --- corrupt_after_tokens: the pure rewrites ---------------------------------------------------
+
+def _garble(text: str, keep: int) -> str:
+    """`text` after its first `keep` characters replaced by `!` (what a path emitting garbage leaves in a field)."""
+    return text[:keep] + "!" * max(0, len(text) - keep)
+
+
+def _nth_in(ids: Any, entries: Any, delta: Json, keep: int) -> tuple[Any, Json | None, str]:
+    """The token repeated after the N-th: the chunk's token at `keep - 1` (its first when N falls before it)."""
+    at = max(0, keep - 1)
+    entry = entries[at] if isinstance(entries, list) and len(entries) > at else None
+    token_id = ids[at] if isinstance(ids, list) and len(ids) > at else None
+    text = str(entry.get("token", "")) if entry else (str(delta.get("content") or "").split(" ")[0] or "!")
+    return token_id, entry, text
+
+
+def _last_token(ids: Any, entries: Any, delta: Json) -> tuple[Any, Json | None, str]:
+    n = len(ids) if isinstance(ids, list) else len(entries) if isinstance(entries, list) else 1
+    return _nth_in(ids, entries, delta, n)
+
+
+def corrupt_choice(choice: Json, after: int) -> bool:
+    """corrupt_after_tokens on one non-streamed choice (in place); True when it had tokens past the N-th."""
+    ids = choice.get("token_ids")
+    entries = (choice.get("logprobs") or {}).get("content")
+    message = choice.get("message") or {}
+    content = message.get("content")
+    words = str(content or "").split(" ")
+    total = len(ids) if isinstance(ids, list) else len(entries) if isinstance(entries, list) else len(words)
+    if total <= after:
+        return False
+    at = max(0, after - 1)
+    if isinstance(ids, list):
+        choice["token_ids"] = ids[:after] + [ids[at]] * (total - after)
+    if isinstance(entries, list) and entries:
+        nth = entries[at]
+        choice["logprobs"]["content"] = entries[:after] + [copy.deepcopy(nth) for _ in range(total - after)]
+        # the text is the tokens' texts (the end-of-sequence token's aside: vLLM leaves it out of content)
+        if content is not None and "".join(str(e.get("token", "")) for e in entries).startswith(content):
+            message["content"] = "".join(str(e.get("token", "")) for e in choice["logprobs"]["content"])
+        elif content:
+            message["content"] = _garble(content, len("".join(str(e.get("token", "")) for e in entries[:after])))
+    elif content:
+        word = words[at] if at < len(words) else "!"
+        message["content"] = " ".join(words[:after] + [word] * (len(words) - after))
+    share = after / total
+    for call in message.get("tool_calls") or []:
+        fn = call.get("function") or {}
+        arguments = str(fn.get("arguments") or "")
+        fn["arguments"] = _garble(arguments, int(len(arguments) * share))
+    return True
 
 
 # --- the proxy -------------------------------------------------------------------------------
@@ -593,7 +700,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="change_arg_types_under_load: corrupt only answers completing with this many chat "
                              "completions in flight or more; empty_stream_tool_calls_under_load: empty only streams "
                              "whose first tool-call delta arrives with this many in flight or more")
+    parser.add_argument("--after-tokens", type=int, default=4,
+                        help="corrupt_after_tokens: the tokens of each answer kept before the corruption (N >= 1)")
     args = parser.parse_args(argv)
+    if args.after_tokens < 1:
+        parser.error("--after-tokens must be >= 1 (the N-th token is the one repeated)")
     if args.every < 1:
         parser.error("--every must be >= 1")
     try:
@@ -606,7 +717,7 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(serve(args.upstream, args.host, args.port,
                           Corruptor(args.mode, drop_field=args.drop_field, every=args.every, nth=nth,
                                     stall_s=args.stall_s, min_in_flight=args.min_in_flight,
-                                    swap_to=args.swap_to,
+                                    swap_to=args.swap_to, after_tokens=args.after_tokens,
                                     text_keys=tuple(k for k in args.text_keys.split(",") if k))))
     return 0
 

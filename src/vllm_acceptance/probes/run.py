@@ -40,8 +40,8 @@ def run_probe(opts: ProbeOptions, *, write_result_json: bool = True) -> tuple[st
     if opts.kind not in PROBES:
         raise ConfigError(f"probe {opts.kind!r}: unknown (choose one of {', '.join(PROBES)})")
     probe = registry.get(opts.kind)
-    check_reference_url(opts.reference_url, "reference URL (--reference-url, inventory agent_reference_url)",
-                        opts.reference_api_key)
+    check_reference_url(opts.reference_url, f"reference URL (--reference-url, inventory "
+                        f"{'quality' if opts.kind == 'quality' else 'agent'}_reference_url)", opts.reference_api_key)
     secrets = probe_secrets(opts)
     store = EvidenceStore(opts.out_dir, secrets=secrets)
     client = OpenAIClient(opts.base_url, api_key=opts.api_key, timeout_s=request_timeout_s(opts))

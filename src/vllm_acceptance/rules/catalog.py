@@ -623,6 +623,45 @@ register("agent.timeouts", stage="agent", consequence=AGENT,
          evidence="probes/agent/*",
          source="docs/sources.md#a003: hung requests are named, never a pass")
 
+# --- quality: output parity ----------------------------------------------------------------------
+# The quality probe (probes/quality/, opt-in: acceptance_probes names it; docs/acceptance.md "Output parity"): the
+# seeded greedy prompt set on the path under test against a reference path of the same weights.
+
+register("quality.probe", stage="quality", consequence=REBUILD,
+         title="Quality probe ran",
+         rule="the quality probe ran to its end and wrote its result",
+         evidence="findings/quality.json, stages/quality.json",
+         source="issue 45 item 3: accuracy regressions on paths that change the arithmetic are quiet")
+register("quality.reference", stage="quality", consequence=REBUILD,
+         title="A reference path answered the prompt set",
+         rule=("quality_reference_url (or, for a P/D deployment without it, a prefill instance called directly) "
+               "answered every prompt of the seeded set, alone and quality.concurrency at once; not given where "
+               "the deployment has a path that changes the arithmetic (P/D pools, speculative decoding, fp8 KV, "
+               "DCP, quality.path other than reference): missing; unreachable or answering too few: "
+               "inconclusive; neither: not_applicable"),
+         evidence="probes/quality/reference.jsonl, probes/quality/floor.jsonl",
+         source=("issue 45 item 3; docs/sources.md#quality-parity: K3 1P1D garbled output (vllm#52627), fp8 KV "
+                 "GSM8K drop, DCP drift (vllm#41623): only a comparison with the reference shows them"))
+register("quality.parity", stage="quality", consequence=REBUILD,
+         title="The path under test answers like the reference",
+         rule=("the seeded prompt set (short, long up to the contract, multi-turn, tool call) sent greedy "
+               "(temperature 0, fixed seed, quality.max_tokens) to both paths, compared token by token "
+               "(return_token_ids, else logprobs tokens, else characters): where the reference reproduced itself "
+               "batched on every prompt (batch-invariant) any divergence fails; else the share of prompts "
+               "identical and the mean prefix agreement (first divergent position / length) may fall below the "
+               "reference's own floor by at most quality.margin. A fail names the prompt, the first divergent "
+               "position and both tokens; a prompt not compared is inconclusive, never a pass"),
+         evidence="probes/quality/reference.jsonl, floor.jsonl, test.jsonl, comparison.json",
+         source=("issue 45 item 3; docs/sources.md#quality-parity: garbled P/D output (vllm#52627), DSpark "
+                 "acceptance collapse (vllm#51009), NVFP4 degenerate output (vllm#51798), DCP drift (vllm#41623)"))
+register("quality.path_checks", stage="quality", consequence=REBUILD,
+         title="The deployment's path checks ran",
+         rule=("every path check that applies to the deployment (probes/quality/hooks.py PATH_CHECKS: the P/D "
+               "pools' counters, speculative decoding's acceptance) ran before and after the parity pass; one "
+               "that stopped is missing, never a pass; none applies: not_applicable"),
+         evidence="probes/quality/path-check-*.txt",
+         source="issue 45 items 2 and 4: the path that answered is proven by its own counters")
+
 # --- capacity under load -------------------------------------------------------------------------
 
 register("capacity.probe", stage="load", consequence=EXPAND,
