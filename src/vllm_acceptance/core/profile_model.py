@@ -376,6 +376,40 @@ class Remediation(Section):
         "hours; older evidence is refused (default 72)"))
 
 
+class SpecDecode(Section):
+    """quality.spec_decode: speculative decoding judged (docs/checks.md quality.spec_acceptance,
+    quality.spec_throughput; probes/quality/spec_decode.py; issue 45 item 4)."""
+
+    min_acceptance_length: Annotated[Number, Field(ge=1)] = Field(1.5, description=(
+        "quality.spec_acceptance: the mean acceptance length (1 + accepted / drafts, the bonus token counted, as "
+        "vLLM logs it) over the probe's requests must reach it (default 1.5: below it the 5-token DSpark chain "
+        "of vllm#51009, 1.46, fails; K3 profiles set their own from the recipe's acceptance facts)"))
+    min_continuation: Share = Field(0.4, description=(
+        "quality.spec_acceptance: the share of drafts accepted at position i among those accepted at position "
+        "i-1 must reach it at every judged position (default 0.4: vllm#51009's collapse after position 0 "
+        "continued ~25 %; healthy DSpark and EAGLE chains continue 0.55-0.85)"))
+    min_position_drafts: PosInt = Field(20, description=(
+        "quality.spec_acceptance: a position's continuation is judged only where the position before it holds "
+        "at least this many accepted drafts (fewer: too noisy to call a collapse; default 20)"))
+    min_drafts: PosInt = Field(30, description=(
+        "quality.spec_acceptance: drafts counted over the probe's requests before acceptance is judged; fewer is "
+        "inconclusive, with the count (default 30)"))
+    requests: PosInt = Field(8, description=(
+        "the seeded greedy requests the spec check sends itself when the parity pass moved too few drafts "
+        "(default 8)"))
+    max_tokens: PosInt = Field(64, description="output tokens of each of those requests (default 64)")
+    throughput_requests: NonNegInt = Field(16, description=(
+        "quality.spec_throughput: requests sent to the path under test and to the reference (quality_reference_url) "
+        "at contract.concurrency, each way; 0: not measured, the check not_applicable (default 16)"))
+    throughput_tolerance: Share = Field(0.05, description=(
+        "quality.spec_throughput: speculative decoding whose output tokens/s at the contract's concurrency fall "
+        "below the reference's by more than this share is a finding (default 0.05)"))
+
+
+class Quality(Section):
+    spec_decode: SpecDecode = SpecDecode()
+
+
 class ProfileModel(Section):
     name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")]
     extends: Annotated[str, Field(min_length=1)] | None = Field(None, description=(
@@ -401,6 +435,8 @@ class ProfileModel(Section):
     loadgen: Loadgen = Field(Loadgen(), description=(
         "the load generator's self-check and sizing: a step whose client exceeds a limit is "
         "inconclusive ('load generator saturated')"))
+    quality: Quality = Field(Quality(), description=(
+        "the quality family's settings (docs/checks.md `quality.`): speculative decoding's floors"))
     review: Review = Review()
     remediation: Remediation = Field(Remediation(), description=(
         "driver change (playbooks/rebuild.yml): how old the preflight evidence proving the "
