@@ -50,6 +50,10 @@ PROBE_KINDS: tuple[ProbeKind, ...] = (
     ProbeKind("metrics", "capacity", "limited_observation", "capacity.alert_series",
               "the server exports every series the generated alerts and dashboard read", required=False,
               probe_check="capacity.metrics_probe"),
+    # Stand-in for the quality helper's registration (issue 45 item 3 owns it): the `quality.` family the spec
+    # checks register in. The lead keeps the quality branch's line in its place on merge.
+    ProbeKind("quality", "quality", "limited_observation", "quality.spec_acceptance",
+              "output parity against a reference path; the path checks around it", required=False),
 )
 
 
