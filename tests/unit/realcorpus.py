@@ -304,7 +304,12 @@ def _spec_decode(text: str) -> dict[str, Any]:
     floors (core/profile_model.py SpecDecode)."""
     from vllm_acceptance.core.profile_model import SpecDecode
     from vllm_acceptance.probes.quality.spec_acceptance import (
-        Acceptance, AcceptanceFloor, SpecCounts, judge_acceptance, parse_log_lines)
+        Acceptance,
+        AcceptanceFloor,
+        SpecCounts,
+        judge_acceptance,
+        parse_log_lines,
+    )
 
     if "SpecDecoding metrics" in text:
         acc = parse_log_lines(text, "log")
