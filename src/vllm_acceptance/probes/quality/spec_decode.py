@@ -221,7 +221,8 @@ def _measure(opts: ProbeOptions, store: EvidenceStore, label: str, url: str, mod
     selfcheck: list[dict[str, Any]] = []
     try:
         records = run_closed_loop_sync(url, model, specs, concurrency, api_key=api_key, on_record=sink,
-                                       selfcheck=selfcheck, timeout_s=float(setting(opts, "load.request_timeout_s")))
+                                       selfcheck=selfcheck, timeout_s=float(setting(opts, "load.request_timeout_s")),
+                                       stage_deadline_s=float(setting(opts, "load.stage_timeout_s")))
     finally:
         sink.close()
     summary = summarize(records)
