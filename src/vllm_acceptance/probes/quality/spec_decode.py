@@ -228,7 +228,9 @@ def _measure(opts: ProbeOptions, store: EvidenceStore, label: str, url: str, mod
     summary = summarize(records)
     client = client_summary(selfcheck, [])
     limits = ClientLimits.from_profile(lambda dotted, default: setting(opts, dotted))
-    return {"count": summary["count"], "ok": summary["ok"], "errors": summary["errors"],
+    # count: the requests planned (a request the stage deadline kept from starting leaves no record, and is
+    # never read as one that was not needed)
+    return {"count": len(specs), "recorded": summary["count"], "ok": summary["ok"], "errors": summary["errors"],
             "timeouts": summary["timeouts"], "usage_missing": summary["usage_missing"],
             "output_tokens": summary["output_tokens"], "duration_s": summary["duration_s"],
             "output_tokens_per_s": summary["output_tokens_per_s"],
