@@ -28,7 +28,8 @@ SPEC_PROFILE = REPO / "profiles" / "cpu-lab-spec.yml"
 PORT_SPEC = 8047
 
 
-def judged(server: Any, reference: Any, run: Path, profile: Path) -> tuple[bool, list[Finding]]:
+def judged(server: Any, reference: Any, run: Path, profile: Path, throughput_requests: int = 8
+           ) -> tuple[bool, list[Finding]]:
     """The served argv recorded as the serve stage records it (the process's /proc/PID/cmdline), then the path
     check around an empty parity pass."""
     served = run / "evidence" / "serve" / "process-args.json"
@@ -39,7 +40,7 @@ def judged(server: Any, reference: Any, run: Path, profile: Path) -> tuple[bool,
     opts = ProbeOptions(kind="quality", base_url=server.base_url, model=server.model, out_dir=out,
                         profile=load_profile(profile), metrics_url=server.metrics_url,
                         reference_url=reference.base_url,
-                        overrides={"quality.spec_decode.throughput_requests": 8})
+                        overrides={"quality.spec_decode.throughput_requests": throughput_requests})
     store = EvidenceStore(run, "probes/quality")
     applies = CHECK.applies(opts)
     before = CHECK.before(opts, store)
@@ -66,7 +67,10 @@ def test_a_draft_model_that_disagrees_fails_the_acceptance_floor(lab_server: Any
                         separators=(",", ":"))
     # the plain cpu-lab profile: the speculative config is read from the running server's argv
     server = lab_server_factory(f"--speculative-config={config}", PORT_SPEC + 1)
-    applies, (acceptance, _throughput) = judged(server, lab_server, tmp_path / "run", REPO / "profiles" / "cpu-lab.yml")
+    # throughput not measured here (0 requests: not_applicable): the acceptance is what this test decides
+    applies, (acceptance, throughput) = judged(server, lab_server, tmp_path / "run", REPO / "profiles" / "cpu-lab.yml",
+                                               throughput_requests=0)
     assert applies
     assert acceptance.status == Status.FAIL, acceptance.reason
     assert acceptance.observed["mean_acceptance_length"] < 1.5 and "mean acceptance length" in acceptance.reason
+    assert throughput.status == Status.NOT_APPLICABLE
