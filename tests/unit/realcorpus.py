@@ -298,12 +298,41 @@ def _runtime_info(text: str) -> dict[str, Any]:
             "errors": parsed.errors}
 
 
+def _spec_decode(text: str) -> dict[str, Any]:
+    """Speculative decoding's acceptance as quality.spec_acceptance reads it: vLLM's "SpecDecoding metrics" log
+    lines, or a /metrics scrape's spec-decode counters since the server started; judged at the model's default
+    floors (core/profile_model.py SpecDecode)."""
+    from vllm_acceptance.core.profile_model import SpecDecode
+    from vllm_acceptance.probes.quality.spec_acceptance import (
+        Acceptance,
+        AcceptanceFloor,
+        SpecCounts,
+        judge_acceptance,
+        parse_log_lines,
+    )
+
+    if "SpecDecoding metrics" in text:
+        acc = parse_log_lines(text, "log")
+    else:
+        counts = SpecCounts.of(parse_exposition(text, taken=0.0))
+        acc = Acceptance.of_counts(counts, "metrics") if counts is not None else None
+    if acc is None:
+        return {"drafts": None, "mean_acceptance_length": None, "positions": None, "status": None}
+    d = SpecDecode()
+    floor = AcceptanceFloor(d.min_drafts, float(d.min_acceptance_length), float(d.min_continuation),
+                            d.min_position_drafts)
+    return {"drafts": round(acc.drafts, 2), "positions": len(acc.rates),
+            "mean_acceptance_length": None if acc.mean_length is None else round(acc.mean_length, 2),
+            "status": judge_acceptance(acc, floor)[0]}
+
+
 READERS: dict[str, Callable[[str], dict[str, Any]]] = {
     "vllm_log": _vllm_log, "nvidia_smi_xml": _xml, "nvidia_smi_csv": _csv, "nvidia_smi_table": _table,
     "driver_version": _driver,
     "nvidia_smi_error": _smi_error, "nccl_tests": _nccl, "ibv_devinfo": _ibv, "metrics": _metrics,
     "imex_nodes": _imex, "ss_listeners": _ss, "cgroup_container": _cgroup, "container_inspect": _container_inspect,
     "crictl_inspect": _crictl_inspect, "image_inspect": _image_inspect, "runtime_info": _runtime_info,
+    "spec_decode": _spec_decode,
 }
 
 

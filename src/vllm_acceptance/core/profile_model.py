@@ -334,6 +334,36 @@ QualityPath = Literal["reference", "pd_vs_aggregated", "spec_on_vs_off", "fp8_vs
                       "new_vs_accepted_image"]
 
 
+class SpecDecode(Section):
+    """quality.spec_decode: speculative decoding judged (docs/checks.md quality.spec_acceptance,
+    quality.spec_throughput; probes/quality/spec_decode.py; issue 45 item 4)."""
+
+    min_acceptance_length: Annotated[Number, Field(ge=1)] = Field(1.5, description=(
+        "quality.spec_acceptance: the mean acceptance length (1 + accepted / drafts, the bonus token counted, as "
+        "vLLM logs it) over the probe's requests must reach it (default 1.5: below it the 5-token DSpark chain "
+        "of vllm#51009, 1.46, fails; K3 profiles set their own from the recipe's acceptance facts)"))
+    min_continuation: Share = Field(0.4, description=(
+        "quality.spec_acceptance: the share of drafts accepted at position i among those accepted at position "
+        "i-1 must reach it at every judged position (default 0.4: vllm#51009's collapse after position 0 "
+        "continued ~25 %; healthy DSpark and EAGLE chains continue 0.55-0.85)"))
+    min_position_drafts: PosInt = Field(20, description=(
+        "quality.spec_acceptance: a position's continuation is judged only where the position before it holds "
+        "at least this many accepted drafts (fewer: too noisy to call a collapse; default 20)"))
+    min_drafts: PosInt = Field(30, description=(
+        "quality.spec_acceptance: drafts counted over the probe's requests before acceptance is judged; fewer is "
+        "inconclusive, with the count (default 30)"))
+    requests: PosInt = Field(8, description=(
+        "the seeded greedy requests the spec check sends itself when the parity pass moved too few drafts "
+        "(default 8)"))
+    max_tokens: PosInt = Field(64, description="output tokens of each of those requests (default 64)")
+    throughput_requests: NonNegInt = Field(16, description=(
+        "quality.spec_throughput: requests sent to the path under test and to the reference (quality_reference_url) "
+        "at contract.concurrency, each way; 0: not measured, the check not_applicable (default 16)"))
+    throughput_tolerance: Share = Field(0.05, description=(
+        "quality.spec_throughput: speculative decoding whose output tokens/s at the contract's concurrency fall "
+        "below the reference's by more than this share is a finding (default 0.05)"))
+
+
 class Quality(Section):
     path: QualityPath = Field("reference", description=(
         "quality.parity: which comparison the report names: reference (the deployment against "
@@ -359,6 +389,9 @@ class Quality(Section):
     request_timeout_s: PosNum | None = Field(None, description=(
         "per-request timeout (seconds) of the quality probe; a request without an answer in time is named and "
         "is never a pass (default: load.request_timeout_s)"))
+    spec_decode: SpecDecode = Field(SpecDecode(), description=(
+        "speculative decoding judged around the parity pass: its acceptance floors and throughput "
+        "(docs/checks.md quality.spec_acceptance, quality.spec_throughput)"))
 
 
 class Load(Section):

@@ -888,6 +888,25 @@ def extra_limit_attached(r: Rehearsal, reports: Path) -> Outcome:
         r.ssh("gb300-a01", "docker", "rm", "-f", CONTAINER)     # the next attach starts the profile's own launch
 
 
+# --- spec: speculative decoding (issue 45 item 5; docs/lab.md "Speculative decoding") -------------------------
+PROFILE_SPEC = REPO / "profiles" / "rehearsal-gb300-spec.yml"
+
+
+def spec(r: Rehearsal, reports: Path) -> Outcome:
+    """The lab model launched with n-gram speculative decoding on a GB300 stand-in node, the quality probe after the
+    others: its path check reads the server's spec-decode counters per position (quality.spec_acceptance); no
+    reference without speculation is named, so quality.spec_throughput is not_applicable, stated."""
+    r.set_node("gb300-a01", "flat")
+    r.ssh("gb300-a01", "docker", "rm", "-f", CONTAINER)
+    try:
+        inv = r.inventory("spec", gpu_nodes=["gb300-a01"], head="gb300-a01", profile=PROFILE_SPEC,
+                          variables={"vllm_serve_mode": "launch", **NO_CACHE_RESTART,
+                                     "acceptance_probes": ["cache", "agent", "load", "quality"]})
+        return run_accept(inv, reports)
+    finally:
+        r.ssh("gb300-a01", "docker", "rm", "-f", CONTAINER)
+
+
 @dataclass(frozen=True)
 class Play:
     expected: str                          # a verdict, or "refused": the run stopped naming the cause, no report
@@ -946,6 +965,8 @@ PLAYS: dict[str, Play] = {
     "extra-limit-attached": Play("rebuild_environment", extra_limit_attached,
                                  ("compat.actual_config.unlisted_args",), suite=False),
     "attach-pod": Play("release", attach_pod, ("every required check passed with evidence",), suite=False),
+    # Issue 45 item 5: speculative decoding launched and judged (quality.spec_acceptance).
+    "spec": Play("release", spec, ("every required check passed with evidence",), suite=False),
 }
 
 

@@ -55,6 +55,17 @@ class Facts:
             out[key] = (entry["value"], str(entry["source"]))
         return out
 
+    def spec_decode(self) -> dict[str, tuple[Any, str]]:
+        """Speculative decoding's floors (`spec_decode.<field>`, the profile's quality.spec_decode; docs/checks.md
+        quality.spec_acceptance): {field: (value, source)}, each with its source as the verifier's bounds."""
+        out: dict[str, tuple[Any, str]] = {}
+        for key, entry in (self.data.get("spec_decode") or {}).items():
+            if not isinstance(entry, dict) or "value" not in entry or not str(entry.get("source") or "").strip():
+                raise ConfigError(f"acceptance facts {self.path}: field `spec_decode.{key}` needs a value and a "
+                                  "source, e.g. {value: 2.48, source: \"vLLM's K3 launch post ...\"}")
+            out[key] = (entry["value"], str(entry["source"]))
+        return out
+
 
 def load_facts(path: str | Path | None = None) -> Facts:
     path = Path(path) if path else DEFAULT_FACTS
@@ -256,6 +267,8 @@ def build_profile(bundle: RecipeBundle, selection: Selection, facts: Facts, name
     bounds = facts.verifier("thresholds")
     notes += [f"thresholds.{key} {value}: {source}" for key, (value, source) in bounds.items()]
     thresholds = {**(defaults.get("thresholds") or {}), **{key: value for key, (value, _) in bounds.items()}}
+    spec_bounds = facts.spec_decode()
+    notes += [f"quality.spec_decode.{key} {value}: {source}" for key, (value, source) in spec_bounds.items()]
     meta = bundle.data.get("meta") or {}
     pool = f" {selection.pool} pool" if selection.pool else ""
     profile: dict[str, Any] = {
@@ -282,6 +295,8 @@ def build_profile(bundle: RecipeBundle, selection: Selection, facts: Facts, name
         "agent": agent,
         "load": load,
         **{key: defaults[key] for key in ("loadgen", "review", "remediation") if key in defaults},
+        **({"quality": {"spec_decode": {key: value for key, (value, _) in spec_bounds.items()}}}
+           if spec_bounds else {}),
     }
     validate_document(profile, "profile", f"profile generated from {bundle.path}")
     return profile

@@ -830,3 +830,30 @@ register("compat.lineage.release_scope", stage="report", consequence=LIMIT,
                   "lineage checks",
          source="docs/acceptance.md: a self-built image is released only on its own experimental profile, never as "
                 "acceptance of the official image")
+
+# --- quality: speculative decoding (probes/quality/spec_decode.py; issue 45 item 4) -------------------
+
+register("quality.spec_acceptance", stage="quality", consequence=LIMIT,
+         title="Speculative decoding accepts its drafts",
+         rule=("where the served launch has a speculative config: the server's spec-decode counters over the quality "
+               "probe's requests (and the check's own seeded greedy ones): >= quality.spec_decode.min_drafts drafts "
+               "(fewer: inconclusive, with the count), mean acceptance length (1 + accepted / drafts) >= "
+               "quality.spec_decode.min_acceptance_length, and no collapse after the first position: accepted at "
+               "position i over accepted at position i-1 >= quality.spec_decode.min_continuation wherever position "
+               "i-1 holds >= quality.spec_decode.min_position_drafts accepted drafts; a speculative config whose "
+               "server exports no spec-decode series is missing, never pass; no speculative config: not_applicable"),
+         evidence="probes/quality/spec-metrics-before.prom, spec-metrics-after.prom, spec-acceptance.json",
+         source=("docs/sources.md#spec-decode: vllm#51009 (DSpark acceptance collapses after position 0, mean length "
+                 "1.46 of 5); vLLM's K3 launch post (~4.73 accepted tokens per step on coding, ~2.61 on creative "
+                 "writing); vLLM's spec-decode metrics (vllm/v1/spec_decode/metrics.py)"))
+register("quality.spec_throughput", stage="quality", consequence=LIMIT,
+         title="Speculative decoding does not lower throughput at the contract",
+         rule=("where the served launch has a speculative config and a reference without it is given "
+               "(quality_reference_url): quality.spec_decode.throughput_requests seeded requests at "
+               "contract.concurrency through the load engine to each; the path's output tokens/s >= the reference's "
+               "x (1 - quality.spec_decode.throughput_tolerance); a failed or saturated measurement is inconclusive; "
+               "no reference: not_applicable, never pass"),
+         evidence="probes/quality/spec-throughput.json, spec-throughput-{path,reference}.jsonl",
+         source=("docs/sources.md#spec-decode: the K3 recipe makes spec_decoding opt-in for throughput; vLLM's DSpark "
+                 "post (rejected drafts compete with real tokens at high batch: throughput drops); tokenspeed#1132 "
+                 "(K3 DSpark 28-41 % slower than without it at long context)"))
