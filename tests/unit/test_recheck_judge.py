@@ -1,0 +1,260 @@
+"""recheck/judge.py and recheck/report.py on pairs of run directories (issue 46 items 2 and 3).
+
+Every pair is generated from a real recorded lab run: tests/fixtures/remediation/lab-release/report.json (run
+20261201T162047Z-09f889 of accept.yml on the lab inventory, released; see that folder's README.md) is the signed
+baseline, signed here with report/signoff.py's own record; today's run is a copy of it with ONE fact altered per
+test (the test's name says which). The agent rates come from the real lab run of
+tests/fixtures/remediation/lab-flags-fail/report.json (0 of 299 format errors on the same cpu-lab profile), the
+recorded lab-release predating the rate record. Nothing else is hand-made.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vllm_acceptance.core.profile import ConfigError
+from vllm_acceptance.core.rundir import RunDir
+from vllm_acceptance.recheck.judge import Count, judge, judge_rate
+from vllm_acceptance.recheck.outcome import RECHECK_EXIT_CODES
+from vllm_acceptance.recheck.report import read_lineage, write_recheck
+from vllm_acceptance.report.reopen import sha256_file
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "remediation"
+RECORDED = json.loads((FIXTURES / "lab-release" / "report.json").read_text())
+RATED = json.loads((FIXTURES / "lab-flags-fail" / "report.json").read_text())
+BASE_ID = RECORDED["run_id"]
+DIGEST = "sha256:9f2c4e1b7d3a5c6e8f0a1b2c3d4e5f60718293a4b5c6d7e8f9a0b1c2d3e4f5a6"
+SECRET = "hf_QmV9sXy7TtZkP2wLr4NcA8dE"
+Alter = Callable[[dict[str, Any]], None]
+
+
+def finding(report: dict[str, Any], check: str) -> dict[str, Any]:
+    return next(f for f in report["findings"] if f["check"] == check)
+
+
+def with_real_rates(report: dict[str, Any]) -> None:
+    """The agent rate records of the real lab run lab-flags-fail (same profile) on the baseline's agent checks."""
+    for check in ("agent.tool_call", "agent.schema_accuracy", "agent.separation"):
+        real = finding(RATED, check)
+        mine = finding(report, check) if any(f["check"] == check for f in report["findings"]) else None
+        if mine is None:
+            report["findings"].append(copy.deepcopy(real))
+        else:
+            mine["observed"] = copy.deepcopy(real["observed"])
+
+
+def write_run(root: Path, run_id: str, report: dict[str, Any]) -> Path:
+    run_dir = root / "reports" / "lab" / run_id
+    run_dir.mkdir(parents=True)
+    report = {**report, "run_id": run_id}
+    RunDir(run_dir).report_json.write_text(json.dumps(report, indent=2))
+    return run_dir
+
+
+def live_process(run_dir: Path, env: dict[str, str]) -> None:
+    """The preflight's live_process record (roles/preflight/files/live_process.py shape, tests/unit/
+    test_attached_argv.py) of the serving process."""
+    base = RunDir(run_dir).at("evidence", "preflight", "localhost")
+    base.mkdir(parents=True)
+    (base / "live_process.txt").write_text(json.dumps({"port": 8521, "pid": 4242, "argv": ["vllm", "serve"],
+                                                       "env": env, "notes": [], "listeners": []}))
+    (base / "live_process.json").write_text(json.dumps({"rc": 0, "stderr": "", "missing": False}))
+
+
+def sign(run_dir: Path, decision: str = "release") -> None:
+    record = {"schema": "signoff/1", "inventory": "lab", "run_id": run_dir.name, "reviewer": "sre-lead",
+              "decision": decision, "verdict": "release", "signed_at": "2026-12-01T17:00:00Z", "limits": [],
+              "report_sha256": sha256_file(RunDir(run_dir).report_json)}
+    RunDir(run_dir).report_file("signoff.json").write_text(json.dumps(record))
+
+
+def pair(tmp_path: Path, alter: Alter | None = None, *, rates: bool = False, env: dict[str, str] | None = None,
+         today_env: dict[str, str] | None = None, signed: bool = True) -> tuple[Path, Path]:
+    """A signed baseline (the recorded lab run) and today's run: its copy with `alter` applied."""
+    base = copy.deepcopy(RECORDED)
+    if rates:
+        with_real_rates(base)
+    base_dir = write_run(tmp_path, BASE_ID, base)
+    today = copy.deepcopy(base)
+    today["started"], today["finished"] = "2026-12-07T03:00:00+00:00", "2026-12-07T03:04:10Z"
+    if alter:
+        alter(today)
+    today_dir = write_run(tmp_path, "20261207T030000Z-generated", today)
+    if env is not None:
+        live_process(base_dir, env)
+        live_process(today_dir, today_env if today_env is not None else env)
+    if signed:
+        sign(base_dir)
+    return base_dir, today_dir
+
+
+def args_of(report: dict[str, Any]) -> dict[str, Any]:
+    return finding(report, "compat.startup_log")["observed"]["non_default_args"]
+
+
+def test_an_unchanged_deployment_is_still_accepted(tmp_path: Path) -> None:
+    outcome = judge(*pair(tmp_path, rates=True))
+    assert outcome.verdict == "still_accepted", (outcome.reasons, outcome.missing)
+    assert outcome.signed_decision_holds and outcome.exit_code == 0 and not outcome.drifts
+    assert outcome.signed_decision == "release" and outcome.baseline_run == f"lab/{BASE_ID}"
+    assert outcome.details["rates"]["agent.tool_call"]["judged"] == "held"
+
+
+def test_another_image_digest_reopens_naming_it(tmp_path: Path) -> None:
+    def image(report: dict[str, Any], digest: str) -> None:
+        report["stages"] = {"preflight": {"hosts": {"localhost": {"image": "vllm/vllm-openai:v0.32.0",
+                                                                  "image_digest": digest}}}}
+
+    base_dir, today_dir = pair(tmp_path, lambda r: image(r, DIGEST))
+    base = json.loads(RunDir(base_dir).report_json.read_text())
+    image(base, "sha256:" + "1" * 64)
+    RunDir(base_dir).report_json.write_text(json.dumps(base))
+    sign(base_dir)
+    outcome = judge(base_dir, today_dir)
+    assert outcome.verdict == "reopen" and outcome.exit_code == 60 and not outcome.signed_decision_holds
+    [drift] = outcome.drifts
+    assert drift.check == "drift.image" and drift.consequence == "reopen" and "reopen rule `image`" in drift.reason
+    assert drift.baseline == [f"vllm/vllm-openai:v0.32.0@sha256:{'1' * 64}"]
+    assert drift.today == [f"vllm/vllm-openai:v0.32.0@{DIGEST}"]
+
+
+def test_a_capacity_flag_added_reopens_and_a_logging_flag_drifts_naming_each(tmp_path: Path) -> None:
+    outcome = judge(*pair(tmp_path, lambda r: args_of(r).update(max_num_seqs=2)))
+    assert outcome.verdict == "reopen"
+    [drift] = outcome.drifts
+    assert drift.what == "--max-num-seqs (added)" and drift.today == 2 and drift.baseline is None
+    assert "reopen rule `context_limit`" in drift.reason
+
+    outcome = judge(*pair(tmp_path / "b", lambda r: args_of(r).update(enable_log_requests=True)))
+    assert outcome.verdict == "drifted" and outcome.exit_code == 50 and outcome.signed_decision_holds
+    [drift] = outcome.drifts
+    assert drift.check == "drift.serve_args" and drift.what == "--enable-log-requests (added)"
+    assert drift.consequence == "drifted"
+
+
+def test_another_model_revision_reopens(tmp_path: Path) -> None:
+    outcome = judge(*pair(tmp_path, lambda r: args_of(r).update(revision="3f1c2a9")))
+    assert outcome.verdict == "reopen"
+    [drift] = outcome.drifts
+    assert drift.check == "drift.served_model" and drift.what == "--revision (added)" and drift.today == "3f1c2a9"
+    assert "served identity" in drift.reason
+
+
+def test_another_tool_parser_reopens_naming_it(tmp_path: Path) -> None:
+    outcome = judge(*pair(tmp_path, lambda r: args_of(r).update(tool_call_parser="llama3_json")))
+    assert outcome.verdict == "reopen"
+    [drift] = outcome.drifts
+    assert drift.check == "drift.parser" and drift.what == "--tool-call-parser (changed)"
+    assert (drift.baseline, drift.today) == ("hermes", "llama3_json")
+
+
+def test_an_agent_rate_outside_its_interval_drifts_with_its_bounds(tmp_path: Path) -> None:
+    def broken(report: dict[str, Any]) -> None:
+        rate = finding(report, "agent.tool_call")["observed"]["rate"]
+        rate.update(events=31, n=299, value=31 / 299)
+
+    outcome = judge(*pair(tmp_path, broken, rates=True))
+    assert outcome.verdict == "drifted" and not outcome.signed_decision_holds
+    [drift] = outcome.drifts
+    assert drift.check == "drift.agent_rate" and drift.consequence == "drifted"
+    assert drift.baseline["events"] == 0 and drift.baseline["n"] == 299 and drift.today["events"] == 31
+    low, high = drift.today["interval_95"]
+    assert low > drift.baseline["interval_95"][1] and high < 1
+    assert "outside the baseline's interval" in drift.reason
+
+
+def test_a_small_sample_is_incomplete_never_still_accepted(tmp_path: Path) -> None:
+    def small(report: dict[str, Any]) -> None:
+        finding(report, "agent.tool_call")["observed"]["rate"].update(events=0, n=20, value=0.0)
+
+    outcome = judge(*pair(tmp_path, small, rates=True))
+    assert outcome.verdict == "incomplete" and outcome.exit_code == 40 and not outcome.signed_decision_holds
+    assert any("agent.tool_call" in m and "cannot show" in m for m in outcome.missing), outcome.missing
+
+
+def test_the_rate_rule_on_counts() -> None:
+    base = Count(0, 299, "max", 0.01)
+    assert judge_rate(base, Count(0, 299))[0] == "held"
+    assert judge_rate(base, Count(1, 20))[0] == "inconclusive"      # worse-looking, not proven
+    assert judge_rate(base, Count(5, 40))[0] == "regressed"
+    accuracy = Count(299, 299, "min", 0.99)
+    assert judge_rate(accuracy, Count(250, 299, "min"))[0] == "regressed"
+    assert judge_rate(accuracy, Count(299, 299, "min"))[0] == "held"
+
+
+def test_an_unsigned_or_changed_baseline_is_refused(tmp_path: Path) -> None:
+    base_dir, today_dir = pair(tmp_path, signed=False)
+    with pytest.raises(ConfigError, match="never signed.*vllm-acceptance sign"):
+        judge(base_dir, today_dir)
+    sign(base_dir, decision="rebuild_environment")
+    with pytest.raises(ConfigError, match="lets no traffic through"):
+        judge(base_dir, today_dir)
+    sign(base_dir)
+    RunDir(base_dir).report_json.write_text(RunDir(base_dir).report_json.read_text() + " ")
+    with pytest.raises(ConfigError, match="signature does not hold"):
+        judge(base_dir, today_dir)
+
+
+def test_a_today_run_of_another_inventory_is_refused(tmp_path: Path) -> None:
+    base_dir, today_dir = pair(tmp_path, lambda r: r.update(inventory="prod"))
+    with pytest.raises(ConfigError, match="inventory 'prod'.*-i lab"):
+        judge(base_dir, today_dir)
+
+
+def test_an_unreachable_node_or_a_missing_finding_is_incomplete(tmp_path: Path) -> None:
+    outcome = judge(*pair(tmp_path, lambda r: r.update(unreachable_hosts=["localhost"])))
+    assert outcome.verdict == "incomplete" and "node localhost: unreachable" in outcome.missing
+
+    def lost(report: dict[str, Any]) -> None:
+        finding(report, "cache.prefill_gain").update(status="missing", reason="the cache probe stopped")
+
+    outcome = judge(*pair(tmp_path / "b", lost))
+    assert outcome.verdict == "incomplete" and any(m.startswith("cache.prefill_gain") for m in outcome.missing)
+
+
+def test_environment_drift_is_named_and_secrets_never_written(tmp_path: Path) -> None:
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_TOKEN": SECRET, "LANG": "C.UTF-8"}
+    today_env = {**env, "VLLM_CPU_KVCACHE_SPACE": "4", "HF_TOKEN": SECRET + "x"}
+    base_dir, today_dir = pair(tmp_path, env=env, today_env=today_env)
+    outcome = judge(base_dir, today_dir)
+    assert outcome.verdict == "drifted" and not outcome.signed_decision_holds
+    by = {d.what: d for d in outcome.drifts}
+    assert (by["environment VLLM_CPU_KVCACHE_SPACE (changed)"].baseline, by[
+        "environment VLLM_CPU_KVCACHE_SPACE (changed)"].today) == ("1", "4")
+    assert by["environment HF_TOKEN (changed)"].today == "***REDACTED***"
+    written = write_recheck(base_dir, today_dir, outcome)
+    for path in written:
+        assert SECRET not in path.read_text(), path
+
+
+def test_the_report_files_and_the_lineage(tmp_path: Path) -> None:
+    base_dir, today_dir = pair(tmp_path, lambda r: args_of(r).update(tool_call_parser="llama3_json"))
+    written = write_recheck(base_dir, today_dir, judge(base_dir, today_dir))
+    names = sorted(p.name for p in written)
+    assert names == ["junit.xml", "recheck.html", "recheck.json", "recheck.md", "rechecks.jsonl"]
+    record = json.loads(RunDir(today_dir).report_file("recheck.json").read_text())
+    assert record["schema_version"] == "recheck/1" and record["verdict"] == "reopen"
+    assert record["exit_code"] == RECHECK_EXIT_CODES["reopen"]
+    html = RunDir(today_dir).report_file("recheck.html").read_text()
+    assert "exit code 60" in html and "--tool-call-parser (changed)" in html and "llama3_json" in html
+    assert "<script" not in html and "http://" not in html and "https://" not in html
+    assert 'failures="1"' in RunDir(today_dir).report_file("junit.xml").read_text()
+    # a second re-check of the same signed run lists the first
+    second = tmp_path / "reports" / "lab" / "20261208T030000Z-generated"
+    second.mkdir()
+    RunDir(second).report_json.write_text(RunDir(base_dir).report_json.read_text().replace(
+        BASE_ID, second.name))
+    write_recheck(base_dir, second, judge(base_dir, second))
+    lineage = read_lineage(base_dir)
+    assert [x["verdict"] for x in lineage] == ["reopen", "still_accepted"]
+    assert RunDir(base_dir).rechecks_log.is_file()
+    html = RunDir(second).report_file("recheck.html").read_text()
+    assert "20261207T030000Z-generated" in html and 'class="previous"' in html
+    md = RunDir(second).report_file("recheck.md").read_text()
+    assert "20261207T030000Z-generated `reopen`" in md
