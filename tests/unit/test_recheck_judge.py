@@ -258,3 +258,34 @@ def test_the_report_files_and_the_lineage(tmp_path: Path) -> None:
     assert "20261207T030000Z-generated" in html and 'class="previous"' in html
     md = RunDir(second).report_file("recheck.md").read_text()
     assert "20261207T030000Z-generated `reopen`" in md
+
+
+def window(report: dict[str, Any], **counters: int) -> None:
+    """Today's server counters over the re-check's window (report.json stages.window, recheck/run.py)."""
+    report.setdefault("stages", {})["window"] = counters
+
+
+def test_the_window_metrics_against_the_baseline(tmp_path: Path) -> None:
+    healthy = {"requests": 400, "errors": 0, "preemptions": 0, "prefix_cache_queries": 20000,
+               "prefix_cache_hits": 6000, "tool_calls": 299, "tool_parse_failures": 0}
+    outcome = judge(*pair(tmp_path, lambda r: window(r, **healthy), rates=True))
+    assert outcome.verdict == "still_accepted", (outcome.reasons, outcome.missing)
+    assert outcome.details["rates"]["tool_parse_failures"]["judged"] == "held"
+
+    failing = {**healthy, "tool_parse_failures": 45, "errors": 80, "prefix_cache_hits": 1000}
+    outcome = judge(*pair(tmp_path / "b", lambda r: window(r, **failing), rates=True))
+    assert outcome.verdict == "drifted" and not outcome.signed_decision_holds
+    checks = {d.check: d for d in outcome.drifts}
+    assert set(checks) == {"drift.tool_parse_failures", "drift.error_rate", "drift.cache_rate"}
+    assert checks["drift.tool_parse_failures"].today["events"] == 45
+    assert checks["drift.cache_rate"].today == 0.05 and checks["drift.cache_rate"].baseline[0] > 0.13
+    assert not outcome.missing
+
+    # a proven regression is certain whatever else is missing: drifted, the unresolved rate listed
+    unresolved = {**healthy, "errors": 30, "tool_parse_failures": 45}
+    outcome = judge(*pair(tmp_path / "c", lambda r: window(r, **unresolved), rates=True))
+    assert outcome.verdict == "drifted" and [d.check for d in outcome.drifts] == ["drift.tool_parse_failures"]
+    assert any(m.startswith("request error rate") and "cannot show" in m for m in outcome.missing)
+    # ... and without the regression it is incomplete
+    outcome = judge(*pair(tmp_path / "d", lambda r: window(r, **{**healthy, "errors": 30}), rates=True))
+    assert outcome.verdict == "incomplete"

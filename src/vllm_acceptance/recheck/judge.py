@@ -480,6 +480,10 @@ def judge_served(base: dict[str, Any], today: dict[str, Any], out: Judgement) ->
 def judge_rates(base: dict[str, Any], today: dict[str, Any], out: Judgement) -> set[str]:
     """Each rate in both runs against the baseline's interval; returns the check ids judged here."""
     then, now = all_counts(base), all_counts(today)
+    if "tool_parse_failures" not in then and "agent.tool_call" in then:
+        # the acceptance counts no parse failures in the log: its format-error rate over the agent turns (turns whose
+        # tool call did not parse or validate, agent.tool_call) is the rate the signed decision relied on
+        then["tool_parse_failures"] = then["agent.tool_call"]
     judged: dict[str, Any] = {}
     for name in sorted(set(then) & set(now)):
         state, why = judge_rate(then[name], now[name])
@@ -520,14 +524,19 @@ def judge_findings(base: dict[str, Any], today: dict[str, Any], rated: set[str],
                                + (f" ({reason[:200]})" if reason else ""))
     for host in today.get("unreachable_hosts") or []:
         out.missing.append(f"node {host}: unreachable")
-    out.missing += [f"today's run: {m}" for m in today.get("missing") or [] if isinstance(m, str)
-                    and not any(m.startswith(r) for r in rated)]
+    covered = set(findings_by_check(today)) | {str(h) for h in today.get("unreachable_hosts") or []}
+    out.missing += [f"today's run: {m}" for m in today.get("missing") or []
+                    if isinstance(m, str) and m.split("@", 1)[0] not in covered]
 
 
 def verdict_of(out: Judgement) -> tuple[str, list[str]]:
     reopen = [d for d in out.drifts if d.consequence == "reopen"]
     if reopen:
         return "reopen", [f"{d.what}: {d.reason}" for d in reopen]
+    relied = [d for d in out.drifts if d.what in out.relied]
+    if relied:
+        # what already drifted is certain whatever the missing evidence shows (verdict.py's rule for a failure)
+        return "drifted", [f"{d.what}: {d.reason}" for d in relied] + [f"not shown today: {m}" for m in out.missing]
     if out.missing:
         return "incomplete", [f"not shown today: {m}" for m in out.missing]
     if out.drifts:
