@@ -38,7 +38,7 @@ from ..core.rundir import RunDir
 from ..parsers.live import live_launch
 from ..parsers.node_evidence import load_node_evidence
 from ..probes.agent.rules import rate_lower_bound, rate_upper_bound, turns_to_resolve
-from ..report.reopen import ACCEPTING_DECISIONS, TRIGGERS, changed_parts, reopen_facts, short
+from ..report.reopen import ACCEPTING_DECISIONS, TRIGGERS, changed_parts, reopen_facts
 from ..report.signoff import signed_view
 from .outcome import Drift, RecheckOutcome
 
@@ -536,7 +536,9 @@ def verdict_of(out: Judgement) -> tuple[str, list[str]]:
     relied = [d for d in out.drifts if d.what in out.relied]
     if relied:
         # what already drifted is certain whatever the missing evidence shows (verdict.py's rule for a failure)
-        return "drifted", [f"{d.what}: {d.reason}" for d in relied] + [f"not shown today: {m}" for m in out.missing]
+        others = [d for d in out.drifts if d.what not in out.relied]
+        return "drifted", ([f"{d.what}: {d.reason}" for d in relied + others]
+                           + [f"not shown today: {m}" for m in out.missing])
     if out.missing:
         return "incomplete", [f"not shown today: {m}" for m in out.missing]
     if out.drifts:

@@ -106,8 +106,8 @@ def render_recheck_md(record: dict[str, Any], previous: list[dict[str, Any]]) ->
              f"Action: {ACTIONS[verdict]}", "", "## Why", ""]
     lines += [f"- {r}" for r in record.get("reasons") or []]
     if record.get("drifts"):
-        lines += ["", "## Drifts (baseline beside today)", "", "| check | what | baseline | today | consequence | why |",
-                  "| --- | --- | --- | --- | --- | --- |"]
+        lines += ["", "## Drifts (baseline beside today)", "",
+                  "| check | what | baseline | today | consequence | why |", "| --- | --- | --- | --- | --- | --- |"]
         lines += [f"| `{d['check']}` | {_md(d['what'])} | {_md(fmt(d['baseline']))} | {_md(fmt(d['today']))} | "
                   f"{d['consequence']} | {_md(d['reason'])} |" for d in record["drifts"]]
     if record.get("missing"):
