@@ -82,9 +82,13 @@ def test_an_agent_rate_outside_its_interval_drifts_with_its_bounds(tmp_path: Pat
         rate = finding(report, "agent.tool_call")["observed"]["rate"]
         rate.update(events=31, n=299, value=31 / 299)
 
-    outcome = judge(*pair(tmp_path, broken, rates=True))
+    def failed(report: dict[str, Any]) -> None:      # as the probe judges it today: the check fails on its rate
+        broken(report)
+        finding(report, "agent.tool_call").update(status="fail", reason="31 of 299 turns in error: 0.1037 > 0.01")
+
+    outcome = judge(*pair(tmp_path, failed, rates=True))
     assert outcome.verdict == "drifted" and not outcome.signed_decision_holds
-    [drift] = outcome.drifts
+    [drift] = outcome.drifts                          # the rate's drift, not a second one for the failed check
     assert drift.check == "drift.agent_rate" and drift.consequence == "drifted"
     assert drift.baseline["events"] == 0 and drift.baseline["n"] == 299 and drift.today["events"] == 31
     low, high = drift.today["interval_95"]
@@ -99,6 +103,13 @@ def test_a_small_sample_is_incomplete_never_still_accepted(tmp_path: Path) -> No
     outcome = judge(*pair(tmp_path, small, rates=True))
     assert outcome.verdict == "incomplete" and outcome.exit_code == 40 and not outcome.signed_decision_holds
     assert any("agent.tool_call" in m and "cannot show" in m for m in outcome.missing), outcome.missing
+
+    def unmeasured(report: dict[str, Any]) -> None:
+        finding(report, "agent.separation")["observed"] = "separated"
+
+    outcome = judge(*pair(tmp_path / "b", unmeasured, rates=True))
+    assert outcome.verdict == "incomplete"
+    assert outcome.missing == ["agent.separation rate: measured when signed (0/299), not today"]
 
 
 def test_the_rate_rule_on_counts() -> None:

@@ -477,10 +477,11 @@ def judge_served(base: dict[str, Any], today: dict[str, Any], out: Judgement) ->
                       evidence=["report.json"]), relied=True)
 
 
-def judge_rates(base: dict[str, Any], today: dict[str, Any], out: Judgement) -> set[str]:
-    """Each rate in both runs against the baseline's interval; returns the check ids judged here."""
+def judge_rates(base: dict[str, Any], today: dict[str, Any], out: Judgement) -> dict[str, str]:
+    """Each rate in both runs against the baseline's interval (one measured when signed and not today is missing);
+    returns how each was judged, by name."""
     then, now = all_counts(base), all_counts(today)
-    if "tool_parse_failures" not in then and "agent.tool_call" in then:
+    if "tool_parse_failures" in now and "tool_parse_failures" not in then and "agent.tool_call" in then:
         # the acceptance counts no parse failures in the log: its format-error rate over the agent turns (turns whose
         # tool call did not parse or validate, agent.tool_call) is the rate the signed decision relied on
         then["tool_parse_failures"] = then["agent.tool_call"]
@@ -494,25 +495,31 @@ def judge_rates(base: dict[str, Any], today: dict[str, Any], out: Judgement) -> 
                           consequence="drifted", reason=f"regression: {why}", evidence=["report.json"]), relied=True)
         elif state == "inconclusive":
             out.missing.append(f"{what}: {why}")
-    if then and not now:
-        out.missing.append("no rate with counts today (agent, cache, load): nothing to judge against the baseline's "
-                           f"{', '.join(sorted(then))}")
+    for name in sorted(set(then) - set(now)):
+        out.missing.append(f"{rate_check(name)[1]}: measured when signed ({then[name].events}/{then[name].n}), "
+                           "not today")
     base_ratios, now_ratios = hit_ratios(base), hit_ratios(today)
+    if base_ratios and not now_ratios:
+        out.missing.append("prefix-cache hit ratio: measured when signed (capacity.mixed), not today")
     if base_ratios and now_ratios and min(now_ratios) < min(base_ratios):
         out.add(Drift(check="drift.cache_rate", what="prefix-cache hit ratio", baseline=[round(min(base_ratios), 4),
                       round(max(base_ratios), 4)], today=round(min(now_ratios), 4), consequence="drifted",
                       reason="below the lowest window hit ratio the acceptance measured", evidence=["report.json"]),
                 relied=True)
     out.details["rates"] = judged
-    return set(judged)
+    return {name: str(x["judged"]) for name, x in judged.items()}
 
 
-def judge_findings(base: dict[str, Any], today: dict[str, Any], rated: set[str], out: Judgement) -> None:
-    """Checks that passed when signed and fail today; today's missing/inconclusive findings (incomplete)."""
+def judge_findings(base: dict[str, Any], today: dict[str, Any], rated: dict[str, str], out: Judgement) -> None:
+    """Checks that passed when signed and fail today; today's missing/inconclusive findings (incomplete). A check
+    whose rate was judged against the baseline's interval (`rated`: check -> judged) is judged there when the rate
+    explains it (regressed: a drift already names it; inconclusive: already missing)."""
     then = {c: {f.get("status") for f in fs} for c, fs in findings_by_check(base).items()}
     for check, findings in sorted(findings_by_check(today).items()):
         statuses = {f.get("status") for f in findings}
-        if "fail" in statuses and then.get(check) and then[check] <= {"pass", "warn", "not_applicable"}:
+        explained = rated.get(check) in ("regressed", "inconclusive")
+        if "fail" in statuses and then.get(check) and then[check] <= {"pass", "warn", "not_applicable"} \
+                and not explained:
             reason = "; ".join(str(f.get("reason") or "") for f in findings if f.get("status") == "fail")[:300]
             out.add(Drift(check="drift.check_status", what=check, baseline=sorted(then[check]),
                           today=sorted(statuses), consequence="drifted",
