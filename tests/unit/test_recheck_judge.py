@@ -51,13 +51,13 @@ def test_a_capacity_flag_added_reopens_and_a_logging_flag_drifts_naming_each(tmp
     outcome = judge(*pair(tmp_path, lambda r: args_of(r).update(max_num_seqs=2)))
     assert outcome.verdict == "reopen"
     [drift] = outcome.drifts
-    assert drift.what == "--max-num-seqs (added)" and drift.today == 2 and drift.baseline is None
+    assert drift.what == "--max-num-seqs: added" and drift.today == 2 and drift.baseline is None
     assert "reopen rule `context_limit`" in drift.reason
 
     outcome = judge(*pair(tmp_path / "b", lambda r: args_of(r).update(enable_log_requests=True)))
     assert outcome.verdict == "drifted" and outcome.exit_code == 50 and outcome.signed_decision_holds
     [drift] = outcome.drifts
-    assert drift.check == "drift.serve_args" and drift.what == "--enable-log-requests (added)"
+    assert drift.check == "drift.serve_args" and drift.what == "--enable-log-requests: added"
     assert drift.consequence == "drifted"
 
 
@@ -65,7 +65,7 @@ def test_another_model_revision_reopens(tmp_path: Path) -> None:
     outcome = judge(*pair(tmp_path, lambda r: args_of(r).update(revision="3f1c2a9")))
     assert outcome.verdict == "reopen"
     [drift] = outcome.drifts
-    assert drift.check == "drift.served_model" and drift.what == "--revision (added)" and drift.today == "3f1c2a9"
+    assert drift.check == "drift.served_model" and drift.what == "--revision: added" and drift.today == "3f1c2a9"
     assert "served identity" in drift.reason
 
 
@@ -73,7 +73,7 @@ def test_another_tool_parser_reopens_naming_it(tmp_path: Path) -> None:
     outcome = judge(*pair(tmp_path, lambda r: args_of(r).update(tool_call_parser="llama3_json")))
     assert outcome.verdict == "reopen"
     [drift] = outcome.drifts
-    assert drift.check == "drift.parser" and drift.what == "--tool-call-parser (changed)"
+    assert drift.check == "drift.parser" and drift.what == "--tool-call-parser: changed"
     assert (drift.baseline, drift.today) == ("hermes", "llama3_json")
 
 
@@ -139,6 +139,8 @@ def test_a_today_run_of_another_inventory_is_refused(tmp_path: Path) -> None:
     base_dir, today_dir = pair(tmp_path, lambda r: r.update(inventory="prod"))
     with pytest.raises(ConfigError, match="inventory 'prod'.*-i lab"):
         judge(base_dir, today_dir)
+    with pytest.raises(ConfigError, match="is the baseline itself"):
+        judge(base_dir, base_dir)
 
 
 def test_an_unreachable_node_or_a_missing_finding_is_incomplete(tmp_path: Path) -> None:
@@ -159,12 +161,25 @@ def test_environment_drift_is_named_and_secrets_never_written(tmp_path: Path) ->
     outcome = judge(base_dir, today_dir)
     assert outcome.verdict == "drifted" and not outcome.signed_decision_holds
     by = {d.what: d for d in outcome.drifts}
-    assert (by["environment VLLM_CPU_KVCACHE_SPACE (changed)"].baseline, by[
-        "environment VLLM_CPU_KVCACHE_SPACE (changed)"].today) == ("1", "4")
-    assert by["environment HF_TOKEN (changed)"].today == "***REDACTED***"
+    assert (by["environment VLLM_CPU_KVCACHE_SPACE: changed"].baseline, by[
+        "environment VLLM_CPU_KVCACHE_SPACE: changed"].today) == ("1", "4")
+    assert by["environment HF_TOKEN: changed"].today == "***REDACTED***"
     written = write_recheck(base_dir, today_dir, outcome)
     for path in written:
         assert SECRET not in path.read_text(), path
+    record = json.loads(RunDir(today_dir).report_file("recheck.json").read_text())
+    assert "environment HF_TOKEN: changed" in [d["what"] for d in record["drifts"]]   # named, its value not
+
+
+def test_a_secret_argument_is_named_never_written(tmp_path: Path) -> None:
+    key = "sk-live-" + SECRET
+    base_dir, today_dir = pair(tmp_path, lambda r: args_of(r).update(api_key=key))
+    outcome = judge(base_dir, today_dir)
+    [drift] = outcome.drifts
+    assert drift.what == "--api-key: added" and drift.today == "***REDACTED***" and outcome.verdict == "drifted"
+    for path in write_recheck(base_dir, today_dir, outcome):
+        assert SECRET not in path.read_text(), path
+    assert "--api-key: added" in RunDir(today_dir).report_file("recheck.md").read_text()
 
 
 def test_the_report_files_and_the_lineage(tmp_path: Path) -> None:
@@ -176,7 +191,7 @@ def test_the_report_files_and_the_lineage(tmp_path: Path) -> None:
     assert record["schema_version"] == "recheck/1" and record["verdict"] == "reopen"
     assert record["exit_code"] == RECHECK_EXIT_CODES["reopen"]
     html = RunDir(today_dir).report_file("recheck.html").read_text()
-    assert "exit code 60" in html and "--tool-call-parser (changed)" in html and "llama3_json" in html
+    assert "exit code 60" in html and "--tool-call-parser: changed" in html and "llama3_json" in html
     assert "<script" not in html and "http://" not in html and "https://" not in html
     assert 'failures="1"' in RunDir(today_dir).report_file("junit.xml").read_text()
     # a second re-check of the same signed run lists the first

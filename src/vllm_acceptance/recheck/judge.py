@@ -434,7 +434,7 @@ def judge_argv(base_dir: Path, today_dir: Path, base: dict[str, Any], today: dic
         flag = f"--{name.replace('_', '-')}"
         change = "added" if name not in was else "removed" if name not in now_flags else "changed"
         rule = flag_rule(name)
-        out.add(Drift(check=rule.check, what=f"{flag} ({change})", baseline=_shown(name, a), today=_shown(name, b),
+        out.add(Drift(check=rule.check, what=f"{flag}: {change}", baseline=_shown(name, a), today=_shown(name, b),
                       consequence=rule.consequence, reason=rule.reason,
                       evidence=["evidence/serve/process-args.json" if source == ARGV_SOURCES[0] else "report.json"]),
                 relied=False)
@@ -457,7 +457,7 @@ def judge_env(base_dir: Path, today_dir: Path, base: dict[str, Any], today: dict
         reason = ("the engine reads it (core/redact.py ENV_READ_PREFIXES): no reopen rule names it, but the signed "
                   "decision relied on the engine as it ran" if engine else
                   "no reopen rule names it and the engine does not read it: a drift the signed decision covers")
-        out.add(Drift(check="drift.environment", what=f"environment {name} ({change})", baseline=_shown(bare, a),
+        out.add(Drift(check="drift.environment", what=f"environment {name}: {change}", baseline=_shown(bare, a),
                       today=_shown(bare, b), consequence="drifted", reason=reason,
                       evidence=["evidence/preflight"]), relied=engine)
 
@@ -564,6 +564,9 @@ def now_iso() -> str:
 def judge(baseline_dir: Path, today_dir: Path) -> RecheckOutcome:
     """Today's run directory judged against the signed baseline run (module docstring)."""
     baseline_dir, today_dir = Path(baseline_dir), Path(today_dir)
+    if baseline_dir.resolve() == today_dir.resolve():
+        raise ConfigError(f"today's re-check {today_dir} is the baseline itself: give the re-check's own run "
+                          "directory (recheck/run.py opens one per re-check)")
     record = signed_baseline(baseline_dir)
     base = read_report(baseline_dir, "--baseline")
     today = read_report(today_dir, "today's re-check")
