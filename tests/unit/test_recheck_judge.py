@@ -69,6 +69,28 @@ def test_another_model_revision_reopens(tmp_path: Path) -> None:
     assert "served identity" in drift.reason
 
 
+def served(report: dict[str, Any], revision: str) -> None:
+    """compat.served_model as rules/served_model.py records it, the server loading a hub snapshot (generated)."""
+    root = f"/models/hub/models--Qwen--Qwen3-0.6B/snapshots/{revision}"
+    report["findings"].append({"check": "compat.served_model", "status": "pass", "host": "localhost",
+                               "observed": {"v1_models": [{"id": "tiny-agent", "root": root, "parent": None}],
+                                            "startup_log": {}, "checkpoint_config": None,
+                                            "hub_snapshot_revision": [revision]}})
+
+
+def test_another_served_snapshot_reopens(tmp_path: Path) -> None:
+    base_dir, today_dir = pair(tmp_path, lambda r: served(r, "c1f0e3b2a9"))
+    base = json.loads(RunDir(base_dir).report_json.read_text())
+    served(base, "a7d4e5f6b1")
+    RunDir(base_dir).report_json.write_text(json.dumps(base))
+    sign(base_dir)
+    outcome = judge(base_dir, today_dir)
+    assert outcome.verdict == "reopen"
+    [drift] = outcome.drifts
+    assert drift.check == "drift.served_model" and drift.what == "served weights"
+    assert (drift.baseline["revision"], drift.today["revision"]) == (["a7d4e5f6b1"], ["c1f0e3b2a9"])
+
+
 def test_another_tool_parser_reopens_naming_it(tmp_path: Path) -> None:
     outcome = judge(*pair(tmp_path, lambda r: args_of(r).update(tool_call_parser="llama3_json")))
     assert outcome.verdict == "reopen"
