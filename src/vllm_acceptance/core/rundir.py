@@ -425,6 +425,12 @@ class RunDir:
         return self.path / name
 
     @property
+    def rechecks_log(self) -> Path:
+        """rechecks.jsonl beside a signed run's report.json: one line per day-N re-check judged against this run
+        (recheck/report.py), the lineage of its re-checks kept with the signed run."""
+        return self.path / "rechecks.jsonl"
+
+    @property
     def findings_dir(self) -> Path:
         return self.path / "findings"
 

@@ -857,3 +857,86 @@ register("quality.spec_throughput", stage="quality", consequence=LIMIT,
          source=("docs/sources.md#spec-decode: the K3 recipe makes spec_decoding opt-in for throughput; vLLM's DSpark "
                  "post (rejected drafts compete with real tokens at high batch: throughput drops); tokenspeed#1132 "
                  "(K3 DSpark 28-41 % slower than without it at long context)"))
+# --- drift: day-N re-check ------------------------------------------------------------------------
+# The re-check's findings (recheck/judge.py), written to recheck.json beside today's re-check run, never to an
+# acceptance report.json. A `fail` here is a drift: its consequence in the re-check is `reopen` or `drifted`
+# (docs/recheck-judging.md); the consequence below is what it would mean for a full acceptance.
+
+_RECHECK_SOURCE = "docs/recheck-judging.md: judged against the signed baseline, not the profile alone"
+for _key, _title, _consequence in (
+        ("image", "container image or digest", REBUILD), ("driver", "host driver version", REBUILD),
+        ("topology", "topology (nodes, GPUs, parallel layout)", EXPAND),
+        ("context_limit", "context limit or concurrency", EXPAND), ("recipe", "recipe record", REBUILD)):
+    register(f"drift.{_key}", stage="recheck", consequence=_consequence,
+             title=f"Re-check: {_title} as signed",
+             rule=f"today's {_title} equals the signed baseline's (report/reopen.py fact `{_key}`); a change fires "
+                  "the reopen trigger of that name: `reopen`",
+             evidence="report.json of the baseline and of today's re-check run",
+             source="docs/report.md: a signed acceptance holds for the facts it was signed on (reopen triggers)")
+register("drift.served_model", stage="recheck", consequence=REBUILD,
+         title="Re-check: the weights served as signed",
+         rule="today's /v1/models ids and roots, hub revision and checkpoint config hash (compat.served_model) and "
+              "every identity argument of the argv (core/model_identity.py) equal the baseline's; a change reopens",
+         evidence="compat.served_model of both runs, evidence/serve/process-args.json",
+         source=_RECHECK_SOURCE)
+register("drift.parser", stage="recheck", consequence=AGENT,
+         title="Re-check: tool and reasoning parser as signed",
+         rule="--tool-call-parser, --reasoning-parser, --enable-auto-tool-choice (and the parser plugin, the "
+              "chat template content format) equal the baseline's; a change reopens (another agent interface)",
+         evidence="evidence/serve/process-args.json or compat.startup_log non-default args of both runs",
+         source=_RECHECK_SOURCE)
+register("drift.serve_args", stage="recheck", consequence=EXPAND,
+         title="Re-check: the live server's arguments as signed",
+         rule="every flag of the running server's argv equals the baseline's; a context, capacity or parallel-layout "
+              "argument added, removed or changed reopens (rules context_limit, topology), any other is `drifted`",
+         evidence="evidence/serve/process-args.json or compat.startup_log non-default args of both runs",
+         source=_RECHECK_SOURCE)
+register("drift.environment", stage="recheck", consequence=LIMIT,
+         title="Re-check: the live server's environment as signed",
+         rule="every variable of the serving process's environment equals the baseline's (values of secret names "
+              "redacted); a change is `drifted`, and touches the signed decision when the engine reads it "
+              "(NCCL_, CUDA_, VLLM_, ...)",
+         evidence="evidence/preflight/<host>/live_process of both runs",
+         source=_RECHECK_SOURCE)
+register("drift.agent_rate", stage="recheck", consequence=AGENT,
+         title="Re-check: agent rates inside the baseline's interval",
+         rule="each agent rate today (format errors, schema accuracy, separation, wrong tool...) against the "
+              "baseline's two-sided 95 % Clopper-Pearson interval: provably worse is a regression (`drifted`); a "
+              "sample whose 95 % bound cannot show it within the accepted level is `incomplete`",
+         evidence="the agent findings' observed rate (events, n) of both runs",
+         source=_RECHECK_SOURCE)
+register("drift.cache_rate", stage="recheck", consequence=LIMIT,
+         title="Re-check: prefix-cache reuse inside the baseline's bounds",
+         rule="cache.hot_reuse requests that reached the expected hits against the baseline's interval, and the "
+              "window's hit ratio not below the lowest window hit ratio the acceptance measured",
+         evidence="cache.hot_reuse and capacity.mixed of both runs, report.json stages.window",
+         source=_RECHECK_SOURCE)
+register("drift.capacity_rate", stage="recheck", consequence=EXPAND,
+         title="Re-check: capacity rates inside the baseline's interval",
+         rule="a capacity finding's rate (events, n) today against the baseline's 95 % interval",
+         evidence="the capacity findings' observed rate of both runs",
+         source=_RECHECK_SOURCE)
+register("drift.error_rate", stage="recheck", consequence=EXPAND,
+         title="Re-check: request error rate inside the baseline's interval",
+         rule="errors and timeouts per request (load steps, windows, soak, the server's window counters) against "
+              "the baseline's 95 % interval",
+         evidence="capacity.ramp, capacity.mixed, capacity.soak, report.json stages.window of both runs",
+         source=_RECHECK_SOURCE)
+register("drift.preemptions", stage="recheck", consequence=EXPAND,
+         title="Re-check: preemptions per request inside the baseline's interval",
+         rule="preemptions per request (load steps, the server's window counters) against the baseline's 95 % "
+              "interval",
+         evidence="capacity.ramp steps, report.json stages.window of both runs",
+         source=_RECHECK_SOURCE)
+register("drift.tool_parse_failures", stage="recheck", consequence=AGENT,
+         title="Re-check: tool-call parse failures inside the baseline's interval",
+         rule="tool-call parse failures per tool call over the window (the server's log) against the baseline's "
+              "95 % interval",
+         evidence="report.json stages.window of both runs",
+         source=_RECHECK_SOURCE)
+register("drift.check_status", stage="recheck", consequence=LIMIT,
+         title="Re-check: every check that passed when signed still passes",
+         rule="a check that passed (or warned) in the signed run and fails today is a drift that touches the signed "
+              "decision",
+         evidence="the findings of both runs",
+         source=_RECHECK_SOURCE)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from .registry import CHECKS, FAMILIES, Check, get
+from .registry import CATALOG_FAMILIES, CHECKS, Check, get
 
 FAMILY_TITLES = {
     "compat": "Compatibility chain",
@@ -12,6 +12,7 @@ FAMILY_TITLES = {
     "cache": "Prefix-cache reuse",
     "agent": "Agent interface",
     "capacity": "Capacity under load",
+    "drift": "Day-N re-check drift (recheck.json, not an acceptance report)",
 }
 DOC_PATH = "docs/checks.md"
 
@@ -19,7 +20,7 @@ DOC_PATH = "docs/checks.md"
 def checks(family: str | None = None) -> list[Check]:
     get("compat.preflight")  # fills the registry
     rows = [c for c in CHECKS.values() if family is None or c.family == family]
-    return sorted(rows, key=lambda c: FAMILIES.index(c.family))  # stable: pipeline order within a family
+    return sorted(rows, key=lambda c: CATALOG_FAMILIES.index(c.family))  # stable: pipeline order within a family
 
 
 def as_json(family: str | None = None) -> str:
@@ -53,7 +54,7 @@ def as_markdown() -> str:
         "`block_agent_traffic` closes the agent gate only).",
         "",
     ]
-    for family in FAMILIES:
+    for family in CATALOG_FAMILIES:
         rows = checks(family)
         if not rows:
             continue

@@ -20,8 +20,12 @@ from ..core.findings import CHECK_PREFIXES, Consequence, Finding, Status, use_ca
 from ..core.probes import probe_names
 
 FAMILIES = tuple(prefix.rstrip(".") for prefix in CHECK_PREFIXES)
+# The day-N re-check's own family (recheck/judge.py): its drift findings live in recheck.json, never in an acceptance
+# report.json, so it is no acceptance family (core/findings.py CHECK_PREFIXES) and no acceptance report renders it.
+RECHECK_FAMILIES = ("drift",)
+CATALOG_FAMILIES = FAMILIES + RECHECK_FAMILIES
 # The stages a check is judged in: the node and server stages, each probe (core/probes.py), then the rest.
-STAGES = ("preflight", "serve", "launch", *probe_names(), "loadgen", "report", "rebuild")
+STAGES = ("preflight", "serve", "launch", *probe_names(), "loadgen", "report", "rebuild", "recheck")
 
 
 class UnknownCheck(KeyError):
@@ -96,8 +100,9 @@ def register(check_id: str, *, title: str, rule: str, consequence: Consequence |
     """Register one check id (once: a second registration of an id is a programming error)."""
     if check_id in CHECKS:
         raise ValueError(f"check {check_id!r} is registered twice")
-    if not check_id.startswith(CHECK_PREFIXES):
-        raise ValueError(f"check id {check_id!r} must start with one of {CHECK_PREFIXES}")
+    prefixes = CHECK_PREFIXES + tuple(f"{f}." for f in RECHECK_FAMILIES)
+    if not check_id.startswith(prefixes):
+        raise ValueError(f"check id {check_id!r} must start with one of {prefixes}")
     if stage not in STAGES:
         raise ValueError(f"check {check_id!r}: stage {stage!r} is not one of {STAGES}")
     check = Check(id=check_id, title=title, rule=rule, consequence=Consequence(consequence),
