@@ -23,7 +23,8 @@ def main() -> int:
     parser.add_argument("-i", dest="inventory", required=True)
     parser.add_argument("--verdict", choices=sorted(EXIT_CODES), required=True)
     args = parser.parse_args()
-    out = Path("reports") / Path(args.inventory).name / "rechecks" / f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}"
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    out = Path("reports") / Path(args.inventory).name / "rechecks" / f"{stamp}-{os.getpid()}"
     out.mkdir(parents=True)
     (out / "recheck.json").write_text(json.dumps({"verdict": args.verdict, "baseline_run": args.baseline,
                                                   "stand_in": True}))
