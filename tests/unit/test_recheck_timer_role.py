@@ -21,8 +21,10 @@ def _play(tmp_path: Path, extra: dict) -> tuple[int, str]:
                                                                  "cron")}
     env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
            "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
-    variables = {"recheck_timer_hosts": "localhost", "recheck_timer_start": False, **paths, **extra}
-    proc = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local",
+    variables = {"recheck_timer_start": False, **paths, **extra}
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("recheck:\n  hosts:\n    localhost:\n")
+    proc = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory), "-c", "local",
                            "--check", "-e", f"ansible_python_interpreter={sys.executable}", "-e",
                            json.dumps(variables), str(REPO / "playbooks" / "recheck_timer.yml")],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
