@@ -90,7 +90,8 @@ NOT_VARIABLES = {"acceptance_run", "acceptance_preflight", "acceptance_serve", "
                  # the node_state filter, the group rollback.yml puts its targets in, a key of upgrade-entry.json
                  "node_state_records", "rollback_targets", "preflight_findings",
                  # acceptance_probe's arguments for the loadgen hosts' agents (keys of its argument dict)
-                 "loadgen_hosts", "loadgen_agents", "loadgen_token"}
+                 "loadgen_hosts", "loadgen_agents", "loadgen_token",
+                 "recheck_timer"}     # the role of playbooks/recheck_timer.yml
 
 
 def _reads_and_definitions() -> tuple[set[str], set[str]]:

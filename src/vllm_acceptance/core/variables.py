@@ -36,6 +36,7 @@ PREFIXES: tuple[str, ...] = (
     "build_image_", "isolated_env_", "gpu_memory_sampler_", "node_state_", "driver_upgrade_", "scheduler_hook_",
     "agent_reference_",   # the agent probe's reference endpoint only (core/reference.py), not every agent_* name
     "quality_reference_",   # the quality probe's reference path (core/reference.py QUALITY_VARIABLES)
+    "recheck_",           # the scheduled re-check (roles/recheck_timer: recheck_scheduler, recheck_timer_*)
 )
 UNCHECKED = "acceptance_unchecked_vars"
 

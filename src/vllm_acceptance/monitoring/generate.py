@@ -34,12 +34,14 @@ from ..core.evidence import atomic_write
 from ..core.profile import Profile
 from ..core.rundir import RunDir
 from .dashboard import generate_dashboard
+from .recheck import RECHECK_RULES_FILE, RECHECK_TESTS_FILE, generate_recheck_rules, recheck_promtool_tests
 from .rules import RULES_FILE, generate_promtool_tests, generate_rules
 from .thresholds import KV_CEILING, Threshold, derive_thresholds, hot_hit_ratio, monitoring_owner
 from .triggers import rollback_triggers
 
 # The monitoring API in one place (the modules and the tests import it from here).
-__all__ = ["ACCEPTED_VERDICTS", "DASHBOARD_FILE", "KV_CEILING", "RULES_FILE", "SUMMARY_FILE", "TESTS_FILE",
+__all__ = ["ACCEPTED_VERDICTS", "DASHBOARD_FILE", "KV_CEILING", "RECHECK_RULES_FILE", "RECHECK_TESTS_FILE",
+           "RULES_FILE", "SUMMARY_FILE", "TESTS_FILE",
            "Threshold", "derive_thresholds", "generate_dashboard", "generate_promtool_tests", "generate_rules",
            "hot_hit_ratio", "monitoring_files", "monitoring_owner", "monitoring_summary", "rollback_triggers",
            "write_monitoring"]
@@ -66,7 +68,8 @@ def monitoring_summary(report: dict[str, Any], profile: Profile, *, files: list[
 
 
 def monitoring_files() -> list[str]:
-    return [f"monitoring/{name}" for name in (RULES_FILE, DASHBOARD_FILE, TESTS_FILE, SUMMARY_FILE)]
+    return [f"monitoring/{name}" for name in (RULES_FILE, DASHBOARD_FILE, TESTS_FILE, SUMMARY_FILE,
+                                              RECHECK_RULES_FILE, RECHECK_TESTS_FILE)]
 
 
 def write_monitoring(run_dir: Path, report: dict[str, Any], profile: Profile, *, for_s: int = 300,
@@ -83,6 +86,12 @@ def write_monitoring(run_dir: Path, report: dict[str, Any], profile: Profile, *,
     atomic_write(out / TESTS_FILE, yaml.safe_dump(tests, sort_keys=False, width=1000))
     atomic_write(out / DASHBOARD_FILE, json.dumps(generate_dashboard(report, profile, window_s=window_s), indent=2)
                  + "\n")
+    # The scheduled re-check's alerts (monitoring/recheck.py; docs/recheck-schedule.md), in their own file.
+    owner = monitoring_owner(report)
+    atomic_write(out / RECHECK_RULES_FILE, header + yaml.safe_dump(generate_recheck_rules(report, profile.name, owner),
+                                                                   sort_keys=False, width=1000))
+    atomic_write(out / RECHECK_TESTS_FILE, yaml.safe_dump(recheck_promtool_tests(report, profile.name, owner),
+                                                          sort_keys=False, width=1000))
     files = monitoring_files()
     atomic_write(out / SUMMARY_FILE, json.dumps(monitoring_summary(report, profile, files=files), indent=2)
                  + "\n")
