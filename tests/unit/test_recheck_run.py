@@ -278,3 +278,11 @@ def test_recheck_yml_runs_the_acceptances_own_plays_without_a_launch() -> None:
     text = (REPO / "recheck.yml").read_text()
     assert "vllm_serve_mode: attach" in text and "vllm_acceptance.recheck.run" in text
     assert "acceptance_recheck_overrides" in (REPO / "playbooks" / "tasks" / "probe.yml").read_text()
+
+
+def test_the_readme_and_docs_name_each_exit_code() -> None:
+    readme = (REPO / "README.md").read_text()
+    doc = (REPO / "docs" / "recheck.md").read_text()
+    for verdict, code in RECHECK_EXIT_CODES.items():
+        assert f"| {code} {verdict} |" in readme
+        assert f"| `{verdict}` | {code} |" in doc
