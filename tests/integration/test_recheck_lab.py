@@ -58,8 +58,7 @@ def unchanged(signed_baseline: Path, lab_server: Any) -> dict[str, Any]:
                "-e", f"vllm_serve_pid={lab_server.pid}", "-e", f"vllm_serve_startup_log={lab_server.log_path}")
     seconds = time.monotonic() - started
     print(f"re-check of the lab deployment: {seconds:.0f} s wall time")
-    last = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.stdout.strip() else {}
-    return {"proc": proc, "seconds": seconds, "result": last, "reports": reports}
+    return {"proc": proc, "seconds": seconds, "result": last_json(proc), "reports": reports}
 
 
 def test_an_unchanged_deployment_is_still_accepted(unchanged: dict[str, Any], signed_baseline: Path) -> None:
@@ -112,3 +111,84 @@ def test_a_recheck_of_an_unsigned_run_is_refused(signed_baseline: Path, tmp_path
                "--reports-dir", str(tmp_path / "reports"), timeout=120)
     assert proc.returncode == 2 and "not signed" in proc.stderr
     assert not (tmp_path / "reports" / "lab" / "rechecks").exists()
+
+
+# --- drift scenarios (they need recheck/judge.py, recheck-judge's; the lead runs them after the merge) --------------
+
+def recheck(baseline: Path, *extra: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    proc = cli("recheck", "--baseline", str(baseline), "-i", str(REPO / "inventories" / "lab"),
+               "--reports-dir", str(baseline.parents[1]), "--json", *extra)
+    return proc, last_json(proc)
+
+
+def last_json(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    """`recheck --json` prints the outcome as JSON last."""
+    lines = proc.stdout.strip().splitlines()
+    return json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {}
+
+
+def test_a_server_restarted_with_another_flag_reopens_naming_it(signed_baseline: Path,
+                                                                lab_server_factory: Any) -> None:
+    """The deployment restarted in a hurry with --max-num-seqs 2 (the signed run served the lab's default): the
+    re-check attaches to it and names the flag."""
+    changed = lab_server_factory("--max-num-seqs 2", 8690)
+    proc, result = recheck(signed_baseline, "-e", f"vllm_base_url={changed.base_url}",
+                           "-e", f"vllm_serve_pid={changed.pid}", "-e", f"vllm_serve_startup_log={changed.log_path}")
+    assert proc.returncode in (50, 60), proc.stdout[-4000:] + proc.stderr[-2000:]
+    outcome = result["outcome"]
+    assert outcome["verdict"] in ("reopen", "drifted")
+    assert any("max-num-seqs" in json.dumps(d) or "max_num_seqs" in json.dumps(d) for d in outcome["drifts"]), outcome
+
+
+def _gateway(upstream: str, port: int, mode: str) -> subprocess.Popen:
+    import httpx
+
+    proc = subprocess.Popen([sys.executable, "-m", "vllm_acceptance.lab.gateway", "--upstream", upstream,
+                             "--port", str(port), "--mode", mode], cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    proc.kill()
+    raise AssertionError(f"gateway {mode} did not answer on port {port}")
+
+
+@pytest.mark.full
+def test_a_gateway_that_starts_breaking_tool_calls_drifts_on_the_agent_rate(
+        lab_server: Any, tmp_path: Path) -> None:
+    """Accepted and signed through a passthrough gateway; the gateway then moves every fifth tool call into content
+    (markup_one_in_five) at the same address: the re-check's agent sample drifts on the tool-call rate, with its
+    bounds."""
+    from support.accept import run_accept
+    from support.gateway import free_port
+
+    port = free_port()
+    gw = _gateway(lab_server.base_url, port, "passthrough")
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        accepted = run_accept(tmp_path / "accept", {"vllm_serve_mode": "attach", "vllm_base_url": url,
+                                                    "vllm_direct_url": lab_server.base_url},
+                              env={"VLLM_API_KEY": ""})
+    finally:
+        gw.terminate()
+        gw.wait(timeout=10)
+    baseline = tmp_path / "reports" / "lab" / accepted.name
+    shutil.copytree(accepted, baseline, symlinks=True)
+    verdict = json.loads((baseline / "report.json").read_text())["verdict"]
+    assert verdict in ("release", "limited_observation"), verdict
+    assert cli("sign", str(baseline), "--reviewer", "R. Checker (SRE)", "--decision", verdict).returncode == 0
+    gw = _gateway(lab_server.base_url, port, "markup_one_in_five")
+    try:
+        proc, result = recheck(baseline, "-e", f"vllm_direct_url={lab_server.base_url}")
+    finally:
+        gw.terminate()
+        gw.wait(timeout=10)
+    assert proc.returncode == 50, proc.stdout[-4000:] + proc.stderr[-2000:]
+    drifts = result["outcome"]["drifts"]
+    agent = [d for d in drifts if "agent" in d["check"]]
+    assert agent and all(d["consequence"] == "drifted" for d in agent), drifts
+    assert any(d["baseline"] is not None and d["today"] is not None for d in agent)
