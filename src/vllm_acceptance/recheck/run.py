@@ -206,8 +206,41 @@ def judge_and_report(baseline_dir: Path, today_dir: Path) -> RecheckRun:
     from .report import write_recheck
 
     outcome = judge(baseline_dir, today_dir)
+    # The server's own log over today's window: its tool-call parse failures (parsers/tool_parse_log.py).
+    outcome.details.setdefault("server_log_window", server_log_window(today_dir))
     written = write_recheck(baseline_dir, today_dir, outcome)
     return RecheckRun(baseline_dir, today_dir, outcome.exit_code, outcome=outcome, written=list(written))
+
+
+def server_log_window(today_dir: Path, until: float | None = None) -> dict[str, Any]:
+    """Tool-call parse failures the server logged from the attach (stages/serve.json judged_at) to now: read from
+    the server's whole log taken after the probes (evidence/serve/after-probes/, a container's or the operator's log
+    command), else the operator's log file (vllm_serve_startup_log) where the controller reads it. vLLM stamps its
+    lines in the server's local time without a year (vllm/logger.py): the window is compared in this machine's
+    local time, which is the server's on the lab and on a head in the same zone. No log: said, never zero."""
+    import datetime as dt
+    import time
+
+    from ..parsers.tool_parse_log import tool_parse_failures
+
+    run = RunDir(today_dir)
+    sources = sorted(run.evidence_path("serve", "after-probes").glob("*.log"))
+    named = run.inventory_vars().get("vllm_serve_startup_log")
+    if not sources and named and Path(str(named)).is_file():
+        sources = [Path(str(named))]
+    serve = run.stage("serve") or {}
+    start = serve.get("judged_at")
+    if not sources or not isinstance(start, (int, float)):
+        return {"source": None, "failures": None,
+                "reason": "no server log over the window (give vllm_serve_attach_log_command or "
+                          "vllm_serve_startup_log, or a container the run reads) or no attach time recorded"}
+
+    def stamp(epoch: float) -> str:
+        return dt.datetime.fromtimestamp(epoch).strftime("%m-%d %H:%M:%S")
+
+    since, end = stamp(float(start)), stamp(until if until is not None else time.time())
+    window = tool_parse_failures("\n".join(p.read_text(errors="replace") for p in sources), since, end)
+    return {"source": [str(p) for p in sources], "since": since, "until": end, **window.as_dict()}
 
 
 def judge_command(baseline_dir: Path, today_dir: Path | None) -> int:
