@@ -5,6 +5,8 @@ Probe exit codes: 0 pass, 1 fail, 3 inconclusive, 2 usage or set-up error.
 30 rebuild_environment, 40 incomplete; 2 inputs refused; 1 the run failed before a verdict; --check: 0 ok.
 `remediation-decision` (docs/remediation.md): 0 keep, 1 revert, 3 no choice (a sign lacks evidence), 2 usage.
 `lineage`: 0 every check passes, 1 a check fails (or release not allowed), 3 evidence missing, 2 usage.
+`recheck` (docs/recheck.md): 0 still_accepted, 50 drifted, 60 reopen, 40 incomplete (recheck/outcome.py); 2 the
+baseline refused (not signed, another inventory's); 1 the re-check failed before a verdict.
 """
 
 from __future__ import annotations
@@ -114,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_remediation(sub)
     recipe_commands.add_arguments(sub)          # profile from-recipe, recipe diff (recipe/commands.py)
     _add_plan(sub)
+    _add_recheck(sub)
     lin = sub.add_parser("lineage", help="a self-built image's lineage, reproducibility, results against the official "
                                          "run, and where it may be released; exit 0 all pass, 1 a check fails, 3 "
                                          "evidence missing")
@@ -159,6 +162,41 @@ def _add_plan(sub: argparse._SubParsersAction) -> None:
 
     add_arguments(sub.add_parser("plan", help="what a run would launch on which node, its probes, and the estimated "
                                               "wall time and GPU-hours per stage (docs/plan.md); nothing is touched"))
+
+
+def _add_recheck(sub: argparse._SubParsersAction) -> None:
+    rc = sub.add_parser("recheck", help="day-N re-check of a signed run against the deployment that serves, light and "
+                                        "attach only (docs/recheck.md); exit 0 still_accepted, 50 drifted, 60 reopen, "
+                                        "40 incomplete, 2 baseline refused, 1 failed before a verdict")
+    rc.add_argument("--baseline", required=True, metavar="RUN",
+                    help="the signed run directory (reports/<inventory>/<run-id>), or latest-signed")
+    rc.add_argument("-i", "--inventory", required=True, type=Path, help="the inventory the baseline was accepted on")
+    rc.add_argument("-e", "--extra-vars", action="append", default=[], metavar="KEY=VALUE|@FILE|JSON",
+                    help="extra variables, as ansible-playbook -e takes them (e.g. vllm_base_url=..., vllm_serve_pid=)")
+    rc.add_argument("--project", "--project-dir", dest="project_dir", type=Path,
+                    help="the project holding recheck.yml (default: as `run` finds it)")
+    rc.add_argument("--reports-dir", type=Path, help="where run directories go (the baseline's inventory is there)")
+    rc.add_argument("--json", action="store_true", help="print the outcome as JSON last")
+
+
+def cmd_recheck(args: argparse.Namespace) -> int:
+    from .recheck.run import run_recheck, summary_lines
+
+    done = run_recheck(args.inventory, args.baseline, extra_vars=parse_extra_vars(args.extra_vars),
+                       project_dir=args.project_dir, reports_dir=args.reports_dir,
+                       on_line=lambda line: print(line, flush=True))
+    if done.outcome is not None:
+        for line in summary_lines(done):
+            print(line)
+    elif done.reason:
+        print(f"why: {done.reason}")
+    print(f"recheck: {done.today_dir or '-'}")
+    print(f"exit: {done.exit_code}")
+    if args.json:
+        print(json.dumps({"exit_code": done.exit_code, "today": str(done.today_dir) if done.today_dir else None,
+                          "baseline": str(done.baseline_dir), "reason": done.reason, "outcome": done.outcome},
+                         default=str))
+    return done.exit_code
 
 
 def _add_sign(sub: argparse._SubParsersAction) -> None:
@@ -486,6 +524,12 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_checks(args)
         if args.command == "run":
             return cmd_run(args)
+        if args.command == "plan" and getattr(args, "recheck", False):
+            from .recheck.run import print_recheck_plan  # a re-check's cost (docs/recheck.md)
+
+            return print_recheck_plan(args)
+        if args.command == "recheck":
+            return cmd_recheck(args)
         if args.command == "plan":
             from .gate import print_plan  # the gate, then its plan (gate.py)
 

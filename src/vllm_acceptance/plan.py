@@ -579,6 +579,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vllm-python", metavar="PYTHON",
                         help="the Python whose vLLM judges every node's command (default: the inventory's "
                              "acceptance_vllm_check_python, else .venv-lab/bin/python where present; none: skip)")
+    parser.add_argument("--recheck", action="store_true", help="the day-N re-check's cost instead: its duration and "
+                                                                 "load on the deployment (docs/recheck.md)")
+    parser.add_argument("--baseline", default="latest-signed", metavar="RUN",
+                        help="--recheck: the signed run whose profile the re-check runs with (default latest-signed)")
     parser.add_argument("--vars", default="{}", metavar="JSON",
                         help="variables that outrank the inventory's, as -e does (playbooks/plan.yml passes the "
                              "head's as the run resolved them)")
@@ -586,6 +590,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def command(args: argparse.Namespace) -> int:
     """The CLI's `plan`: exit 0 with the plan, 2 with the reason on bad input."""
+    if getattr(args, "recheck", False):
+        print("cannot plan: --recheck is `vllm-acceptance plan -i INVENTORY --recheck` (recheck/run.py)",
+              file=sys.stderr)
+        return 2
     try:
         overrides = json.loads(args.vars)
         if not isinstance(overrides, dict):

@@ -113,7 +113,8 @@ def _reads_and_definitions() -> tuple[set[str], set[str]]:
         elif isinstance(node, str):
             reads.update(PATTERN.findall(node))
 
-    for path in [REPO / "accept.yml", *REPO.glob("playbooks/**/*.yml"), *REPO.glob("roles/*/tasks/*.yml")]:
+    for path in [REPO / "accept.yml", REPO / "recheck.yml", *REPO.glob("playbooks/**/*.yml"),
+                 *REPO.glob("roles/*/tasks/*.yml")]:
         walk(yaml.load(path.read_text(), Loader=_Loader))  # noqa: S506 - SafeLoader subclass
     for path in REPO.glob("roles/*/templates/*"):
         reads.update(PATTERN.findall(path.read_text()))

@@ -442,6 +442,29 @@ class Remediation(Section):
         "hours; older evidence is refused (default 72)"))
 
 
+class Recheck(Section):
+    """The day-N re-check's light settings (docs/recheck.md): a sample of the probes, against the deployment that
+    serves production traffic, so every load is a fraction of what was signed."""
+
+    load_fraction: Annotated[Number, Field(gt=0, le=1)] = Field(0.25, description=(
+        "the load window's concurrency as a share of contract.concurrency (at least 1 request in flight): "
+        "what production traffic leaves room for"))
+    load_requests: PosInt = Field(4, description=(
+        "requests of the load window's one step (load.requests_per_step of the re-check)"))
+    load_window_s: NonNeg = Field(10, description=(
+        "seconds of steady load at that concurrency (load.soak_s of the re-check)"))
+    agent_cases: PosInt = Field(24, description=(
+        "call cases of the seeded sample of the agent case set (agent.cases and agent.turn_budget)"))
+    agent_other_cases: NonNegInt = Field(4, description=(
+        "multi-turn, irrelevance and structured-output cases beside them"))
+    agent_concurrency: PosInt = Field(2, description="agent turns in flight at once during the re-check")
+    agent_seed: Annotated[int | None, NULL] = Field(None, description=(
+        "the sample's case seed (default null: the signed run's agent.case_seed, the same cases)"))
+    cache_sessions: PosInt = Field(1, description="sessions of the cache protocol (cache.sessions of the re-check)")
+    probes: Annotated[list[Literal["cache", "agent", "load", "metrics"]], Field(min_length=1)] = Field(
+        ["cache", "agent", "load"], description="the registered probes the re-check runs, in run order")
+
+
 class ProfileModel(Section):
     name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")]
     extends: Annotated[str, Field(min_length=1)] | None = Field(None, description=(
@@ -474,6 +497,8 @@ class ProfileModel(Section):
     remediation: Remediation = Field(Remediation(), description=(
         "driver change (playbooks/rebuild.yml): how old the preflight evidence proving the "
         "incompatibility may be"))
+    recheck: Recheck = Field(Recheck(), description=(
+        "the day-N re-check's light settings (docs/recheck.md): load fraction, agent sample, cache sessions"))
 
     @model_validator(mode="after")
     def _lineage_when_experimental(self) -> ProfileModel:
