@@ -120,11 +120,12 @@ def test_an_agent_rate_outside_its_interval_drifts_with_its_bounds(tmp_path: Pat
 
 def test_a_small_sample_is_incomplete_never_still_accepted(tmp_path: Path) -> None:
     def small(report: dict[str, Any]) -> None:
-        finding(report, "agent.tool_call")["observed"]["rate"].update(events=0, n=20, value=0.0)
+        finding(report, "agent.tool_call")["observed"]["rate"].update(events=0, n=12, value=0.0)
 
     outcome = judge(*pair(tmp_path, small, rates=True))
     assert outcome.verdict == "incomplete" and outcome.exit_code == 40 and not outcome.signed_decision_holds
-    assert any("agent.tool_call" in m and "cannot show" in m for m in outcome.missing), outcome.missing
+    assert any("agent.tool_call" in m and "12 sample(s) today, under the 20" in m for m in outcome.missing), \
+        outcome.missing
 
     def unmeasured(report: dict[str, Any]) -> None:
         finding(report, "agent.separation")["observed"] = "separated"
@@ -137,7 +138,11 @@ def test_a_small_sample_is_incomplete_never_still_accepted(tmp_path: Path) -> No
 def test_the_rate_rule_on_counts() -> None:
     base = Count(0, 299, "max", 0.01)
     assert judge_rate(base, Count(0, 299))[0] == "held"
-    assert judge_rate(base, Count(1, 20))[0] == "inconclusive"      # worse-looking, not proven
+    assert judge_rate(base, Count(1, 20))[0] == "inconclusive"      # past the accepted level, not proven worse
+    # a light sample with no error holds (not proven worse, within the level) and states its resolution
+    state, why = judge_rate(base, Count(0, 27))
+    assert state == "held" and "resolves the rate to its 95 % bound 0.1" in why
+    assert judge_rate(base, Count(0, 12))[0] == "inconclusive"      # under MIN_RATE_SAMPLES
     assert judge_rate(base, Count(5, 40))[0] == "regressed"
     accuracy = Count(299, 299, "min", 0.99)
     assert judge_rate(accuracy, Count(250, 299, "min"))[0] == "regressed"
@@ -251,7 +256,7 @@ def test_the_window_metrics_against_the_baseline(tmp_path: Path) -> None:
     unresolved = {**healthy, "errors": 30, "tool_parse_failures": 45}
     outcome = judge(*pair(tmp_path / "c", lambda r: window(r, **unresolved), rates=True))
     assert outcome.verdict == "drifted" and [d.check for d in outcome.drifts] == ["drift.tool_parse_failures"]
-    assert any(m.startswith("request error rate") and "cannot show" in m for m in outcome.missing)
+    assert any(m.startswith("request error rate") and "not proven worse" in m for m in outcome.missing)
     # ... and without the regression it is incomplete
     outcome = judge(*pair(tmp_path / "d", lambda r: window(r, **{**healthy, "errors": 30}), rates=True))
     assert outcome.verdict == "incomplete"

@@ -13,9 +13,9 @@ Each difference is a `Drift` naming what changed, the baseline's value, today's 
   capacity argument reopens the acceptance (FLAG_RULES); any other flag or environment change is a drift;
 - rates: every rate the acceptance judged with its counts (the agent probe's rates, the cache probe's hot reuse,
   the load's request errors and preemptions, the window's tool-call parse failures) against the baseline's
-  interval (Clopper-Pearson, probes/agent/rules.py): provably worse is a regression (`drifted`); a sample that
-  cannot show today's rate inside the level the baseline was accepted at is inconclusive (`incomplete`), never
-  still accepted;
+  interval (Clopper-Pearson, probes/agent/rules.py): provably worse is a regression (`drifted`); a rate past the
+  accepted level that is not proven worse, or a sample under MIN_RATE_SAMPLES, is inconclusive (`incomplete`),
+  never still accepted (judge_rate says why a re-check does not re-prove the accepted level);
 - a check that passed when signed and fails today is a drift; today's missing or inconclusive findings, an
   unreachable node or identity evidence not read today make the re-check `incomplete`.
 """
@@ -46,6 +46,8 @@ from .outcome import Drift, RecheckOutcome
 # 95 % bound (probes/agent/rules.py CONFIDENCE), as the acceptance judged its thresholds.
 INTERVAL_CONFIDENCE = 0.975
 HELD_CONFIDENCE = 0.95
+# Fewer samples of a rate than this and a re-check does not judge it: 0 of 20 still allows 14 % (one-sided 95 %).
+MIN_RATE_SAMPLES = 20
 
 # vLLM arguments whose change reopens the acceptance, by the reopen rule that names them (report/reopen.py
 # TRIGGERS, docs/recheck-judging.md). Identity arguments (core/model_identity.py IDENTITY_ARGS) reopen as
@@ -340,7 +342,15 @@ def rate_check(name: str) -> tuple[str, str]:
 
 
 def judge_rate(base: Count, today: Count) -> tuple[str, str]:
-    """('held' | 'regressed' | 'inconclusive' | 'improved', why) of today's rate against the baseline's interval."""
+    """('held' | 'regressed' | 'inconclusive' | 'improved', why) of today's rate against the baseline's interval.
+
+    A re-check does not re-prove the accepted level (that takes the acceptance's sample: 0 errors in 299 turns to
+    show 1 %); it runs only where the identity is the signed one (a changed identity reopens), so the acceptance's
+    proof stands for it, and today's sample looks for a change of behaviour it can prove. Held: not proven worse,
+    today's rate not above the accepted level, and at least MIN_RATE_SAMPLES samples (or the baseline's own count
+    when it had fewer); the reason states the
+    resolution (the one-sided 95 % bound today's sample shows). A rate above the accepted level that is not proven
+    worse, or a sample under MIN_RATE_SAMPLES, is inconclusive (never held)."""
     if not today.n:
         return "inconclusive", "no sample today"
     b_lo, b_hi = base.interval()
@@ -352,18 +362,24 @@ def judge_rate(base: Count, today: Count) -> tuple[str, str]:
         return "regressed", f"{span}: outside the baseline's interval on the bad side"
     better = (t_hi < b_lo) if base.kind == "max" else (t_lo > b_hi)
     bound = today.held_bound()
+    value = today.value or 0.0
     if base.kind == "max":
         level = max(base.held_bound(), base.threshold if base.threshold is not None else 0.0)
-        held = bound <= level
+        within = value <= level
     else:
         level = min(base.held_bound(), base.threshold if base.threshold is not None else 1.0)
-        held = bound >= level
-    if held:
-        return ("improved" if better else "held"), f"{span}: 95 % bound {bound:.4f} within the accepted {level:.4f}"
+        within = value >= level
+    least = min(MIN_RATE_SAMPLES, base.n)   # a rate the acceptance judged on fewer samples needs no more today
+    if today.n < least:
+        return "inconclusive", f"{span}: {today.n} sample(s) today, under the {least} a re-check judges this rate on"
+    if within:
+        return ("improved" if better else "held"), (
+            f"{span}: not worse than the baseline and within the accepted {level:.4f}; this sample resolves the "
+            f"rate to its 95 % bound {bound:.4f} (a change smaller than that is not seen by a re-check)")
     need = turns_to_resolve(level, today.events if base.kind == "max" else today.n - today.events,
                             HELD_CONFIDENCE) if level > 0 else None
-    return "inconclusive", (f"{span}: today's 95 % bound {bound:.4f} cannot show the rate within the accepted level "
-                            f"{level:.4f}" + (f" (about {need} samples needed)" if need else ""))
+    return "inconclusive", (f"{span}: today's rate {value:.4f} is past the accepted level {level:.4f} but not proven "
+                            "worse than the baseline" + (f" (about {need} samples needed)" if need else ""))
 
 
 # --- the judgement -------------------------------------------------------------------------------------------
