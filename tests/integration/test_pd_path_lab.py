@@ -22,13 +22,14 @@ from pathlib import Path
 
 import pytest
 from conftest import LAB_PROFILE, LAB_PYTHON, REPO, LabServer, lab_skip_reason, start_lab, stop_lab
-from support.pd_lab import PROMPTS, kv_config, send_prompts
-from support.pd_router import PdRouter
 
 from vllm_acceptance.core.evidence import EvidenceStore
 from vllm_acceptance.core.findings import Status
 from vllm_acceptance.probes.options import ProbeOptions
 from vllm_acceptance.probes.quality import pd_path
+
+from support.pd_lab import PROMPTS, kv_config, send_prompts
+from support.pd_router import PdRouter
 
 pytestmark = pytest.mark.lab
 

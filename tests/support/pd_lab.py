@@ -2,8 +2,9 @@
 the pair's kv-transfer-config (vLLM 0.32's ExampleConnector, docs/sources.md#pd-path), prompts longer than the CPU
 build's 128-token KV block, and a pass of them through an entry point.
 
-Capture (tests/fixtures/pd_path/README.md): `python tests/support/pd_lab.py PREFILL_URL DECODE_URL ROUTER_PORT OUT_PREFIX`
-writes OUT_PREFIX-{before,after}-{prefill,decode}.prom around a pass of PROMPTS through a PdRouter on ROUTER_PORT.
+Capture (tests/fixtures/pd_path/README.md):
+`python tests/support/pd_lab.py PREFILL_URL DECODE_URL ROUTER_PORT OUT_PREFIX` writes
+OUT_PREFIX-{before,after}-{prefill,decode}.prom around a pass of PROMPTS through a PdRouter on ROUTER_PORT.
 """
 
 from __future__ import annotations

@@ -132,8 +132,10 @@ def run_stop(opts: ProbeOptions, store: EvidenceStore, instance: dict[str, str])
         rc, out = run_command(instance["stop_command"], HEALTH_WAIT_S)
         log.append(out)
         if rc != 0 or not wait_health(instance["base_url"], False, HEALTH_WAIT_S):
+            # a stop that exited 0 but left the instance up is started again (a no-op when it still runs); after a
+            # failed stop command nothing is started: what state it left is for the operator to see in the log
+            restored = _restore(instance, log) if rc == 0 else None
             ev = store.write_text("pd_path/stop-prefill.log", "".join(log))
-            restored = _restore(instance, log)
             return _finding(Status.INCONCLUSIVE, {"stop_exit": rc, "restored": restored}, [ev],
                             reason="the prefill instance could not be stopped (its stop_command failed or it still "
                                    "answers /health)", action="fix the prefill instance's stop_command")
