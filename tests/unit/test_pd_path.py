@@ -71,6 +71,22 @@ def test_one_idle_prefill_beside_a_busy_one_fails_by_name() -> None:
     assert f.status == Status.FAIL and "prefill[1]" in f.reason and "modelplane#175" in f.reason
 
 
+def test_answers_are_not_prefill_requests() -> None:
+    """The decode's real counters over the pass: 4 answers (max_tokens 8), as the reference passes sent to a prefill
+    instance directly would be; none is a prefill request (max_tokens 1), so they do not stand for the prefill."""
+    answered = gain("decode", "before", "after")
+    assert answered.gained is not None and answered.gained.requests == SENT and answered.gained.prefill_side == 0
+    assert pd_path.judge_prefill([answered], SENT).status == Status.FAIL
+
+
+def test_requests_sent_counts_the_test_pass_not_the_reference_passes() -> None:
+    summary = {"requests": 18, "prompts": ["a", "b", "c", "d", "e", "f"],
+               "per_prompt": {p: {"answered": True} for p in "abcdef"}}   # probes/quality/probe.py's summary
+    assert pd_path.requests_sent(summary) == 6
+    assert pd_path.requests_sent({"requests_sent": 4, "requests": 12}) == 4
+    assert pd_path.requests_sent(None) is None and pd_path.requests_sent({"requests": 3}) is None
+
+
 def test_prefill_unreadable_or_no_pass_is_never_a_pass() -> None:
     assert pd_path.judge_prefill([pd_path.Gain("prefill[0]", None, "HTTP 503")], SENT).status == Status.MISSING
     assert pd_path.judge_prefill([gain("prefill", "before", "after")], None).status == Status.INCONCLUSIVE

@@ -796,10 +796,11 @@ register("compat.lineage.release_scope", stage="report", consequence=LIMIT,
 
 register("quality.pd_prefill_served", stage="quality", consequence=REBUILD,
          title="The prefill pool served the prompts",
-         rule="over the parity pass, the prefill instances' vllm:request_success (their own /metrics) rose by at least "
-              "the prompts sent through the entry point, and, when the pass sent at least one prompt per prefill "
-              "instance, no prefill instance stayed at 0; an unreadable counter is missing, a pass that sent nothing "
-              "inconclusive",
+         rule="over the parity pass, the prefill instances' prefill requests (max_tokens 1: the le=1 bucket of their "
+              "own vllm:request_params_max_tokens, so that the reference path's answers sent to a prefill instance "
+              "do not count) rose by at least the prompts sent through the entry point, and, when the pass sent at "
+              "least one prompt per prefill instance, no prefill instance stayed at 0; an unreadable counter is "
+              "missing, a pass that sent nothing inconclusive",
          evidence="pd_path/{before,after}-prefill-N.metrics.txt, pd_path/counters.json",
          source="docs/sources.md#pd-path: a prefill side served 0 requests without any error (modelplane#175)")
 register("quality.pd_decode_loaded", stage="quality", consequence=REBUILD,

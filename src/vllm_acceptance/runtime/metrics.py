@@ -391,6 +391,8 @@ class PoolCounters:
     where its family is absent, never 0."""
 
     requests: float | None = None             # vllm:request_success, every reason
+    prefill_side: float | None = None         # requests with max_tokens <= 1 (vllm:request_params_max_tokens le=1):
+                                              # a P/D router's prefill request, never a client's answer
     errors: float | None = None               # vllm:request_success{finished_reason="error"} (e.g. a failed KV load)
     prompt_tokens: float | None = None        # vllm:prompt_tokens
     computed: float | None = None             # vllm:prompt_tokens_by_source{source="local_compute"}
@@ -410,7 +412,7 @@ class PoolCounters:
         failures = [snap.value(n) for n in NIXL_FAILURE_FAMILIES]
         config = cache_config(snap) or {}
         block = config.get("block_size", "")
-        return cls(requests=snap.value("vllm:request_success"), errors=errors,
+        return cls(requests=snap.value("vllm:request_success"), errors=errors, prefill_side=_max_tokens_one(snap),
                    prompt_tokens=snap.value("vllm:prompt_tokens"),
                    computed=_source(snap, "local_compute"), local_hit=_source(snap, "local_cache_hit"),
                    external=_source(snap, "external_kv_transfer"),
@@ -436,6 +438,22 @@ class PoolCounters:
         if not isinstance(data, dict):
             return None
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+def _max_tokens_one(snap: Snapshot) -> float | None:
+    """Requests whose max_tokens was at most 1: the `le` = 1 bucket of vllm:request_params_max_tokens (vLLM 0.32
+    v1/metrics/loggers.py, 1-2-5 buckets), summed over engines; None when the histogram is absent."""
+    series = snap.samples.get("vllm:request_params_max_tokens_bucket")
+    if series is None:
+        return None
+    total = 0.0
+    for key, value in series.items():
+        try:
+            if float(dict(key).get("le", "nan")) == 1.0:
+                total += value
+        except ValueError:
+            continue
+    return total
 
 
 def _source(snap: Snapshot, source: str) -> float | None:

@@ -108,16 +108,19 @@ def gains(before: dict[str, Any], after: dict[str, Any], pool: str) -> list[Gain
 
 
 def requests_sent(parity: dict[str, Any] | None) -> int | None:
-    """The prompts the parity pass sent through the entry point (its summary's `requests_sent`, else `requests`, else
-    the length of `prompts`); None when it did not run or does not say."""
+    """The prompts the parity pass sent through the entry point: its summary's `requests_sent`, else one per prompt of
+    its test pass (`per_prompt`, else `prompts`). Never its `requests`: that counts the reference passes too (sent to
+    the reference path, a prefill instance itself when no quality_reference_url is given, probes/quality/probe.py).
+    None when it did not run or does not say."""
     if not parity:
         return None
-    for key in ("requests_sent", "requests"):
-        value = parity.get(key)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    prompts = parity.get("prompts")
-    return len(prompts) if isinstance(prompts, list) else None
+    value = parity.get("requests_sent")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    for key in ("per_prompt", "prompts"):
+        if isinstance(parity.get(key), dict | list):
+            return len(parity[key])
+    return None
 
 
 def finding(check: str, status: Status, observed: Any, expected: Any, evidence: list[str], *,
@@ -134,20 +137,24 @@ def _evidence(rows: list[Gain]) -> list[str]:
 
 def judge_prefill(rows: list[Gain], sent: int | None) -> Finding:
     check = "quality.pd_prefill_served"
-    expected = "every prompt sent through the entry point is a request on a prefill instance; each prefill instance " \
-               "served at least one when the pass sent at least one per instance"
+    expected = "every prompt sent through the entry point is a prefill request (max_tokens 1) on a prefill instance; " \
+               "each prefill instance served at least one when the pass sent at least one per instance"
     evidence = _evidence(rows)
     if not rows:
         return finding(check, Status.MISSING, "no prefill instance in the deployment's pools", expected, evidence,
                        action="record the prefill pool's instances (base_url, metrics_url) in the serve record")
-    unreadable = [f"{g.name}: {g.problem}" for g in rows if g.gained is None or g.gained.requests is None]
+    unreadable = [f"{g.name}: {g.problem or 'no vllm:request_params_max_tokens histogram'}" for g in rows
+                  if g.gained is None or g.gained.prefill_side is None]
     if unreadable:
         return finding(check, Status.MISSING, {"unreadable": unreadable}, expected, evidence,
-                       action="make each prefill instance's /metrics readable (vllm:request_success)")
+                       action="make each prefill instance's /metrics readable (vllm:request_params_max_tokens: the "
+                              "prefill requests, max_tokens 1, told from the reference path's answers)")
     if sent is None or sent <= 0:
         return finding(check, Status.INCONCLUSIVE, "the parity pass sent no request (or did not say how many)",
                        expected, evidence)
-    served = {g.name: g.gained.requests for g in rows if g.gained is not None}
+    # the prefill requests (max_tokens 1): the reference passes may be sent to a prefill instance directly and must
+    # not stand for the prefill the router skipped
+    served = {g.name: g.gained.prefill_side for g in rows if g.gained is not None}
     total = sum(v or 0.0 for v in served.values())
     idle = [name for name, v in served.items() if not v]
     observed = {"requests_sent": sent, "served_per_prefill": served}
