@@ -183,6 +183,16 @@ def test_unreachable_pools_are_missing_never_pass(tmp_path: Path) -> None:
                         "quality.pd_prefill_stopped": Status.NOT_APPLICABLE}
 
 
+def test_an_instance_restarted_during_the_pass_is_missing_not_judged() -> None:
+    def row(name: str) -> dict[str, Any]:
+        return {"name": "decode[0]", "counters": counters(name).to_dict()}
+    # the healthy decode's counters "after", then those of the freshly started misconfigured decode: they fell
+    rows = pd_path.gains({"decode": [row("lab-example-connector-healthy-after-decode.prom")]},
+                         {"decode": [row("lab-example-connector-misconfigured-before-decode.prom")]}, "decode")
+    assert rows[0].gained is None and "restarted" in rows[0].problem
+    assert pd_path.judge_decode(rows, SENT).status == Status.MISSING
+
+
 def test_one_engine_has_no_pd_path(tmp_path: Path) -> None:
     assert not pd_path.CHECK.applies(ProbeOptions(kind="quality", base_url="http://x/v1", model="m", out_dir=tmp_path))
 

@@ -102,8 +102,14 @@ def gains(before: dict[str, Any], after: dict[str, Any], pool: str) -> list[Gain
         evidence = tuple(e for e in (b.get("evidence"), a.get("evidence")) if e)
         if first is None or last is None:
             out.append(Gain(a["name"], None, b.get("error") or a.get("error") or "no counters", evidence))
+            continue
+        gained = last.since(first)
+        fell = [k for k, v in gained.to_dict().items() if k != "block_size" and v is not None and v < 0]
+        if fell:   # a counter never falls in one process: the instance restarted during the pass
+            out.append(Gain(a["name"], None, f"counters fell over the pass ({', '.join(fell)}): the instance "
+                                             "restarted, what it served is unknown", evidence))
         else:
-            out.append(Gain(a["name"], last.since(first), evidence=evidence))
+            out.append(Gain(a["name"], gained, evidence=evidence))
     return out
 
 
