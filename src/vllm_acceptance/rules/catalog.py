@@ -940,3 +940,44 @@ register("drift.check_status", stage="recheck", consequence=LIMIT,
               "decision",
          evidence="the findings of both runs",
          source=_RECHECK_SOURCE)
+# --- quality: the P/D path (probes/quality/pd_path.py, pd_stop.py; docs/sources.md#pd-path) -----------------------
+
+register("quality.pd_prefill_served", stage="quality", consequence=REBUILD,
+         title="The prefill pool served the prompts",
+         rule="over the parity pass, the prefill instances' prefill requests (max_tokens 1: the le=1 bucket of their "
+              "own vllm:request_params_max_tokens, so that the reference path's answers sent to a prefill instance "
+              "do not count) rose by at least the prompts sent through the entry point, and, when the pass sent at "
+              "least one prompt per prefill instance, no prefill instance stayed at 0; an unreadable counter is "
+              "missing, a pass that sent nothing inconclusive",
+         evidence="pd_path/{before,after}-prefill-N.metrics.txt, pd_path/counters.json",
+         source="docs/sources.md#pd-path: a prefill side served 0 requests without any error (modelplane#175)")
+register("quality.pd_decode_loaded", stage="quality", consequence=REBUILD,
+         title="The decode pool loaded the prompts, not recomputed them",
+         rule="each decode instance's vllm:prompt_tokens_by_source{source=\"local_compute\"} rose by at most one KV "
+              "block (its vllm:cache_config_info block_size) per request it finished: the tail a connector cannot "
+              "carry; the rest came through the connector (external_kv_transfer) or its own prefix cache; the decode "
+              "pool finished at least the prompts sent; prompts no longer than that tail are inconclusive, a missing "
+              "family missing",
+         evidence="pd_path/{before,after}-decode-N.metrics.txt, pd_path/counters.json",
+         source="docs/sources.md#pd-path: vLLM 0.32 v1/metrics/stats.py PromptTokenStats (computed + local cache hit "
+                "+ external transfer = prompt tokens); K3 1P1D over NIXL garbled (vllm#52627)")
+register("quality.pd_transfer_failures", stage="quality", consequence=REBUILD,
+         title="KV transfers did not fail",
+         rule="over the parity pass no decode request finished with reason error (a failed KV load under "
+              "kv_load_failure_policy fail) and the connector's failure counters (NIXL: vllm:nixl_num_failed_transfers "
+              "+ vllm:nixl_num_failed_notifications, every instance) did not rise: fail under policy fail, warn naming "
+              "the recomputed failures under recompute; a connector without failure counters under recompute is "
+              "inconclusive",
+         evidence="pd_path/counters.json, the instances' /metrics",
+         source="docs/sources.md#pd-path: the server reports healthy while KV transfers fail (vllm#42895); "
+                "vllm#58038 (every request HTTP 500, vllm:nixl_num_failed_transfers_total 17960)")
+register("quality.pd_prefill_stopped", stage="quality", consequence=REBUILD,
+         title="A stopped prefill instance makes requests fail loudly",
+         rule="with one prefill instance stopped (its stop_command) each request through the entry point ends in an "
+              "HTTP error or an error body, never text, an empty answer or a hang; every decode instance answers "
+              "/health meanwhile and after the start_command, and a request after it answers; not_applicable when "
+              "quality.pd_stop_prefill is false, or unset on a deployment without stop/start commands (attached); "
+              "true without them is missing; a prefill that cannot be stopped or restarted is inconclusive",
+         evidence="pd_path/stop-prefill.json, pd_path/stop-prefill.log",
+         source="docs/sources.md#pd-path: a stopped prefill must never let the decode answer without its KV "
+                "(vllm#52627 garbled output)")

@@ -371,3 +371,90 @@ def cache_configs(snap: Snapshot) -> dict[str, dict[str, str]]:
     for labels in snap.labels_of("vllm:cache_config_info"):
         out.setdefault(labels.get(ENGINE_LABEL, ""), labels)
     return dict(sorted(out.items(), key=lambda kv: (len(kv[0]), kv[0])))
+
+
+# --- a P/D deployment's pool counters (probes/quality/pd_path.py; docs/sources.md#pd-path) -----------------------
+# vLLM 0.32 v1/metrics/loggers.py and stats.py PromptTokenStats: every prompt token of an engine is counted once
+# under `vllm:prompt_tokens_by_source{source=...}`: `local_compute` (prefilled by this engine), `local_cache_hit`
+# (its own prefix cache) or `external_kv_transfer` (loaded through the KV connector); computed + local hit +
+# external = `vllm:prompt_tokens`. `vllm:external_prefix_cache_hits` counts the tokens the connector offered.
+# NIXL's own counters (distributed/kv_transfer/kv_connector/v1/nixl/stats.py) exist only with that connector.
+PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
+NIXL_FAILURE_FAMILIES = ("vllm:nixl_num_failed_transfers", "vllm:nixl_num_failed_notifications")
+NIXL_TRANSFERS = "vllm:nixl_xfer_time_seconds_count"
+NIXL_EXPIRED = "vllm:nixl_num_kv_expired_reqs"
+
+
+@dataclass(frozen=True)
+class PoolCounters:
+    """One P/D instance's counters at one moment (or, from `since`, what they gained between two); a field is None
+    where its family is absent, never 0."""
+
+    requests: float | None = None             # vllm:request_success, every reason
+    prefill_side: float | None = None         # requests with max_tokens <= 1 (vllm:request_params_max_tokens le=1):
+                                              # a P/D router's prefill request, never a client's answer
+    errors: float | None = None               # vllm:request_success{finished_reason="error"} (e.g. a failed KV load)
+    prompt_tokens: float | None = None        # vllm:prompt_tokens
+    computed: float | None = None             # vllm:prompt_tokens_by_source{source="local_compute"}
+    local_hit: float | None = None            # ... source="local_cache_hit"
+    external: float | None = None             # ... source="external_kv_transfer"
+    connector_hits: float | None = None       # vllm:external_prefix_cache_hits
+    transfers: float | None = None            # NIXL: vllm:nixl_xfer_time_seconds_count
+    failed_transfers: float | None = None     # NIXL: failed transfers + failed notifications
+    expired: float | None = None              # NIXL: vllm:nixl_num_kv_expired_reqs
+    block_size: int | None = None             # vllm:cache_config_info's block_size label
+
+    @classmethod
+    def of(cls, snap: Snapshot) -> PoolCounters:
+        errors = snap.value("vllm:request_success", finished_reason="error")
+        if errors is None and snap.value("vllm:request_success") is not None:
+            errors = 0.0   # the family is there; no sample with reason "error" means none finished so
+        failures = [snap.value(n) for n in NIXL_FAILURE_FAMILIES]
+        config = cache_config(snap) or {}
+        block = config.get("block_size", "")
+        return cls(requests=snap.value("vllm:request_success"), errors=errors, prefill_side=_max_tokens_one(snap),
+                   prompt_tokens=snap.value("vllm:prompt_tokens"),
+                   computed=_source(snap, "local_compute"), local_hit=_source(snap, "local_cache_hit"),
+                   external=_source(snap, "external_kv_transfer"),
+                   connector_hits=snap.value("vllm:external_prefix_cache_hits"),
+                   transfers=snap.value(NIXL_TRANSFERS),
+                   failed_transfers=None if all(f is None for f in failures) else sum(f or 0.0 for f in failures),
+                   expired=snap.value(NIXL_EXPIRED),
+                   block_size=int(block) if str(block).isdigit() else None)
+
+    def since(self, earlier: PoolCounters) -> PoolCounters:
+        """What each counter gained from `earlier` to this reading (None where either side lacks it)."""
+        def gained(a: float | None, b: float | None) -> float | None:
+            return None if a is None or b is None else a - b
+        return PoolCounters(**{name: gained(getattr(self, name), getattr(earlier, name))
+                               for name in self.__dataclass_fields__ if name != "block_size"},
+                            block_size=self.block_size if self.block_size is not None else earlier.block_size)
+
+    def to_dict(self) -> dict[str, float | int | None]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> PoolCounters | None:
+        if not isinstance(data, dict):
+            return None
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+def _max_tokens_one(snap: Snapshot) -> float | None:
+    """Requests whose max_tokens was at most 1: the `le` = 1 bucket of vllm:request_params_max_tokens (vLLM 0.32
+    v1/metrics/loggers.py, 1-2-5 buckets), summed over engines; None when the histogram is absent."""
+    series = snap.samples.get("vllm:request_params_max_tokens_bucket")
+    if series is None:
+        return None
+    total = 0.0
+    for key, value in series.items():
+        try:
+            if float(dict(key).get("le", "nan")) == 1.0:
+                total += value
+        except ValueError:
+            continue
+    return total
+
+
+def _source(snap: Snapshot, source: str) -> float | None:
+    return snap.value("vllm:prompt_tokens_by_source", source=source)
