@@ -48,6 +48,8 @@ class ServeFacts:
     # log is used only when it is this server's (serve/log_identity.py)
     startup_log_source: str | None = None
     startup_log_error: str | None = None    # attach: why the operator's log command gave no log
+    # A P/D deployment (serve/pools.py serve_record): base_url is its router; each pool's instances
+    pools: dict[str, list[dict[str, str]]] = field(default_factory=dict)
 
 
 def judge_serve(run_dir: Path, profile: Profile, facts: ServeFacts) -> list[Finding]:
@@ -75,6 +77,8 @@ def judge_serve(run_dir: Path, profile: Profile, facts: ServeFacts) -> list[Find
                                "process_args_from": argv_from,
                                # judged right after ready: the end of the model-load memory window
                                "judged_at": time.time()}
+    if facts.pools:      # the P/D record the probes read (ProbeOptions.pools; serve/pools.py serve_record)
+        details.update({"entry_point": facts.base_url, "pools": facts.pools})
     if scan is not None:
         details.update(scan.summary() if hasattr(scan, "summary") else {})
     if facts.launch_error is None:
