@@ -106,7 +106,7 @@ class Recipe(Section):
         "the recipe's strategy the profile was generated for"))
     variant: str | None = None
     pool: Literal["prefill", "decode"] | None = Field(None, description=(
-        "the pd_cluster pool this profile serves (one profile per pool; src/vllm_acceptance/recipe/pools.py)"))
+        "the pd_cluster pool this profile serves (`from-recipe --pool`; src/vllm_acceptance/recipe/pools.py)"))
     features: list[str] = []
 
 

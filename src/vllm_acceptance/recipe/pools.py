@@ -1,5 +1,5 @@
 """The two pools of a `pd_cluster` recipe deployment (prefill and decode), each one server with its own profile:
-docs/profiles.md "Disaggregated prefill/decode: one profile per pool".
+docs/profiles.md "Disaggregated prefill/decode: one deployment profile" (deployment_profile below joins them).
 
 A pool is laid out as the recipe site's command builder lays it out (src/lib/command-synthesis.js, `pd_cluster`
 branch of buildArgs/buildEnv; read at a later commit than the vendored one, recipes/vllm-project/SOURCE.yml):
