@@ -125,3 +125,16 @@ def test_the_lab_pd_inventory_names_the_profiles_groups() -> None:
     settings = yaml.safe_load((ROOT / "inventories" / "lab-pd" / "group_vars" / "all.yml").read_text())
     assert settings["acceptance_profile"] == profile.name
     assert profile.model.launch.port == profile.model.pd.router.port          # users call the router
+
+
+def test_vllms_own_argument_check_judges_each_pools_command() -> None:
+    """validate's vLLM argument check (serve/vllm_check.py) gets both pools' commands, not the router's empty
+    launch.args: the connector flags are judged by vLLM itself."""
+    from vllm_acceptance.serve import vllm_check
+
+    nodes = vllm_check.node_inputs(load_profile(LAB_PD), {"head": "localhost"})
+    assert [n["pool"] for n in nodes] == ["prefill", "decode"]
+    for node, role in zip(nodes, ("kv_producer", "kv_consumer"), strict=True):
+        transfer = next(a for a in node["serve_args"] if a.startswith("--kv-transfer-config="))
+        assert json.loads(transfer.split("=", 1)[1])["kv_role"] == role
+    assert vllm_check.node_inputs(load_profile(ROOT / "profiles" / "cpu-lab.yml"), {})[0].get("pool") is None

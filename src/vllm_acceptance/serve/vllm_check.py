@@ -129,6 +129,10 @@ def node_inputs(profile: Profile, facts: dict[str, Any]) -> list[dict[str, Any]]
     serve/launch.py for containers, runtime/process.py for the process runtime); [] for an attached server."""
     if facts.get("mode") == "attach":
         return []
+    if profile.model.pd is not None:     # a P/D deployment: each pool's servers, as serve/pools.py launches them
+        from .pools import POOLS, pool_profile
+
+        return [{**node, "pool": pool} for pool in POOLS for node in node_inputs(pool_profile(profile, pool), facts)]
     runtime = str(facts.get("runtime") or profile.model.launch.runtime)
     head = str(facts.get("head") or "head")
     if runtime == "process":
