@@ -113,10 +113,13 @@ def test_accept_on_the_lab_pd_inventory_judges_the_router_and_both_pools_served(
     decode_url = serve["pools"]["decode"][0]["metrics_url"]
     before_p, before_d = counters(prefill_url), counters(decode_url)
     routed = router_counts(record["router"]["metrics_url"])
-    assert routed["prefill@http://127.0.0.1:8601"] > 0 and routed["decode@http://127.0.0.1:8602"] > 0   # the run's
     response = complete(record["entry_point"])
     assert response.status_code == 200, response.text
     after_p, after_d = counters(prefill_url), counters(decode_url)
+    # the request went through the router: one prefill and one decode request, each to its pool's server
+    routed_after = router_counts(record["router"]["metrics_url"])
+    for key in ("prefill@http://127.0.0.1:8601", "decode@http://127.0.0.1:8602"):
+        assert routed_after[key] - routed.get(key, 0.0) == 1
     prompt = response.json()["usage"]["prompt_tokens"]
     # prefill computed the prompt; decode loaded it over NIXL, computed none of it, and generated the answer
     assert after_p["local_compute"] - before_p["local_compute"] == prompt

@@ -53,6 +53,12 @@ class ServeFacts:
 
 
 def judge_serve(run_dir: Path, profile: Profile, facts: ServeFacts) -> list[Finding]:
+    if profile.model.pd is not None and facts.pools:
+        # A P/D deployment: the server whose startup log, flags and /metrics are judged here is the decode pool's
+        # (roles/vllm_serve tasks/pools.yml hands them over); the router is only the URL (serve/pools.py).
+        from .pools import pool_profile
+
+        profile = pool_profile(profile, "decode")
     store = EvidenceStore(run_dir, "evidence/serve", secrets=[facts.api_key] if facts.api_key else [])
     findings: list[Finding] = []
     argv_from = _attached_argv(run_dir, facts)
