@@ -40,7 +40,8 @@ def test_the_lab_plan_is_one_server_per_pool_behind_the_recipes_router(tmp_path:
     # command-synthesis.js pd_cluster routerLines, with the pools' URLs
     assert plan.router.command[1:] == [
         "--policy", "round_robin", "--vllm-pd-disaggregation", "--intra-node-data-parallel-size", "1",
-        "--health-check-interval-secs", "5", "--prefill", "http://127.0.0.1:8601", "--decode", "http://127.0.0.1:8602", "--host", "127.0.0.1",
+        "--health-check-interval-secs", "5", "--prefill", "http://127.0.0.1:8601", "--decode", "http://127.0.0.1:8602",
+        "--host", "127.0.0.1",
         "--port", "8603", "--prometheus-port", "8604"]
     assert plan.router.base_url == "http://127.0.0.1:8603/v1"
 
