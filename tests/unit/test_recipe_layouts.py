@@ -18,7 +18,8 @@ from vllm_acceptance.core.profile import ConfigError, load_profile
 from vllm_acceptance.recipe.generate import generate
 from vllm_acceptance.recipe.layouts import layouts
 from vllm_acceptance.recipe.official import recipe_deviations
-from vllm_acceptance.recipe.resolve import RecipeRefusal, Selection
+from vllm_acceptance.recipe.reader import load_bundle
+from vllm_acceptance.recipe.resolve import RecipeRefusal, Selection, resolve
 from vllm_acceptance.serve.launch import node_commands
 
 from support.examples import fill_placeholders
@@ -148,34 +149,51 @@ def test_a_profile_without_a_recipe_gets_no_recipe_offer() -> None:
 
 
 @pytest.mark.parametrize("hardware,prefill,decode", [("gb300", (8, 1, 2), (1, 16, 4)), ("b300", (8, 1, 1), (1, 16, 2))])
-def test_pd_cluster_writes_one_valid_profile_per_pool(hardware: str, prefill: tuple[int, int, int],
-                                                      decode: tuple[int, int, int], tmp_path: Path,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_pd_cluster_writes_one_deployment_profile(hardware: str, prefill: tuple[int, int, int],
+                                                  decode: tuple[int, int, int], tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "pd.yml"
     assert from_recipe("--hardware", hardware, "--strategy", "pd_cluster", "--out", str(out)) == 0
     said = capsys.readouterr().out
-    assert "accept each pool with its own profile" in said
+    assert "one P/D deployment" in said and not (tmp_path / "pd-prefill.yml").exists()
+    profile = load_profile(out)
+    assert profile.get("recipe.pool") is None and profile.get("pd.connector") == "NixlConnector"
+    # the entry point is the router the recipe site writes (command-synthesis.js pd_cluster routerLines)
+    assert profile.get("pd.router.program") == "vllm-router" and profile.get("pd.router.policy") == "round_robin"
+    assert profile.get("pd.router.args") == ["--vllm-pd-disaggregation", "--intra-node-data-parallel-size", "1"]
+    assert profile.get("launch.port") == profile.get("pd.router.port") and profile.get("launch.args") == []
+    assert profile.get("hardware.min_nodes") == prefill[2] + decode[2]
     for pool, (tensor, data, nodes), port, role in (("prefill", prefill, 8001, "kv_producer"),
                                                     ("decode", decode, 8002, "kv_consumer")):
-        path = tmp_path / f"pd-{pool}.yml"
-        assert f"pd_cluster {pool} pool on {nodes} x {hardware}" in said
-        profile = load_profile(path)
-        assert profile.get("recipe.pool") == pool and profile.get("launch.port") == port
-        assert profile.get("parallel") == {"tensor": tensor, "pipeline": 1, "data": data, "expert": True}
-        assert profile.get("hardware.min_nodes") == nodes
-        args = profile.get("launch.args")
+        assert profile.get(f"pd.{pool}.inventory_group") == f"{pool}_nodes"
+        assert profile.get(f"pd.{pool}.launch.port") == port and profile.get(f"pd.{pool}.nodes") == nodes
+        assert profile.get(f"pd.{pool}.parallel") == {"tensor": tensor, "pipeline": 1, "data": data, "expert": True}
+        args = profile.get(f"pd.{pool}.launch.args")
         transfer = json.loads(next(a for a in args if a.startswith("--kv-transfer-config=")).split("=", 1)[1])
         assert transfer == {"kv_connector": "NixlConnector", "kv_role": role, "kv_load_failure_policy": "fail"}
+        assert profile.get(f"pd.{pool}.kv_transfer_config") == transfer
         assert not any(a.startswith("--port") for a in args)           # launch.port: the launch passes it
-        assert recipe_deviations(profile.data) == []                    # regenerated from the recipe, the pool
-        # the header's command regenerates the file byte for byte
-        regenerated = generate(RECIPE, Selection(hardware, "pd_cluster", pool=pool), name=profile.name)[1]
-        assert regenerated == path.read_text()
-        assert main(["validate", "--profile", str(path), "--vllm-python", "none"]) == 0
-        assert json.loads(capsys.readouterr().out)["valid"] is True
-    decode_args = load_profile(tmp_path / "pd-decode.yml").get("launch.args")
+        # each pool's launch is exactly the one its own pool profile (--pool) carries
+        alone = generate(RECIPE, Selection(hardware, "pd_cluster", pool=pool))[0]
+        assert profile.get(f"pd.{pool}.launch") == alone["launch"]
+    # the header's command regenerates the file byte for byte
+    assert generate(RECIPE, Selection(hardware, "pd_cluster"), name=profile.name)[1] == out.read_text()
+    assert main(["validate", "--profile", str(out), "--vllm-python", "none"]) == 0
+    assert json.loads(capsys.readouterr().out)["valid"] is True
+    decode_args = profile.get("pd.decode.launch.args")
     assert "--no-enable-prefix-caching" in decode_args            # the recipe's decode side
     assert ("--moe-backend=deep_gemm_mega_moe" in decode_args) is (hardware == "gb300")
+
+
+def test_pd_profile_refuses_pools_on_different_connectors() -> None:
+    from vllm_acceptance.core.profile_model import Pd
+
+    pool = {"inventory_group": "g", "parallel": {"tensor": 1}, "launch": {"runtime": "process", "args": []}}
+    Pd.model_validate({"connector": "NixlConnector", "prefill": {**pool, "kv_transfer_config": {
+        "kv_connector": "NixlConnector"}}, "decode": pool})
+    with pytest.raises(ValueError, match="pd.decode.kv_transfer_config.kv_connector 'ExampleConnector'"):
+        Pd.model_validate({"connector": "NixlConnector", "prefill": pool, "decode": {**pool, "kv_transfer_config": {
+            "kv_connector": "ExampleConnector"}}})
 
 
 def test_pd_cluster_pools_are_sized_and_refused_by_the_recipe(tmp_path: Path,
@@ -183,15 +201,15 @@ def test_pd_cluster_pools_are_sized_and_refused_by_the_recipe(tmp_path: Path,
     out = tmp_path / "pd.yml"
     assert from_recipe("--hardware", "gb300", "--strategy", "pd_cluster", "--decode-nodes", "8",
                        "--out", str(out)) == 0
-    assert load_profile(tmp_path / "pd-decode.yml").get("parallel.data") == 32
+    assert load_profile(out).get("pd.decode.parallel.data") == 32
+    assert "--decode-nodes 8 --name" in out.read_text().splitlines()[2]     # the header regenerates it
     capsys.readouterr()
     assert from_recipe("--hardware", "gb300", "--strategy", "pd_cluster", "--decode-nodes", "2",
                        "--out", str(tmp_path / "small.yml")) == 2
     assert "the decode pool (dep) needs 16 GPUs" in capsys.readouterr().err
-    assert not (tmp_path / "small-prefill.yml").exists()              # neither pool written when one is refused
-    assert from_recipe("--hardware", "gb300", "--strategy", "pd_cluster") == 2
-    assert "pass --out FILE.yml" in capsys.readouterr().err
-    with pytest.raises(RecipeRefusal, match="two pools"):
-        generate(RECIPE, Selection("gb300", "pd_cluster"))
+    assert not (tmp_path / "small.yml").exists()                     # nothing written when a pool is refused
+    assert "pd" in generate(RECIPE, Selection("gb300", "pd_cluster"))[0]      # one deployment profile
+    with pytest.raises(RecipeRefusal, match="two pools"):                    # never one server's resolve
+        resolve(load_bundle(RECIPE), Selection("gb300", "pd_cluster"))
     with pytest.raises(ConfigError, match="has no pools"):
         generate(RECIPE, Selection("gb300", "multi_node_tp", pool="prefill"))

@@ -123,9 +123,13 @@ def test_every_profile_the_recipe_generates_launches_commands_vllm_accepts(judge
     for name, profile in profiles.items():
         nodes = check.nodes(name)
         assert len(nodes) == max(1, profile.model.hardware.min_nodes) and all(n.accepted for n in nodes), name
-        # the head serves, every other node is a headless worker, as vLLM itself chose
-        assert [n.mode for n in nodes[1:]] == ["headless"] * (len(nodes) - 1), (name, [n.mode for n in nodes])
-        assert nodes[0].mode in ("api_server", "multi_api_server")
+        # the head serves, every other node is a headless worker, as vLLM itself chose; a P/D profile (from-recipe
+        # --strategy pd_cluster) has one head per pool, each pool's nodes in turn (serve/vllm_check.py node_inputs)
+        pools = ([nodes[:profile.model.pd.prefill.nodes], nodes[profile.model.pd.prefill.nodes:]]
+                 if profile.model.pd is not None else [nodes])
+        for group in pools:
+            assert [n.mode for n in group[1:]] == ["headless"] * (len(group) - 1), (name, [n.mode for n in nodes])
+            assert group[0].mode in ("api_server", "multi_api_server")
         # what the CPU build could not judge is said, node by node: only the rust frontend binary here
         assert all(all("vllm-rs" in what for what in n.not_judged) for n in nodes), (name, nodes[0].not_judged)
     assert check.vllm_version and check.platform == "cpu"

@@ -106,7 +106,7 @@ class Recipe(Section):
         "the recipe's strategy the profile was generated for"))
     variant: str | None = None
     pool: Literal["prefill", "decode"] | None = Field(None, description=(
-        "the pd_cluster pool this profile serves (one profile per pool; src/vllm_acceptance/recipe/pools.py)"))
+        "the pd_cluster pool this profile serves (`from-recipe --pool`; src/vllm_acceptance/recipe/pools.py)"))
     features: list[str] = []
 
 
@@ -465,6 +465,55 @@ class Recheck(Section):
         ["cache", "agent", "load"], description="the registered probes the re-check runs, in run order")
 
 
+class PdRouter(Section):
+    """The entry point of a P/D deployment: the router the recipe site writes for pd_cluster (docs/profiles.md
+    "Disaggregated prefill/decode")."""
+
+    program: Annotated[str, Field(min_length=1)] = Field("vllm-router", description=(
+        "the router's executable (the recipe site's command: `vllm-router --vllm-pd-disaggregation ...`)"))
+    policy: Literal["random", "round_robin", "cache_aware", "kv_aware", "power_of_two", "consistent_hash",
+                    "sticky_least_loaded"] = Field("round_robin", description="the recipe's router.policy")
+    args: list[str] = Field([], description=(
+        "the router's other flags; the launch adds --prefill/--decode (one per pool instance), --host and --port"))
+    host: str = "0.0.0.0"  # noqa: S104 - the address the router listens on
+    port: Annotated[int, Field(ge=1, le=65535)] = 8000
+    prometheus_port: Annotated[int, Field(ge=1, le=65535)] | None = Field(None, description=(
+        "vllm-router --prometheus-port, where its request counters are (none: the router's port + 1)"))
+    inventory_group: Annotated[str, Field(min_length=1)] = Field("router", description=(
+        "the inventory group of the router's host (none: the first host of gpu_nodes)"))
+    provenance: dict[str, str] = {}
+
+
+class PdPool(Section):
+    """One pool (prefill or decode) of a P/D deployment: its servers' launch, as for one engine."""
+
+    inventory_group: Annotated[str, Field(min_length=1)] = Field(description=(
+        "the inventory group (under gpu_nodes) of the pool's hosts: one server per host, its head"))
+    nodes: PosInt = 1
+    min_gpus: NonNegInt = 0
+    parallel: Parallel
+    kv_transfer_config: dict[str, Any] = Field({}, description=(
+        "the pool's --kv-transfer-config, as read from launch.args (its connector, role, load-failure policy)"))
+    launch: Launch
+
+
+class Pd(Section):
+    connector: Annotated[str, Field(min_length=1)] = Field(description=(
+        "the KV connector both pools name (kv_transfer_config.kv_connector), e.g. NixlConnector"))
+    router: PdRouter = PdRouter()
+    prefill: PdPool
+    decode: PdPool
+
+    @model_validator(mode="after")
+    def _one_connector(self) -> Pd:
+        for name in ("prefill", "decode"):
+            named = getattr(self, name).kv_transfer_config.get("kv_connector")
+            if named is not None and named != self.connector:
+                raise ValueError(f"pd.{name}.kv_transfer_config.kv_connector {named!r}: the pools must name "
+                                 f"pd.connector {self.connector!r} (set both to the same connector)")
+        return self
+
+
 class ProfileModel(Section):
     name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")]
     extends: Annotated[str, Field(min_length=1)] | None = Field(None, description=(
@@ -482,6 +531,9 @@ class ProfileModel(Section):
     hardware: Hardware
     parallel: Parallel
     launch: Launch
+    pd: Pd | None = Field(None, description=(
+        "a disaggregated prefill/decode deployment: both pools' launch and the router (launch.port is the "
+        "router's; docs/profiles.md \"Disaggregated prefill/decode\")"))
     contract: Contract
     thresholds: Thresholds
     cache: Cache
@@ -504,6 +556,9 @@ class ProfileModel(Section):
     def _lineage_when_experimental(self) -> ProfileModel:
         if self.experimental and self.lineage is None:
             raise ValueError("lineage: required when experimental is true")
+        if self.pd is not None and self.launch.port != self.pd.router.port:
+            raise ValueError(f"launch.port {self.launch.port}: a P/D deployment is called through its router; set it "
+                             f"to pd.router.port {self.pd.router.port}")
         return self
 
     def at(self, dotted: str, default: Any = None) -> Any:

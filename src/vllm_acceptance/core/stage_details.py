@@ -82,6 +82,10 @@ class ServeDetails(Details):
     errors: list[Any] = Field(default_factory=list)
     fallbacks: list[Any] = Field(default_factory=list)
     nccl_errors: list[Any] = Field(default_factory=list)
+    # A P/D deployment (serve/pools.py serve_record): the router users call, and each pool's instances
+    # {"name", "base_url", "metrics_url", "stop_command", "start_command"}: what the probes get as ProbeOptions.pools.
+    entry_point: str | None = None
+    pools: dict[str, list[dict[str, str]]] = Field(default_factory=dict)
 
 
 class Workload(Details):

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..core.profile import load_profile
 from ..core.rundir import RunDir
+from ..core.stage_details import ServeDetails
 from .result import overall_status, rebase_evidence
 from .run import ProbeOptions, probe_secrets, run_cache_restart_probe, run_load_limit_probe, run_probe
 
@@ -17,6 +18,7 @@ from .run import ProbeOptions, probe_secrets, run_cache_restart_probe, run_load_
 def run_probe_stage(run_dir: Path, kind: str, *, profile_path: str, base_url: str, model: str,
                     **options: Any) -> tuple[str, dict[str, str], Path]:
     run = RunDir(Path(run_dir))
+    options.setdefault("pools", serve_pools(run))
     opts = ProbeOptions(kind=kind, base_url=base_url, model=model, out_dir=run.path / "probes" / kind,
                         profile=load_profile(profile_path), **options)
     status, findings, details = run_probe(opts, write_result_json=False)
@@ -26,6 +28,12 @@ def run_probe_stage(run_dir: Path, kind: str, *, profile_path: str, base_url: st
     run.write_findings(kind, findings)
     stage = run.write_stage(kind, {"status": status, **details}, probe_secrets(opts) or None)
     return status, {f"{f.check}@{f.host}" if f.host else f.check: f.status.value for f in findings}, stage
+
+
+def serve_pools(run: RunDir) -> dict[str, list[dict[str, str]]]:
+    """ProbeOptions.pools of a run: the P/D deployment's instances the serve stage recorded (serve/pools.py
+    serve_record; roles/vllm_serve tasks/pools.yml); {} for one engine."""
+    return dict(ServeDetails.read(run.stage("serve") or {}).pools)
 
 
 def run_cache_restart_stage(run_dir: Path, *, profile_path: str, base_url: str, model: str,

@@ -3,7 +3,7 @@
     vllm-acceptance profile from-recipe RECIPE.yaml --hardware H --strategy S [--nodes N] [--variant V]
                                         [--feature F ...] [--name NAME] [--facts FILE] [--out FILE]
     vllm-acceptance profile from-recipe RECIPE.yaml --hardware H --strategy pd_cluster [--prefill-nodes P]
-                                        [--decode-nodes D] --out FILE       (FILE-prefill.yml, FILE-decode.yml)
+                                        [--decode-nodes D] [--out FILE]     (one P/D deployment profile)
     vllm-acceptance profile layouts RECIPE.yaml --hardware H --nodes N [--variant V] [--json]
     vllm-acceptance recipe diff OLD.yaml NEW.yaml --hardware H --strategy S [--variant V] [--feature F ...] [--json]
 
@@ -49,7 +49,7 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
     gen.add_argument("--decode-nodes", type=int, metavar="D", help="pd_cluster: the decode pool's nodes "
                                                                     "(default: the fewest the recipe allows)")
     gen.add_argument("--name", help="the profile's name (default <slug>-<hardware>-<strategy>[-<N>nodes]; "
-                                    "pd_cluster: each pool's profile adds -prefill / -decode)")
+                                    "pd_cluster: <slug>-<hardware>-pd-cluster, one profile for both pools)")
     gen.add_argument("--facts", type=Path, help="acceptance facts and defaults "
                                                 "(default recipes/kimi-k3.acceptance.yml)")
     gen.add_argument("--out", type=Path, help="write here (default: standard output)")
@@ -100,22 +100,24 @@ def _deploy_type(args: argparse.Namespace) -> str:
 
 
 def cmd_pools(args: argparse.Namespace) -> int:
-    """pd_cluster without --pool: both pools' profiles, FILE-prefill.yml and FILE-decode.yml beside --out."""
+    """pd_cluster without --pool: ONE deployment profile (both pools and the router, `pd`; docs/profiles.md
+    "Disaggregated prefill/decode"), to --out or standard output."""
     if args.nodes is not None:
         raise ConfigError("--nodes: a pd_cluster deployment sizes each pool: --prefill-nodes P --decode-nodes D "
                           "(or --pool prefill|decode --nodes N for one pool)")
-    if not args.out:
-        raise ConfigError("pd_cluster writes two profiles (prefill and decode pools): pass --out FILE.yml "
-                          "(they go to FILE-prefill.yml and FILE-decode.yml)")
-    texts = []
-    for pool, nodes in (("prefill", args.prefill_nodes), ("decode", args.decode_nodes)):
-        name = f"{args.name}-{pool}" if args.name else None
-        profile, text = _generate(args, _selection(args, pool=pool, nodes=nodes), name)
-        texts.append((args.out.with_name(f"{args.out.stem}-{pool}{args.out.suffix or '.yml'}"), profile, text))
-    for path, profile, text in texts:          # both generated before either is written
-        path.write_text(text)
-        print(wrote(profile, str(path)))
-    print("accept each pool with its own profile (docs/profiles.md, \"Disaggregated prefill/decode\")")
+    from .generate import generate
+
+    profile, text = generate(args.recipe, _selection(args), name=args.name, facts_path=args.facts,
+                             pool_nodes={"prefill": args.prefill_nodes, "decode": args.decode_nodes})
+    said = wrote(profile, str(args.out) if args.out else "standard output")
+    said += (" (one P/D deployment: inventory groups prefill_nodes, decode_nodes under gpu_nodes and router; "
+             "docs/profiles.md \"Disaggregated prefill/decode\")")
+    if args.out:
+        args.out.write_text(text)
+        print(said)
+    else:
+        print(text, end="")
+        print(said, file=sys.stderr)
     return 0
 
 

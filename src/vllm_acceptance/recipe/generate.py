@@ -302,6 +302,22 @@ def build_profile(bundle: RecipeBundle, selection: Selection, facts: Facts, name
     return profile
 
 
+def build_pd_profile(bundle: RecipeBundle, selection: Selection, facts: Facts, name: str | None = None,
+                     nodes: dict[str, int | None] | None = None) -> dict[str, Any]:
+    """A pd_cluster deployment as ONE profile: each pool resolved as its own (build_profile with `pool`), joined
+    under `pd` with the router (recipe/pools.py deployment_profile), validated as a whole."""
+    from dataclasses import replace
+
+    from .pools import POOLS, deployment_profile
+
+    pools = {pool: build_profile(bundle, replace(selection, pool=pool, nodes=(nodes or {}).get(pool)), facts)
+             for pool in POOLS}
+    port = int((facts.defaults.get("launch") or {}).get("port") or 8000)
+    profile = deployment_profile(pools, bundle, selection.strategy, name or default_name(bundle, selection), port)
+    validate_document(profile, "profile", f"P/D deployment profile generated from {bundle.path}")
+    return profile
+
+
 def default_name(bundle: RecipeBundle, selection: Selection) -> str:
     """<slug>-<hardware>-<strategy>[-<N>nodes][-<pool>]: the node count only where `--nodes` names one."""
     slug = (bundle.data.get("meta") or {}).get("slug", "model")
@@ -354,8 +370,18 @@ def render(profile: dict[str, Any], command: str, facts: Facts) -> str:
 
 
 def generate(recipe: str | Path, selection: Selection, name: str | None = None,
-             facts_path: str | Path | None = None) -> tuple[dict[str, Any], str]:
+             facts_path: str | Path | None = None,
+             pool_nodes: dict[str, int | None] | None = None) -> tuple[dict[str, Any], str]:
+    """The profile of a selection and its text; a pd_cluster strategy without a pool is ONE deployment profile
+    (build_pd_profile; `pool_nodes` sizes its pools)."""
     bundle = load_bundle(recipe)
     facts = load_facts(facts_path)
+    if selection.pool is None and bundle.strategies.get(selection.strategy, {}).get("deploy_type") == "pd_cluster":
+        profile = build_pd_profile(bundle, selection, facts, name, pool_nodes)
+        command = command_line(bundle, selection, profile["name"])
+        for pool, nodes in (pool_nodes or {}).items():
+            if nodes is not None:
+                command = command.replace(" --name", f" --{pool}-nodes {nodes} --name")
+        return profile, render(profile, command, facts)
     profile = build_profile(bundle, selection, facts, name)
     return profile, render(profile, command_line(bundle, selection, profile["name"]), facts)

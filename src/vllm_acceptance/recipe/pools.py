@@ -1,5 +1,5 @@
 """The two pools of a `pd_cluster` recipe deployment (prefill and decode), each one server with its own profile:
-docs/profiles.md "Disaggregated prefill/decode: one profile per pool".
+docs/profiles.md "Disaggregated prefill/decode: one deployment profile" (deployment_profile below joins them).
 
 A pool is laid out as the recipe site's command builder lays it out (src/lib/command-synthesis.js, `pd_cluster`
 branch of buildArgs/buildEnv; read at a later commit than the vendored one, recipes/vllm-project/SOURCE.yml):
@@ -220,3 +220,94 @@ def deployment(bundle: RecipeBundle, selection: Selection) -> Deployment:
     hw = hardware_profile(bundle, selection)
     check_supported(bundle, selection, hw)
     return resolve_pool(bundle, selection, hw)
+
+
+# --- one deployment profile for the whole pd_cluster deployment (issue 45 item 1) ---------------------------------
+# The inventory names each pool's hosts by a group under gpu_nodes and the router's host by its own group
+# (docs/profiles.md "Disaggregated prefill/decode"; inventories/lab-pd is the lab's example).
+POOL_GROUPS = {"prefill": "prefill_nodes", "decode": "decode_nodes"}
+ROUTER_GROUP = "router"
+ROUTER_PROGRAM = "vllm-router"                   # command-synthesis.js pd_cluster branch: `vllm-router --policy ...`
+ROUTER_SOURCE = "src/lib/command-synthesis.js pd_cluster routerLines"
+
+
+def router_section(bundle: RecipeBundle, strategy: str, pools: dict[str, dict[str, Any]],
+                   port: int) -> dict[str, Any]:
+    """The router as the recipe site writes it: `vllm-router --policy P --vllm-pd-disaggregation --prefill URL ...
+    --decode URL ... --host --port --intra-node-data-parallel-size N`; N is strategy_overrides.<s>.router.
+    intra_node_data_parallel_size, else the larger of the pools' DP ranks per node (dep), else 1. --prefill/--decode,
+    --host and --port come from the inventory at launch (serve/pools.py)."""
+    policy = str((bundle.strategies[strategy].get("router") or {}).get("policy") or "round_robin")
+    pinned = ((bundle.data.get("strategy_overrides") or {}).get(strategy) or {}).get("router") or {}
+    ranks = [int(p["parallel"].get("data") or 0) // max(1, int(p["nodes"])) for p in pools.values()
+             if p["parallel"].get("data")]
+    intra = pinned.get("intra_node_data_parallel_size")
+    intra_source = (f"strategy_overrides.{strategy}.router.intra_node_data_parallel_size" if intra is not None
+                    else f"{ROUTER_SOURCE}: the pools' DP ranks per node (1 without DP)")
+    intra = int(intra if intra is not None else max([*ranks, 1]))
+    return {"program": ROUTER_PROGRAM, "policy": policy,
+            "args": ["--vllm-pd-disaggregation", "--intra-node-data-parallel-size", str(intra)],
+            "port": port, "inventory_group": ROUTER_GROUP,
+            "provenance": {"program": ROUTER_SOURCE, "policy": f"strategies/{strategy}.yaml router.policy",
+                           "--vllm-pd-disaggregation": ROUTER_SOURCE, "--intra-node-data-parallel-size": intra_source,
+                           "--prefill/--decode": f"{ROUTER_SOURCE}: one per pool head (the inventory's "
+                                                 f"{POOL_GROUPS['prefill']} / {POOL_GROUPS['decode']})"}}
+
+
+def kv_transfer_config(args: list[str]) -> dict[str, Any]:
+    """The --kv-transfer-config of a pool's rendered args (`--flag=value` or `--flag value`), parsed; {} if none."""
+    import json
+
+    for i, arg in enumerate(args):
+        value = None
+        if arg.startswith("--kv-transfer-config="):
+            value = arg.split("=", 1)[1]
+        elif arg == "--kv-transfer-config" and i + 1 < len(args):
+            value = args[i + 1]
+        if value is not None:
+            try:
+                parsed = json.loads(value)
+            except ValueError as exc:
+                raise ConfigError(f"--kv-transfer-config {value!r}: not JSON ({exc})") from exc
+            return dict(parsed) if isinstance(parsed, dict) else {}
+    return {}
+
+
+def pool_section(profile: dict[str, Any], pool: str) -> dict[str, Any]:
+    """A pool's part of the deployment profile, from the pool's own generated profile."""
+    import copy
+
+    launch = copy.deepcopy(profile["launch"])
+    return {"inventory_group": POOL_GROUPS[pool], "nodes": int(profile["hardware"].get("min_nodes") or 1),
+            "min_gpus": int(profile["hardware"].get("min_gpus") or 0), "parallel": copy.deepcopy(profile["parallel"]),
+            "kv_transfer_config": kv_transfer_config(list(launch.get("args") or [])), "launch": launch}
+
+
+def deployment_profile(pool_profiles: dict[str, dict[str, Any]], bundle: RecipeBundle, strategy: str,
+                       name: str, port: int) -> dict[str, Any]:
+    """One profile for the whole deployment: the decode pool's profile (model, image, contract: what users call
+    answers as decode does) with both pools under `pd`, the router as the entry point: launch.port = `port` (the
+    recipe leaves $ROUTER_PORT to the site; the acceptance defaults' launch.port)."""
+    import copy
+
+    pools = {pool: pool_section(pool_profiles[pool], pool) for pool in POOLS}
+    connectors = {str(p["kv_transfer_config"].get("kv_connector")) for p in pools.values()}
+    if len(connectors) != 1 or "None" in connectors:
+        raise ConfigError(f"strategies/{strategy}.yaml: the pools name the connectors {sorted(connectors)}; a P/D "
+                          "deployment needs one --kv-transfer-config kv_connector in both pools")
+    profile = copy.deepcopy(pool_profiles["decode"])
+    profile["name"] = name
+    profile["description"] = profile["description"].replace(" decode pool", " prefill + decode pools behind the "
+                                                            "router")
+    profile["recipe"].pop("pool", None)
+    hardware = profile["hardware"]
+    hardware["min_gpus"] = sum(p["min_gpus"] for p in pools.values())
+    hardware["min_nodes"] = sum(p["nodes"] for p in pools.values())
+    base = profile["launch"]
+    profile["launch"] = {key: base[key] for key in ("runtime", "ready_timeout_s") if key in base}
+    profile["launch"].update({"port": port, "args": [], "env": {},
+                              "required_flags": list(base.get("required_flags") or [])})
+    keys = list(profile)
+    at = keys.index("launch") + 1
+    pd = {"connector": connectors.pop(), "router": router_section(bundle, strategy, pools, port), **pools}
+    return {**{k: profile[k] for k in keys[:at]}, "pd": pd, **{k: profile[k] for k in keys[at:]}}

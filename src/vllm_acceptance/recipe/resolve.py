@@ -7,7 +7,8 @@ The layering follows the recipe site's command builder at the vendored commit (r
 then the features; a flag given twice keeps its last value (last-wins dedupe). The node count is the recipe's
 floor (strategy_min_gpus over the taxonomy's gpu_count, the builder's nodesForStrategy) unless the selection names
 one (`--nodes`): a multi-node strategy scales out to the builder's MAX_NODES, a single-node one runs on one node.
-pd_cluster (two pools, two commands) is one profile per pool (recipe/pools.py); asked for as one server it is refused.
+pd_cluster (two pools, two commands, a router) is one deployment profile with a `pd` section (recipe/pools.py);
+asked for as one server it is refused.
 """
 
 from __future__ import annotations
@@ -125,10 +126,10 @@ def check_supported(bundle: RecipeBundle, selection: Selection, hw: dict[str, An
         raise ConfigError(f"--strategy {strategy!r}: not a strategy of the recipe repository "
                           f"(known: {', '.join(sorted(bundle.strategies))})")
     if bundle.strategies[strategy].get("deploy_type") == "pd_cluster" and selection.pool is None:
-        raise refuse(selection, "pd_cluster runs two pools (prefill and decode) with their own commands; "
-                                "a profile describes one server: accept each pool with its own profile "
-                                "(`vllm-acceptance profile from-recipe ... --strategy pd_cluster --out FILE` "
-                                "writes both, recipe/pools.py)")
+        raise refuse(selection, "pd_cluster runs two pools (prefill and decode) with their own commands behind a "
+                                "router, not one server: `vllm-acceptance profile from-recipe ... --strategy "
+                                "pd_cluster` writes its deployment profile (`pd`: both pools and the router, "
+                                "recipe/pools.py)")
     gate_map = (bundle.data.get("strategy_hardware") or {}).get(strategy)
     gate = keyed(gate_map, selection.hardware, str(hw.get("generation")), str(hw.get("brand", "")))
     listed = strategy in (bundle.data.get("compatible_strategies") or [])

@@ -48,9 +48,17 @@ class ServeFacts:
     # log is used only when it is this server's (serve/log_identity.py)
     startup_log_source: str | None = None
     startup_log_error: str | None = None    # attach: why the operator's log command gave no log
+    # A P/D deployment (serve/pools.py serve_record): base_url is its router; each pool's instances
+    pools: dict[str, list[dict[str, str]]] = field(default_factory=dict)
 
 
 def judge_serve(run_dir: Path, profile: Profile, facts: ServeFacts) -> list[Finding]:
+    if profile.model.pd is not None and facts.pools:
+        # A P/D deployment: the server whose startup log, flags and /metrics are judged here is the decode pool's
+        # (roles/vllm_serve tasks/pools.yml hands them over); the router is only the URL (serve/pools.py).
+        from .pools import pool_profile
+
+        profile = pool_profile(profile, "decode")
     store = EvidenceStore(run_dir, "evidence/serve", secrets=[facts.api_key] if facts.api_key else [])
     findings: list[Finding] = []
     argv_from = _attached_argv(run_dir, facts)
@@ -75,6 +83,8 @@ def judge_serve(run_dir: Path, profile: Profile, facts: ServeFacts) -> list[Find
                                "process_args_from": argv_from,
                                # judged right after ready: the end of the model-load memory window
                                "judged_at": time.time()}
+    if facts.pools:      # the P/D record the probes read (ProbeOptions.pools; serve/pools.py serve_record)
+        details.update({"entry_point": facts.base_url, "pools": facts.pools})
     if scan is not None:
         details.update(scan.summary() if hasattr(scan, "summary") else {})
     if facts.launch_error is None:

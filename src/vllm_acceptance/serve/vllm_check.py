@@ -129,6 +129,17 @@ def node_inputs(profile: Profile, facts: dict[str, Any]) -> list[dict[str, Any]]
     serve/launch.py for containers, runtime/process.py for the process runtime); [] for an attached server."""
     if facts.get("mode") == "attach":
         return []
+    if profile.model.pd is not None:     # a P/D deployment: each pool's servers, as serve/pools.py launches them
+        from .pools import POOLS, pool_profile
+
+        nodes = []
+        for pool in POOLS:      # each pool on its own nodes (pd.<pool>.nodes), not the inventory's head + workers
+            count = getattr(profile.model.pd, pool).nodes
+            workers = [f"{pool}-node-{i}" for i in range(2, count + 1)]
+            pool_facts = {k: v for k, v in facts.items() if k != "workers"}
+            pool_facts.update({"head": f"{pool}-node-1", **({"workers": workers} if workers else {})})
+            nodes += [{**node, "pool": pool} for node in node_inputs(pool_profile(profile, pool), pool_facts)]
+        return nodes
     runtime = str(facts.get("runtime") or profile.model.launch.runtime)
     head = str(facts.get("head") or "head")
     if runtime == "process":
