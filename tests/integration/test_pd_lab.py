@@ -91,14 +91,26 @@ def pd_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     work = tmp_path_factory.mktemp("pd")
     state = work / "server"
     try:
-        run_dir = run_accept(work, {"vllm_serve_state_dir": str(state), "vllm_serve_stop_at_end": False,
-                                    "acceptance_probes": ["cache"]}, env={"VLLM_API_KEY": ""}, inventory="lab-pd")
+        # the inventory as copied: every probe and the quality probe (its P/D path checks and parity)
+        run_dir = run_accept(work, {"vllm_serve_state_dir": str(state), "vllm_serve_stop_at_end": False},
+                             env={"VLLM_API_KEY": ""}, inventory="lab-pd")
         serve = json.loads((run_dir / "stages" / "serve.json").read_text())
         record = json.loads((state / "pd" / "pd-serve.json").read_text())
         yield {"run_dir": run_dir, "serve": serve, "record": record, "state": state}
     finally:
         subprocess.run([sys.executable, "-m", "vllm_acceptance.serve.pools", "down", "--state-dir", str(state / "pd")],
                        cwd=REPO, capture_output=True, timeout=300)
+
+
+def test_the_healthy_pd_deployment_releases_with_its_path_and_parity_checks(pd_run: dict) -> None:
+    report = json.loads((pd_run["run_dir"] / "report.json").read_text())
+    statuses = {f["check"]: f["status"] for f in report["findings"]}
+    assert report["verdict"] == "release", {c: s for c, s in statuses.items() if s not in ("pass", "not_applicable")}
+    for check in ("quality.parity", "quality.reference", "quality.pd_prefill_served", "quality.pd_decode_loaded",
+                  "quality.pd_transfer_failures", "quality.pd_prefill_stopped"):
+        assert statuses.get(check) == "pass", (check, statuses.get(check))
+    # the cache probe read the prefill pool's engine and the load probe the decode pool's, not the router's
+    assert statuses.get("cache.metrics") == "pass" and statuses.get("cache.reuse") == "pass"
 
 
 def test_accept_on_the_lab_pd_inventory_judges_the_router_and_both_pools_served(pd_run: dict) -> None:
@@ -154,6 +166,16 @@ def test_a_decode_server_without_the_connector_shows_in_its_counters(pd_run: dic
     assert after["local_compute"] - before["local_compute"] == response.json()["usage"]["prompt_tokens"]
     assert after.get("external_kv_transfer", 0.0) == before.get("external_kv_transfer", 0.0)
     assert "vllm:nixl_bytes_transferred_count" not in after          # no connector: no NIXL series at all
+    # ... and the product's check names it: the quality probe on the same deployment (no stop this time)
+    out = pd_run["state"].parent / "probe-misconfigured"
+    proc = subprocess.run([sys.executable, "-m", "vllm_acceptance.cli", "probe", "quality", "--base-url",
+                           record["entry_point"], "--model", "tiny-agent", "--out", str(out), "--profile",
+                           str(REPO / "profiles" / "lab-pd.yml"), "--pools", f"@{state / 'pd-serve.json'}",
+                           "--set", "quality.pd_stop_prefill=false", "--set", "quality.long_prompt_tokens=0"],
+                          cwd=REPO, capture_output=True, text=True, timeout=900)
+    findings = {f["check"]: f for f in json.loads((out / "result.json").read_text())["findings"]}
+    loaded = findings["quality.pd_decode_loaded"]
+    assert loaded["status"] == "fail", (loaded, proc.stderr[-2000:])
 
 
 def test_a_stopped_prefill_server_fails_requests_loudly_and_decode_survives(pd_run: dict) -> None:

@@ -8,6 +8,9 @@ lab's stand-in router (tests/support/pd_router.py) as the entry point.
   vLLM answers HTTP 200 with text, whatever kv_load_failure_policy says (the ExampleConnector reports no match, so
   no load fails) -- and quality.pd_decode_loaded fails.
 
+A slower variant (`full`): the default suite decides the same checks on the lab P/D deployment with the real NIXL
+connector and vllm-router (tests/integration/test_pd_lab.py); this one keeps the ExampleConnector pair.
+
 Ports: LAB_TEST_PORT_PD (default 8620; prefill there, decode +1, router +10) plus LAB_PORT_OFFSET.
 """
 
@@ -31,7 +34,7 @@ from vllm_acceptance.probes.quality import pd_path
 from support.pd_lab import PROMPTS, kv_config, send_prompts
 from support.pd_router import PdRouter
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.full]
 
 
 @dataclass

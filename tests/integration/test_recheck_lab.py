@@ -157,38 +157,28 @@ def _gateway(upstream: str, port: int, mode: str) -> subprocess.Popen:
     raise AssertionError(f"gateway {mode} did not answer on port {port}")
 
 
-@pytest.mark.full
 def test_a_gateway_that_starts_breaking_tool_calls_drifts_on_the_agent_rate(
-        lab_server: Any, tmp_path: Path) -> None:
-    """Accepted and signed through a passthrough gateway; the gateway then moves every fifth tool call into content
-    (markup_one_in_five) at the same address: the re-check's agent sample drifts on the tool-call rate, with its
+        signed_baseline: Path, lab_server: Any) -> None:
+    """After the signed acceptance a gateway is put in front of the same server and moves every fifth tool call into
+    content (markup_one_in_five): the server's identity is the signed one (the re-check reads it from the server
+    behind the gateway, vllm_direct_url), but the re-check's agent sample drifts on the tool-call rate, with its
     bounds."""
-    from support.accept import run_accept
     from support.gateway import free_port
 
     port = free_port()
-    gw = _gateway(lab_server.base_url, port, "passthrough")
-    url = f"http://127.0.0.1:{port}/v1"
-    try:
-        accepted = run_accept(tmp_path / "accept", {"vllm_serve_mode": "attach", "vllm_base_url": url,
-                                                    "vllm_direct_url": lab_server.base_url},
-                              env={"VLLM_API_KEY": ""})
-    finally:
-        gw.terminate()
-        gw.wait(timeout=10)
-    baseline = tmp_path / "reports" / "lab" / accepted.name
-    shutil.copytree(accepted, baseline, symlinks=True)
-    verdict = json.loads((baseline / "report.json").read_text())["verdict"]
-    assert verdict in ("release", "limited_observation"), verdict
-    assert cli("sign", str(baseline), "--reviewer", "R. Checker (SRE)", "--decision", verdict).returncode == 0
     gw = _gateway(lab_server.base_url, port, "markup_one_in_five")
     try:
-        proc, result = recheck(baseline, "-e", f"vllm_direct_url={lab_server.base_url}")
+        proc, result = recheck(signed_baseline, "-e", f"vllm_base_url=http://127.0.0.1:{port}/v1",
+                               "-e", f"vllm_direct_url={lab_server.base_url}",
+                               "-e", f"vllm_serve_pid={lab_server.pid}",
+                               "-e", f"vllm_serve_startup_log={lab_server.log_path}")
     finally:
         gw.terminate()
         gw.wait(timeout=10)
     assert proc.returncode == 50, proc.stdout[-4000:] + proc.stderr[-2000:]
-    drifts = result["outcome"]["drifts"]
-    agent = [d for d in drifts if "agent" in d["check"]]
-    assert agent and all(d["consequence"] == "drifted" for d in agent), drifts
-    assert any(d["baseline"] is not None and d["today"] is not None for d in agent)
+    outcome = result["outcome"]
+    assert outcome["verdict"] == "drifted" and not outcome["signed_decision_holds"], outcome["reasons"]
+    agent = [d for d in outcome["drifts"] if "agent" in d["check"]]
+    assert agent and all(d["consequence"] == "drifted" for d in agent), outcome["drifts"]
+    rate = next(d for d in agent if d["check"] == "drift.agent_rate")
+    assert rate["today"]["events"] > 0 and rate["baseline"]["interval_95"][1] < rate["today"]["interval_95"][0]

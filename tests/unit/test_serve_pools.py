@@ -139,3 +139,16 @@ def test_vllms_own_argument_check_judges_each_pools_command() -> None:
         transfer = next(a for a in node["serve_args"] if a.startswith("--kv-transfer-config="))
         assert json.loads(transfer.split("=", 1)[1])["kv_role"] == role
     assert vllm_check.node_inputs(load_profile(ROOT / "profiles" / "cpu-lab.yml"), {})[0].get("pool") is None
+
+
+def test_each_probe_reads_the_pool_whose_engine_does_what_it_measures() -> None:
+    from vllm_acceptance.probes.stage import pool_metrics_url
+
+    pools = {"prefill": [{"base_url": "http://p:8001/v1", "metrics_url": "http://p:8001/metrics"}],
+             "decode": [{"base_url": "http://d:8002/v1", "metrics_url": "http://d:8002/metrics"}]}
+    router = "http://r:8000/metrics"
+    assert pool_metrics_url("cache", pools, router) == "http://p:8001/metrics"
+    assert pool_metrics_url("load", pools, router) == "http://d:8002/metrics"
+    assert pool_metrics_url("quality", pools, router) == router
+    two = {**pools, "prefill": pools["prefill"] * 2}   # several instances: no one of them speaks for the pool
+    assert pool_metrics_url("cache", two, router) == router

@@ -19,6 +19,8 @@ def run_probe_stage(run_dir: Path, kind: str, *, profile_path: str, base_url: st
                     **options: Any) -> tuple[str, dict[str, str], Path]:
     run = RunDir(Path(run_dir))
     options.setdefault("pools", serve_pools(run))
+    if options["pools"]:
+        options["metrics_url"] = pool_metrics_url(kind, options["pools"], options.get("metrics_url"))
     opts = ProbeOptions(kind=kind, base_url=base_url, model=model, out_dir=run.path / "probes" / kind,
                         profile=load_profile(profile_path), **options)
     status, findings, details = run_probe(opts, write_result_json=False)
@@ -34,6 +36,22 @@ def serve_pools(run: RunDir) -> dict[str, list[dict[str, str]]]:
     """ProbeOptions.pools of a run: the P/D deployment's instances the serve stage recorded (serve/pools.py
     serve_record; roles/vllm_serve tasks/pools.yml); {} for one engine."""
     return dict(ServeDetails.read(run.stage("serve") or {}).pools)
+
+
+# A P/D deployment's entry point (the router) exports no engine counters: each probe reads the pool whose engine
+# does what it measures (docs/profiles.md "Disaggregated prefill/decode"): prefix reuse happens where the prompt is
+# computed, on the prefill pool (the recipe's decode pool runs without prefix caching); KV capacity, preemptions and
+# generation on the decode pool. The quality probe reads every instance itself (ProbeOptions.pools).
+POOL_OF_PROBE = {"cache": "prefill", "load": "decode", "agent": "decode", "metrics": "decode"}
+
+
+def pool_metrics_url(kind: str, pools: dict[str, list[dict[str, str]]], metrics_url: str | None) -> str | None:
+    """The /metrics a probe reads on a P/D deployment: its pool's, where that pool has one instance; else the one
+    given (the entry point's), whose missing engine series the probe then reports as missing."""
+    instances = pools.get(POOL_OF_PROBE.get(kind, "")) or []
+    if len(instances) == 1 and instances[0].get("metrics_url"):
+        return instances[0]["metrics_url"]
+    return metrics_url
 
 
 def run_cache_restart_stage(run_dir: Path, *, profile_path: str, base_url: str, model: str,
