@@ -259,3 +259,29 @@ def test_a_stop_command_that_fails_is_inconclusive(tmp_path: Path) -> None:
                                "decode": [{"base_url": "http://127.0.0.1:9/v1"}]})
     f = pd_stop.stop_prefill_findings(opts, EvidenceStore(tmp_path), True)
     assert f.status == Status.INCONCLUSIVE and f.observed["stop_exit"] == 3
+
+
+def test_a_restarted_prefill_is_waited_for_while_the_router_answers_503(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vllm-router answers 503 "No available workers" until its health check readmits a restarted worker: that
+    window is waited out (bounded); a 503 past it, or any other error, is judged as it is."""
+    from types import SimpleNamespace
+
+    from vllm_acceptance.probes.quality import pd_stop
+
+    monkeypatch.setattr(pd_stop.time, "sleep", lambda s: None)
+    ok = {"choices": [{"message": {"content": "red, green, blue"}}]}
+
+    class Client:
+        def __init__(self, statuses: list[int]) -> None:
+            self.statuses = statuses
+
+        def chat(self, body: dict) -> SimpleNamespace:
+            status = self.statuses.pop(0)
+            return SimpleNamespace(status=status, body=ok if status == 200 else None, error=None, timed_out=False)
+
+    answer, _ = pd_stop.send_readmitted(Client([503, 503, 200]), "m")
+    assert answer["status"] == 200 and answer["outcome"] == "text"
+    answer, _ = pd_stop.send_readmitted(Client([500, 200]), "m")          # not a readmission: judged as it is
+    assert answer["status"] == 500
+    answer, _ = pd_stop.send_readmitted(Client([503, 503, 200]), "m", limit_s=0)   # past the window: judged
+    assert answer["status"] == 503

@@ -909,13 +909,14 @@ def spec(r: Rehearsal, reports: Path) -> Outcome:
 
 def pd_lab(r: Rehearsal, reports: Path) -> Outcome:
     """Issue 45: the lab P/D deployment (inventories/lab-pd as copied: a prefill and a decode server of the real
-    vLLM CPU build joined by NIXL behind vllm-router) launched and judged through its router. Cheap: the cache
-    probe only (agent and load stay missing, stated), the pools stopped at the end."""
+    vLLM CPU build joined by NIXL behind vllm-router) launched and judged through its router. Cheap: the quality
+    probe only -- its P/D path checks (each pool's own counters, a stopped prefill) and parity against a prefill
+    instance called directly -- while cache, agent and load stay missing, stated; the pools stopped at the end."""
     inv = r.workdir / "inventories" / "lab-pd"
     shutil.rmtree(inv, ignore_errors=True)
     shutil.copytree(REPO / "inventories" / "lab-pd", inv)
     settings = inv / "group_vars" / "all.yml"
-    extra = {"acceptance_probes": ["cache"], "acceptance_cache_restart": False,
+    extra = {"acceptance_probes": ["quality"], "acceptance_cache_restart": False,
              "acceptance_profile": str(REPO / "profiles" / "lab-pd.yml"),
              "vllm_serve_python": str(REPO / ".venv-lab" / "bin" / "python"),
              "vllm_serve_model_path": str(REPO / ".lab" / "models" / "tiny-agent"),
@@ -986,7 +987,7 @@ PLAYS: dict[str, Play] = {
     "attach-pod": Play("release", attach_pod, ("every required check passed with evidence",), suite=False),
     # Issue 45 item 5: speculative decoding launched and judged (quality.spec_acceptance).
     "spec": Play("release", spec, ("every required check passed with evidence",), suite=False),
-    # Issue 45: the lab P/D deployment (real NIXL on CPU, vllm-router), cache probe only: incomplete by design.
+    # Issue 45: the lab P/D deployment (real NIXL on CPU, vllm-router), quality probe only: incomplete by design.
     "pd": Play("incomplete", pd_lab, (), suite=False),
 }
 

@@ -28,6 +28,9 @@ STOPPED_REQUESTS = 3
 PROMPT = "Name three primary colours, separated by commas."
 HEALTH_WAIT_S = 120.0
 RESTART_WAIT_S = 900.0
+# How long a router may take to readmit a restarted prefill instance (its health-check interval and more: the lab
+# router checks every 5 s; vllm-router defaults to 60 s), answering 503 meanwhile.
+READMIT_S = 180.0
 
 
 def _finding(status: Status, observed: Any, evidence: list[str], *, reason: str = "", action: str = "") -> Finding:
@@ -96,6 +99,21 @@ def send(client: OpenAIClient, model: str) -> dict[str, Any]:
             "text": answer_text(ex.body)[:200], "outcome": classify(ex.status, ex.body, ex.error, ex.timed_out)}
 
 
+def send_readmitted(client: OpenAIClient, model: str, limit_s: float | None = None) -> tuple[dict[str, Any], float]:
+    """The request after the restart, and how long the entry point took to take the instance back. A router answers
+    503 while its health check has not yet readmitted a restarted worker (vllm-router: "No available workers";
+    docs/lab.md "Disaggregated prefill/decode"): a 503 is sent again every 2 s for at most READMIT_S; any other
+    answer, or a 503 past that, is judged as it is."""
+    limit = READMIT_S if limit_s is None else limit_s
+    started = time.monotonic()
+    while True:
+        answer = send(client, model)
+        waited = round(time.monotonic() - started, 1)
+        if answer["status"] != 503 or waited >= limit:
+            return answer, waited
+        time.sleep(2.0)
+
+
 def pick(opts: ProbeOptions) -> dict[str, str] | None:
     return next((i for i in opts.pools.get("prefill", []) if i.get("stop_command") and i.get("start_command")), None)
 
@@ -144,7 +162,7 @@ def run_stop(opts: ProbeOptions, store: EvidenceStore, instance: dict[str, str])
         record["restored"] = _restore(instance, log)
         if record["restored"]:
             record["decode_health_after"] = {d: healthy(d) for d in decodes}
-            record["after"] = send(client, opts.model)
+            record["after"], record["readmit_s"] = send_readmitted(client, opts.model)
     finally:
         client.close()
     evidence = [store.write_text("pd_path/stop-prefill.log", "".join(log)),
