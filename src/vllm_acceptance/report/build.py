@@ -15,9 +15,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..core.arithmetic import required_paths
 from ..core.findings import Consequence, Finding, Status, read_findings
 from ..core.probes import PROBE_KINDS
-from ..core.profile import Profile
+from ..core.profile import ConfigError, Profile
 from ..core.rundir import RunDir, check_run_files
 from ..core.stage_details import StageDetails, TeardownDetails
 from ..monitoring.generate import monitoring_summary
@@ -55,7 +56,19 @@ def selected_stages(run_dir: Path) -> dict[str, tuple[str, Consequence]]:
     `acceptance_probes` named (run.json)."""
     named = RunDir(run_dir).inventory_vars().get("acceptance_probes")
     chosen = {s: v for s, v in OPT_IN_STAGES.items() if isinstance(named, list) and s in named}
+    if "quality" in OPT_IN_STAGES and "quality" not in chosen and unproven_paths(run_dir):
+        chosen["quality"] = OPT_IN_STAGES["quality"]
     return {**REQUIRED_STAGES, **chosen}
+
+
+def unproven_paths(run_dir: Path) -> list[str]:
+    """The paths of this run's deployment for which the quality stage is required, named in acceptance_probes or
+    not (core/arithmetic.py required_paths: P/D pools, speculative decoding)."""
+    try:
+        data = RunDir(run_dir).profile().data
+    except (ConfigError, OSError, ValueError):
+        return []
+    return required_paths(data if isinstance(data, dict) else {})
 
 
 def collect_findings(run_dir: Path) -> tuple[list[Finding], list[str]]:
@@ -66,8 +79,11 @@ def collect_findings(run_dir: Path) -> tuple[list[Finding], list[str]]:
     for stage, (check, consequence) in stages.items():
         path = RunDir(run_dir).findings_path(stage)
         if not path.is_file():
-            findings.append(missing(check, None, f"stage '{stage}' left no findings (skipped or failed)",
-                                    consequence))
+            why = f"stage '{stage}' left no findings (skipped or failed)"
+            if stage == "quality" and (paths := unproven_paths(run_dir)):
+                why += (f": this deployment has {', '.join(paths)}, whose answers are proven only against a "
+                        "reference; name quality in acceptance_probes (docs/acceptance.md \"Output parity\")")
+            findings.append(missing(check, None, why, consequence))
             continue
         try:
             findings.extend(read_findings(path))

@@ -20,7 +20,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from ...core.argv import parse_flags
+from ...core.arithmetic import launch_paths
 from ...core.evidence import EvidenceStore
 from ...core.findings import Finding
 from ...core.redact import redact_text
@@ -34,9 +34,6 @@ from .parity_prompts import prompt_set
 
 # The paths that change the arithmetic (docs/acceptance.md "Output parity"), read from the launch flags.
 # (core/argv.py parse_flags keys: dashes as underscores; vLLM's short -dcp read beside it)
-_SPEC = "speculative_config"
-_KV_DTYPE = "kv_cache_dtype"
-_DCP = "decode_context_parallel_size"
 
 
 @dataclass(frozen=True)
@@ -70,20 +67,12 @@ def config(opts: ProbeOptions, scenario: dict[str, Any]) -> QualityProbeConfig:
 
 def arithmetic_paths(opts: ProbeOptions, cfg: QualityProbeConfig) -> list[str]:
     """What in this deployment changes the arithmetic against the accepted path: P/D pools, a speculative config,
-    an fp8 KV cache, decode context parallel, or a comparison the profile names (quality.path)."""
+    an fp8 KV cache, decode context parallel (core/arithmetic.py), or a comparison the profile names
+    (quality.path)."""
     out: list[str] = []
     if opts.pools:
         out.append(f"P/D pools {', '.join(sorted(opts.pools))}")
-    args = [str(a) for a in (setting(opts, "launch.args") or [])]
-    flags = parse_flags([("--decode-context-parallel-size" + a[4:]) if a.startswith("-dcp") else a for a in args])
-    if flags.get(_SPEC) not in (None, False, "", "null", "None"):
-        out.append("speculative decoding (--speculative-config)")
-    kv = flags.get(_KV_DTYPE)
-    if kv is not None and "fp8" in str(kv).lower():
-        out.append(f"fp8 KV cache (--kv-cache-dtype {kv})")
-    dcp = flags.get(_DCP)
-    if dcp is not None and str(dcp).isdigit() and int(str(dcp)) > 1:
-        out.append(f"decode context parallel (--decode-context-parallel-size {dcp})")
+    out += launch_paths(list(setting(opts, "launch.args") or []))
     if cfg.path != "reference":
         out.append(f"quality.path {cfg.path}")
     return out
