@@ -14,6 +14,8 @@ import yaml
 
 from vllm_acceptance.core.arithmetic import launch_paths, profile_paths, required_paths
 from vllm_acceptance.core.findings import Status
+from vllm_acceptance.core.profile import load_profile
+from vllm_acceptance.core.profile_model import ProfileModel
 from vllm_acceptance.report.build import collect_findings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures" / "reports"))
@@ -22,25 +24,25 @@ import samples  # noqa: E402 - the sample run builder lives with the fixtures
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def model(name: str) -> ProfileModel:
+    return load_profile(ROOT / "profiles" / f"{name}.yml").model
+
+
 def test_the_paths_that_change_the_arithmetic_are_read_from_the_launch() -> None:
     assert launch_paths(["--speculative-config", '{"method":"ngram","num_speculative_tokens":3}']) == [
         "speculative decoding (--speculative-config)"]
     assert launch_paths(["--kv-cache-dtype=fp8_e4m3"]) == ["fp8 KV cache (--kv-cache-dtype fp8_e4m3)"]
     assert launch_paths(["-dcp", "2"]) == ["decode context parallel (--decode-context-parallel-size 2)"]
     assert launch_paths(["--kv-cache-dtype", "auto", "--decode-context-parallel-size", "1"]) == []
-    pd = yaml.safe_load((ROOT / "profiles" / "lab-pd.yml").read_text())
-    assert profile_paths(pd)[0] == "P/D pools decode, prefill"
-    spec = yaml.safe_load((ROOT / "profiles" / "cpu-lab-spec.yml").read_text())
-    spec_args = (spec.get("launch") or {}).get("args") or []
-    assert profile_paths({"launch": {"args": spec_args}}) == ["speculative decoding (--speculative-config)"]
-    assert profile_paths(yaml.safe_load((ROOT / "profiles" / "cpu-lab.yml").read_text())) == []
+    assert profile_paths(model("lab-pd"))[0] == "P/D pools decode, prefill"
+    assert profile_paths(model("cpu-lab-spec")) == ["speculative decoding (--speculative-config)"]
+    assert profile_paths(model("cpu-lab")) == []
 
 
 def test_the_recipes_own_fp8_kv_requires_no_quality_stage() -> None:
-    k3 = yaml.safe_load((ROOT / "profiles" / "kimi-k3.yml").read_text())
+    k3 = model("kimi-k3")
     assert "fp8 KV cache (--kv-cache-dtype fp8)" in profile_paths(k3) and required_paths(k3) == []
-    assert required_paths(yaml.safe_load((ROOT / "profiles" / "lab-pd.yml").read_text())) == [
-        "P/D pools decode, prefill"]
+    assert required_paths(model("lab-pd")) == ["P/D pools decode, prefill"]
 
 
 @pytest.mark.parametrize("args", [["--speculative-config", '{"method":"ngram"}'],

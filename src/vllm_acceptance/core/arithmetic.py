@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from .argv import parse_flags
+from .profile_model import ProfileModel
 
 _SPEC = "speculative_config"
 _KV_DTYPE = "kv_cache_dtype"
@@ -36,16 +37,15 @@ def launch_paths(args: list[Any]) -> list[str]:
     return out
 
 
-def profile_paths(profile: dict[str, Any]) -> list[str]:
-    """The paths a profile (its data, as loaded) deploys: P/D pools (`pd`) and each launch's arguments."""
+def profile_paths(model: ProfileModel) -> list[str]:
+    """The paths a profile (its typed model) deploys: P/D pools (`pd`) and each launch's arguments."""
     out: list[str] = []
-    pd = profile.get("pd") if isinstance(profile.get("pd"), dict) else None
-    launches = [profile.get("launch") or {}]
-    if pd:
+    launches = [model.launch]
+    if model.pd is not None:
         out.append("P/D pools decode, prefill")
-        launches += [(pd.get(pool) or {}).get("launch") or {} for pool in ("prefill", "decode")]
+        launches += [model.pd.prefill.launch, model.pd.decode.launch]
     for launch in launches:
-        for path in launch_paths(launch.get("args") or [] if isinstance(launch, dict) else []):
+        for path in launch_paths(list(launch.args or [])):
             if path not in out:
                 out.append(path)
     return out
@@ -54,6 +54,6 @@ def profile_paths(profile: dict[str, Any]) -> list[str]:
 REQUIRED = ("P/D pools", "speculative decoding")
 
 
-def required_paths(profile: dict[str, Any]) -> list[str]:
+def required_paths(model: ProfileModel) -> list[str]:
     """The paths for which the quality stage is required (the module's docstring says why these)."""
-    return [p for p in profile_paths(profile) if p.startswith(REQUIRED)]
+    return [p for p in profile_paths(model) if p.startswith(REQUIRED)]

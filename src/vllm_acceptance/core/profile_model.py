@@ -461,8 +461,10 @@ class Recheck(Section):
     agent_seed: Annotated[int | None, NULL] = Field(None, description=(
         "the sample's case seed (default null: the signed run's agent.case_seed, the same cases)"))
     cache_sessions: PosInt = Field(1, description="sessions of the cache protocol (cache.sessions of the re-check)")
-    probes: Annotated[list[Literal["cache", "agent", "load", "metrics"]], Field(min_length=1)] = Field(
-        ["cache", "agent", "load"], description="the registered probes the re-check runs, in run order")
+    probes: Annotated[list[Literal["cache", "agent", "load", "metrics", "quality"]], Field(min_length=1)] = Field(
+        ["cache", "agent", "load"], description=(
+            "the registered probes the re-check runs, in run order (add quality for a P/D or speculative deployment: "
+            "its report requires the quality stage)"))
 
 
 class PdRouter(Section):

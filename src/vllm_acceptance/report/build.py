@@ -65,10 +65,10 @@ def unproven_paths(run_dir: Path) -> list[str]:
     """The paths of this run's deployment for which the quality stage is required, named in acceptance_probes or
     not (core/arithmetic.py required_paths: P/D pools, speculative decoding)."""
     try:
-        data = RunDir(run_dir).profile().data
+        model = RunDir(run_dir).profile().model
     except (ConfigError, OSError, ValueError):
         return []
-    return required_paths(data if isinstance(data, dict) else {})
+    return required_paths(model)
 
 
 def collect_findings(run_dir: Path) -> tuple[list[Finding], list[str]]:
