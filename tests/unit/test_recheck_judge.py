@@ -143,6 +143,10 @@ def test_the_rate_rule_on_counts() -> None:
     state, why = judge_rate(base, Count(0, 27))
     assert state == "held" and "resolves the rate to its 95 % bound 0.1" in why
     assert judge_rate(base, Count(0, 12))[0] == "inconclusive"      # under MIN_RATE_SAMPLES
+    # a mechanism judged on a handful when signed (the cache's hot requests): held when none failed today
+    mechanism = Count(3, 3, "min")
+    assert judge_rate(mechanism, Count(1, 1, "min"))[0] == "held"
+    assert judge_rate(mechanism, Count(0, 1, "min"))[0] == "inconclusive"
     assert judge_rate(base, Count(5, 40))[0] == "regressed"
     accuracy = Count(299, 299, "min", 0.99)
     assert judge_rate(accuracy, Count(250, 299, "min"))[0] == "regressed"

@@ -347,8 +347,8 @@ def judge_rate(base: Count, today: Count) -> tuple[str, str]:
     A re-check does not re-prove the accepted level (that takes the acceptance's sample: 0 errors in 299 turns to
     show 1 %); it runs only where the identity is the signed one (a changed identity reopens), so the acceptance's
     proof stands for it, and today's sample looks for a change of behaviour it can prove. Held: not proven worse,
-    today's rate not above the accepted level, and at least MIN_RATE_SAMPLES samples (or the baseline's own count
-    when it had fewer); the reason states the
+    today's rate not above the accepted level, and at least MIN_RATE_SAMPLES samples; a rate the acceptance judged
+    on fewer samples (a mechanism: the cache probe's hot requests) holds when none of today's samples failed; the reason states the
     resolution (the one-sided 95 % bound today's sample shows). A rate above the accepted level that is not proven
     worse, or a sample under MIN_RATE_SAMPLES, is inconclusive (never held)."""
     if not today.n:
@@ -369,9 +369,16 @@ def judge_rate(base: Count, today: Count) -> tuple[str, str]:
     else:
         level = min(base.held_bound(), base.threshold if base.threshold is not None else 1.0)
         within = value >= level
-    least = min(MIN_RATE_SAMPLES, base.n)   # a rate the acceptance judged on fewer samples needs no more today
-    if today.n < least:
-        return "inconclusive", f"{span}: {today.n} sample(s) today, under the {least} a re-check judges this rate on"
+    if base.n < MIN_RATE_SAMPLES:
+        # a mechanism the acceptance judged on a handful of requests (the cache probe's hot requests, one per
+        # session): held when none of today's samples failed, as none did when signed
+        bad = today.events if base.kind == "max" else today.n - today.events
+        if bad == 0:
+            return ("improved" if better else "held"), f"{span}: every one of today's {today.n} sample(s) as signed"
+        return "inconclusive", f"{span}: {bad} of today's {today.n} sample(s) failed, not proven worse"
+    if today.n < MIN_RATE_SAMPLES:
+        return "inconclusive", (f"{span}: {today.n} sample(s) today, under the {MIN_RATE_SAMPLES} a re-check judges "
+                                "a rate on")
     if within:
         return ("improved" if better else "held"), (
             f"{span}: not worse than the baseline and within the accepted {level:.4f}; this sample resolves the "
