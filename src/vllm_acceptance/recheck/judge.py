@@ -348,8 +348,8 @@ def judge_rate(base: Count, today: Count) -> tuple[str, str]:
     show 1 %); it runs only where the identity is the signed one (a changed identity reopens), so the acceptance's
     proof stands for it, and today's sample looks for a change of behaviour it can prove. Held: not proven worse,
     today's rate not above the accepted level, and at least MIN_RATE_SAMPLES samples; a rate the acceptance judged
-    on fewer samples (a mechanism: the cache probe's hot requests) holds when none of today's samples failed; the reason states the
-    resolution (the one-sided 95 % bound today's sample shows). A rate above the accepted level that is not proven
+    on fewer samples (a mechanism: the cache probe's hot requests) holds when none of today's samples failed; the
+    reason states the resolution (the one-sided 95 % bound today's sample shows). A rate above the accepted level that is not proven
     worse, or a sample under MIN_RATE_SAMPLES, is inconclusive (never held)."""
     if not today.n:
         return "inconclusive", "no sample today"
