@@ -349,8 +349,8 @@ def judge_rate(base: Count, today: Count) -> tuple[str, str]:
     proof stands for it, and today's sample looks for a change of behaviour it can prove. Held: not proven worse,
     today's rate not above the accepted level, and at least MIN_RATE_SAMPLES samples; a rate the acceptance judged
     on fewer samples (a mechanism: the cache probe's hot requests) holds when none of today's samples failed; the
-    reason states the resolution (the one-sided 95 % bound today's sample shows). A rate above the accepted level that is not proven
-    worse, or a sample under MIN_RATE_SAMPLES, is inconclusive (never held)."""
+    reason states the resolution (the one-sided 95 % bound today's sample shows). A rate above the accepted level
+    that is not proven worse, or a sample under MIN_RATE_SAMPLES, is inconclusive (never held)."""
     if not today.n:
         return "inconclusive", "no sample today"
     b_lo, b_hi = base.interval()
