@@ -18,7 +18,7 @@ import yaml
 from vllm_acceptance import cli
 from vllm_acceptance.core.bounds import ramp_plan
 from vllm_acceptance.core.profile import ConfigError, load_profile
-from vllm_acceptance.core.variables import validate_variables
+from vllm_acceptance.core.variables import check_variables, validate_variables
 from vllm_acceptance.probes.load.config import LoadProbeConfig
 from vllm_acceptance.probes.load.plan import load_plan
 from vllm_acceptance.recheck import run as recheck_run
@@ -184,6 +184,28 @@ def test_the_inventory_variables_of_a_recheck_are_declared() -> None:
                             "vllm_base_url": "http://127.0.0.1:8680/v1", "acceptance_run_id": "../elsewhere"},
                            "test", REPO)
 
+
+
+def test_the_facts_recheck_yml_sets_before_the_gate_are_no_unknown_product_variables() -> None:
+    """validate.yml gates every product-prefixed variable the host holds, facts included: a fact the prepare play
+    registers or sets under a product prefix (recheck_, acceptance_, vllm_, ...) must be a declared variable, or
+    every re-check is refused at its gate (what merging the recheck_ prefix of the scheduled re-check did)."""
+    from vllm_acceptance.core.variables import is_product_variable
+
+    plays = yaml.safe_load((REPO / "recheck.yml").read_text())
+    names: set[str] = set()
+    for play in plays:
+        if any(str(key).endswith("import_playbook") for key in play):
+            break
+        for task in play.get("tasks") or []:
+            if task.get("register"):
+                names.add(task["register"])
+            names |= set((task.get("ansible.builtin.set_fact") or {}).keys()) - {"cacheable"}
+    assert names, "the prepare play sets its facts"
+    undeclared = [n for n in sorted(names) if is_product_variable(n)
+                  and check_variables({n: "x"}, "recheck.yml", REPO, schema=False)
+                  and "unknown variable" in " ".join(check_variables({n: "x"}, "recheck.yml", REPO, schema=False))]
+    assert not undeclared, undeclared
 
 # --- the command and its exit codes ---------------------------------------------------------------------------------
 
