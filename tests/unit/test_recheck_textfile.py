@@ -5,29 +5,20 @@ and promtool's rule unit tests run the generated alerts against series the write
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from test_monitoring import need_promtool  # the same skip-or-fail rule as the other promtool tests
 
 from vllm_acceptance.monitoring import generate as mon
 from vllm_acceptance.monitoring import recheck as rmon
 from vllm_acceptance.recheck import textfile
 from vllm_acceptance.recheck.outcome import RECHECK_EXIT_CODES, RECHECK_VERDICTS, Drift, RecheckOutcome
 
-PROMTOOL = shutil.which("promtool")
 REPO = Path(__file__).resolve().parents[2]
-
-
-def need_promtool() -> str:
-    if PROMTOOL is None:
-        if os.environ.get("CI"):
-            pytest.fail("promtool missing: apt-get install prometheus (make test does)")
-        pytest.skip("promtool missing: apt-get install prometheus")
-    return PROMTOOL
 
 
 def outcome(verdict: str, drifts: list[Drift] | None = None, holds: bool = True) -> RecheckOutcome:

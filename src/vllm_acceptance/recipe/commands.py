@@ -112,6 +112,11 @@ def cmd_pools(args: argparse.Namespace) -> int:
     said = wrote(profile, str(args.out) if args.out else "standard output")
     said += (" (one P/D deployment: inventory groups prefill_nodes, decode_nodes under gpu_nodes and router; "
              "docs/profiles.md \"Disaggregated prefill/decode\")")
+    return emit(args, text, said)
+
+
+def emit(args: argparse.Namespace, text: str, said: str) -> int:
+    """The profile to --out (and what was written on stdout), or on stdout (and what was written on stderr)."""
     if args.out:
         args.out.write_text(text)
         print(said)
@@ -153,13 +158,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if args.nodes is None and deploy == "multi_node":
         said += (" (the fewest nodes the recipe allows; --nodes N lays the strategy over N nodes, "
                  f"`vllm-acceptance profile layouts {args.recipe} --hardware {args.hardware} --nodes N` lists them)")
-    if args.out:
-        args.out.write_text(text)
-        print(said)
-    else:
-        print(text, end="")
-        print(said, file=sys.stderr)
-    return 0
+    return emit(args, text, said)
 
 
 def cmd_layouts(args: argparse.Namespace) -> int:
