@@ -132,3 +132,24 @@ def test_a_request_refused_after_ready_is_the_clients_error_not_a_startup_failur
     assert finding.status.value != "fail", finding.reason
     before = scan_startup_log(REFUSED_REQUEST + "\n" + ready)
     assert before.failure_class() == "other" and not before.request_errors
+
+
+def test_a_traceback_of_the_running_server_is_listed_not_a_startup_failure() -> None:
+    """The lab vLLM's hermes tool parser logged a traceback on one reply long after it served (a real capture):
+    an attached server's log or a re-check reads it as the running server's error, listed, never as a failed start;
+    the same lines before the server bound its socket are a start that failed."""
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    ready = (repo / "tests/fixtures/real/vllm/v1-0.32-cpu-lab-ready-one-line-kv.log").read_text().rstrip("\n")
+    parser = (repo / "tests/fixtures/serve/vllm-cpu-0.32-lab-hermes-parser-traceback-after-ready.log").read_text()
+    after = scan_startup_log(ready + "\n" + parser)
+    assert after.failure_class() is None and not after.error_lines and not after.traceback
+    assert after.runtime_tracebacks == 1 and len(after.runtime_errors) == parser.count(" ERROR ")
+    summary = after.summary()
+    assert summary["runtime_tracebacks"] == 1 and summary["runtime_error_lines"] == len(after.runtime_errors)
+    assert "Error in extracting tool call" in summary["runtime_errors"][0] and summary["failure_class"] is None
+    cut = ready.split("\n")
+    served = next(i for i, line in enumerate(cut) if "Application startup complete" in line)
+    before = scan_startup_log("\n".join(cut[:served]) + "\n" + parser)
+    assert before.failure_class() == "other" and before.traceback and not before.runtime_errors

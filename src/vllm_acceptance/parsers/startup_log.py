@@ -68,6 +68,8 @@ _INIT = re.compile(r"init engine \(profile, create kv cache, warmup model\) took
 # "Starting vLLM server on", "Starting vLLM API server 0 on", a redacted "Starting v<HOST> server on"
 _READY = re.compile(r"Starting v\S*(?: API)? server(?: \d+)? on |Application startup complete|Uvicorn running on|"
                     r"Available routes are:")
+# The socket bound and the app serving (uvicorn's lines): errors after it are the running server's, never startup's.
+_SERVING = re.compile(r"Application startup complete|Uvicorn running on")
 _FALLBACK = re.compile(r"\bfall(?:ing|s)?[ -]?back\b", re.IGNORECASE)
 _NCCL_ERROR = re.compile(r"NCCL error|ncclSystemError|ncclInternalError|ncclUnhandledCudaError|"
                          r"ncclRemoteError|DistBackendError|unhandled system error|NCCL WARN", re.IGNORECASE)
@@ -148,9 +150,14 @@ class StartupScan(Parsed):
     weights_load_s: float | None = None
     engine_init_s: float | None = None
     ready: bool = False
+    serving: bool = False
     warnings: list[LogLine] = field(default_factory=list)
     error_lines: list[LogLine] = field(default_factory=list)
     request_errors: list[LogLine] = field(default_factory=list)   # 4xx refusals after ready (clients' errors)
+    # ERROR lines after ready (a tool parser's traceback on one reply, a request's failure): the running server's,
+    # listed, never a startup failure (the probes judge the requests).
+    runtime_errors: list[LogLine] = field(default_factory=list)
+    runtime_tracebacks: int = 0
     fallbacks: list[LogLine] = field(default_factory=list)
     nccl_errors: list[LogLine] = field(default_factory=list)
     dmabuf_errors: list[LogLine] = field(default_factory=list)
@@ -227,6 +234,8 @@ class StartupScan(Parsed):
             "weights_load_s": self.weights_load_s, "engine_init_s": self.engine_init_s, "ready": self.ready,
             "failure_class": self.failure_class(), "warnings": texts(self.warnings),
             "errors": texts(self.error_lines), "request_errors": texts(self.request_errors[:10]),
+            "runtime_errors": texts(self.runtime_errors[:10]), "runtime_error_lines": len(self.runtime_errors),
+            "runtime_tracebacks": self.runtime_tracebacks,
             "fallbacks": texts(self.fallbacks),
             "nccl_errors": texts(self.nccl_errors), "dmabuf_errors": texts(self.dmabuf_errors),
             "dmabuf_errno": self.dmabuf_errno, "driver_incompatible": texts(self.driver_incompatible),
@@ -331,7 +340,10 @@ def _scan_line(scan: StartupScan, line: LogLine) -> None:  # noqa: C901 - one ta
     if line.level == "WARNING":
         scan.warnings.append(line)
     elif line.level in ("ERROR", "CRITICAL"):
-        (scan.request_errors if scan.ready and _REQUEST_ERROR.search(msg) else scan.error_lines).append(line)
+        if scan.ready and _REQUEST_ERROR.search(msg):
+            scan.request_errors.append(line)
+        else:
+            (scan.runtime_errors if scan.serving else scan.error_lines).append(line)
     if scan.version is None:
         for pattern in _VERSION_PATTERNS:
             found = pattern.search(msg)
@@ -383,6 +395,8 @@ def _scan_line(scan: StartupScan, line: LogLine) -> None:  # noqa: C901 - one ta
         scan.engine_init_s = float(init.group(1))
     if _READY.search(msg):
         scan.ready = True
+    if _SERVING.search(msg):
+        scan.serving = True
     if _FALLBACK.search(msg) and line.level in ("WARNING", "ERROR", "CRITICAL", "INFO", None):
         scan.fallbacks.append(line)
     if _DMABUF_ERROR.search(msg):
@@ -404,7 +418,10 @@ def _scan_line(scan: StartupScan, line: LogLine) -> None:  # noqa: C901 - one ta
         if pattern.search(msg):
             found.append(line)
     if _TRACEBACK.search(msg):
-        scan.traceback = True
+        if scan.serving:
+            scan.runtime_tracebacks += 1
+        else:
+            scan.traceback = True
     if _ENGINE_FAILED.search(msg):
         scan.engine_failed = True
 
