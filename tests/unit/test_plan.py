@@ -205,3 +205,13 @@ def test_the_plan_refuses_what_vllm_refuses_quoting_vllm(capsys: pytest.CaptureF
     assert "vllm/entrypoints/launchers/launcher.py" in err and "acceptance_vllm_check_python" in err
     assert cli.main(["plan", "-i", str(FLAGSHIP), "--vars", bad, "--vllm-python", "none"]) == 0
     assert "vLLM's own checks not run on the controller" in capsys.readouterr().out
+
+
+def test_a_pd_deployment_is_never_relaunched_at_a_limit() -> None:
+    """The lab P/D inventory as copied: the limit relaunch restarts one engine (roles/vllm_serve/tasks/relaunch.yml),
+    never the pools and the router, so a P/D run drives the client at a proposed limit; the single engine's lab
+    inventory relaunches (the same rule in playbooks/vars/probes.yml probe_relaunch)."""
+    repo = Path(__file__).resolve().parents[2]
+    pd = next(s for s in planmod.build_plan(repo / "inventories" / "lab-pd").stages if s.name == "verified_limits")
+    one = next(s for s in planmod.build_plan(repo / "inventories" / "lab").stages if s.name == "verified_limits")
+    assert "relaunch" not in pd.what and "relaunch" in one.what
