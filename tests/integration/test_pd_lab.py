@@ -123,8 +123,11 @@ def test_the_inventory_as_copied_releases(pd_run: dict) -> None:
     report = json.loads((pd_run["run_dir"] / "report.json").read_text())
     statuses = {f["check"]: f["status"] for f in report["findings"]}
     assert report["verdict"] == "release", {c: s for c, s in statuses.items() if s not in ("pass", "not_applicable")}
-    # the cache probe read the prefill pool's engine and the load probe the decode pool's, not the router's
-    assert statuses.get("cache.metrics") == "pass" and statuses.get("cache.reuse") == "pass"
+    # the cache probe read the prefill pool's engine (where prompts are computed and cached), not the router's
+    findings = {f["check"]: f for f in report["findings"]}
+    prefill_metrics = pd_run["record"]["pools"]["prefill"][0]["metrics_url"]
+    assert statuses.get("cache.metrics") == "pass" and prefill_metrics in findings["cache.metrics"]["reason"]
+    assert statuses.get("cache.hot_reuse") == "pass" and statuses.get("capacity.ramp") == "pass"
 
 
 def test_accept_on_the_lab_pd_inventory_judges_the_router_and_both_pools_served(pd_run: dict) -> None:
