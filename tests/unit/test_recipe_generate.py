@@ -160,13 +160,13 @@ def test_the_example_inventories_launch_the_recipes_layouts(tmp_path: Path) -> N
     group_vars = site / "group_vars" / "all.yml"
     group_vars.write_text(group_vars.read_text().replace("sha256:" + "0" * 64, "sha256:" + "5" * 64))
     assert main(["validate", "-i", str(site), "--project", str(ROOT)]) == 0
-    trays = build_plan(ROOT / "inventories" / "example-gb300").nodes
+    trays = build_plan(ROOT / "inventories" / "example-gb300", vllm_python="none").nodes
     assert [n.role for n in trays] == ["head", "worker"]
     for rank, node in enumerate(trays):
         assert {"--tensor-parallel-size=8", "--nnodes=2", f"--node-rank={rank}"} <= set(node.argv)
         assert node.env["NCCL_MNNVL_ENABLE"] == "1"                        # the recipe's MNNVL environment
         assert "--all2all-backend=flashinfer_nvlink_one_sided" in node.argv
-    (single,) = build_plan(ROOT / "inventories" / "example-b300").nodes
+    (single,) = build_plan(ROOT / "inventories" / "example-b300", vllm_python="none").nodes
     assert "--tensor-parallel-size=8" in single.argv and "--nnodes=2" not in " ".join(single.argv)
 
 
