@@ -243,7 +243,7 @@ def stages(profile: Profile, facts: dict[str, Any], site: dict[str, Any]) -> lis
         # playbooks/vars/probes.yml probe_relaunch: a launched single-node server (not a P/D deployment) is
         # relaunched at each limit; otherwise the client is driven at the limit on the server as launched.
         relaunch = (launched and bool(site.get("acceptance_limit_relaunch", True)) and not facts["workers"]
-                    and profile.data.get("pd") is None)
+                    and profile.model.pd is None)
         cfg = probe_registry.get("load").config(_options(profile, "load", site), {})
         out += [_stage(b) for b in load_plan(cfg, ready if relaunch else None)]
     if "quality" in probes:

@@ -66,6 +66,7 @@ def test_scenario_verdict_and_reasons(played: dict[str, rh.Outcome], name: str) 
     line = rh.judge(name, outcome)
     assert line["verdict"] == line["expected"], (line, outcome.output[-3000:])
     assert not line["lacking_reasons"], (line, outcome.output[-3000:])
+    assert not line["not_passing"], (line, outcome.output[-3000:])
 
 
 FULL = pytest.mark.skipif(not os.environ.get("REHEARSAL_FULL"), reason="starts the real lab vLLM on a node "

@@ -64,7 +64,8 @@ def test_a_refused_relaunch_is_recorded_failed_though_the_port_answers(port_held
     play = tmp_path / "relaunch.yml"
     play.write_text(PLAY)
     out = tmp_path / "relaunch.json"
-    extra = {"out": str(out), "ansible_python_interpreter": sys.executable, "vllm_serve_runtime": "process", "vllm_serve_state_dir": str(tmp_path / "state"),
+    extra = {"out": str(out), "ansible_python_interpreter": sys.executable, "vllm_serve_runtime": "process",
+             "vllm_serve_state_dir": str(tmp_path / "state"),
              "vllm_serve_python": sys.executable, "vllm_serve_model_path": str(REPO / ".lab" / "models" / "tiny-agent"),
              "vllm_serve_served_name": "tiny-agent", "vllm_serve_listen_host": "127.0.0.1",
              "vllm_serve_client_host": "127.0.0.1", "vllm_serve_port": port_held, "vllm_serve_args": [],

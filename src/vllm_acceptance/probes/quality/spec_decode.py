@@ -151,7 +151,11 @@ def judge_spec_acceptance(opts: ProbeOptions, before: dict[str, Any], store: Evi
                           configuration=configuration,
                           action="check the draft model / method against the served weights (vllm#51009), or "
                                  "launch without --speculative-config until its acceptance holds")
-    return check.passed(None, observed=observed, expected=expected, evidence=evidence, configuration=configuration)
+    per_position = " / ".join(f"{rate:.2f}" for rate in acc.rates)
+    return check.passed(None, observed=observed, expected=expected, evidence=evidence, configuration=configuration,
+                        reason=f"mean acceptance length {acc.mean_length or 0:.2f} >= floor "
+                               f"{floor.min_acceptance_length:g} over {acc.drafts:g} drafts (per position "
+                               f"{per_position})")
 
 
 def _read_since(opts: ProbeOptions, store: EvidenceStore, name: str, first: SpecCounts,
@@ -211,7 +215,8 @@ def judge_spec_throughput(opts: ProbeOptions, store: EvidenceStore) -> Finding:
         return check.fail(None, observed=observed, expected=expected, evidence=evidence, reason=reason,
                           action="serve without --speculative-config at this concurrency (the recipe makes it "
                                  "opt-in for throughput), or lower num_speculative_tokens and measure again")
-    return check.passed(None, observed=observed, expected=expected, evidence=evidence)
+    return check.passed(None, observed=observed, expected=expected, evidence=evidence,
+                        reason=reason)
 
 
 def _measure(opts: ProbeOptions, store: EvidenceStore, label: str, url: str, model: str, api_key: str | None,
@@ -254,7 +259,8 @@ def judge_throughput(path: dict[str, Any], reference: dict[str, Any], tolerance:
     if ratio < 1 - tolerance:
         return ("fail", f"speculative decoding gives {ratio:.2f}x the reference's output tokens/s at this "
                 f"concurrency (below {1 - tolerance:.2f}x)", observed)
-    return "pass", "", observed
+    return ("pass", f"speculative decoding gives {ratio:.2f}x the reference's output tokens/s at this concurrency "
+            f"(at least {1 - tolerance:.2f}x)", observed)
 
 
 CHECK = SpecDecodeCheck()
