@@ -154,8 +154,8 @@ class StartupScan(Parsed):
     warnings: list[LogLine] = field(default_factory=list)
     error_lines: list[LogLine] = field(default_factory=list)
     request_errors: list[LogLine] = field(default_factory=list)   # 4xx refusals after ready (clients' errors)
-    # ERROR lines after ready (a tool parser's traceback on one reply, a request's failure): the running server's,
-    # listed, never a startup failure (the probes judge the requests).
+    # ERROR lines and tracebacks once the server is serving (_SERVING: a tool parser's traceback on one reply, a
+    # request's failure): the running server's, listed, never a startup failure (the probes judge the requests).
     runtime_errors: list[LogLine] = field(default_factory=list)
     runtime_tracebacks: int = 0
     fallbacks: list[LogLine] = field(default_factory=list)

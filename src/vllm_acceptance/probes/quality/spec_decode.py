@@ -215,8 +215,7 @@ def judge_spec_throughput(opts: ProbeOptions, store: EvidenceStore) -> Finding:
         return check.fail(None, observed=observed, expected=expected, evidence=evidence, reason=reason,
                           action="serve without --speculative-config at this concurrency (the recipe makes it "
                                  "opt-in for throughput), or lower num_speculative_tokens and measure again")
-    return check.passed(None, observed=observed, expected=expected, evidence=evidence,
-                        reason=reason)
+    return check.passed(None, observed=observed, expected=expected, evidence=evidence, reason=reason)
 
 
 def _measure(opts: ProbeOptions, store: EvidenceStore, label: str, url: str, model: str, api_key: str | None,
