@@ -7,6 +7,7 @@ the probe tests use it, the module stops it."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -28,17 +29,20 @@ RANK_HEADER = "X-data-parallel-rank"
 @pytest.fixture(scope="module")
 def dp_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     """accept.yml in launch mode on the data-parallel lab profile, the server kept for this module's probes."""
-    import os
-
     reason = lab_skip_reason()
     if reason:
         _skip_or_fail(reason)
     work = tmp_path_factory.mktemp("dp")
     port = 8033 + int(os.environ.get("LAB_PORT_OFFSET", "0"))
     state = work / "server"
+    settings = {"acceptance_profile": str(PROFILE), "vllm_serve_port": port, "vllm_serve_state_dir": str(state),
+                "vllm_serve_stop_at_end": False}
+    if not os.environ.get("ACCEPTANCE_FULL"):
+        # the cache probe's restart of both engines (~70 s on 2 cores) is `make test-full`'s; the default suite turns
+        # it off as an operator can (cache.restart not_applicable, stated), the engines still pinned and judged
+        settings["acceptance_cache_restart"] = False
     try:
-        run_dir = run_accept(work, {"acceptance_profile": str(PROFILE), "vllm_serve_port": port,
-                                    "vllm_serve_state_dir": str(state), "vllm_serve_stop_at_end": False})
+        run_dir = run_accept(work, settings)
         yield {"run_dir": run_dir, "base_url": f"http://127.0.0.1:{port}/v1", "port": port}
     finally:
         subprocess.run([sys.executable, "-m", "vllm_acceptance.cli", "lab", "down", "--state-dir", str(state)],
@@ -71,8 +75,11 @@ def test_the_data_parallel_deployment_is_launched_with_vllm_serve_and_released(d
     rows = json.loads((run_dir / "probes" / "cache" / "requests.json").read_text())
     assert {r["engine"] for r in rows} == {"0", "1"}
     assert all(r["served_by"] == r["engine"] for r in rows if r["kind"] != "restart")
-    restart = finding(report["findings"], "cache.restart")     # the run launched it: restarted, then pinned again
-    assert restart["status"] == "pass"
+    restart = finding(report["findings"], "cache.restart")
+    if os.environ.get("ACCEPTANCE_FULL"):          # the run launched it: restarted, then pinned again
+        assert restart["status"] == "pass", restart
+    else:                                          # turned off by the run's settings, and said so
+        assert restart["status"] == "not_applicable" and "acceptance_cache_restart" in restart["reason"], restart
 
 
 def test_each_session_is_pinned_to_the_engine_it_names(dp_run: dict, tmp_path: Path) -> None:

@@ -3,10 +3,10 @@
 One stand-in cluster (namespace sshd nodes: gb300-a01 and gb300-a03 recorded healthy, gb300-a02 on
 driver 575, two GB300 NVL72 trays gb300-t01/t02 and an HGX B300 node b300-n01) is shared by every scenario
 here (src/vllm_acceptance/lab/rehearsal.py), each run once. The suite runs the short set (`Play.suite`: the
-scenarios that need no vLLM start, plus the flagship one, a container launched on a GPU node to a release,
-about 3 minutes), the in-image all-reduce between two nodes and fabric-not-initialised's preflight on the
-trays; `make rehearsal` runs every scenario and writes reports/rehearsal/summary.json (REHEARSAL_FULL=1
-runs the other server scenarios' tests here). Each test asserts the exact verdict and the reasons that
+scenarios that need no vLLM start), the in-image all-reduce between two nodes and fabric-not-initialised's
+preflight on the trays; `make rehearsal` runs every scenario, the flagship launch `single-node-container` among
+them, and writes reports/rehearsal/summary.json (REHEARSAL_FULL=1 runs the server scenarios' tests here: the
+suite's CI time, docs/rehearsal.md "In the test suite"). Each test asserts the exact verdict and the reasons that
 decide it.
 """
 
@@ -105,6 +105,7 @@ def test_driver_575_names_the_node_and_still_judges_the_other(cluster: rh.Rehear
     assert f"-i {cluster.workdir / 'inventories' / 'driver-575-one-node'}" in outcome.report["remediation"]["command"]
 
 
+@FULL
 def test_a_launched_container_is_restarted_for_the_cache_then_gone(cluster: rh.Rehearsal,
                                                                    played: dict[str, rh.Outcome]) -> None:
     """The flagship path in the suite: the official image by digest in a container on a GPU node, restarted in

@@ -47,8 +47,9 @@ channels the container would see (`imex_channels`, None: no directory); a detach
 
 A fault a scenario sets in STATE/fault (`oom_at_running=N`: once N requests run at once the server is
 killed and a CUDA OOM line is written to its log, as a container that died of OOM leaves it;
-`crash_at_running=N`: the same with a worker crash line) is fault injection, not a happy path. The
-rehearsal profile's cache and agent probes send one request at a time, so N = 2 is reached in the load ramp.
+`crash_at_running=N`: the same with a worker crash line) is fault injection, not a happy path. It is read on
+every turn of the supervisor, so a scenario can arm it on a running server: the rehearsal arms it when the load
+stage comes, so that N = 2 is reached in the load ramp and the probes before it are served normally.
 `host_memory_leak_mib_per_request=N` (issue 42 item 4) starts the same real lab API server with a thread in its own
 process that keeps N MiB of touched (resident) host memory per request the server has completed (read from its own
 /metrics, as gpu_memory_standin.py's `rising` stream does), up to HOST_LEAK_CAP_MIB: a host-memory leak in the
@@ -475,7 +476,7 @@ def metric(port: str, name: str) -> float | None:
 
 def fault(node: Node) -> tuple[str, int] | None:
     """STATE/fault: `oom_at_running=N` / `crash_at_running=N` - the server dies once N requests run at
-    once (the load probe's concurrency ramp; the cache and agent probes send one at a time)."""
+    once (the load probe's concurrency ramp: the rehearsal arms it when the load stage comes)."""
     path = node.state / "fault"
     if not path.is_file():
         return None
@@ -499,9 +500,11 @@ def supervise(node: Node, name: str) -> int:
                                 preexec_fn=(lambda: join_cgroup(group)) if group is not None else None)
     (box / "pid").write_text(str(proc.pid))
     (box / "state").write_text("running")
-    planned = fault(node)
     while proc.poll() is None:
-        time.sleep(0.3 if planned else 1.0)
+        # read on every turn: a scenario may arm the fault while the server runs (lab/rehearsal.py arms it when the
+        # load stage comes, so that the probes before it are served as by a healthy server)
+        planned = fault(node)
+        time.sleep(0.3 if planned else 0.5)
         if planned and (metric(port, "vllm:num_requests_running") or 0) >= planned[1]:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
