@@ -127,10 +127,13 @@ def last_json(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     return json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {}
 
 
+@pytest.mark.full
 def test_a_server_restarted_with_another_flag_reopens_naming_it(signed_baseline: Path,
                                                                 lab_server_factory: Any) -> None:
     """The deployment restarted in a hurry with --max-num-seqs 2 (the signed run served the lab's default): the
-    re-check attaches to it and names the flag."""
+    re-check attaches to it and names the flag. A slower variant (a second lab server, 61 s in CI): the default suite
+    decides a live drift through the gateway below, and this flag drift's judgement on recorded runs
+    (tests/unit/test_recheck_judge.py); the flags themselves are read from a live server by every attached run."""
     changed = lab_server_factory("--max-num-seqs 2", 8690)
     proc, result = recheck(signed_baseline, "-e", f"vllm_base_url={changed.base_url}",
                            "-e", f"vllm_serve_pid={changed.pid}", "-e", f"vllm_serve_startup_log={changed.log_path}")

@@ -125,3 +125,22 @@ def test_by_source_counts_once_per_source_over_two_engines(tmp_path: Path) -> No
     assert m.cached_by_source == {"device": 1664} and m.hits == 1664 and m.served_by == "0"
     m.clean = True
     assert judge_source([m], ["requests.json"], Consequence.REBUILD).status == Status.PASS
+
+
+def test_a_restart_of_data_parallel_engines_is_told_by_the_request_counter() -> None:
+    """Data parallel `/metrics` exports no process start time (docs/lab.md "Data parallel"): a restart is told by the
+    request counter falling (runtime/metrics.py Instance.restarted_since) -- here the real counters after the cache
+    probe against a fresh server's zeros. The live restart of both engines is test_data_parallel_lab.py's under
+    ACCEPTANCE_FULL."""
+    from vllm_acceptance.runtime.metrics import Instance
+
+    served = Instance.of(parse_exposition(DP2.read_text()))
+    fresh = Instance.of(parse_exposition(HYBRID_IDLE.read_text()))
+    assert served.start is None and fresh.start is None
+    assert served.served == 102 and fresh.served == 0
+    assert fresh.restarted_since(served) is True
+    assert served.restarted_since(served) is False
+    # the same process after 3 more requests finished: its counter grew by them, never fell
+    assert Instance(start=None, served=105).restarted_since(served, finished=3) is False
+    assert Instance(start=None, served=104).restarted_since(served, finished=3) is True
+    assert Instance(start=None, served=None).restarted_since(served) is None
