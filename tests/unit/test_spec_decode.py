@@ -242,3 +242,41 @@ def test_throughput_without_a_reference_is_not_applicable(tmp_path: Path) -> Non
     opts.kind = "agent"
     opts.reference_url = "http://127.0.0.1:9/v1"   # the agent probe's reference is another endpoint: not used
     assert spec_decode.reference_of(opts) is None
+
+
+def test_throughput_is_measured_warm_and_in_abba_halves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each side warmed first (unmeasured), then the halves path, reference, reference, path: a drift of the shared
+    machine over the measurement weighs on both sides (the rehearsal's 16-request, <1 s measurement once read a warm
+    reference against a fresh path as 0.83x, then 1.04x on the next run). The halves add up per side."""
+    calls: list[tuple[str, str, int]] = []
+    tps = {"path-1": 100.0, "reference-1": 120.0, "reference-2": 80.0, "path-2": 100.0}
+
+    def fake(opts, store, label, url, model, key, specs, concurrency):
+        calls.append((label, url, len(specs)))
+        rate = tps.get(label, 1.0)
+        tokens = 16 * len(specs)
+        return {"count": len(specs), "recorded": len(specs), "ok": len(specs), "errors": 0, "timeouts": 0,
+                "usage_missing": 0, "output_tokens": tokens, "duration_s": tokens / rate, "output_tokens_per_s": rate,
+                "client_saturated": []}
+
+    monkeypatch.setattr(spec_decode, "_measure", fake)
+    opts = opts_for(tmp_path, SPEC_ARGS, **{"quality.spec_decode.throughput_requests": 8})
+    opts.reference_url = "http://ref.invalid/v1"
+    opts.kind = "quality"
+    finding = spec_decode.judge_spec_throughput(opts, EvidenceStore(tmp_path, "q"))
+    labels = [label for label, _, _ in calls]
+    assert labels == ["warm-path", "warm-reference", "path-1", "reference-1", "reference-2", "path-2"], labels
+    assert [n for _, _, n in calls[2:]] == [4, 4, 4, 4]
+    # reference: 128 tokens in 128/120 s + 128 tokens in 128/80 s -> 96 tokens/s; path 100: ratio 1.04, a pass
+    assert finding.status == Status.PASS, finding.reason
+    assert finding.observed["reference_output_tokens_per_s"] == pytest.approx(96.0)
+    assert finding.observed["ratio"] == pytest.approx(100 / 96, abs=1e-4)
+
+
+def test_combined_halves_without_a_duration_are_no_figure() -> None:
+    whole = {"count": 4, "ok": 4, "output_tokens": 64, "duration_s": 0.5, "output_tokens_per_s": 128.0}
+    assert spec_decode.combine([whole, whole])["output_tokens_per_s"] == pytest.approx(128.0)
+    broken = {**whole, "duration_s": None, "output_tokens_per_s": None}
+    assert spec_decode.combine([whole, broken])["output_tokens_per_s"] is None
+    status, _, _ = spec_decode.judge_throughput(spec_decode.combine([whole, broken]), row(100.0, ok=8, count=8), 0.05)
+    assert status == "inconclusive"

@@ -850,10 +850,11 @@ register("quality.spec_throughput", stage="quality", consequence=LIMIT,
          title="Speculative decoding does not lower throughput at the contract",
          rule=("where the served launch has a speculative config and a reference without it is given "
                "(quality_reference_url): quality.spec_decode.throughput_requests seeded requests at "
-               "contract.concurrency through the load engine to each; the path's output tokens/s >= the reference's "
-               "x (1 - quality.spec_decode.throughput_tolerance); a failed or saturated measurement is inconclusive; "
-               "no reference: not_applicable, never pass"),
-         evidence="probes/quality/spec-throughput.json, spec-throughput-{path,reference}.jsonl",
+               "contract.concurrency through the load engine to each, after contract.concurrency warm-up requests "
+               "to each, in two halves sent path, reference, reference, path; the path's output tokens/s >= the "
+               "reference's x (1 - quality.spec_decode.throughput_tolerance); a failed or saturated measurement is "
+               "inconclusive; no reference: not_applicable, never pass"),
+         evidence="probes/quality/spec-throughput.json, spec-throughput-{path,reference}-{1,2}.jsonl",
          source=("docs/sources.md#spec-decode: the K3 recipe makes spec_decoding opt-in for throughput; vLLM's DSpark "
                  "post (rejected drafts compete with real tokens at high batch: throughput drops); tokenspeed#1132 "
                  "(K3 DSpark 28-41 % slower than without it at long context)"))

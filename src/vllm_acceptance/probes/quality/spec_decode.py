@@ -8,7 +8,7 @@ requests. When the pass moved too few drafts it sends its own seeded greedy requ
 (quality.spec_decode.requests) and reads again; too few still is inconclusive with the count, never pass.
 Then the throughput with and without it: the same seeded requests through the load engine (load/engine) at
 contract.concurrency to the path under test and to the reference without speculative decoding
-(quality_reference_url)."""
+(quality_reference_url), each side warmed first, the halves sent path, reference, reference, path."""
 
 from __future__ import annotations
 
@@ -201,11 +201,26 @@ def judge_spec_throughput(opts: ProbeOptions, store: EvidenceStore) -> Finding:
     specs = seeded_requests(n, int(setting(opts, "load.output_tokens")), 1000, "spec-throughput", words)
     ref_model = getattr(opts, "quality_reference_model", None) or opts.reference_model or opts.model
     ref_key = getattr(opts, "quality_reference_api_key", None) or opts.reference_api_key
-    rows = {"path": _measure(opts, store, "path", opts.base_url, opts.model, opts.api_key, specs, concurrency),
-            "reference": _measure(opts, store, "reference", reference, ref_model, ref_key, specs, concurrency)}
-    record = {"requests": n, "concurrency": concurrency, "tolerance": tolerance, **rows}
+    sides = {"path": (opts.base_url, opts.model, opts.api_key), "reference": (reference, ref_model, ref_key)}
+    # Each side warmed with `concurrency` requests first (not measured: a fresh server's first requests pay its
+    # one-time costs), then measured in two halves in the order path, reference, reference, path, so that a drift
+    # of the shared machine or network over the measurement weighs on both sides alike (an ABBA design).
+    warm = seeded_requests(concurrency, int(setting(opts, "load.output_tokens")), 5000, "spec-throughput-warm", words)
+    for side, (url, model, key) in sides.items():
+        _measure(opts, store, f"warm-{side}", url, model, key, warm, concurrency)
+    half = max(concurrency, len(specs) // 2)
+    first, second = specs[:half], specs[half:] or specs[:half]
+    rounds = [("path", first, "1"), ("reference", first, "1"), ("reference", second, "2"), ("path", second, "2")]
+    parts: dict[str, list[dict[str, Any]]] = {"path": [], "reference": []}
+    for side, part, label in rounds:
+        url, model, key = sides[side]
+        parts[side].append(_measure(opts, store, f"{side}-{label}", url, model, key, part, concurrency))
+    rows = {side: combine(measured) for side, measured in parts.items()}
+    record = {"requests": n, "concurrency": concurrency, "tolerance": tolerance, "order": [
+        f"{side} half {label}" for side, _, label in rounds], "warm_up_requests": concurrency, **rows,
+        "halves": parts}
     evidence = [store.write_json("spec-throughput.json", record),
-                *(store.rel(store.path(f"spec-throughput-{k}.jsonl")) for k in rows)]
+                *(store.rel(store.path(f"spec-throughput-{side}-{label}.jsonl")) for side, _, label in rounds)]
     status, reason, observed = judge_throughput(rows["path"], rows["reference"], tolerance)
     expected = {"min_ratio": round(1 - tolerance, 4), "concurrency": concurrency}
     if status == "inconclusive":
@@ -239,6 +254,20 @@ def _measure(opts: ProbeOptions, store: EvidenceStore, label: str, url: str, mod
             "output_tokens": summary["output_tokens"], "duration_s": summary["duration_s"],
             "output_tokens_per_s": summary["output_tokens_per_s"],
             "client_saturated": saturation({**client, "send_lag_s": {}}, limits, {})}
+
+
+def combine(measured: list[dict[str, Any]]) -> dict[str, Any]:
+    """One side's halves as one measurement: counts and tokens added, output tokens/s over the summed durations
+    (None when a half has no duration or no tokens: the measurement is then incomplete, never a figure)."""
+    total: dict[str, Any] = {key: sum(int(m.get(key) or 0) for m in measured)
+                             for key in ("count", "recorded", "ok", "errors", "timeouts", "usage_missing",
+                                         "output_tokens")}
+    durations = [m.get("duration_s") for m in measured]
+    complete = all(d for d in durations) and all(m.get("output_tokens_per_s") for m in measured)
+    total["duration_s"] = sum(float(d) for d in durations if d)
+    total["output_tokens_per_s"] = total["output_tokens"] / total["duration_s"] if complete else None
+    total["client_saturated"] = [s for m in measured for s in m.get("client_saturated") or []]
+    return total
 
 
 def judge_throughput(path: dict[str, Any], reference: dict[str, Any], tolerance: float
