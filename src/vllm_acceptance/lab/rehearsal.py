@@ -905,24 +905,21 @@ def extra_limit(r: Rehearsal, reports: Path) -> Outcome:
 
 
 def extra_limit_attached(r: Rehearsal, reports: Path) -> Outcome:
-    """The same limit started by hand, then attached: the server's own non-default args show it, never release.
-    On gb300-a03 (its own container, removed after), so that it runs in a lane beside the others: a compatibility
-    failure decides its verdict whatever the machine's load does to its one probe."""
-    host = "gb300-a03"
-    r.set_node(host, "flat")
+    """The same limit started by hand, then attached: the server's own non-default args show it, never release."""
+    r.set_node("gb300-a01", "flat")
     try:
-        url = r.start_server(host, extra_args=("--max-num-seqs", "1"))
+        url = r.start_server("gb300-a01", extra_args=("--max-num-seqs", "1"))
         log = r.workdir / "inventories" / "extra-limit-attached-startup.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        log.write_text(r.ssh(host, "docker", "logs", CONTAINER).stdout)
-        pid = (r.state(host) / "containers" / CONTAINER / "pid").read_text().strip()
-        inv = r.inventory("extra-limit-attached", gpu_nodes=[host], head=host,
+        log.write_text(r.ssh("gb300-a01", "docker", "logs", CONTAINER).stdout)
+        pid = (r.state("gb300-a01") / "containers" / CONTAINER / "pid").read_text().strip()
+        inv = r.inventory("extra-limit-attached", gpu_nodes=["gb300-a01"], head="gb300-a01",
                           variables={"vllm_serve_mode": "attach", "vllm_base_url": url, "vllm_serve_pid": int(pid),
                                      "vllm_serve_startup_log": str(log), "vllm_serve_attach_container": CONTAINER,
                                      **COMPAT_DECIDES})
         return run_accept(inv, reports)
     finally:
-        r.ssh(host, "docker", "rm", "-f", CONTAINER)     # spec launches its own container there
+        r.ssh("gb300-a01", "docker", "rm", "-f", CONTAINER)     # the next attach starts the profile's own launch
 
 
 # --- spec: speculative decoding (issue 45 item 5; docs/lab.md "Speculative decoding") -------------------------
@@ -979,10 +976,9 @@ class Play:
     suite: bool = True                     # part of the test suite's short set (the rest: make rehearsal)
     in_output: bool = False                # the reasons are the run's own words (what the user reads), not the report's
     passing: tuple[str, ...] = ()          # checks that must pass in the report (a probe-only scenario's point)
-    # No latency judged (no server, or a verdict that compatibility or tokens decide): make rehearsal runs these
-    # first, each lane in a thread of its own beside the other lanes (the machine is about half idle in the no-server
-    # ones: ssh turns, the dead URL's wait), the attach scenarios' server starting beside them. Scenarios that
-    # change the same node's state share a lane (fabric-not-initialised and imex-channel-ignored: the second tray's).
+    # No server started, no latency judged: make rehearsal runs these first, each lane in a thread of its own beside
+    # the other lane (the machine is about half idle in them: ssh turns, the dead URL's wait). Scenarios that change
+    # the same node's state share a lane (fabric-not-initialised and imex-channel-ignored: the second tray's).
     lane: int | None = None
 
 
@@ -1043,19 +1039,13 @@ PLAYS: dict[str, Play] = {
                                "driver.min_branch"), suite=False),
     "extra-limit": Play("refused", extra_limit, ("vllm_serve_extra_args", "--max-num-seqs 1"), suite=False, lane=2),
     "extra-limit-attached": Play("rebuild_environment", extra_limit_attached,
-                                 ("compat.actual_config.unlisted_args",), suite=False, lane=4),
+                                 ("compat.actual_config.unlisted_args",), suite=False),
     "attach-pod": Play("release", attach_pod, ("every required check passed with evidence",), suite=False),
     # Issue 45: the lab P/D deployment (real NIXL on CPU, vllm-router), quality probe only: incomplete by design.
-    # It runs on the controller's own lab servers (not the namespace nodes) and judges tokens and loud failures, no
-    # latency: a lane of its own beside the no-server scenarios.
     "pd": Play("incomplete", pd_lab, (), suite=False,
                passing=("quality.parity", "quality.pd_prefill_served", "quality.pd_decode_loaded",
-                        "quality.pd_transfer_failures", "quality.pd_prefill_stopped"), lane=3),
+                        "quality.pd_transfer_failures", "quality.pd_prefill_stopped")),
 }
-
-
-# The scenarios that attach to the profile's own server on gb300-a01, started once (Rehearsal.start_server reuses it).
-SHARED_SERVER = ("attach-running", "soak-memory-rising", "contract-below-served", "spec")
 
 
 def verdict_of(outcome: Outcome) -> str:
@@ -1115,14 +1105,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rehearsal.up()
         if len(lanes) > 1:
-            # the attach scenarios' server starts beside the lanes (a start is not judged; it is ready for them after)
-            shared = [n for n in names if n in SHARED_SERVER and n not in summary]
-            with ThreadPoolExecutor(len(lanes) + 1) as pool:
-                started = [pool.submit(lambda lane=lane: [play(n, beside=True) for n in lane])
-                           for lane in lanes.values()]
-                if shared:
-                    started.append(pool.submit(rehearsal.start_server, "gb300-a01"))
-                for done in started:
+            with ThreadPoolExecutor(len(lanes)) as pool:
+                for done in [pool.submit(lambda lane=lane: [play(n, beside=True) for n in lane])
+                             for lane in lanes.values()]:
                     done.result()
         for name in names:
             if name not in summary:
