@@ -699,7 +699,7 @@ def oom_mid_ramp(r: Rehearsal, reports: Path, fault: str, name: str) -> Outcome:
     try:
         inv = r.inventory(name, gpu_nodes=["gb300-a01"], head="gb300-a01",
                           variables={"vllm_serve_mode": "launch", **NO_CACHE_RESTART})
-        with ArmAtLoad(r, "gb300-a01", fault, reports / name):
+        with ArmAtLoad(r, "gb300-a01", fault, reports / inv.name):   # where run_accept's run writes
             return run_accept(inv, reports)
     finally:
         r.set_node("gb300-a01", "flat")
