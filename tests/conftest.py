@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,10 @@ LAB_PROFILE_K3 = REPO / "profiles" / "cpu-lab-k3.yml"
 
 
 FULL = bool(os.environ.get("ACCEPTANCE_FULL"))
+
+# vLLM's argument checks answer the same question to the same installation once per test session (and per xdist
+# worker): serve/vllm_check.py keeps the answers here; every run of the product outside the tests asks each time.
+os.environ.setdefault("VLLM_ACCEPTANCE_ARGCHECK_CACHE", tempfile.mkdtemp(prefix="vac-argcheck-"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..serve import vllm_check
 from .container_standin import alive, docker_cgroup, remove_cgroup
 from .nshosts import Cluster, HostSpec, system_python, up
 
@@ -1092,6 +1093,9 @@ def main(argv: list[str] | None = None) -> int:
     work = out / "work"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
+    # the same launch asked of the same vLLM twice (a scenario's validate play and its relaunch, the attach
+    # scenarios' shared server) is answered once (serve/vllm_check.py)
+    os.environ.setdefault(vllm_check.CACHE_VARIABLE, str(work / "argcheck"))
     rehearsal = Rehearsal(work)
     summary: dict[str, Any] = {}
     start = time.time()

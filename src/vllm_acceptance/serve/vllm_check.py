@@ -15,12 +15,16 @@ that has vLLM:
   `compat.launch_args` (rules/launch_args.py): the image's own vLLM is the authority.
 
 One subprocess judges every node (and, for the tests, every deployment) at once: importing vLLM costs seconds
-(docs/plan.md "vLLM's own checks" has the measured cost).
+(docs/plan.md "vLLM's own checks" has the measured cost). Where `VLLM_ACCEPTANCE_ARGCHECK_CACHE` names a directory
+(the test suite and `make rehearsal` set it), an answer is kept there and reused for the same question to the same
+installation (`answer_key`: the interpreter, its import path's directories as they stand, the script, the nodes'
+commands and the VLLM_* environment); unset, every check runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -40,6 +44,14 @@ VARIABLE = "acceptance_vllm_check_python"
 LAB_PYTHON = ".venv-lab/bin/python"
 OFF = ("none", "off", "false", "no")
 DEFAULT_TIMEOUT_S = 300
+CACHE_VARIABLE = "VLLM_ACCEPTANCE_ARGCHECK_CACHE"
+# What the judging installation is, read without importing vLLM: each import-path directory and vLLM's package
+# directory with their modification times (an install, upgrade or removal changes them).
+_INSTALLATION = ("import importlib.util, json, os, sys\n"
+                 "spec = importlib.util.find_spec('vllm')\n"
+                 "where = [p for p in sys.path if os.path.isdir(p)]\n"
+                 "where += list(spec.submodule_search_locations or []) if spec else []\n"
+                 "print(json.dumps([sys.version, [[p, os.stat(p).st_mtime_ns] for p in where]]))")
 
 
 @dataclass
@@ -80,6 +92,7 @@ class ArgCheck:
     wall_s: float | None = None
     not_run: str | None = None
     will_run: str = ""
+    reused: bool = False        # the answer kept from the same question to the same installation (CACHE_VARIABLE)
 
     @property
     def ran(self) -> bool:
@@ -183,12 +196,56 @@ def will_run(profile: Profile, target: dict[str, Any], check: ArgCheck) -> str:
             f"({check.platform} build) judged as its stand-in")
 
 
+def answer_key(python: str, payload: str) -> str | None:
+    """The cache key of one question to one installation; None when the installation cannot be read (no reuse)."""
+    try:
+        done = subprocess.run([python, "-c", _INSTALLATION], capture_output=True, text=True, check=False,
+                              timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0 or not done.stdout.strip():
+        return None
+    environment = sorted((k, v) for k, v in os.environ.items() if k.startswith("VLLM_") and k != CACHE_VARIABLE)
+    question = [os.path.realpath(python), done.stdout.strip(), SCRIPT.read_text(), payload, environment]
+    return hashlib.sha256(json.dumps(question).encode()).hexdigest()
+
+
+def _cached(key: str | None) -> dict[str, Any] | None:
+    folder = os.environ.get(CACHE_VARIABLE)
+    if not folder or key is None:
+        return None
+    try:
+        kept = json.loads((Path(folder) / f"{key}.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return kept if isinstance(kept, dict) else None
+
+
+def _keep(key: str | None, answer: dict[str, Any]) -> None:
+    """Keep an answer that judged (never an error: a timeout or a broken import is asked again)."""
+    folder = os.environ.get(CACHE_VARIABLE)
+    if not folder or key is None:
+        return
+    path = Path(folder) / f"{key}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(f".{os.getpid()}.part")
+    partial.write_text(json.dumps(answer))
+    partial.replace(path)
+
+
 def run(deployments: dict[str, list[dict[str, Any]]], python: str, target: dict[str, Any],
         timeout_s: int = DEFAULT_TIMEOUT_S) -> ArgCheck:
-    """Judge every node of every deployment in one vllm_argcheck.py subprocess of `python`."""
+    """Judge every node of every deployment in one vllm_argcheck.py subprocess of `python` (or reuse the kept
+    answer to the same question: CACHE_VARIABLE)."""
     payload = json.dumps({"target": target, "deployments": deployments})
     started = time.monotonic()
     check = ArgCheck(python=python, target=target)
+    key = answer_key(python, payload) if os.environ.get(CACHE_VARIABLE) else None
+    kept = _cached(key)
+    if kept is not None:
+        check.reused = True
+        check.wall_s = round(time.monotonic() - started, 2)
+        return read_answer(kept["stdout"], kept["stderr"], kept["returncode"], check)
     try:
         done = subprocess.run([python, str(SCRIPT), "-"], input=payload, capture_output=True, text=True,
                               check=False, timeout=timeout_s)
@@ -196,7 +253,11 @@ def run(deployments: dict[str, list[dict[str, Any]]], python: str, target: dict[
         check.error = f"{python} could not run vLLM's checks: {exc}"
         return check
     check.wall_s = round(time.monotonic() - started, 2)
-    return read_answer(done.stdout, done.stderr, done.returncode, check)
+    read_answer(done.stdout, done.stderr, done.returncode, check)
+    if check.ran:
+        _keep(key, {"stdout": done.stdout, "stderr": done.stderr, "returncode": done.returncode,
+                    "wall_s": check.wall_s})
+    return check
 
 
 def read_answer(stdout: str, stderr: str, returncode: int, check: ArgCheck) -> ArgCheck:
@@ -256,7 +317,8 @@ def summary(check: ArgCheck | None, why_not: str) -> list[str]:
         return [f"vLLM's own checks not run on the controller: {why_not}"]
     if not check.ran:
         return [f"vLLM's own checks could not run: {check.error}"]
-    lines = [f"vLLM's own checks ({check.judged_by()}, {check.wall_s} s): " + "; ".join(
+    reused = ", the answer kept from the same question earlier" if check.reused else ""
+    lines = [f"vLLM's own checks ({check.judged_by()}, {check.wall_s} s{reused}): " + "; ".join(
         n.describe(check.vllm_version) for n in check.nodes())]
     for node in check.nodes():
         lines += [f"  {node.host}: not judged here: {what}" for what in node.not_judged]
