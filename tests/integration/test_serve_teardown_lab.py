@@ -162,6 +162,18 @@ FP8_ARGS = ["--kv-cache-dtype=fp8", "--block-size=64",
             '--attention-config={"use_prefill_query_quantization":true,"mla_prefill_backend":"flashinfer"}']
 
 
+def _cpu_kv_dtype() -> str:
+    """The KV cache dtype the lab's CPU vLLM can start with: fp8 needs AVX-512 or AMX (vLLM 0.32's
+    v1/attention/backends/cpu_attn.py: "FP8 KV cache on CPU requires x86 with AVX-512 or AMX"); a CPU
+    without them (an AVX2-only machine) starts the recipe's other flags with `auto`."""
+    flags = set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").is_file() else set()
+    return "fp8" if flags & {"avx512f", "amx_tile"} else "auto"
+
+
+# FP8_ARGS as this machine's CPU vLLM starts them (the docker launch test)
+LAUNCHABLE_ARGS = [f"--kv-cache-dtype={_cpu_kv_dtype()}", *FP8_ARGS[1:]]
+
+
 def _profile(tmp: Path, runtime: str, extra_args: list[str] | None = None) -> Path:
     """cpu-lab, served by a container runtime (the stand-in): the lab's flags, image and port."""
     data = yaml.safe_load(LAB_PROFILE.read_text())
@@ -222,19 +234,20 @@ def _findings(run_dir: Path) -> dict[str, dict]:
 
 
 def test_docker_launch_judged_on_the_servers_reports_then_stopped(lab_server_factory, tmp_path: Path) -> None:
-    """The recipe asks for fp8 KV cache, block size 64 and an attention config; the real vLLM behind the
-    container reports them (cache_config_info, AttentionConfig repr): every actual-config check passes. At
+    """The recipe asks for fp8 KV cache (auto on a CPU without AVX-512 or AMX: _cpu_kv_dtype), block size 64 and
+    an attention config; the real vLLM behind the container reports them (cache_config_info, AttentionConfig repr): every actual-config check passes. At
     the end of the run the container is stopped, removed and confirmed gone, and the report says so."""
-    server = lab_server_factory(" ".join(FP8_ARGS), port=8085)
+    server = lab_server_factory(" ".join(LAUNCHABLE_ARGS), port=8085)
     state, bin_dir = _standin(tmp_path, server)
-    proc, run_dir = _run(tmp_path, bin_dir, _profile(tmp_path, "docker", FP8_ARGS), 8081)
+    proc, run_dir = _run(tmp_path, bin_dir, _profile(tmp_path, "docker", LAUNCHABLE_ARGS), 8081)
     assert proc.returncode == 0, proc.stdout[-4000:]
     serve = _findings(run_dir)
     for check in ("compat.startup_log", "compat.actual_config.prefix_caching", "compat.actual_config.cache",
                   "compat.actual_config.flags", "compat.actual_config.max_model_len"):
         assert serve[check]["status"] == "pass", (check, serve[check]["reason"])
     cache = {r["flag"]: r for r in serve["compat.actual_config.cache"]["observed"]["flags"]}
-    assert cache["--kv-cache-dtype"]["source"] == 'vllm:cache_config_info cache_dtype="fp8"'
+    assert cache["--kv-cache-dtype"]["source"] == f'vllm:cache_config_info cache_dtype="{_cpu_kv_dtype()}"'
+    assert cache["--block-size"]["source"] == 'vllm:cache_config_info block_size="64"'
     flags = {r["flag"]: r for r in serve["compat.actual_config.flags"]["observed"]["flags"]}
     assert flags["--attention-config"]["shown"]["__repr__"] == "AttentionConfig"
     assert flags["--attention-config"]["shown"]["mla_prefill_backend"] == "MLAPrefillBackendEnum.FLASHINFER"
