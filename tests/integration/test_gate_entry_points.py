@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -114,6 +115,15 @@ def _playbook(inv: Path, reports: Path, *extra: str) -> subprocess.CompletedProc
                           timeout=300, env=_env())
 
 
+def _entry_point(run: str, inv: Path, reports: Path) -> subprocess.CompletedProcess[str]:
+    """`vllm-acceptance validate|plan|run [--check]` or `ansible-playbook [--check] accept.yml` on `inv`."""
+    command, *check = run.split()
+    if command == "playbook":
+        return _playbook(inv, reports, *check)
+    where = ["--reports-dir", str(reports)] if command == "run" else []
+    return _cli(command, *check, "-i", str(inv), *where)
+
+
 def _flat(text: str) -> str:
     return " ".join(text.split())
 
@@ -132,18 +142,21 @@ def test_every_entry_point_refuses_the_same_input_with_the_same_message_before_a
     breaks(inv)
     count = tmp_path / "ssh-calls.txt"
     reports = tmp_path / "reports"
-    message = _refusal(_cli("validate", "-i", str(inv)))
+    # the six entry points are independent processes on the same input: asked at once, judged below
+    runs = ["validate", "plan", "run", "run --check", "playbook", "playbook --check"]
+    with ThreadPoolExecutor(3) as pool:
+        asked = dict(zip(runs, pool.map(lambda run: _entry_point(run, inv, reports), runs), strict=True))
+    message = _refusal(asked["validate"])
     assert expected in _flat(message), message
     assert str(inv) in message                                  # the inventory (or its file) is named
-    assert _refusal(_cli("plan", "-i", str(inv))) == message
+    assert _refusal(asked["plan"]) == message
     # `run` gates in accept.yml's validate play (its progress lines say why; a YAML error before Ansible starts)
-    for args in (["run", "-i", str(inv), "--reports-dir", str(reports)],
-                 ["run", "--check", "-i", str(inv), "--reports-dir", str(reports)]):
-        proc = _cli(*args)
+    for args in ("run", "run --check"):
+        proc = asked[args]
         assert proc.returncode == 2, (args, (proc.stdout + proc.stderr)[-3000:])
         assert _flat(message) in _flat(proc.stdout + proc.stderr), (args, (proc.stdout + proc.stderr)[-3000:])
-    for extra in ((), ("--check",)):
-        proc = _playbook(inv, reports, *extra)
+    for extra in ("playbook", "playbook --check"):
+        proc = asked[extra]
         out = _flat(proc.stdout + proc.stderr)
         assert proc.returncode != 0, out[-3000:]
         assert _flat(message) in out, (extra, out[-3000:])

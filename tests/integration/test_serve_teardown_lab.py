@@ -235,8 +235,9 @@ def _findings(run_dir: Path) -> dict[str, dict]:
 
 def test_docker_launch_judged_on_the_servers_reports_then_stopped(lab_server_factory, tmp_path: Path) -> None:
     """The recipe asks for fp8 KV cache (auto on a CPU without AVX-512 or AMX: _cpu_kv_dtype), block size 64 and
-    an attention config; the real vLLM behind the container reports them (cache_config_info, AttentionConfig repr): every actual-config check passes. At
-    the end of the run the container is stopped, removed and confirmed gone, and the report says so."""
+    an attention config; the real vLLM behind the container reports them (cache_config_info, AttentionConfig
+    repr): every actual-config check passes. At the end of the run the container is stopped, removed and confirmed
+    gone, and the report says so."""
     server = lab_server_factory(" ".join(LAUNCHABLE_ARGS), port=8085)
     state, bin_dir = _standin(tmp_path, server)
     proc, run_dir = _run(tmp_path, bin_dir, _profile(tmp_path, "docker", LAUNCHABLE_ARGS), 8081)
