@@ -9,8 +9,10 @@ import os
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
 from test_unreachable_run import CLI, DOWN, REPO, _inventory
 
 ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
@@ -25,15 +27,38 @@ def _recap(out: str) -> dict[str, dict[str, int]]:
     return rows
 
 
-def test_accept_yml_fails_the_pipeline_on_an_incomplete_verdict_saying_each_thing_once(tmp_path: Path) -> None:
+def _accept(tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    inventory = _inventory(tmp_path / "site", DOWN)
+    return subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", str(inventory), "accept.yml",
+                           "-e", f"acceptance_reports_dir={tmp_path / 'reports'}"], cwd=REPO, capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+                                                       "VLLM_API_KEY": ""})
+
+
+def _check(tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    inventory = _inventory(tmp_path / "site", DOWN)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    return subprocess.run([str(CLI), "run", "--check", "-i", str(inventory), "--reports-dir", str(tmp_path / "r")],
+                          cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "VLLM_API_KEY": "", "TMPDIR": str(scratch)})
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[subprocess.CompletedProcess[str], Path]]:
+    """accept.yml and `run --check` on their own copies of the down inventory, started beside each other (neither
+    reaches a node nor a server): name -> (the finished process, its folder)."""
+    folders = {name: tmp_path_factory.mktemp(name) for name in ("accept", "check")}
+    with ThreadPoolExecutor(2) as pool:
+        started = {"accept": pool.submit(_accept, folders["accept"]), "check": pool.submit(_check, folders["check"])}
+        return {name: (future.result(), folders[name]) for name, future in started.items()}
+
+
+def test_accept_yml_fails_the_pipeline_on_an_incomplete_verdict_saying_each_thing_once(runs: dict) -> None:
     """Before: exit 0 on every verdict; "left out of this play" 11 times; the recap's unreachable=0 for nodes that
     were down; a literal \\r\\n-prone list of reasons."""
-    inventory = _inventory(tmp_path / "site", DOWN)
+    proc, tmp_path = runs["accept"]
     reports = tmp_path / "reports"
-    proc = subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", str(inventory), "accept.yml",
-                           "-e", f"acceptance_reports_dir={reports}"], cwd=REPO, capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-                                            "VLLM_API_KEY": ""})
     out = proc.stdout
     assert proc.returncode == 2, (out + proc.stderr)[-4000:]
     run_dir = (reports / "site" / "latest").resolve()
@@ -54,15 +79,11 @@ def test_accept_yml_fails_the_pipeline_on_an_incomplete_verdict_saying_each_thin
     assert "\\r\\n" not in out
 
 
-def test_run_check_ends_with_one_verdictless_line_and_leaves_no_directory(tmp_path: Path) -> None:
+def test_run_check_ends_with_one_verdictless_line_and_leaves_no_directory(runs: dict) -> None:
     """Before: "end | finished: verdict incomplete" then "verdict: none (check mode)", a "why:" for a run that
     went through, and /tmp/vllm-acceptance-check-* left behind."""
-    inventory = _inventory(tmp_path / "site", DOWN)
+    proc, tmp_path = runs["check"]
     scratch = tmp_path / "tmp"
-    scratch.mkdir()
-    proc = subprocess.run([str(CLI), "run", "--check", "-i", str(inventory), "--reports-dir", str(tmp_path / "r")],
-                          cwd=REPO, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "VLLM_API_KEY": "", "TMPDIR": str(scratch)})
     out = proc.stdout
     assert proc.returncode == 0, (out + proc.stderr)[-4000:]
     assert "verdict incomplete" not in out and "why:" not in out, out[-3000:]
