@@ -170,8 +170,9 @@ def _cpu_kv_dtype() -> str:
     return "fp8" if flags & {"avx512f", "amx_tile"} else "auto"
 
 
+CPU_KV_DTYPE = _cpu_kv_dtype()
 # FP8_ARGS as this machine's CPU vLLM starts them (the docker launch test)
-LAUNCHABLE_ARGS = [f"--kv-cache-dtype={_cpu_kv_dtype()}", *FP8_ARGS[1:]]
+LAUNCHABLE_ARGS = [f"--kv-cache-dtype={CPU_KV_DTYPE}", *FP8_ARGS[1:]]
 
 
 def _profile(tmp: Path, runtime: str, extra_args: list[str] | None = None) -> Path:
@@ -247,7 +248,7 @@ def test_docker_launch_judged_on_the_servers_reports_then_stopped(lab_server_fac
                   "compat.actual_config.flags", "compat.actual_config.max_model_len"):
         assert serve[check]["status"] == "pass", (check, serve[check]["reason"])
     cache = {r["flag"]: r for r in serve["compat.actual_config.cache"]["observed"]["flags"]}
-    assert cache["--kv-cache-dtype"]["source"] == f'vllm:cache_config_info cache_dtype="{_cpu_kv_dtype()}"'
+    assert cache["--kv-cache-dtype"]["source"] == f'vllm:cache_config_info cache_dtype="{CPU_KV_DTYPE}"'
     assert cache["--block-size"]["source"] == 'vllm:cache_config_info block_size="64"'
     flags = {r["flag"]: r for r in serve["compat.actual_config.flags"]["observed"]["flags"]}
     assert flags["--attention-config"]["shown"]["__repr__"] == "AttentionConfig"

@@ -1093,8 +1093,8 @@ def main(argv: list[str] | None = None) -> int:
     work = out / "work"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    # the same launch asked of the same vLLM twice (a scenario's validate play and its relaunch, the attach
-    # scenarios' shared server) is answered once (serve/vllm_check.py)
+    # a launch that an earlier scenario's validate play already put to the same vLLM (oom-mid-ramp and crash-mid-ramp
+    # launch as single-node-container does) is answered from the kept answer (serve/vllm_check.py)
     os.environ.setdefault(vllm_check.CACHE_VARIABLE, str(work / "argcheck"))
     rehearsal = Rehearsal(work)
     summary: dict[str, Any] = {}

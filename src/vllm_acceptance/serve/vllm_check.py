@@ -210,9 +210,8 @@ def answer_key(python: str, payload: str) -> str | None:
     return hashlib.sha256(json.dumps(question).encode()).hexdigest()
 
 
-def _cached(key: str | None) -> dict[str, Any] | None:
-    folder = os.environ.get(CACHE_VARIABLE)
-    if not folder or key is None:
+def _cached(folder: str, key: str | None) -> dict[str, Any] | None:
+    if key is None:
         return None
     try:
         kept = json.loads((Path(folder) / f"{key}.json").read_text())
@@ -221,10 +220,9 @@ def _cached(key: str | None) -> dict[str, Any] | None:
     return kept if isinstance(kept, dict) else None
 
 
-def _keep(key: str | None, answer: dict[str, Any]) -> None:
+def _keep(folder: str, key: str | None, answer: dict[str, Any]) -> None:
     """Keep an answer that judged (never an error: a timeout or a broken import is asked again)."""
-    folder = os.environ.get(CACHE_VARIABLE)
-    if not folder or key is None:
+    if key is None:
         return
     path = Path(folder) / f"{key}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -240,8 +238,9 @@ def run(deployments: dict[str, list[dict[str, Any]]], python: str, target: dict[
     payload = json.dumps({"target": target, "deployments": deployments})
     started = time.monotonic()
     check = ArgCheck(python=python, target=target)
-    key = answer_key(python, payload) if os.environ.get(CACHE_VARIABLE) else None
-    kept = _cached(key)
+    folder = os.environ.get(CACHE_VARIABLE)
+    key = answer_key(python, payload) if folder else None
+    kept = _cached(folder, key) if folder else None
     if kept is not None:
         check.reused = True
         check.wall_s = round(time.monotonic() - started, 2)
@@ -254,9 +253,8 @@ def run(deployments: dict[str, list[dict[str, Any]]], python: str, target: dict[
         return check
     check.wall_s = round(time.monotonic() - started, 2)
     read_answer(done.stdout, done.stderr, done.returncode, check)
-    if check.ran:
-        _keep(key, {"stdout": done.stdout, "stderr": done.stderr, "returncode": done.returncode,
-                    "wall_s": check.wall_s})
+    if folder and check.ran:
+        _keep(folder, key, {"stdout": done.stdout, "stderr": done.stderr, "returncode": done.returncode})
     return check
 
 
