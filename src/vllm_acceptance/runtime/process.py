@@ -70,6 +70,9 @@ class NotReadyYet(LaunchError):
 
 
 def read_pid(pid_path: Path) -> int | None:
+    """The recorded process if it still runs; None when there is none, it exited, or it exited and waits to be
+    reaped (a zombie answers signal 0: the process that started it, a test or `lab up` on a failed start, is its
+    parent, so stop() would otherwise wait its whole timeout for a process that is gone)."""
     try:
         pid = int(pid_path.read_text().strip())
     except (OSError, ValueError):
@@ -78,7 +81,20 @@ def read_pid(pid_path: Path) -> int | None:
         os.kill(pid, 0)
     except OSError:
         return None
+    if _exited(pid):
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)   # reap it where it is our own child
+        return None
     return pid
+
+
+def _exited(pid: int) -> bool:
+    """A zombie: /proc/PID/stat's state (after the parenthesised command name) is Z."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return Path("/proc/self").exists()   # gone since signal 0 answered; without /proc, signal 0 decides
+    return stat.rpartition(")")[2].split()[:1] == ["Z"]
 
 
 def start(spec: LaunchSpec) -> int:
