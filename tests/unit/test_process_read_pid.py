@@ -2,13 +2,17 @@
 
 A zombie answers signal 0, so a pid check by os.kill(pid, 0) alone called it running: stop() then waited its whole
 timeout (20 s) for a process already gone, whenever the process that started the server stops it too (a test's
-module fixture, `lab up` after a failed start, the P/D pools' `up` cleaning up after a failed instance)."""
+module fixture, `lab up` after a failed start, the P/D pools' `up` cleaning up after a failed instance). Such a
+child is reaped and gone. Another process's exited child stays until its parent reaps it: the serve role confirms a
+stop by /proc/PID (roles/vllm_serve/tasks/stop.yml), and a first version that called every zombie gone made that
+check see a server "stopped but not gone" in CI."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -43,6 +47,23 @@ def test_a_running_child_is_running(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_another_process_s_exited_child_counts_until_its_parent_reaps_it(tmp_path: Path) -> None:
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, time\n"
+                               "child = subprocess.Popen(['true'])\nprint(child.pid, flush=True)\ntime.sleep(600)\n"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        pid = int(parent.stdout.readline())
+        _until_zombie(pid)
+        pid_path = tmp_path / "vllm.pid"
+        pid_path.write_text(str(pid))
+        assert process.read_pid(pid_path) == pid
+        assert Path(f"/proc/{pid}").exists()
+    finally:
+        parent.kill()
+        parent.wait()
 
 
 def test_an_exited_unreaped_child_is_not_running_and_is_reaped(tmp_path: Path) -> None:

@@ -70,9 +70,11 @@ class NotReadyYet(LaunchError):
 
 
 def read_pid(pid_path: Path) -> int | None:
-    """The recorded process if it still runs; None when there is none, it exited, or it exited and waits to be
-    reaped (a zombie answers signal 0: the process that started it, a test or `lab up` on a failed start, is its
-    parent, so stop() would otherwise wait its whole timeout for a process that is gone)."""
+    """The recorded process if it is still there; None when there is none or it is gone. A process that exited
+    answers signal 0 until its parent reaps it: where that parent is this process (a test's fixture, `lab up`
+    after a failed start), it is reaped here and counts as gone, so stop() does not wait its whole timeout for
+    it; anyone else's exited process counts until its parent reaps it (the serve role confirms a stop by
+    /proc/PID, which lasts that long)."""
     try:
         pid = int(pid_path.read_text().strip())
     except (OSError, ValueError):
@@ -81,20 +83,10 @@ def read_pid(pid_path: Path) -> int | None:
         os.kill(pid, 0)
     except OSError:
         return None
-    if _exited(pid):
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)   # reap it where it is our own child
-        return None
+    with contextlib.suppress(ChildProcessError):
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:   # our own child, exited: reaped now
+            return None
     return pid
-
-
-def _exited(pid: int) -> bool:
-    """A zombie: /proc/PID/stat's state (after the parenthesised command name) is Z."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return Path("/proc/self").exists()   # gone since signal 0 answered; without /proc, signal 0 decides
-    return stat.rpartition(")")[2].split()[:1] == ["Z"]
 
 
 def start(spec: LaunchSpec) -> int:
