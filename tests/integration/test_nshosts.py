@@ -152,6 +152,12 @@ def test_down_removes_everything_and_is_idempotent(ns_hosts) -> None:
     assert _leftovers(cluster) == []
     assert not nshosts._alive(pid)
     cluster.down()  # second call: nothing left, no error
+    # The names it freed go to the next cluster (the lowest free /24); a third call of the first cluster's down (the
+    # fixture's own at the end of its scope) must not take down the new owner's bridge, namespace and sshd.
+    again = ns_hosts([HostSpec("c")])
+    assert again.octet == cluster.octet, "the freed /24 was not reused: this test shows nothing"
+    cluster.down()
+    assert _leftovers(again) and nshosts._alive(again.host("c").pid)
 
 
 def test_cli_up_then_down_from_another_process(tmp_path: Path) -> None:

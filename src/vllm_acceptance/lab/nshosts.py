@@ -171,11 +171,30 @@ class Cluster:
         return path
 
     def down(self) -> None:
-        """Stop every sshd and session, delete veths, namespaces and the bridge. Idempotent."""
+        """Stop every sshd and session, delete veths, namespaces and the bridge. Idempotent.
+
+        The state file in ``workdir`` is the cluster's claim on its names: once a first ``down`` (this object's, or
+        ``down --workdir`` from another process) removed it, the /24, the bridge and the namespace names are free and
+        the next ``up`` anywhere on the machine takes them, so a later call does nothing rather than tear down that
+        new owner's hosts.
+        """
+        if not self._owns_names():
+            _reap(self._procs)  # our own listeners' pids stay ours until reaped: still safe to signal
+            self._procs.clear()
+            return
         _teardown(self.bridge, [(h.netns, h.veth, h.pid) for h in self.hosts], self._procs)
         self._procs.clear()
         with contextlib.suppress(FileNotFoundError):
             (self.workdir / STATE_FILE).unlink()
+
+    def _owns_names(self) -> bool:
+        try:
+            recorded = json.loads((self.workdir / STATE_FILE).read_text())
+        except FileNotFoundError:
+            return False
+        except json.JSONDecodeError:
+            return True  # a torn write of our own record: tear down by what this object knows
+        return recorded.get("octet") == self.octet and recorded.get("bridge") == self.bridge
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -549,10 +568,7 @@ def _teardown(
     while sessions and time.monotonic() < deadline and any(_alive(pid) for pid in sessions):
         time.sleep(0.01)
     _kill([pid for pid in pids if pid in listeners])
-    for proc in procs.values():  # reap our own children (the listeners started in this process)
-        with contextlib.suppress(Exception):
-            proc.kill()
-            proc.wait(timeout=5)
+    _reap(procs)
     links = set(re.findall(r"^\d+:\s+([^:@\s]+)", _run(["ip", "-o", "link", "show"]), re.M))
     # Host-side veth first (docs/lab.md): deleting it removes the peer; then the namespace.
     commands = [f"link del {veth}" for _, veth, _ in members if veth in links]
@@ -568,6 +584,14 @@ def _teardown(
             text=True,
             check=False,
         )
+
+
+def _reap(procs: Mapping[str, subprocess.Popen[bytes]]) -> None:
+    """Kill and reap our own children (the listeners started in this process)."""
+    for proc in procs.values():
+        with contextlib.suppress(Exception):
+            proc.kill()
+            proc.wait(timeout=5)
 
 
 def _save(cluster: Cluster) -> None:
