@@ -140,6 +140,13 @@ def test_launch_mode_starts_judges_and_stops_the_lab_server(lab_launch_run: dict
     assert restart["observed"]["after"]["process_start"] > restart["observed"]["before"]["process_start"]
     assert "stopped and started again" in (run_dir / "probes" / "cache" / "restart.log").read_text()
     assert json.loads((run_dir / "stages" / "cache.json").read_text())["restart"]["prompt_tokens"] > 0
+    # 24 KV blocks: the last session's hot B and control, sent between its hot A and round 1, need more than the
+    # cache holds and evict hot A's tail (round 1 hits 1,152 of 1,664); round 1 is not judged, rounds 2 and 3
+    # (each after the one before alone) hit the whole prefix (docs/checks.md cache.repeat_rounds).
+    rounds = next(f for f in report["findings"] if f["check"] == "cache.repeat_rounds")
+    assert rounds["status"] == "pass", rounds
+    assert rounds["observed"][0]["judged"] is False and rounds["observed"][0]["window_blocks"] > 23
+    assert [r["hits"] for r in rounds["observed"][1:]] == [r["expected"] for r in rounds["observed"][1:]]
     # The opt-in metrics probe, named in acceptance_probes, ran through the generic probe task after load: the
     # real server exports every series the generated monitoring reads (docs/checks.md capacity.alert_series).
     series = next(f for f in report["findings"] if f["check"] == "capacity.alert_series")

@@ -15,7 +15,7 @@ from vllm_acceptance.probes.cache import (
     one_instance,
     run_cache_probe,
 )
-from vllm_acceptance.probes.cache.rules import judge_restart, judge_rounds
+from vllm_acceptance.probes.cache.rules import judge_restart, judge_rounds, kv_blocks, window_blocks
 from vllm_acceptance.runtime.client import OpenAIClient
 from vllm_acceptance.runtime.metrics import Instance, MetricsError, MetricsSource, Snapshot, parse_exposition
 
@@ -193,6 +193,34 @@ def test_repeated_rounds_on_one_prefix() -> None:
     unclean[1].clean = False
     assert judge_rounds(unclean, cfg(), BLOCK, 0, ["r"]).status == Status.INCONCLUSIVE
     assert judge_rounds([], cfg(), BLOCK, 0, ["r"]).status == Status.NOT_APPLICABLE
+
+
+def test_a_round_whose_window_the_kv_cache_cannot_hold_is_not_judged() -> None:
+    # The lab's pressure configuration (--num-gpu-blocks-override 24, block 128): the last session's hot B and
+    # control came between its hot A and round 1, 38 blocks for a 23-block cache, and LRU eviction took hot A's
+    # tail (round 1 hit 1,152 of 1,664 in the recorded launch run); rounds 2 and 3 follow round 1 alone.
+    cold, hot_a = [5] + list(range(1, 1723)), list(range(1723))
+    hot_b, control = hot_a[:900] + list(range(5000, 5900)), [7] + list(range(9000, 10800))
+    served = [cold, hot_a, hot_b, control]
+    assert window_blocks(hot_a, served, BLOCK, 4) == 13 + 7 + 14 + 4   # whole blocks once, each own tail once
+    assert window_blocks(hot_a, [*served, hot_a], BLOCK, 4) == 13 + 2
+    assert window_blocks(control, served[:3], BLOCK, 4) is None           # nothing expected to hit
+    lab = rounds(1152, 1664, 1664)
+    for r, window in zip(lab, (38, 15, 15), strict=True):
+        r.window_blocks = window
+    got = judge_rounds(lab, cfg(), BLOCK, 0, ["r"], kv=23)
+    assert got.status == Status.PASS and "more than the engine's cache holds (23)" in got.reason
+    assert got.observed[0]["judged"] is False and "judged" not in got.observed[1]
+    assert judge_rounds(lab, cfg(), BLOCK, 0, ["r"]).status == Status.FAIL   # capacity unknown: judged as sent
+    assert judge_rounds(lab[:1], cfg(), BLOCK, 0, ["r"], kv=23).status == Status.INCONCLUSIVE
+    lab[2].hits = 0   # a round the cache could hold that misses still fails
+    assert judge_rounds(lab, cfg(), BLOCK, 0, ["r"], kv=23).status == Status.FAIL
+    assert judge_rounds(lab, cfg(), BLOCK, 0, ["r"], kv=64).status == Status.FAIL
+
+
+def test_kv_blocks_read_from_the_servers_cache_config() -> None:
+    assert kv_blocks({"num_gpu_blocks": "4096", "block_size": "128"}) == 4095   # less vLLM's null block
+    assert kv_blocks({"num_gpu_blocks": "None"}) is None and kv_blocks(None) is None
 
 
 def test_hot_after_a_restart() -> None:

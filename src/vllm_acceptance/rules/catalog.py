@@ -422,10 +422,17 @@ register("cache.hot_reuse", stage="cache", consequence=REBUILD,
 register("cache.repeat_rounds", stage="cache", consequence=REBUILD,
          title="Repeated rounds on one hot prefix keep hitting",
          rule="the same hot request re-sent over cache.rounds rounds hits the shared prefix (hybrid: from the "
-              "second round, within one retention step, above the template head)",
+              "second round, within one retention step, above the template head); a round is judged only where "
+              "the engine's KV cache (num_gpu_blocks) holds every block the probe sent since that prefix, none "
+              "left to judge: inconclusive",
          evidence="probes/cache/requests.json",
          source="docs/sources.md#a004: repeat over several sessions; hybrid models: the first repeat may only create "
-                "the retention")
+                "the retention",
+         notes="a round is judged only where the engine's KV cache (num_gpu_blocks of vllm:cache_config_info, less "
+               "the null block) holds every block the probe's own requests needed since its prefix was last sent: "
+               "vLLM frees cached blocks to the end of its free queue and takes new ones from the front "
+               "(vllm/v1/core/block_pool.py free_blocks), so beyond that the protocol itself may have evicted the "
+               "prefix; no round left to judge is inconclusive, never pass")
 register("cache.restart", stage="cache", consequence=REBUILD,
          title="Hot again after a restart",
          rule="after a restart (process start time moved) the hot request's local hits are near zero; hits from "

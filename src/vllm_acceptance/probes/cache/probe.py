@@ -58,6 +58,8 @@ from .rules import (  # noqa: F401 - judge_reuse, expected_hits re-exported for 
     judge_restart,
     judge_reuse,
     judge_rounds,
+    kv_blocks,
+    window_blocks,
 )
 
 KINDS = ("cold", "hot_a", "hot_b", "control")
@@ -401,7 +403,8 @@ def run_cache_probe(client: OpenAIClient, source: MetricsSource, cfg: CacheProbe
     rows_ev = store.write_json("requests.json", [m.row() for m in everything])
     findings += judge_reuse(measurements, cfg, block, rows_ev, head or 0)
     findings.append(judge_engines(measurements, probe.engines, cfg, block, head or 0, [rows_ev]))
-    findings.append(judge_rounds(rounds, cfg, block, head or 0, [rows_ev]) if rounds or not cfg.rounds else
+    findings.append(judge_rounds(rounds, cfg, block, head or 0, [rows_ev], kv_blocks(cache_config(snap0)))
+                    if rounds or not cfg.rounds else
                     registry.get("cache.repeat_rounds").inconclusive(
                         reason="not sent: a request of the sessions hung", evidence=[rows_ev],
                         action="see cache.timeouts"))
@@ -494,6 +497,7 @@ def run_sessions(probe: CacheProbe, engine: str | None, tag: str, block: int, he
         for kind in KINDS:
             m = probe.measure(session, kind, session_id, engine=engine)
             m.expected_hits = expected_hits(m.token_ids, cached.get(engine, []), block)
+            m.window_blocks = window_blocks(m.token_ids, cached.get(engine, []), block, probe.cfg.max_tokens)
             if kind == "cold" and head is not None:
                 m.expected_hits = max(m.expected_hits or 0, head)  # the template's head may be cached by anyone
             if m.token_ids:
@@ -509,12 +513,17 @@ def run_sessions(probe: CacheProbe, engine: str | None, tag: str, block: int, he
 def repeat_rounds(probe: CacheProbe, earlier: list[list[int]], session_id: str, block: int,
                   engine: str | None = None) -> list[Measurement]:
     """The last session's hot A re-sent byte for byte, `cfg.rounds` times, on the engine of its session:
-    one hot prefix, repeated. `earlier`: the prompts that engine served before."""
+    one hot prefix, repeated. `earlier`: the prompts that engine served before (each round's own added after it:
+    the next round's window starts there)."""
     out: list[Measurement] = []
+    served = list(earlier)
     for r in range(1, probe.cfg.rounds + 1):
         m = probe.measure(r, "hot_a", session_id, label=f"round{r}-hot_a", engine=engine)
         m.kind = "round"
-        m.expected_hits = expected_hits(m.token_ids, earlier, block)
+        m.expected_hits = expected_hits(m.token_ids, served, block)
+        m.window_blocks = window_blocks(m.token_ids, served, block, probe.cfg.max_tokens)
+        if m.token_ids:
+            served.append(m.token_ids)
         out.append(m)
         if m.hung:
             break

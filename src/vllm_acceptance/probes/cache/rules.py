@@ -50,6 +50,9 @@ class Measurement:
     prefill_time_s: float | None = None
     ttft_s: float | None = None
     expected_hits: int | None = None
+    # KV blocks the engine needed from the last request that sent this one's shared prefix through this one
+    # (window_blocks): more than the engine's KV cache holds, and the probe's own requests may have evicted it.
+    window_blocks: int | None = None
     clean: bool = False
     problems: list[str] = field(default_factory=list)
     evidence: list[str] = field(default_factory=list)
@@ -63,6 +66,7 @@ class Measurement:
         return {"session": self.session, "kind": self.kind, "engine": self.engine, "served_by": self.served_by,
                 "prompt_tokens": self.prompt_tokens,
                 "hits": self.hits, "queries": self.queries, "expected_hits": self.expected_hits,
+                "window_blocks": self.window_blocks,
                 "cached_tokens": self.cached_tokens_usage, "cached_by_source": self.cached_by_source,
                 "tokens_by_source": self.tokens_by_source, "prompt_tokens_cached": self.prompt_tokens_cached,
                 "external_hits": self.external_hits, "external_queries": self.external_queries,
@@ -95,6 +99,36 @@ def expected_hits(ids: list[int] | None, earlier: list[list[int]], block: int) -
             shared -= 1
         best = max(best, shared)
     return (best // block) * block
+
+
+def window_blocks(ids: list[int] | None, earlier: list[list[int]], block: int, out_tokens: int) -> int | None:
+    """The KV blocks an engine needed from the latest earlier prompt that holds ``ids``'s expected hits through
+    ``ids`` itself: each whole prompt block once (the same prefix is the same block), and each request's own
+    partial block and output (at most ``out_tokens``). vLLM frees cached blocks to the end of its free queue and
+    takes new ones from the front (v1/core/block_pool.py, docs/checks.md cache.repeat_rounds), so a prefix stays
+    cached while this count fits the cache. None: nothing is expected to hit."""
+    shared = expected_hits(ids, earlier, block)
+    if ids is None or not shared:
+        return None
+    start = max(j for j, prev in enumerate(earlier)
+                if (min(common_prefix(ids, prev), len(ids) - 1) // block) * block >= shared)
+    whole: set[tuple[int, ...]] = set()
+    own = 0
+    for prompt in [*earlier[start:], ids]:
+        full = len(prompt) // block
+        whole.update(tuple(prompt[:k * block]) for k in range(1, full + 1))
+        own += -(-(len(prompt) + out_tokens) // block) - full
+    return len(whole) + own
+
+
+def kv_blocks(info: dict[str, str] | None) -> int | None:
+    """The blocks an engine's KV cache holds for requests (`num_gpu_blocks` of vllm:cache_config_info, less the
+    one null block vLLM keeps); None where the server does not say."""
+    try:
+        total = int(float((info or {}).get("num_gpu_blocks", "")))
+    except ValueError:
+        return None
+    return total - 1 if total > 1 else None
 
 
 def check_cache_config(info: dict[str, str] | None, evidence: list[str], cfg: JudgeConfig
@@ -237,9 +271,12 @@ def judge_engines(ms: list[Measurement], engines: list[str], cfg: JudgeConfig, b
                                f"({', '.join(engines)})")
 
 
-def judge_rounds(rounds: list[Measurement], cfg: JudgeConfig, block: int, head: int, ev: list[str]) -> Finding:
+def judge_rounds(rounds: list[Measurement], cfg: JudgeConfig, block: int, head: int, ev: list[str],
+                 kv: int | None = None) -> Finding:
     """The same hot request re-sent over several rounds: every round hits (non-hybrid); for hybrid
-    models round 1 may only create the retention, every later round must hit as judge_hot says."""
+    models round 1 may only create the retention, every later round must hit as judge_hot says. A round whose
+    window (the probe's own requests since its prefix was last sent) needed more blocks than the engine's KV
+    cache holds (`kv`) decides nothing: its prefix may have been evicted by the protocol itself."""
     check = registry.get("cache.repeat_rounds")
     consequence = consequence_of(cfg)
     if not rounds:
@@ -248,25 +285,37 @@ def judge_rounds(rounds: list[Measurement], cfg: JudgeConfig, block: int, head: 
     step = max(block, cfg.retention_interval or 0)
     judged = rounds[1:] if cfg.hybrid and len(rounds) > 1 else rounds
     clean = [m for m in judged if m.clean]
+    overflow = [m for m in clean if kv is not None and m.window_blocks is not None and m.window_blocks > kv]
+    held = [m for m in clean if m not in overflow]
     if cfg.hybrid:
-        ok = [m for m in clean if hybrid_ok(m, head, tol, step)]
+        ok = [m for m in held if hybrid_ok(m, head, tol, step)]
     else:
-        ok = [m for m in clean if m.hits is not None and m.expected_hits is not None
+        ok = [m for m in held if m.hits is not None and m.expected_hits is not None
               and abs(m.hits - m.expected_hits) <= tol]
-    observed = [{"round": m.session, **({"engine": m.engine} if m.engine is not None else {}), "hits": m.hits,
-                 "expected": m.expected_hits, "clean": m.clean} for m in rounds]
+    observed: Any = [{"round": m.session, **({"engine": m.engine} if m.engine is not None else {}), "hits": m.hits,
+                      "expected": m.expected_hits, "clean": m.clean,
+                      **({"window_blocks": m.window_blocks, "kv_blocks": kv, "judged": False} if m in overflow
+                         else {})} for m in rounds]
     expected = (f"rounds 2..{len(rounds)}: {head} < hits within {step} + {tol} of the shared prefix" if cfg.hybrid
                 else f"every round: |hits - shared prefix| <= {tol}")
     if len(clean) < len(judged):
         return check.inconclusive(observed=observed, expected=expected, evidence=ev, consequence=consequence,
                                   reason=f"{len(judged) - len(clean)} round(s) not measured alone",
                                   action="isolate the instance and re-run the cache probe")
-    if len(ok) == len(judged):
-        return check.passed(observed=observed, expected=expected, evidence=ev, consequence=consequence)
-    return check.fail(observed=observed, expected=expected, evidence=ev, consequence=consequence,
-                      reason=f"{len(judged) - len(ok)} of {len(judged)} judged rounds outside the rule"
-                             + (" (hybrid retention: see cache.retention_interval)" if cfg.hybrid else ""),
-                      action=REWORK)
+    if len(ok) < len(held):
+        return check.fail(observed=observed, expected=expected, evidence=ev, consequence=consequence,
+                          reason=f"{len(held) - len(ok)} of {len(held)} judged rounds outside the rule"
+                                 + (" (hybrid retention: see cache.retention_interval)" if cfg.hybrid else ""),
+                          action=REWORK)
+    capacity = (f"{len(overflow)} round(s) not judged: the probe's own requests since the prefix was last sent "
+                f"needed {max(m.window_blocks or 0 for m in overflow)} KV blocks, more than the engine's cache holds "
+                f"({kv}), so they may have evicted it" if overflow else "")
+    if not held:
+        return check.inconclusive(observed=observed, expected=expected, evidence=ev, consequence=consequence,
+                                  reason=capacity, action="re-run the cache probe on a KV cache that holds its "
+                                  "requests (num_gpu_blocks), or with a shorter cache scenario")
+    return check.passed(observed=observed, expected=expected, evidence=ev, consequence=consequence,
+                        reason=capacity)
 
 
 def judge_restart(before: Instance | None, after: Instance | None, hot: Measurement | None,
