@@ -426,8 +426,8 @@ register("cache.repeat_rounds", stage="cache", consequence=REBUILD,
               "the engine's KV cache (num_gpu_blocks) holds every block the probe sent since that prefix, none "
               "left to judge: inconclusive",
          evidence="probes/cache/requests.json",
-         source="docs/sources.md#a004: repeat over several sessions; hybrid models: the first repeat may only create "
-                "the retention",
+         source="docs/sources.md#a004, #prefix-cache-eviction: repeat over several sessions; hybrid models: the first "
+                "repeat may only create the retention; vLLM's LRU eviction of cached blocks",
          notes="a round is judged only where the engine's KV cache (num_gpu_blocks of vllm:cache_config_info, less "
                "the null block) holds every block the probe's own requests needed since its prefix was last sent: "
                "vLLM frees cached blocks to the end of its free queue and takes new ones from the front "

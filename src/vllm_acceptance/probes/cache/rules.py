@@ -105,7 +105,7 @@ def window_blocks(ids: list[int] | None, earlier: list[list[int]], block: int, o
     """The KV blocks an engine needed from the latest earlier prompt that holds ``ids``'s expected hits through
     ``ids`` itself: each whole prompt block once (the same prefix is the same block), and each request's own
     partial block and output (at most ``out_tokens``). vLLM frees cached blocks to the end of its free queue and
-    takes new ones from the front (v1/core/block_pool.py, docs/checks.md cache.repeat_rounds), so a prefix stays
+    takes new ones from the front (docs/sources.md#prefix-cache-eviction), so a prefix stays
     cached while this count fits the cache. None: nothing is expected to hit."""
     shared = expected_hits(ids, earlier, block)
     if ids is None or not shared:
