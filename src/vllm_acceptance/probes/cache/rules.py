@@ -112,11 +112,14 @@ def window_blocks(ids: list[int] | None, earlier: list[list[int]], block: int, o
         return None
     start = max(j for j, prev in enumerate(earlier)
                 if (min(common_prefix(ids, prev), len(ids) - 1) // block) * block >= shared)
-    whole: set[tuple[int, ...]] = set()
+    whole: set[int] = set()
     own = 0
     for prompt in [*earlier[start:], ids]:
         full = len(prompt) // block
-        whole.update(tuple(prompt[:k * block]) for k in range(1, full + 1))
+        chain = 0   # a block is named by its tokens and the chain before it, as vLLM's block hashes are
+        for k in range(full):
+            chain = hash((chain, tuple(prompt[k * block:(k + 1) * block])))
+            whole.add(chain)
         own += -(-(len(prompt) + out_tokens) // block) - full
     return len(whole) + own
 
@@ -285,8 +288,12 @@ def judge_rounds(rounds: list[Measurement], cfg: JudgeConfig, block: int, head: 
     step = max(block, cfg.retention_interval or 0)
     judged = rounds[1:] if cfg.hybrid and len(rounds) > 1 else rounds
     clean = [m for m in judged if m.clean]
-    overflow = [m for m in clean if kv is not None and m.window_blocks is not None and m.window_blocks > kv]
-    held = [m for m in clean if m not in overflow]
+
+    def overflows(m: Measurement) -> bool:
+        return kv is not None and m.window_blocks is not None and m.window_blocks > kv
+
+    overflow = [m for m in clean if overflows(m)]
+    held = [m for m in clean if not overflows(m)]
     if cfg.hybrid:
         ok = [m for m in held if hybrid_ok(m, head, tol, step)]
     else:
@@ -294,7 +301,7 @@ def judge_rounds(rounds: list[Measurement], cfg: JudgeConfig, block: int, head: 
               and abs(m.hits - m.expected_hits) <= tol]
     observed: Any = [{"round": m.session, **({"engine": m.engine} if m.engine is not None else {}), "hits": m.hits,
                       "expected": m.expected_hits, "clean": m.clean,
-                      **({"window_blocks": m.window_blocks, "kv_blocks": kv, "judged": False} if m in overflow
+                      **({"window_blocks": m.window_blocks, "kv_blocks": kv, "judged": False} if overflows(m)
                          else {})} for m in rounds]
     expected = (f"rounds 2..{len(rounds)}: {head} < hits within {step} + {tol} of the shared prefix" if cfg.hybrid
                 else f"every round: |hits - shared prefix| <= {tol}")
